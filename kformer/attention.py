@@ -1,0 +1,121 @@
+"""Multi-head scaled dot-product attention: one layer for all three uses in the Transformer."""
+
+import math
+
+import keras
+from keras import ops
+
+# Letters used in shape comments: B batch, Tq query length, Tk key length, T buffer length,
+# H heads, D head size, M model width (d_model).
+
+
+@keras.saving.register_keras_serializable(package="kformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
+
+    Queries, keys and values are projected by `query`, `key`, `value` (M -> H*D), split into
+    H heads, combined by softmax(Q K^T / sqrt(D)) V under a boolean mask, concatenated and
+    projected back by `output_projection` (H*D -> M). The same class serves encoder
+    self-attention, masked decoder self-attention and encoder-decoder attention.
+
+    Args:
+        num_heads: number of heads H.
+        key_dim: size D of each head (d_model / H in the paper).
+        dropout: dropout rate on the attention weights.
+
+    Call args:
+        query: (B, Tq, M) queries.
+        value: (B, Tk, M) sequence to attend to (keys and values are both projected from it).
+            Ignored when a static `cache` of precomputed keys/values is given.
+        attention_mask: boolean, broadcastable to (B, Tq, Tk); True = may attend.
+        cache: optional `(key, value)` pair, each (B, H, T, D).
+            With `cache_index` (decoder self-attention, one new token at a time): the new
+            token's key/value is written at position `cache_index` and the updated cache is
+            returned. Without it (encoder-decoder attention): the cache holds precomputed
+            keys/values of the encoder output and is used as is.
+        cache_index: scalar int, position of the (single) query token in the cache.
+        return_attention_scores: also return the (B, H, Tq, Tk) attention weights.
+
+    Returns `output` (B, Tq, M), then the new cache if a cache was given, then the weights
+    if asked for.
+
+    Example:
+    >>> layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    >>> x = keras.random.normal((1, 3, 8))
+    >>> layer(x, x).shape
+    (1, 3, 8)
+    """
+
+    def __init__(self, num_heads, key_dim, dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.dropout = dropout
+        width = num_heads * key_dim
+        self.query = keras.layers.Dense(width, dtype=self.dtype_policy, name="query")
+        self.key = keras.layers.Dense(width, dtype=self.dtype_policy, name="key")
+        self.value = keras.layers.Dense(width, dtype=self.dtype_policy, name="value")
+        self.attention_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy, name="attention_dropout")
+        self.output_projection = None  # built once the model width is known
+
+    def build(self, query_shape, value_shape=None, *args, **kwargs):
+        model_width = query_shape[-1]
+        value_shape = query_shape if value_shape is None else value_shape
+        self.query.build(query_shape)
+        self.key.build(value_shape)
+        self.value.build(value_shape)
+        self.output_projection = keras.layers.Dense(model_width, dtype=self.dtype_policy, name="output_projection")
+        self.output_projection.build((*query_shape[:-1], self.num_heads * self.key_dim))
+
+    def _split_heads(self, x):
+        # (B, L, H*D) -> (B, H, L, D)
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        x = ops.reshape(x, (batch, length, self.num_heads, self.key_dim))
+        return ops.transpose(x, (0, 2, 1, 3))
+
+    def key_value(self, value):
+        """(B, Tk, M) -> (key, value), each (B, H, Tk, D): precompute once per source sentence."""
+        return self._split_heads(self.key(value)), self._split_heads(self.value(value))
+
+    def call(self, query, value=None, attention_mask=None, cache=None, cache_index=None,
+             return_attention_scores=False, training=None):
+        q = self._split_heads(self.query(query))  # (B, H, Tq, D)
+        if cache is None:
+            k, v = self.key_value(query if value is None else value)  # (B, H, Tk, D)
+        elif cache_index is None:
+            k, v = cache  # precomputed encoder keys/values
+        else:
+            # Write the new token's key/value into slot `cache_index` with a one-hot blend:
+            # fixed shapes, no dynamic-update-slice, so the loop exports to TFLite and ONNX.
+            new_k, new_v = self.key_value(query if value is None else value)  # (B, H, 1, D)
+            slot = ops.arange(ops.shape(cache[0])[2]) == cache_index  # (T,)
+            slot = ops.reshape(slot, (1, 1, -1, 1))
+            k = ops.where(slot, new_k, cache[0])  # (B, H, T, D)
+            v = ops.where(slot, new_v, cache[1])
+            cache = (k, v)
+
+        scores = ops.einsum("bhqd,bhkd->bhqk", q, k) / ops.cast(math.sqrt(self.key_dim), q.dtype)
+        if attention_mask is not None:
+            mask = ops.expand_dims(attention_mask, axis=1)  # (B, 1, Tq, Tk): same mask for every head
+            # A large finite negative (not -inf) keeps a fully masked row finite.
+            large_negative = -1e9 if keras.backend.standardize_dtype(scores.dtype) == "float32" else -6e4
+            scores = ops.where(mask, scores, ops.cast(large_negative, scores.dtype))
+        weights = ops.softmax(ops.cast(scores, "float32"), axis=-1)  # softmax in float32 for fp16
+        weights = ops.cast(weights, q.dtype)
+        context = ops.einsum("bhqk,bhkd->bhqd", self.attention_dropout(weights, training=training), v)
+        batch, length = ops.shape(context)[0], ops.shape(context)[2]
+        context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (batch, length, self.num_heads * self.key_dim))
+        output = self.output_projection(context)  # (B, Tq, M)
+
+        results = (output,)
+        if cache is not None:
+            results += (cache,)
+        if return_attention_scores:
+            results += (weights,)
+        return results[0] if len(results) == 1 else results
+
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_heads=self.num_heads, key_dim=self.key_dim, dropout=self.dropout)
+        return config

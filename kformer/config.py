@@ -1,0 +1,120 @@
+"""TransformerConfig: the one home of model and training defaults.
+
+Presets: `tiny` (tests), `small` (CPU demo), `base` and `big` (Vaswani et al. 2017, Table 3).
+The config is saved as JSON beside the weights and the model is rebuilt from it.
+"""
+
+import dataclasses
+import json
+import os
+
+NORM_POSITIONS = ("post", "pre")
+ACTIVATIONS = ("relu", "gelu")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    vocab_size: int = 8000
+    d_model: int = 512
+    num_heads: int = 8
+    d_ff: int = 2048
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    dropout: float = 0.1
+    max_source_length: int = 128
+    max_target_length: int = 128
+    activation: str = "relu"
+    norm_position: str = "post"  # "post" is the paper's LayerNorm(x + Sublayer(x))
+    tie_embeddings: bool = True  # shared source/target embedding and output projection
+    pad_id: int = 0
+    unk_id: int = 1
+    bos_id: int = 2
+    eos_id: int = 3
+    # Training settings travel with the model so a resumed run trains the same way.
+    label_smoothing: float = 0.1
+    warmup_steps: int = 4000
+    batch_tokens: int = 4096  # source+target token budget per batch (before padding)
+
+    def __post_init__(self):
+        errors = []
+        if self.d_model % self.num_heads:
+            errors.append(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
+        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_encoder_layers",
+                     "num_decoder_layers", "max_source_length", "max_target_length",
+                     "warmup_steps", "batch_tokens"):
+            if int(getattr(self, name)) < 1:
+                errors.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.dropout < 1.0:
+            errors.append(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            errors.append(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.activation not in ACTIVATIONS:
+            errors.append(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.norm_position not in NORM_POSITIONS:
+            errors.append(f"norm_position must be one of {NORM_POSITIONS}, got {self.norm_position!r}")
+        special = [self.pad_id, self.unk_id, self.bos_id, self.eos_id]
+        if self.pad_id != 0:
+            errors.append(f"pad_id must be 0 (the mask convention relies on it), got {self.pad_id}")
+        if len(set(special)) != 4 or not all(0 <= i < self.vocab_size for i in special):
+            errors.append(f"special ids {special} must be distinct and below vocab_size {self.vocab_size}")
+        if errors:
+            raise ValueError("Invalid TransformerConfig: " + "; ".join(errors))
+
+    @property
+    def head_size(self):
+        return self.d_model // self.num_heads
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values, source="config"):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{source}: unknown TransformerConfig keys {unknown}")
+        return cls(**values)
+
+    def save(self, path):
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)  # never leave a half-written config behind
+
+    @classmethod
+    def load(cls, path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                values = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        return cls.from_dict(values, source=path)
+
+
+PRESETS = {
+    # Tests: a few thousand parameters, trains in seconds.
+    "tiny": TransformerConfig(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
+                              num_decoder_layers=1, dropout=0.0, max_source_length=32,
+                              max_target_length=32, warmup_steps=100, batch_tokens=512),
+    # CPU demo: trains to a readable translator on 2 cores in ~20 minutes.
+    "small": TransformerConfig(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3,
+                               num_decoder_layers=3, dropout=0.1, max_source_length=64,
+                               max_target_length=64, warmup_steps=1000, batch_tokens=3072),
+    # The paper's Table 3.
+    "base": TransformerConfig(d_model=512, num_heads=8, d_ff=2048, num_encoder_layers=6,
+                              num_decoder_layers=6, dropout=0.1, warmup_steps=4000,
+                              batch_tokens=25000),
+    "big": TransformerConfig(d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=6,
+                             num_decoder_layers=6, dropout=0.3, warmup_steps=4000,
+                             batch_tokens=25000),
+}
+
+
+def preset(name, **changes):
+    if name not in PRESETS:
+        raise ValueError(f"unknown config preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name].replace(**changes)

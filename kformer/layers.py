@@ -1,0 +1,268 @@
+"""Embeddings, positional encoding, feed-forward and the encoder/decoder blocks."""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from kformer.attention import MultiHeadAttention
+
+# Shape letters: B batch, S source length, T target length, M model width, V vocabulary.
+
+
+def sinusoidal_table(length, width):
+    """(length, width) positional encoding, interleaved as the paper writes it:
+    PE(pos, 2i) = sin(pos / 10000^(2i/width)), PE(pos, 2i+1) = cos(pos / 10000^(2i/width))."""
+    positions = np.arange(length, dtype=np.float64)[:, None]
+    rates = 1.0 / np.power(10000.0, np.arange(0, width, 2, dtype=np.float64) / width)
+    angles = positions * rates  # (length, ceil(width/2))
+    table = np.zeros((length, width), dtype=np.float64)
+    table[:, 0::2] = np.sin(angles)
+    table[:, 1::2] = np.cos(angles[:, : width // 2])
+    return table.astype(np.float32)
+
+
+@keras.saving.register_keras_serializable(package="kformer")
+class TokenEmbedding(keras.layers.Layer):
+    """Token embedding scaled by sqrt(d_model); with `reverse=True`, the tied output projection.
+
+    The same matrix E (V, M) embeds source and target tokens and, transposed, maps decoder
+    states to vocabulary logits (section 3.4: shared weights, embeddings times sqrt(d_model)).
+
+    Args:
+        vocab_size: V.
+        width: M (d_model).
+
+    Call args:
+        inputs: int ids (B, L) -> (B, L, M); or with `reverse=True`, states (B, L, M) -> logits (B, L, V).
+    """
+
+    def __init__(self, vocab_size, width, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.width = width
+
+    def build(self, input_shape=None):
+        # N(0, M^-0.5) so that E * sqrt(M) starts at unit scale and E^T gives unit-scale logits.
+        self.embeddings = self.add_weight(
+            name="embeddings", shape=(self.vocab_size, self.width),
+            initializer=keras.initializers.RandomNormal(stddev=self.width**-0.5))
+
+    def call(self, inputs, reverse=False):
+        if reverse:
+            return ops.matmul(inputs, ops.transpose(ops.cast(self.embeddings, inputs.dtype)))
+        return ops.take(self.embeddings, inputs, axis=0) * ops.cast(math.sqrt(self.width), self.compute_dtype)
+
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(vocab_size=self.vocab_size, width=self.width)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="kformer")
+class PositionalEncoding(keras.layers.Layer):
+    """Adds the sinusoidal positional encoding to (B, L, M) embeddings, then dropout.
+
+    Args:
+        max_length: longest position that can be encoded.
+        dropout: rate applied to the sum (section 5.4).
+
+    Call args:
+        inputs: (B, L, M) embeddings.
+        start_index: position of the first row; a cached decode step passes its step index.
+    """
+
+    def __init__(self, max_length, dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.max_length = max_length
+        self.dropout = dropout
+        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy, name="dropout")
+
+    def build(self, input_shape):
+        self.table = ops.convert_to_tensor(sinusoidal_table(self.max_length, input_shape[-1]))
+
+    def call(self, inputs, start_index=0, training=None):
+        length = ops.shape(inputs)[1]
+        positions = ops.arange(length) + start_index
+        encoding = ops.take(self.table, positions, axis=0)  # (L, M)
+        return self.dropout_layer(inputs + ops.cast(encoding, inputs.dtype)[None], training=training)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(max_length=self.max_length, dropout=self.dropout)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="kformer")
+class FeedForward(keras.layers.Layer):
+    """Position-wise feed-forward network: Dense(d_ff, activation) then Dense(d_model).
+
+    Args:
+        width: output size M (d_model).
+        hidden_width: inner size (d_ff).
+        activation: "relu" (the paper) or "gelu".
+    """
+
+    def __init__(self, width, hidden_width, activation="relu", **kwargs):
+        super().__init__(**kwargs)
+        self.width = width
+        self.hidden_width = hidden_width
+        self.activation = activation
+        self.inner = keras.layers.Dense(hidden_width, activation=activation, dtype=self.dtype_policy, name="inner")
+        self.outer = keras.layers.Dense(width, dtype=self.dtype_policy, name="outer")
+
+    def build(self, input_shape):
+        self.inner.build(input_shape)
+        self.outer.build((*input_shape[:-1], self.hidden_width))
+
+    def call(self, inputs):
+        return self.outer(self.inner(inputs))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(width=self.width, hidden_width=self.hidden_width, activation=self.activation)
+        return config
+
+
+def _as_tuple(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+class _ResidualBlock(keras.layers.Layer):
+    """Shared constructor and residual wiring of the encoder and decoder blocks.
+
+    post-LN (the paper): x = LayerNorm(x + Dropout(sublayer(x))).
+    pre-LN:              x = x + Dropout(sublayer(LayerNorm(x))).
+    """
+
+    def __init__(self, width, num_heads, hidden_width, dropout=0.1, activation="relu",
+                 norm_position="post", **kwargs):
+        super().__init__(**kwargs)
+        self.width = width
+        self.num_heads = num_heads
+        self.hidden_width = hidden_width
+        self.dropout = dropout
+        self.activation = activation
+        self.norm_position = norm_position
+        self.feed_forward = FeedForward(width, hidden_width, activation, dtype=self.dtype_policy, name="feed_forward")
+        self.sublayer_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy, name="sublayer_dropout")
+
+    def _attention(self, name):
+        return MultiHeadAttention(self.num_heads, self.width // self.num_heads, dtype=self.dtype_policy, name=name)
+
+    def _norm(self, name):
+        return keras.layers.LayerNormalization(epsilon=1e-6, dtype=self.dtype_policy, name=name)
+
+    def _residual(self, x, norm, sublayer, training):
+        """Applies `sublayer` with its residual connection and norm; `sublayer` may return
+        (output, *extras), and the extras are passed through."""
+        inputs = norm(x) if self.norm_position == "pre" else x
+        result = sublayer(inputs)
+        output, extras = (result[0], result[1:]) if isinstance(result, tuple) else (result, ())
+        x = x + self.sublayer_dropout(output, training=training)
+        if self.norm_position == "post":
+            x = norm(x)
+        return (x, *extras) if extras else x
+
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(width=self.width, num_heads=self.num_heads, hidden_width=self.hidden_width,
+                      dropout=self.dropout, activation=self.activation, norm_position=self.norm_position)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="kformer")
+class EncoderBlock(_ResidualBlock):
+    """One encoder layer: self-attention, then feed-forward, each with residual + LayerNorm.
+
+    Args:
+        width: d_model. num_heads: heads. hidden_width: d_ff. dropout: residual dropout.
+        activation: feed-forward activation. norm_position: "post" (paper) or "pre".
+
+    Call args:
+        x: (B, S, M) source states.
+        attention_mask: boolean (B, 1, S) or (B, S, S), True = may attend (source padding).
+        return_attention_scores: also return the (B, H, S, S) self-attention weights.
+    """
+
+    def __init__(self, width, num_heads, hidden_width, **kwargs):
+        super().__init__(width, num_heads, hidden_width, **kwargs)
+        self.self_attention = self._attention("self_attention")
+        self.self_attention_norm = self._norm("self_attention_norm")
+        self.feed_forward_norm = self._norm("feed_forward_norm")
+
+    def build(self, input_shape):
+        self.self_attention.build(input_shape)
+        self.self_attention_norm.build(input_shape)
+        self.feed_forward.build(input_shape)
+        self.feed_forward_norm.build(input_shape)
+
+    def call(self, x, attention_mask=None, return_attention_scores=False, training=None):
+        x, *weights = _as_tuple(self._residual(
+            x, self.self_attention_norm,
+            lambda h: self.self_attention(h, h, attention_mask=attention_mask, training=training,
+                                          return_attention_scores=return_attention_scores),
+            training))
+        x = self._residual(x, self.feed_forward_norm, self.feed_forward, training)
+        return (x, weights[0]) if return_attention_scores else x
+
+
+@keras.saving.register_keras_serializable(package="kformer")
+class DecoderBlock(_ResidualBlock):
+    """One decoder layer: masked self-attention, encoder-decoder attention, feed-forward.
+
+    Args: as `EncoderBlock`.
+
+    Call args:
+        x: (B, T, M) target states.
+        encoder_output: (B, S, M) top encoder states (keys/values of the cross-attention).
+        self_mask: boolean broadcastable to (B, T, T): causal and target padding.
+        cross_mask: boolean broadcastable to (B, T, S): the *source* padding mask.
+        cache: optional dict with "self" = (key, value) buffers (B, H, Tmax, D) and "cross" =
+            precomputed encoder (key, value) (B, H, S, D); then x is one step (B, 1, M) at
+            position `cache_index` and the updated cache is returned too.
+        return_attention_scores: also return {"self": (B, H, T, T'), "cross": (B, H, T, S)}.
+    """
+
+    def __init__(self, width, num_heads, hidden_width, **kwargs):
+        super().__init__(width, num_heads, hidden_width, **kwargs)
+        self.self_attention = self._attention("self_attention")
+        self.self_attention_norm = self._norm("self_attention_norm")
+        self.cross_attention = self._attention("cross_attention")
+        self.cross_attention_norm = self._norm("cross_attention_norm")
+        self.feed_forward_norm = self._norm("feed_forward_norm")
+
+    def build(self, x_shape, encoder_output_shape=None):
+        encoder_output_shape = x_shape if encoder_output_shape is None else encoder_output_shape
+        self.self_attention.build(x_shape)
+        self.self_attention_norm.build(x_shape)
+        self.cross_attention.build(x_shape, encoder_output_shape)
+        self.cross_attention_norm.build(x_shape)
+        self.feed_forward.build(x_shape)
+        self.feed_forward_norm.build(x_shape)
+
+    def call(self, x, encoder_output=None, self_mask=None, cross_mask=None, cache=None, cache_index=None,
+             return_attention_scores=False, training=None):
+        options = dict(training=training, return_attention_scores=return_attention_scores)
+        self_cache = None if cache is None else cache["self"]
+        cross_cache = None if cache is None else cache["cross"]
+        # Each sublayer returns (output, [cache], [weights]); _residual passes the extras on.
+        x, *self_extras = _as_tuple(self._residual(
+            x, self.self_attention_norm,
+            lambda h: self.self_attention(h, h, attention_mask=self_mask, cache=self_cache, cache_index=cache_index, **options),
+            training))
+        x, *cross_extras = _as_tuple(self._residual(
+            x, self.cross_attention_norm,
+            lambda h: self.cross_attention(h, encoder_output, attention_mask=cross_mask, cache=cross_cache, **options),
+            training))
+        x = self._residual(x, self.feed_forward_norm, self.feed_forward, training)
+
+        results = (x,)
+        if cache is not None:
+            results += ({"self": self_extras.pop(0), "cross": cross_extras.pop(0)},)
+        if return_attention_scores:
+            results += ({"self": self_extras.pop(0), "cross": cross_extras.pop(0)},)
+        return results[0] if len(results) == 1 else results

@@ -1,0 +1,187 @@
+"""The Transformer as a functional Keras model, plus the step-wise decoder that reuses its layers.
+
+Shape letters: B batch, S source length, T target length, Tmax decode buffer length, M d_model,
+H heads, D head size, V vocabulary, L layers.
+"""
+
+import keras
+from keras import ops
+
+from kformer import masks
+from kformer.config import TransformerConfig
+from kformer.layers import DecoderBlock, EncoderBlock, PositionalEncoding, TokenEmbedding
+
+
+@keras.saving.register_keras_serializable(package="kformer")
+class AttentionMasks(keras.layers.Layer):
+    """Builds every attention mask once, from token ids (the one convention: True = may attend).
+
+    Call args:
+        source_ids: (B, S) int. target_ids: (B, T) int.
+
+    Returns {"encoder": (B, 1, S), "decoder": (B, T, T) causal and target padding,
+    "cross": (B, 1, S) the *source* padding mask}.
+    """
+
+    def __init__(self, pad_id=0, **kwargs):
+        super().__init__(**kwargs)
+        self.pad_id = pad_id
+
+    def call(self, source_ids, target_ids):
+        source = masks.padding_mask(source_ids, self.pad_id)
+        decoder = masks.combine(masks.causal_mask(ops.shape(target_ids)[1]),
+                                masks.padding_mask(target_ids, self.pad_id))
+        return {"encoder": source, "decoder": decoder, "cross": source}
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(pad_id=self.pad_id)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="kformer")
+class Transformer(keras.Model):
+    """Encoder-decoder Transformer (Vaswani et al. 2017) as a functional model.
+
+    Inputs: {"source_ids": (B, S) int32, "target_ids": (B, T) int32} with pad id 0; the
+    target is the decoder input (BOS + target tokens). Output: (B, T, V) float32 logits.
+
+    Args:
+        config: a `TransformerConfig` (or its dict).
+
+    Beyond the functional call, the same layers serve step-wise decoding:
+    `init_cache(source_ids, max_length)` encodes once and preallocates the key/value buffers,
+    `decode_step(tokens, cache, index)` feeds one token per row and returns (logits, cache),
+    and `attention_weights(source_ids, target_ids)` returns every layer's attention per head.
+
+    Example:
+    >>> model = Transformer(kformer.config.preset("tiny", vocab_size=100))
+    >>> model({"source_ids": ops.ones((2, 5), "int32"), "target_ids": ops.ones((2, 4), "int32")}).shape
+    (2, 4, 100)
+    """
+
+    def __init__(self, config, **kwargs):
+        if isinstance(config, dict):
+            config = TransformerConfig.from_dict(config)
+        c = config
+        dtype = kwargs.pop("dtype", None)
+
+        # === Layers ===
+        self.masks = AttentionMasks(c.pad_id, dtype=dtype, name="attention_masks")
+        self.source_embedding = TokenEmbedding(
+            c.vocab_size, c.d_model, dtype=dtype, name="shared_embedding" if c.tie_embeddings else "source_embedding")
+        self.target_embedding = self.source_embedding if c.tie_embeddings else TokenEmbedding(
+            c.vocab_size, c.d_model, dtype=dtype, name="target_embedding")
+        self.source_positions = PositionalEncoding(c.max_source_length, c.dropout, dtype=dtype, name="source_positions")
+        self.target_positions = PositionalEncoding(c.max_target_length, c.dropout, dtype=dtype, name="target_positions")
+        block_args = dict(width=c.d_model, num_heads=c.num_heads, hidden_width=c.d_ff, dropout=c.dropout,
+                          activation=c.activation, norm_position=c.norm_position, dtype=dtype)
+        self.encoder_blocks = [EncoderBlock(**block_args, name=f"encoder_block_{i}")
+                               for i in range(c.num_encoder_layers)]
+        self.decoder_blocks = [DecoderBlock(**block_args, name=f"decoder_block_{i}")
+                               for i in range(c.num_decoder_layers)]
+        # Pre-LN needs a final norm on each stack; post-LN (the paper) already ends normalized.
+        pre = c.norm_position == "pre"
+        self.encoder_norm = keras.layers.LayerNormalization(epsilon=1e-6, dtype=dtype, name="encoder_norm") if pre else None
+        self.decoder_norm = keras.layers.LayerNormalization(epsilon=1e-6, dtype=dtype, name="decoder_norm") if pre else None
+        self.output_projection = None if c.tie_embeddings else keras.layers.Dense(
+            c.vocab_size, dtype=dtype, name="output_projection")
+        self.logits_float32 = keras.layers.Activation("linear", dtype="float32", name="logits")
+
+        # === Functional model ===
+        inputs = {"source_ids": keras.Input((None,), dtype="int32", name="source_ids"),
+                  "target_ids": keras.Input((None,), dtype="int32", name="target_ids")}
+        attention_masks = self.masks(inputs["source_ids"], inputs["target_ids"])
+        encoded = self._encode(inputs["source_ids"], attention_masks["encoder"])[0]
+        logits = self._decode(inputs["target_ids"], encoded, attention_masks)[0]
+        super().__init__(inputs=inputs, outputs=logits, dtype=dtype, **kwargs)
+        self.config = c
+
+    # --- full-sequence passes (the functional graph and `attention_weights` share these) ---
+
+    def _encode(self, source_ids, mask, training=None, return_attention_scores=False):
+        x = self.source_positions(self.source_embedding(source_ids), training=training)  # (B, S, M)
+        weights = []
+        for block in self.encoder_blocks:
+            if return_attention_scores:
+                x, w = block(x, attention_mask=mask, return_attention_scores=True, training=training)
+                weights.append(w)  # (B, H, S, S)
+            else:
+                x = block(x, attention_mask=mask, training=training)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return x, weights
+
+    def _decode(self, target_ids, encoded, attention_masks, training=None, return_attention_scores=False):
+        x = self.target_positions(self.target_embedding(target_ids), training=training)  # (B, T, M)
+        weights = []
+        for block in self.decoder_blocks:
+            result = block(x, encoded, self_mask=attention_masks["decoder"], cross_mask=attention_masks["cross"],
+                           return_attention_scores=return_attention_scores, training=training)
+            if return_attention_scores:
+                x, w = result
+                weights.append(w)
+            else:
+                x = result
+        return self._logits(x), weights
+
+    def _logits(self, x):
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        logits = self.target_embedding(x, reverse=True) if self.output_projection is None else self.output_projection(x)
+        return self.logits_float32(logits)  # (B, T, V) float32 even under mixed precision
+
+    def attention_weights(self, source_ids, target_ids):
+        """Every layer's attention weights per head, for pictures (eager; nothing is stored on layers).
+
+        Returns {"encoder": [L x (B, H, S, S)], "decoder": [L x (B, H, T, T)], "cross": [L x (B, H, T, S)]}.
+        """
+        source_ids = ops.convert_to_tensor(source_ids, "int32")
+        target_ids = ops.convert_to_tensor(target_ids, "int32")
+        attention_masks = self.masks(source_ids, target_ids)
+        encoded, encoder_weights = self._encode(source_ids, attention_masks["encoder"], training=False,
+                                                return_attention_scores=True)
+        _, decoder_weights = self._decode(target_ids, encoded, attention_masks, training=False,
+                                          return_attention_scores=True)
+        return {"encoder": encoder_weights,
+                "decoder": [w["self"] for w in decoder_weights],
+                "cross": [w["cross"] for w in decoder_weights]}
+
+    # --- step-wise decoding with a fixed-shape key/value cache ---
+
+    def init_cache(self, source_ids, max_length):
+        """Encodes (B, S) source ids once; returns the decoder cache for `max_length` steps.
+
+        {"source_mask": (B, 1, S) bool,
+         "cross": L x (key, value) each (B, H, S, D), computed once per sentence,
+         "self":  L x (key, value) each (B, H, Tmax, D), zeros, filled one step at a time}.
+        """
+        source_ids = ops.convert_to_tensor(source_ids, "int32")
+        source_mask = masks.padding_mask(source_ids, self.config.pad_id)
+        encoded, _ = self._encode(source_ids, source_mask, training=False)
+        batch = ops.shape(source_ids)[0]
+        empty = ops.zeros((batch, self.config.num_heads, max_length, self.config.head_size), encoded.dtype)
+        return {"source_mask": source_mask,
+                "cross": [block.cross_attention.key_value(encoded) for block in self.decoder_blocks],
+                "self": [(empty, empty) for _ in self.decoder_blocks]}
+
+    def decode_step(self, tokens, cache, index):
+        """Feeds (B,) tokens at position `index`; returns ((B, V) float32 logits, updated cache)."""
+        x = self.target_embedding(ops.expand_dims(tokens, 1))  # (B, 1, M)
+        x = self.target_positions(x, start_index=index, training=False)
+        max_length = ops.shape(cache["self"][0][0])[2]
+        self_mask = masks.causal_mask(1, max_length, offset=index)  # (1, 1, Tmax): keys 0..index
+        new_self = []
+        for block, self_kv, cross_kv in zip(self.decoder_blocks, cache["self"], cache["cross"]):
+            x, layer_cache = block(x, self_mask=self_mask, cross_mask=cache["source_mask"],
+                                   cache={"self": self_kv, "cross": cross_kv}, cache_index=index, training=False)
+            new_self.append(layer_cache["self"])
+        logits = self._logits(x)[:, 0, :]
+        return logits, {"source_mask": cache["source_mask"], "cross": cache["cross"], "self": new_self}
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
