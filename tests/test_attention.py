@@ -1,0 +1,72 @@
+import keras
+import numpy as np
+import pytest
+
+from kformer import masks
+from kformer.attention import MultiHeadAttention
+from layer_test import run_layer_test
+
+HEADS, HEAD_SIZE, WIDTH = 2, 4, 8
+
+
+def copy_to_keras_mha(ours, query, value):
+    """A keras.layers.MultiHeadAttention holding the same weights as `ours`."""
+    reference = keras.layers.MultiHeadAttention(num_heads=HEADS, key_dim=HEAD_SIZE)
+    reference(query, value)
+    for ours_dense, theirs in ((ours.query, reference._query_dense), (ours.key, reference._key_dense),
+                               (ours.value, reference._value_dense)):
+        kernel, bias = ours_dense.get_weights()
+        theirs.set_weights([kernel.reshape(WIDTH, HEADS, HEAD_SIZE), bias.reshape(HEADS, HEAD_SIZE)])
+    kernel, bias = ours.output_projection.get_weights()
+    reference._output_dense.set_weights([kernel.reshape(HEADS, HEAD_SIZE, WIDTH), bias])
+    return reference
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_matches_keras_multi_head_attention(cross):
+    rng = np.random.default_rng(0)
+    query = rng.normal(size=(3, 5, WIDTH)).astype("float32")
+    value = rng.normal(size=(3, 7, WIDTH)).astype("float32") if cross else query
+    ids = np.ones((3, value.shape[1]), "int32")
+    ids[1, -3:] = 0  # padded keys in row 1
+    mask = np.broadcast_to(np.asarray(masks.padding_mask(ids)), (3, 5, value.shape[1]))
+    ours = MultiHeadAttention(HEADS, HEAD_SIZE)
+    out, weights = ours(query, value, attention_mask=mask, return_attention_scores=True)
+    reference = copy_to_keras_mha(ours, query, value)
+    expected, expected_weights = reference(query, value, attention_mask=mask, return_attention_scores=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(weights), np.asarray(expected_weights), atol=1e-5)
+    assert np.all(np.asarray(weights)[1, :, :, -3:] == 0)
+
+
+def test_fully_masked_row_stays_finite():
+    x = np.random.default_rng(0).normal(size=(1, 3, WIDTH)).astype("float32")
+    out = MultiHeadAttention(HEADS, HEAD_SIZE)(x, x, attention_mask=np.zeros((1, 3, 3), bool))
+    assert np.all(np.isfinite(np.asarray(out)))
+
+
+def test_cached_steps_equal_full_causal_pass():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 6, WIDTH)).astype("float32")
+    layer = MultiHeadAttention(HEADS, HEAD_SIZE)
+    full = np.asarray(layer(x, x, attention_mask=masks.causal_mask(6)))
+    buffer = np.zeros((2, HEADS, 8, HEAD_SIZE), "float32")  # longer than needed: unused slots masked
+    cache = (buffer, buffer)
+    for i in range(6):
+        step, cache = layer(x[:, i:i + 1], x[:, i:i + 1], attention_mask=masks.causal_mask(1, 8, offset=i),
+                            cache=cache, cache_index=i)
+        np.testing.assert_allclose(np.asarray(step)[:, 0], full[:, i], atol=1e-5)
+
+
+def test_static_cache_equals_recomputed_keys():
+    rng = np.random.default_rng(2)
+    q, memory = rng.normal(size=(2, 3, WIDTH)).astype("float32"), rng.normal(size=(2, 5, WIDTH)).astype("float32")
+    layer = MultiHeadAttention(HEADS, HEAD_SIZE)
+    expected = np.asarray(layer(q, memory))
+    out, _ = layer(q, cache=layer.key_value(memory))
+    np.testing.assert_allclose(np.asarray(out), expected, atol=1e-6)
+
+
+def test_layer_contract(tmp_path):
+    x = np.random.default_rng(0).normal(size=(2, 3, WIDTH)).astype("float32")
+    run_layer_test(MultiHeadAttention, dict(num_heads=HEADS, key_dim=HEAD_SIZE, dropout=0.1), [x, x], tmp_path=tmp_path)
