@@ -180,7 +180,7 @@ def train_tokenizer(texts, path, vocab_size, config=None):
     """Trains one joint SentencePiece (unigram) model on `texts`; writes it to `path`.
 
     Character coverage 0.9995 keeps rare Chinese characters out of the vocabulary only when
-    truly rare. Special ids follow the config: pad 0, unk 1, bos 2, eos 3.
+    truly rare. No normalization, so decode(encode(text)) == text for every covered text. Special ids follow the config: pad 0, unk 1, bos 2, eos 3.
     Returns the loaded processor.
     """
     import sentencepiece as spm
@@ -189,11 +189,15 @@ def train_tokenizer(texts, path, vocab_size, config=None):
     if config is not None:
         ids = dict(pad_id=config.pad_id, unk_id=config.unk_id, bos_id=config.bos_id, eos_id=config.eos_id)
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="unigram",
-        character_coverage=0.9995, hard_vocab_limit=False, input_sentence_size=2_000_000,
-        shuffle_input_sentence=True, num_threads=os.cpu_count() or 1, minloglevel=2,
-        pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>", **ids)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="unigram",
+            character_coverage=0.9995, hard_vocab_limit=False, input_sentence_size=2_000_000,
+            normalization_rule_name="identity",  # lossless: NFKC would turn Chinese "！" into "!"
+            shuffle_input_sentence=True, num_threads=os.cpu_count() or 1, minloglevel=2,
+            pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>", **ids)
+    except RuntimeError as e:  # e.g. more distinct characters than vocab_size
+        raise ValueError(f"tokenizer training failed with vocab_size={vocab_size}: {e}") from None
     tmp = f"{path}.tmp"
     with open(tmp, "wb") as f:
         f.write(model.getvalue())

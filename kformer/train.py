@@ -41,7 +41,11 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         uniform = -ops.mean(log_probs, axis=-1)  # (B, T)
         per_token = (1.0 - self.smoothing) * nll + self.smoothing * uniform
         weights = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
-        return ops.sum(per_token * weights) / ops.maximum(ops.sum(weights), 1.0)
+        loss = ops.sum(per_token * weights) / ops.maximum(ops.sum(weights), 1.0)
+        # Keras sums gradients over replicas and scales only its own mean reductions by
+        # 1/replicas; this loss reduces itself, so it scales itself (Keras unscales it for logs).
+        import tensorflow as tf
+        return loss / tf.distribute.get_strategy().num_replicas_in_sync
 
     def get_config(self):
         config = super().get_config()
@@ -237,9 +241,10 @@ def prepare(out_dir, config_name="small", data="default", direction="zh-en", voc
 
 def train(out_dir, config_name="small", data="default", direction="zh-en", minutes=None, steps=None, epochs=None,
           xla=True, mixed_precision=False, batch_tokens=None, seed=0, strategy=None, vocab_size=8000,
-          overrides=None, checkpoint_seconds=300, verbose="auto"):
+          overrides=None, checkpoint_seconds=300, callbacks=(), verbose="auto"):
     """Trains (or resumes) a model in `out_dir`. Stops after `minutes`, `steps` (total) or
     `epochs` (total), whichever comes first; with none given, trains for one epoch.
+    `callbacks` are extra Keras callbacks, run before kformer's own.
     Returns a summary dict (steps, loss, token accuracy, why it stopped)."""
     import tensorflow as tf
 
@@ -283,11 +288,14 @@ def train(out_dir, config_name="small", data="default", direction="zh-en", minut
     stop, nan_guard = StopAt(max_steps, minutes), StopOnNaN()
     logs_dir = os.path.join(out_dir, "logs")
     os.makedirs(logs_dir, exist_ok=True)
-    callbacks = [stop, nan_guard, Checkpoint(model_path, checkpoint_seconds, nan_guard),
+    callbacks = [*callbacks, stop, nan_guard, Checkpoint(model_path, checkpoint_seconds, nan_guard),
                  keras.callbacks.CSVLogger(os.path.join(logs_dir, "history.csv"), append=True),
                  keras.callbacks.TensorBoard(logs_dir, write_graph=False)]
-    history = model.fit(train_ds, validation_data=dev_ds, epochs=total_epochs, initial_epoch=done // per_epoch,
-                        steps_per_epoch=per_epoch, callbacks=callbacks, verbose=verbose)
+    # validation_steps: a finite dev set without it makes Keras warn "ran out of data" each epoch.
+    dev_steps = None if dev_ds is None else sum(1 for _ in dev_ds)
+    history = model.fit(train_ds, validation_data=dev_ds, validation_steps=dev_steps, epochs=total_epochs,
+                        initial_epoch=done // per_epoch, steps_per_epoch=per_epoch, shuffle=False,
+                        callbacks=callbacks, verbose=verbose)
 
     if nan_guard.failed_at is not None:
         raise FloatingPointError(f"loss became NaN/inf at step {nan_guard.failed_at}; training stopped and "

