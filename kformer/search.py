@@ -1,0 +1,199 @@
+"""Greedy and beam search over `step(tokens, cache, index) -> (logits, cache)`.
+
+Search knows nothing about the model. Every loop is one `tf.while_loop` over fixed-shape state:
+preallocated token buffers written with one-hot blends, tokens chosen with `top_k` (never
+argmax), no TensorArray, no Python loop over steps, so the same graph exports to SavedModel,
+TFLite and ONNX.
+
+Shape letters: B batch, K beam size, T buffer length (longest output), V vocabulary.
+"""
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+NEG_INF = -1.0e9  # finite: -inf would turn 0 * inf into NaN in the blends below
+
+
+def output_limits(source_ids, pad_id, cap, extra=50):
+    """Per-row maximum output length: source length + `extra` (the paper's rule), at most `cap`;
+    0 for an empty source, which yields an empty output. Returns ((B,) limits, T = buffer length)."""
+    source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, pad_id), tf.int32), axis=1)
+    limits = tf.where(source_lengths > 0, tf.minimum(source_lengths + extra, cap), 0)
+    return limits, tf.maximum(tf.reduce_max(limits), 1)
+
+
+def length_penalty(length, alpha):
+    """GNMT length penalty ((5 + length) / 6)^alpha."""
+    return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
+
+
+def _write(buffer, index, values):
+    """buffer[..., index] = values, as a one-hot blend (no dynamic-update-slice)."""
+    slot = tf.equal(tf.range(tf.shape(buffer)[-1]), index)  # (T,)
+    return tf.where(slot, tf.expand_dims(values, -1), buffer)
+
+
+def _top_1(values):
+    return tf.math.top_k(values, k=1).indices[..., 0]
+
+
+class GreedyState(NamedTuple):
+    index: tf.Tensor  # () step
+    last: tf.Tensor  # (B,) token fed at this step
+    tokens: tf.Tensor  # (B, T) output buffer, pad after the end
+    scores: tf.Tensor  # (B,) sum of log-probabilities of the output tokens
+    finished: tf.Tensor  # (B,) bool
+    cache: object  # the step function's cache, batch-first tensors
+
+
+def greedy_search(step, cache, limits, max_length, bos_id, eos_id, pad_id=0):
+    """Picks the most probable token at every step; each row stops at EOS or at its limit.
+
+    Args:
+        step: `(tokens (B,), cache, index) -> (logits (B, V), cache)`.
+        cache: initial cache (nested batch-first tensors).
+        limits: (B,) int32 maximum output length per row (0 = empty output).
+        max_length: scalar int32 T >= max(limits), the buffer length.
+    Returns (tokens (B, T) int32 with EOS kept and pad after, scores (B,) float32 log-probability).
+    """
+    batch = tf.shape(limits)[0]
+    state = GreedyState(
+        index=tf.constant(0), last=tf.fill([batch], bos_id),
+        tokens=tf.fill([batch, max_length], pad_id), scores=tf.zeros([batch]),
+        finished=tf.less_equal(limits, 0), cache=cache)
+
+    def cond(s):
+        return tf.logical_and(s.index < max_length, tf.logical_not(tf.reduce_all(s.finished)))
+
+    def body(s):
+        logits, cache = step(s.last, s.cache, s.index)
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))  # (B, V)
+        token = _top_1(log_probs)
+        token_log_prob = tf.gather(log_probs, token, axis=1, batch_dims=1)
+        token = tf.where(s.finished, pad_id, token)
+        scores = s.scores + tf.where(s.finished, 0.0, token_log_prob)
+        finished = s.finished | tf.equal(token, eos_id) | (s.index + 1 >= limits)
+        return [GreedyState(s.index + 1, token, _write(s.tokens, s.index, token), scores, finished, cache)]
+
+    (final,) = tf.while_loop(cond, body, [state], maximum_iterations=max_length)
+    return final.tokens, final.scores
+
+
+class BeamState(NamedTuple):
+    index: tf.Tensor  # () step
+    alive_tokens: tf.Tensor  # (B, K, T)
+    alive_log_probs: tf.Tensor  # (B, K) sum of log-probabilities, NEG_INF for dead slots
+    finished_tokens: tf.Tensor  # (B, K, T)
+    finished_scores: tf.Tensor  # (B, K) length-penalized scores, NEG_INF for empty slots
+    finished_flags: tf.Tensor  # (B, K) bool
+    cache: object  # (B * K, ...) batch-first tensors, beams of one row adjacent
+
+
+def _gather_beams(tensor, indices):
+    """tensor (B, N, ...), indices (B, K) into N -> (B, K, ...)."""
+    return tf.gather(tensor, indices, axis=1, batch_dims=1)
+
+
+def _gather_cache(cache, beam_indices, beam_size):
+    """Reorders a (B * K, ...) cache so that beam k of row b continues from beam_indices[b, k]."""
+    batch = tf.shape(beam_indices)[0]
+    flat = tf.reshape(beam_indices + tf.range(batch)[:, None] * beam_size, [-1])  # (B * K,)
+    return tf.nest.map_structure(lambda t: tf.gather(t, flat, axis=0), cache)
+
+
+def tile_beams(cache, beam_size):
+    """(B, ...) -> (B * K, ...): each row repeated K times, beams of one row adjacent."""
+    return tf.nest.map_structure(lambda t: tf.repeat(t, beam_size, axis=0), cache)
+
+
+def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alpha=0.6, pad_id=0):
+    """Beam search with GNMT length penalty; alive and finished hypotheses are kept apart.
+
+    Each step extends every alive beam, takes the top 2K candidates (so that K of them finishing
+    at once still leaves K alive), keeps the best K non-finishing ones alive, and merges the
+    finishing ones (EOS, or the row's length limit) into the K best finished by
+    log-probability / ((5 + length) / 6)^alpha. A row is done when no alive beam can still beat
+    its worst finished one; the loop ends when every row is done.
+
+    Args:
+        step, limits, max_length: as in `greedy_search`; `cache` has batch B (tiled here).
+        beam_size: K.
+    Returns (tokens (B, K, T) int32 best first, scores (B, K) float32 penalized log-probability).
+    """
+    batch, k = tf.shape(limits)[0], beam_size
+    # Only beam 0 is alive at first, so the first step does not pick K copies of one token.
+    first = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG_INF)], axis=1)
+    empty = tf.fill([batch, k, max_length], pad_id)
+    state = BeamState(
+        index=tf.constant(0),
+        alive_tokens=empty, alive_log_probs=first,
+        finished_tokens=empty, finished_scores=tf.fill([batch, k], NEG_INF),
+        finished_flags=tf.zeros([batch, k], tf.bool), cache=tile_beams(cache, k))
+    max_penalty = length_penalty(limits, alpha)  # (B,) largest penalty a row can still get
+
+    def row_done(s):
+        # Log-probabilities only fall as hypotheses grow, so the best any alive beam can reach is
+        # its current log-probability over the largest penalty.
+        best_alive = s.alive_log_probs[:, 0] / max_penalty
+        worst_finished = tf.reduce_min(tf.where(s.finished_flags, s.finished_scores, -NEG_INF), axis=1)
+        complete = tf.reduce_all(s.finished_flags, axis=1) & (worst_finished > best_alive)
+        return complete | (s.index >= limits)
+
+    def cond(s):
+        return tf.logical_and(s.index < max_length, tf.logical_not(tf.reduce_all(row_done(s))))
+
+    def body(s):
+        last = tf.reshape(tf.gather(s.alive_tokens, tf.maximum(s.index - 1, 0), axis=2), [-1])
+        last = tf.where(s.index > 0, last, bos_id)
+        logits, cache = step(last, s.cache, s.index)  # (B * K, V)
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
+        vocab = tf.shape(log_probs)[-1]
+        candidates = tf.reshape(s.alive_log_probs[:, :, None] + tf.reshape(log_probs, [batch, k, vocab]),
+                                [batch, k * vocab])  # (B, K * V)
+        top_log_probs, top_indices = tf.math.top_k(candidates, k=2 * k)  # (B, 2K)
+        top_beams, top_tokens = top_indices // vocab, top_indices % vocab
+        top_seqs = _write(_gather_beams(s.alive_tokens, top_beams), s.index, top_tokens)  # (B, 2K, T)
+        length = s.index + 1
+        finishing = tf.equal(top_tokens, eos_id) | (length >= limits)[:, None]  # (B, 2K)
+        valid = top_log_probs > NEG_INF / 2  # candidates of dead beams stay dead
+
+        # Alive: the K best candidates that do not finish.
+        alive_candidates = tf.where(finishing | ~valid, NEG_INF, top_log_probs)
+        alive_log_probs, alive_pick = tf.math.top_k(alive_candidates, k=k)  # (B, K) into 2K
+        alive_tokens = _gather_beams(top_seqs, alive_pick)
+        cache = _gather_cache(cache, _gather_beams(top_beams, alive_pick), k)
+
+        # Finished: merge the old K with the finishing candidates; keep the K best.
+        new_scores = tf.where(finishing & valid, top_log_probs / length_penalty(length, alpha), NEG_INF)
+        new_scores = tf.where(row_done(s)[:, None], NEG_INF, new_scores)  # a done row takes no more
+        scores = tf.concat([s.finished_scores, new_scores], axis=1)  # (B, 3K)
+        flags = tf.concat([s.finished_flags, finishing & valid & (new_scores > NEG_INF / 2)], axis=1)
+        seqs = tf.concat([s.finished_tokens, top_seqs], axis=1)
+        finished_scores, pick = tf.math.top_k(scores, k=k)
+        return [BeamState(length, alive_tokens, alive_log_probs, _gather_beams(seqs, pick), finished_scores,
+                          _gather_beams(flags, pick), cache)]
+
+    (final,) = tf.while_loop(cond, body, [state], maximum_iterations=max_length)
+    # Every row with limit >= 1 has finished hypotheses (all finish at the limit); an empty
+    # source (limit 0) gives empty outputs with score 0, like greedy search.
+    has_output = limits > 0
+    tokens = tf.where(has_output[:, None, None], final.finished_tokens, pad_id)
+    scores = tf.where(has_output[:, None], final.finished_scores, 0.0)
+    return tokens, scores
+
+
+def naive_greedy_search(forward, source_ids, limits, max_length, bos_id, eos_id, pad_id=0):
+    """Greedy decoding that re-runs the full decoder over the whole prefix at every step, with no
+    cache: the reference the cached loop is tested and benchmarked against.
+
+    forward: `(source_ids (B, S), target_ids (B, t)) -> logits (B, t, V)`.
+    Returns (tokens (B, T), scores (B,)) like `greedy_search`.
+    """
+    def step(last, prefix, index):
+        prefix = _write(prefix, index, last)  # prefix buffer (B, T): BOS + tokens so far
+        logits = forward(source_ids, prefix[:, : index + 1])
+        return logits[:, -1], prefix
+
+    prefix = tf.fill([tf.shape(source_ids)[0], max_length], pad_id)
+    return greedy_search(step, prefix, limits, max_length, bos_id, eos_id, pad_id)

@@ -1,0 +1,113 @@
+"""The graph-mode translator: a tf.Module whose searches are traced once per input signature.
+
+`Translator` is the one object later exported to SavedModel, TFLite and ONNX; its Python
+`translate` only tokenizes, batches and detokenizes around the graph.
+"""
+
+import logging
+
+import numpy as np
+import tensorflow as tf
+
+from kformer import search
+
+log = logging.getLogger("kformer")
+
+SOURCE_SPEC = tf.TensorSpec([None, None], tf.int32, name="source_ids")
+
+
+class Translator(tf.Module):
+    """Greedy and beam-search translation with a fixed-shape KV cache.
+
+    Args:
+        model: a trained `kformer.model.Transformer`.
+        tokenizer: its SentencePiece processor (only needed for text in/out).
+        beam_size: K for `beam` (the paper and default: 4).
+        alpha: length penalty exponent (GNMT, the paper: 0.6).
+        max_length: cap on output tokens (default and upper bound: the config's max_target_length).
+        batch_size: sentences per graph call in `translate`.
+
+    Graph functions, `(B, S) int32 source ids (pad 0) -> {"tokens", "scores"}`:
+        greedy: tokens (B, T), scores (B,) log-probability.
+        beam: tokens (B, K, T) best first, scores (B, K) length-penalized log-probability.
+    Output tokens end with EOS (unless cut at the limit) and are padded with 0.
+    """
+
+    def __init__(self, model, tokenizer=None, beam_size=4, alpha=0.6, max_length=None, batch_size=32):
+        super().__init__(name="translator")
+        config = model.config
+        if beam_size < 1:
+            raise ValueError(f"beam size must be >= 1, got {beam_size}")
+        cap = config.max_target_length if max_length is None else int(max_length)
+        if not 1 <= cap <= config.max_target_length:
+            raise ValueError(f"max length must be in [1, {config.max_target_length}] for this model, got {max_length}")
+        self.model, self.config, self.tokenizer = model, config, tokenizer
+        self.beam_size, self.alpha, self.max_length, self.batch_size = beam_size, float(alpha), cap, batch_size
+        self.greedy = tf.function(self._greedy, input_signature=[SOURCE_SPEC])
+        self.beam = tf.function(self._beam, input_signature=[SOURCE_SPEC])
+
+    def _prepare(self, source_ids):
+        limits, length = search.output_limits(source_ids, self.config.pad_id, self.max_length)
+        cache = self.model.init_cache(source_ids, length)
+        return limits, length, cache
+
+    def _greedy(self, source_ids):
+        limits, length, cache = self._prepare(source_ids)
+        tokens, scores = search.greedy_search(self.model.decode_step, cache, limits, length,
+                                              self.config.bos_id, self.config.eos_id, self.config.pad_id)
+        return {"tokens": tokens, "scores": scores}
+
+    def _beam(self, source_ids):
+        limits, length, cache = self._prepare(source_ids)
+        tokens, scores = search.beam_search(self.model.decode_step, cache, limits, length, self.beam_size,
+                                            self.config.bos_id, self.config.eos_id, self.alpha, self.config.pad_id)
+        return {"tokens": tokens, "scores": scores}
+
+    # --- Python side: text <-> ids around the graph ---
+
+    def encode(self, texts):
+        """Token ids per text; over-long sources are truncated with a warning (never an error)."""
+        ids = [self.tokenizer.encode(text.strip()) if text.strip() else [] for text in texts]
+        limit = self.config.max_source_length
+        for number, row in enumerate(ids):
+            if len(row) > limit:
+                log.warning("input %d has %d tokens; truncated to the model's maximum source length %d",
+                            number + 1, len(row), limit)
+        return [row[:limit] for row in ids]
+
+    def translate_ids(self, ids, beam_size=None):
+        """Lists of source ids -> (lists of output ids without EOS/pad, scores), in input order.
+        Sentences of similar length are batched together; each row is independent of its batch."""
+        use_beam = (self.beam_size if beam_size is None else beam_size) > 1
+        search_fn = self.beam if use_beam else self.greedy
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        outputs, scores = [None] * len(ids), [0.0] * len(ids)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start: start + self.batch_size]
+            width = max(1, max(len(ids[i]) for i in chunk))
+            batch = np.zeros((len(chunk), width), np.int32)
+            for row, i in enumerate(chunk):
+                batch[row, : len(ids[i])] = ids[i]
+            result = search_fn(tf.constant(batch))
+            tokens, row_scores = result["tokens"].numpy(), result["scores"].numpy()
+            if use_beam:
+                tokens, row_scores = tokens[:, 0], row_scores[:, 0]
+            for row, i in enumerate(chunk):
+                outputs[i] = strip_special(tokens[row], self.config.eos_id, self.config.pad_id)
+                scores[i] = float(row_scores[row])
+        return outputs, scores
+
+    def translate(self, texts, beam_size=None):
+        """Translates a list of strings; an empty or blank string gives an empty translation."""
+        if self.tokenizer is None:
+            raise ValueError("this Translator has no tokenizer; use translate_ids")
+        outputs, _ = self.translate_ids(self.encode(texts), beam_size)
+        return [self.tokenizer.decode(row) for row in outputs]
+
+
+def strip_special(tokens, eos_id, pad_id=0):
+    """Output ids up to (not including) the first EOS, without padding."""
+    tokens = [int(t) for t in tokens]
+    if eos_id in tokens:
+        tokens = tokens[: tokens.index(eos_id)]
+    return [t for t in tokens if t != pad_id]

@@ -1,0 +1,165 @@
+"""Search against hand-written logit tables: a toy step function, no model.
+
+Vocabulary of the toy: 0 pad, 1 unk, 2 bos, 3 eos, 4 "a", 5 "b". Each row r of a batch follows
+its own Markov chain table[r, last_token] -> next-token probabilities; the row id travels in
+the cache, so wrong beam tiling or reordering would mix rows up."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kformer.search import beam_search, greedy_search, length_penalty
+
+BOS, EOS, A, B = 2, 3, 4, 5
+V = 6
+
+
+def table_from(rows):
+    """rows: per batch row, {last_token: {next_token: probability}} -> (R, V, V) logits."""
+    table = np.full((len(rows), V, V), -1e4, np.float32)
+    for r, chain in enumerate(rows):
+        for last, nexts in chain.items():
+            for token, p in nexts.items():
+                table[r, last, token] = math.log(p)
+    return tf.constant(table)
+
+
+def markov_step(table):
+    def step(tokens, row_ids, index):
+        return tf.gather_nd(table, tf.stack([row_ids, tokens], axis=1)), row_ids
+    return step
+
+
+def run_beam(rows, limits, k, alpha):
+    table = table_from(rows)
+    limits = tf.constant(limits, tf.int32)
+    tokens, scores = beam_search(markov_step(table), tf.range(len(rows)), limits, tf.reduce_max(limits), k,
+                                 BOS, EOS, alpha=alpha)
+    return tokens.numpy(), scores.numpy()
+
+
+def run_greedy(rows, limits):
+    limits = tf.constant(limits, tf.int32)
+    tokens, scores = greedy_search(markov_step(table_from(rows)), tf.range(len(rows)), limits,
+                                   tf.reduce_max(limits), BOS, EOS)
+    return tokens.numpy(), scores.numpy()
+
+
+def penalized(log_prob, length, alpha):
+    return log_prob / ((5 + length) / 6) ** alpha
+
+
+def test_greedy_follows_the_most_probable_token_per_row():
+    rows = [{BOS: {A: 0.6, EOS: 0.4}, A: {B: 0.7, EOS: 0.3}, B: {EOS: 1.0}},
+            {BOS: {EOS: 0.9, A: 0.1}}]
+    tokens, scores = run_greedy(rows, [5, 5])
+    np.testing.assert_array_equal(tokens, [[A, B, EOS, 0, 0], [EOS, 0, 0, 0, 0]])
+    np.testing.assert_allclose(scores, [math.log(0.6 * 0.7), math.log(0.9)], rtol=1e-5)
+
+
+def test_greedy_stops_at_each_rows_limit_and_empty_rows_stay_empty():
+    loop = {BOS: {A: 1.0}, A: {A: 1.0}}
+    tokens, scores = run_greedy([loop, loop, loop], [2, 4, 0])
+    np.testing.assert_array_equal(tokens, [[A, A, 0, 0], [A, A, A, A], [0, 0, 0, 0]])
+    np.testing.assert_allclose(scores, 0, atol=1e-5)
+
+
+# "EOS" now, or "a EOS": equal first-step odds, "a" almost surely ends next.
+SHORT_OR_LONG = {BOS: {EOS: 0.45, A: 0.45, B: 0.1}, A: {EOS: 0.95, B: 0.05}, B: {EOS: 1.0}}
+
+
+def test_length_penalty_changes_the_winner():
+    short, long_ = math.log(0.45), math.log(0.45 * 0.95)
+    tokens, scores = run_beam([SHORT_OR_LONG], [6], k=2, alpha=0.0)
+    assert list(tokens[0, 0, :1]) == [EOS] and scores[0, 0] == pytest.approx(short, rel=1e-5)
+    tokens, scores = run_beam([SHORT_OR_LONG], [6], k=2, alpha=1.0)
+    assert list(tokens[0, 0, :2]) == [A, EOS] and scores[0, 0] == pytest.approx(long_ / (7 / 6), rel=1e-5)
+    assert scores[0, 1] == pytest.approx(short, rel=1e-5)  # the n-best keeps the other one
+
+
+def test_all_beams_finishing_at_once_still_leaves_k_alive():
+    # Step 1: both beams ("a", "b") have EOS as their best continuation, so both finish at once.
+    # Only a search that keeps K non-finishing candidates alive goes on to "a c EOS", which is
+    # the best hypothesis under alpha = 2 (C is the toy's spare id 1).
+    C = 1
+    rows = [{BOS: {A: 0.5, B: 0.5}, A: {EOS: 0.55, C: 0.45}, B: {EOS: 0.6, C: 0.4}, C: {EOS: 1.0}}]
+    tokens, scores = run_beam(rows, [8], k=2, alpha=2.0)
+    candidates = {(A, EOS): 0.5 * 0.55, (B, EOS): 0.5 * 0.6, (A, C, EOS): 0.5 * 0.45, (B, C, EOS): 0.5 * 0.4}
+    ranked = sorted(candidates, key=lambda seq: -penalized(math.log(candidates[seq]), len(seq), 2.0))
+    assert ranked[0] == (A, C, EOS)  # the table is built so that a longer hypothesis wins
+    for n in range(2):
+        assert tuple(tokens[0, n, :len(ranked[n])]) == ranked[n]
+        assert scores[0, n] == pytest.approx(penalized(math.log(candidates[ranked[n]]), len(ranked[n]), 2.0),
+                                             rel=1e-5)
+
+
+def test_eos_at_different_steps_per_beam_gives_sorted_n_best():
+    rows = [{BOS: {EOS: 0.3, A: 0.4, B: 0.3}, A: {EOS: 0.8, B: 0.2}, B: {B: 0.5, EOS: 0.5}}]
+    tokens, scores = run_beam(rows, [6], k=3, alpha=0.6)
+    lengths = [list(seq).index(EOS) + 1 for seq in tokens[0]]
+    assert len(set(lengths)) > 1  # hypotheses finished at different steps
+    assert list(scores[0]) == sorted(scores[0], reverse=True)
+    for seq, score, length in zip(tokens[0], scores[0], lengths):  # every score recomputed by hand
+        log_prob, last = 0.0, BOS
+        for token in seq[:length]:
+            log_prob += math.log(rows[0][last][token])
+            last = token
+        assert score == pytest.approx(penalized(log_prob, length, 0.6), rel=1e-5)
+
+
+def brute_force_best(chain, limit, alpha):
+    """Best complete hypothesis by enumeration: ends with EOS, or is cut at `limit` tokens."""
+    best = (-math.inf, None)
+    for length in range(1, limit + 1):
+        for body in itertools.product([A, B], repeat=length - 1):
+            for last in ([EOS, A, B] if length == limit else [EOS]):
+                seq, log_prob, previous = (*body, last), 0.0, BOS
+                for token in seq:
+                    log_prob += math.log(chain[previous].get(token, 1e-30))
+                    previous = token
+                best = max(best, (penalized(log_prob, length, alpha), seq))
+    return best
+
+
+@pytest.mark.parametrize("seed, alpha", [(0, 0.0), (1, 0.6), (2, 1.5), (3, 0.6)])
+def test_wide_beam_equals_brute_force(seed, alpha):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(2):
+        chain = {}
+        for last in (BOS, A, B):
+            p = rng.dirichlet([1.0, 1.0, 1.0])
+            chain[last] = {EOS: p[0], A: p[1], B: p[2]}
+        rows.append(chain)
+    tokens, scores = run_beam(rows, [3, 3], k=8, alpha=alpha)  # 8 >= every live prefix: exhaustive
+    for r, chain in enumerate(rows):
+        score, seq = brute_force_best(chain, 3, alpha)
+        assert tuple(tokens[r, 0, :len(seq)]) == seq
+        assert scores[r, 0] == pytest.approx(score, rel=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_of_one_equals_greedy_without_length_penalty(seed):
+    # With alpha = 0 a width-1 beam can never prefer a continuation over the EOS it passed up.
+    rng = np.random.default_rng(seed)
+    rows = [{last: dict(zip([EOS, A, B], rng.dirichlet([0.5, 1, 1]))) for last in (BOS, A, B)} for _ in range(3)]
+    greedy_tokens, greedy_scores = run_greedy(rows, [7, 3, 5])
+    beam_tokens, beam_scores = run_beam(rows, [7, 3, 5], k=1, alpha=0.0)
+    np.testing.assert_array_equal(beam_tokens[:, 0], greedy_tokens)
+    np.testing.assert_allclose(beam_scores[:, 0], greedy_scores, rtol=1e-5)
+
+
+def test_beam_respects_limits_and_empty_rows():
+    loop = {BOS: {A: 0.9, B: 0.1}, A: {A: 0.9, B: 0.1}, B: {A: 0.9, B: 0.1}}
+    tokens, scores = run_beam([loop, loop], [3, 0], k=2, alpha=0.6)
+    assert tokens.shape == (2, 2, 3)
+    np.testing.assert_array_equal(tokens[0, 0], [A, A, A])  # cut at the limit, no EOS
+    assert scores[0, 0] == pytest.approx(penalized(3 * math.log(0.9), 3, 0.6), rel=1e-5)
+    assert not tokens[1].any() and not scores[1].any()
+
+
+def test_length_penalty_formula():
+    assert float(length_penalty(tf.constant(7), 0.6)) == pytest.approx((12 / 6) ** 0.6)
