@@ -3,6 +3,7 @@
 import math
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 # Letters used in shape comments: B batch, Tq query length, Tk key length, T buffer length,
@@ -100,7 +101,9 @@ class MultiHeadAttention(keras.layers.Layer):
             # A large finite negative (not -inf) keeps a fully masked row finite.
             large_negative = -1e9 if keras.backend.standardize_dtype(scores.dtype) == "float32" else -6e4
             scores = ops.where(mask, scores, ops.cast(large_negative, scores.dtype))
-        weights = ops.softmax(ops.cast(scores, "float32"), axis=-1)  # softmax in float32 for fp16
+        # Softmax in float32 (for fp16). tf.nn.softmax rather than ops.softmax: the latter warns
+        # when a source has a single token, which is a valid input here.
+        weights = tf.nn.softmax(ops.cast(scores, "float32"), axis=-1)
         weights = ops.cast(weights, q.dtype)
         context = ops.einsum("bhqk,bhkd->bhqd", self.attention_dropout(weights, training=training), v)
         batch, length = ops.shape(context)[0], ops.shape(context)[2]

@@ -74,3 +74,79 @@ def bench_train(config_name="small", steps=30, seed=0, mixed_precision=False):
     if dump:
         results["xla_compilations"] = count_xla_compilations(dump)
     return results
+
+
+def _without_eos(step, eos_id):
+    """Wraps a step so EOS is never chosen: every row then runs to its limit (fixed-work timing)."""
+    import tensorflow as tf
+
+    def wrapped(tokens, cache, index):
+        logits, cache = step(tokens, cache, index)
+        is_eos = tf.equal(tf.range(tf.shape(logits)[-1]), eos_id)
+        return tf.where(is_eos, tf.cast(-1e9, logits.dtype), logits), cache
+    return wrapped
+
+
+def _search_function(model, beam_size, naive, jit_compile, output_tokens):
+    import tensorflow as tf
+
+    from kformer import search
+    from kformer.translate import SOURCE_SPEC
+
+    c = model.config
+
+    def run(source_ids):
+        limits, length = search.output_limits(source_ids, c.pad_id, output_tokens)
+        if naive:
+            step = search.naive_step(lambda s, t: model({"source_ids": s, "target_ids": t}, training=False))
+            cache = search.naive_cache(source_ids, length, c.pad_id)
+        else:
+            step, cache = model.decode_step, model.init_cache(source_ids, length)
+        step = _without_eos(step, c.eos_id)
+        if beam_size > 1:
+            return search.beam_search(step, cache, limits, length, beam_size, c.bos_id, c.eos_id)[0]
+        return search.greedy_search(step, cache, limits, length, c.bos_id, c.eos_id)[0]
+
+    return tf.function(run, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
+
+
+def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
+    """Sentences/s and tokens/s of the cached loop (with and without XLA) and of the naive
+    prefix re-run, for greedy and beam 4, on the same test sentences, each run to exactly
+    `output_tokens` tokens (EOS suppressed, so every variant does the same work)."""
+    import statistics
+
+    from kformer.evaluate import split_references
+    from kformer.train import load_model
+
+    model, config, tokenizer = load_model(model_dir)
+    sources, _ = split_references(model_dir, "test")
+    ids = [row for row in tokenizer.encode(sources) if len(row) >= 8]
+    ids.sort(key=lambda row: abs(len(row) - 20))  # sentences of about 20 tokens
+    rows = []
+    for batch_size in batch_sizes:
+        chosen = ids[:batch_size]
+        batch = np.zeros((batch_size, max(len(r) for r in chosen)), np.int32)
+        for i, row in enumerate(chosen):
+            batch[i, : len(row)] = row
+        for beam_size in (1, 4):
+            timings = {}
+            for name, naive, jit in (("cached", False, False), ("cached_xla", False, True), ("naive", True, False)):
+                fn = _search_function(model, beam_size, naive, jit, output_tokens)
+                tokens = fn(batch)  # trace and compile
+                assert tokens.shape[-1] == output_tokens
+                runs = max(1, repeats if not naive else repeats // 2)
+                seconds = []
+                for _ in range(runs):
+                    start = time.perf_counter()
+                    fn(batch)
+                    seconds.append(time.perf_counter() - start)
+                timings[name] = statistics.median(seconds)
+                rows.append({"batch": batch_size, "search": "greedy" if beam_size == 1 else f"beam{beam_size}",
+                             "variant": name, "seconds": timings[name],
+                             "sentences_per_s": batch_size / timings[name],
+                             "tokens_per_s": batch_size * output_tokens / timings[name]})
+                log.info("batch %d %s %s: %.3fs", batch_size, rows[-1]["search"], name, timings[name])
+            for row in rows[-3:]:
+                row["speedup_vs_naive"] = timings["naive"] / row["seconds"]
+    return {"model": model_dir, "output_tokens": output_tokens, "source_tokens": "~20", "rows": rows}

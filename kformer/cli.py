@@ -9,7 +9,7 @@ import tempfile
 
 
 def _quiet_tensorflow():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # hides the CUDA probe noise on CPU machines
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 
@@ -34,6 +34,52 @@ def _train(args):
     print(json.dumps(summary, indent=2))
 
 
+def _translate(args):
+    from kformer import data as data_lib
+    from kformer.train import load_model
+    from kformer.translate import Translator
+
+    texts = args.text if args.text else data_lib.text_lines(sys.stdin.buffer.read(), "<stdin>")
+    model, _, tokenizer = load_model(args.model)
+    translator = Translator(model, tokenizer, beam_size=args.beam, alpha=args.alpha, max_length=args.max_len,
+                            batch_size=args.batch_size)
+    for line in translator.translate(texts):
+        print(line)
+
+
+def _evaluate(args):
+    from kformer.evaluate import evaluate
+
+    result = evaluate(args.model, split=args.split, source_file=args.source, reference_file=args.reference,
+                      beam_size=args.beam, alpha=args.alpha, output=args.output, limit=args.limit)
+    _print_scores(result)
+
+
+def _print_scores(result):
+    print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  ({result['sentences']} sentences, "
+          f"beam {result['beam_size']})")
+    print(f"  {result['bleu_detail']}")
+    print(f"  BLEU signature: {result['bleu_signature']}")
+    print(f"  chrF signature: {result['chrf_signature']}")
+    print(f"  hypotheses: {result['hypotheses_file']}")
+
+
+def _demo(args):
+    from kformer.evaluate import evaluate
+    from kformer.train import train
+
+    summary = train(args.out, args.config, minutes=args.minutes)
+    print(f"trained {summary['steps']} steps ({summary['stopped']}); token accuracy "
+          f"{summary.get('token_accuracy', float('nan')):.3f}, dev token accuracy "
+          f"{summary.get('val_token_accuracy', float('nan')):.3f}")
+    result = evaluate(args.out, split="test", beam_size=4)
+    _print_scores(result)
+    print("examples from the held-out test split (source / reference / kformer):")
+    for source, references, hypothesis in result["examples"][:: max(1, len(result["examples"]) // 8)][:8]:
+        print(f"  {source}\n    ref: {references[0]}\n    out: {hypothesis}")
+    print(f"translate more with: kformer translate --model {args.out} \"你好。\"")
+
+
 def _bench(args):
     if args.what == "train":
         # XLA reads its flags once, when TensorFlow starts: set them before importing it.
@@ -51,9 +97,19 @@ def _bench(args):
         print(f"XLA speed-up: {results['xla_speedup']:.2f}x; XLA compilations of the train step: "
               f"{results.get('xla_compilations', 'not counted')} (distinct batch shapes: "
               f"{results['distinct_batch_shapes']})")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=2)
+    else:
+        from kformer import bench
+        if not args.model:
+            raise ValueError("bench decode needs --model DIR (a training directory)")
+        results = bench.bench_decode(args.model)
+        print(f"decode bench, {args.model}: every row generates exactly {results['output_tokens']} tokens")
+        print(f"{'batch':>5} {'search':>7} {'variant':>11} {'seconds':>9} {'sent/s':>9} {'tokens/s':>9} {'vs naive':>9}")
+        for r in results["rows"]:
+            print(f"{r['batch']:>5} {r['search']:>7} {r['variant']:>11} {r['seconds']:9.3f} "
+                  f"{r['sentences_per_s']:9.1f} {r['tokens_per_s']:9.0f} {r['speedup_vs_naive']:8.1f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
 
 
 def build_parser():
@@ -80,9 +136,36 @@ def build_parser():
                    help="mirrored: data-parallel over the local accelerators")
     p.set_defaults(run=_train)
 
-    p = commands.add_parser("bench", help="benchmarks: ratios measured in one run")
-    p.add_argument("what", choices=["train"])
+    p = commands.add_parser("translate", help="translate TEXT arguments, or stdin one sentence per line")
+    p.add_argument("--model", required=True, help="training directory")
+    p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
+    p.add_argument("--max-len", type=int, help="maximum output tokens (default: the model's maximum)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("text", nargs="*")
+    p.set_defaults(run=_translate)
+
+    p = commands.add_parser("evaluate", help="BLEU and chrF on a held-out split or on files")
+    p.add_argument("--model", required=True, help="training directory")
+    p.add_argument("--split", default="test", choices=["test", "dev"])
+    p.add_argument("--source", help="source sentences, one per line (with --reference)")
+    p.add_argument("--reference", help="reference translations, one per line")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--alpha", type=float, default=0.6)
+    p.add_argument("--output", help="hypotheses file (default: MODEL/hypotheses.<split>.txt)")
+    p.add_argument("--limit", type=int, help="only the first N sentences")
+    p.set_defaults(run=_evaluate)
+
+    p = commands.add_parser("demo", help="train on the default corpus, report BLEU, show translations")
+    p.add_argument("--out", default="runs/demo")
     p.add_argument("--config", default="small", choices=["tiny", "small", "base", "big"])
+    p.add_argument("--minutes", type=float, default=20)
+    p.set_defaults(run=_demo)
+
+    p = commands.add_parser("bench", help="benchmarks: ratios measured in one run")
+    p.add_argument("what", choices=["train", "decode"])
+    p.add_argument("--config", default="small", choices=["tiny", "small", "base", "big"])
+    p.add_argument("--model", help="training directory (bench decode)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--mixed-precision", action="store_true")
     p.add_argument("--json", help="also write the results to this file")
@@ -96,7 +179,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="kformer: %(message)s", stream=sys.stderr)
     try:
         args.run(args)
-    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+    except (ValueError, FileNotFoundError, FloatingPointError) as e:  # CorpusError is a ValueError
         print(f"kformer {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0

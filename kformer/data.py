@@ -84,6 +84,28 @@ def _decoded_lines(path, report):
             yield number, None
 
 
+def text_lines(data, name):
+    """Lines of user text (bytes) for translation or scoring; invalid UTF-8 is an error naming
+    the line, because silently dropping or altering a sentence would misalign the output."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    lines = []
+    for number, raw in enumerate(data.splitlines(), start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise CorpusError(f"{name}:{number}: invalid UTF-8 at byte {e.start}") from None
+    return lines
+
+
+def read_text_file(path):
+    try:
+        with open(path, "rb") as f:
+            return text_lines(f.read(), path)
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
+
+
 def read_tsv(path, source_column, target_column, columns, report):
     for number, line in _decoded_lines(path, report):
         if line is None:

@@ -17,10 +17,14 @@ NEG_INF = -1.0e9  # finite: -inf would turn 0 * inf into NaN in the blends below
 
 def output_limits(source_ids, pad_id, cap, extra=50):
     """Per-row maximum output length: source length + `extra` (the paper's rule), at most `cap`;
-    0 for an empty source, which yields an empty output. Returns ((B,) limits, T = buffer length)."""
+    0 for an empty source, which yields an empty output.
+
+    Returns ((B,) limits, T). The buffer length T = min(S + extra, cap) depends only on the
+    padded input shape, never on values, so XLA compiles one program per input shape.
+    """
     source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, pad_id), tf.int32), axis=1)
     limits = tf.where(source_lengths > 0, tf.minimum(source_lengths + extra, cap), 0)
-    return limits, tf.maximum(tf.reduce_max(limits), 1)
+    return limits, tf.minimum(tf.shape(source_ids)[1] + extra, cap)
 
 
 def length_penalty(length, alpha):
@@ -183,17 +187,17 @@ def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alph
     return tokens, scores
 
 
-def naive_greedy_search(forward, source_ids, limits, max_length, bos_id, eos_id, pad_id=0):
-    """Greedy decoding that re-runs the full decoder over the whole prefix at every step, with no
-    cache: the reference the cached loop is tested and benchmarked against.
+def naive_step(forward):
+    """A step function with no cache: it re-runs `forward(source_ids, target_ids) -> logits`
+    over the whole prefix at every step. The reference the cached loop is tested and
+    benchmarked against; it works with both searches (its "cache" is the source and prefix).
+    Use with `naive_cache`."""
+    def step(last, cache, index):
+        prefix = _write(cache["prefix"], index, last)  # (B, T): BOS + tokens so far
+        logits = forward(cache["source_ids"], prefix[:, : index + 1])
+        return logits[:, -1], {"source_ids": cache["source_ids"], "prefix": prefix}
+    return step
 
-    forward: `(source_ids (B, S), target_ids (B, t)) -> logits (B, t, V)`.
-    Returns (tokens (B, T), scores (B,)) like `greedy_search`.
-    """
-    def step(last, prefix, index):
-        prefix = _write(prefix, index, last)  # prefix buffer (B, T): BOS + tokens so far
-        logits = forward(source_ids, prefix[:, : index + 1])
-        return logits[:, -1], prefix
 
-    prefix = tf.fill([tf.shape(source_ids)[0], max_length], pad_id)
-    return greedy_search(step, prefix, limits, max_length, bos_id, eos_id, pad_id)
+def naive_cache(source_ids, max_length, pad_id=0):
+    return {"source_ids": source_ids, "prefix": tf.fill([tf.shape(source_ids)[0], max_length], pad_id)}

@@ -26,6 +26,7 @@ class Translator(tf.Module):
         alpha: length penalty exponent (GNMT, the paper: 0.6).
         max_length: cap on output tokens (default and upper bound: the config's max_target_length).
         batch_size: sentences per graph call in `translate`.
+        jit_compile: compile the searches with XLA (one program per input shape; not exported).
 
     Graph functions, `(B, S) int32 source ids (pad 0) -> {"tokens", "scores"}`:
         greedy: tokens (B, T), scores (B,) log-probability.
@@ -33,7 +34,8 @@ class Translator(tf.Module):
     Output tokens end with EOS (unless cut at the limit) and are padded with 0.
     """
 
-    def __init__(self, model, tokenizer=None, beam_size=4, alpha=0.6, max_length=None, batch_size=32):
+    def __init__(self, model, tokenizer=None, beam_size=4, alpha=0.6, max_length=None, batch_size=32,
+                 jit_compile=False):
         super().__init__(name="translator")
         config = model.config
         if beam_size < 1:
@@ -43,8 +45,8 @@ class Translator(tf.Module):
             raise ValueError(f"max length must be in [1, {config.max_target_length}] for this model, got {max_length}")
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.beam_size, self.alpha, self.max_length, self.batch_size = beam_size, float(alpha), cap, batch_size
-        self.greedy = tf.function(self._greedy, input_signature=[SOURCE_SPEC])
-        self.beam = tf.function(self._beam, input_signature=[SOURCE_SPEC])
+        self.greedy = tf.function(self._greedy, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
+        self.beam = tf.function(self._beam, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
 
     def _prepare(self, source_ids):
         limits, length = search.output_limits(source_ids, self.config.pad_id, self.max_length)

@@ -1,0 +1,17 @@
+# The two commands of the README. Each creates the virtual environment and installs everything.
+PYTHON ?= python3
+VENV ?= .venv
+MINUTES ?= 18
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e ".[test]"
+	touch $@
+
+.PHONY: demo test
+demo: $(VENV)/.installed  ## train on Tatoeba zh-en for MINUTES, report BLEU, show translations
+	$(VENV)/bin/kformer demo --out runs/demo --config small --minutes $(MINUTES)
+
+test: $(VENV)/.installed  ## the whole test suite (tiny configs)
+	$(VENV)/bin/python -m pytest -q

@@ -1,0 +1,75 @@
+"""BLEU and chrF (sacrebleu) of a trained model on a held-out split or on user files."""
+
+import collections
+import json
+import logging
+import os
+
+import sacrebleu
+
+from kformer import data as data_lib
+from kformer.train import CORPUS_FILE, load_model
+from kformer.translate import Translator
+
+log = logging.getLogger("kformer")
+
+
+def split_references(model_dir, split="test"):
+    """(sources, references) of a split of the corpus the model was trained on. All translations
+    of one source sentence become its references (Tatoeba often has several)."""
+    with open(os.path.join(model_dir, CORPUS_FILE), encoding="utf-8") as f:
+        corpus = json.load(f)
+    spec = corpus["data"] if isinstance(corpus["data"], str) else tuple(corpus["data"])
+    pairs, _ = data_lib.read_corpus(spec, corpus["direction"])
+    grouped = collections.OrderedDict()
+    for source, target in data_lib.split_pairs(pairs)[split]:
+        grouped.setdefault(source, []).append(target)
+    return list(grouped), list(grouped.values())
+
+
+def target_language(model_dir):
+    with open(os.path.join(model_dir, CORPUS_FILE), encoding="utf-8") as f:
+        return json.load(f)["direction"].split("-")[-1]
+
+
+def score(hypotheses, references, language="en"):
+    """Corpus BLEU and chrF; references is one list of strings per hypothesis (any number).
+    Chinese targets use sacrebleu's `zh` tokenizer."""
+    width = max(len(r) for r in references)
+    streams = [[r[i] if i < len(r) else None for r in references] for i in range(width)]
+    bleu = sacrebleu.BLEU(tokenize="zh" if language == "zh" else "13a")
+    chrf = sacrebleu.CHRF()
+    bleu_score, chrf_score = bleu.corpus_score(hypotheses, streams), chrf.corpus_score(hypotheses, streams)
+    return {"bleu": bleu_score.score, "chrf": chrf_score.score, "bleu_signature": str(bleu.get_signature()),
+            "chrf_signature": str(chrf.get_signature()), "sentences": len(hypotheses),
+            "bleu_detail": str(bleu_score)}
+
+
+def evaluate(model_dir, split="test", source_file=None, reference_file=None, beam_size=4, alpha=0.6,
+             output=None, limit=None):
+    """Translates a split (or a source file) and scores it against its references.
+    Writes the hypotheses, one per line, to `output` (default: MODEL/hypotheses.<split>.txt)."""
+    if (source_file is None) != (reference_file is None):
+        raise ValueError("give both --source and --reference, or neither (to use --split)")
+    model, config, tokenizer = load_model(model_dir)
+    if source_file is not None:
+        sources = data_lib.read_text_file(source_file)
+        references = [[r] for r in data_lib.read_text_file(reference_file)]
+        if len(sources) != len(references):
+            raise ValueError(f"{source_file} has {len(sources)} lines but {reference_file} has {len(references)}")
+        name = os.path.basename(source_file)
+    else:
+        sources, references = split_references(model_dir, split)
+        name = split
+    if limit:
+        sources, references = sources[:limit], references[:limit]
+    if not sources:
+        raise ValueError(f"nothing to evaluate: {name} is empty")
+    log.info("translating %d sentences of %s (beam %d)", len(sources), name, beam_size)
+    hypotheses = Translator(model, tokenizer, beam_size=beam_size, alpha=alpha).translate(sources)
+    output = output or os.path.join(model_dir, f"hypotheses.{name}.txt")
+    with open(output, "w", encoding="utf-8") as f:
+        f.writelines(h + "\n" for h in hypotheses)
+    result = score(hypotheses, references, target_language(model_dir))
+    result.update(hypotheses_file=output, beam_size=beam_size, examples=list(zip(sources, references, hypotheses)))
+    return result
