@@ -14,9 +14,10 @@ from keras import ops
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
 
-    Queries, keys and values are projected by `query`, `key`, `value` (M -> H*D), split into
-    H heads, combined by softmax(Q K^T / sqrt(D)) V under a boolean mask, concatenated and
-    projected back by `output_projection` (H*D -> M). The same class serves encoder
+    Queries, keys and values are projected by `query`, `key`, `value` (M -> H heads of D),
+    combined by softmax(Q K^T / sqrt(D)) V under a boolean mask, and the heads are projected
+    back together by `output_projection` (H x D -> M). Weight layout as in
+    `keras.layers.MultiHeadAttention`. The same class serves encoder
     self-attention, masked decoder self-attention and encoder-decoder attention.
 
     Args:
@@ -52,35 +53,35 @@ class MultiHeadAttention(keras.layers.Layer):
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.dropout = dropout
-        width = num_heads * key_dim
-        self.query = keras.layers.Dense(width, dtype=self.dtype_policy, name="query")
-        self.key = keras.layers.Dense(width, dtype=self.dtype_policy, name="key")
-        self.value = keras.layers.Dense(width, dtype=self.dtype_policy, name="value")
+        # Projections straight into heads, kernels (M, H, D), as keras.layers.MultiHeadAttention:
+        # no reshape of a flattened matmul, which tf2onnx's optimizer mis-rewrites.
+        heads = dict(output_shape=(None, num_heads, key_dim), bias_axes="de", dtype=self.dtype_policy)
+        self.query = keras.layers.EinsumDense("abc,cde->abde", name="query", **heads)
+        self.key = keras.layers.EinsumDense("abc,cde->abde", name="key", **heads)
+        self.value = keras.layers.EinsumDense("abc,cde->abde", name="value", **heads)
         self.attention_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy, name="attention_dropout")
-        self.output_projection = None  # built once the model width is known
+        self.output_projection = None  # (H, D, M): built once the model width M is known
 
     def build(self, query_shape, value_shape=None, *args, **kwargs):
-        model_width = query_shape[-1]
         value_shape = query_shape if value_shape is None else value_shape
         self.query.build(query_shape)
         self.key.build(value_shape)
         self.value.build(value_shape)
-        self.output_projection = keras.layers.Dense(model_width, dtype=self.dtype_policy, name="output_projection")
-        self.output_projection.build((*query_shape[:-1], self.num_heads * self.key_dim))
+        self.output_projection = keras.layers.EinsumDense(
+            "abcd,cde->abe", output_shape=(None, query_shape[-1]), bias_axes="e", dtype=self.dtype_policy,
+            name="output_projection")
+        self.output_projection.build((*query_shape[:-1], self.num_heads, self.key_dim))
 
-    def _split_heads(self, x):
-        # (B, L, H*D) -> (B, H, L, D)
-        batch, length = ops.shape(x)[0], ops.shape(x)[1]
-        x = ops.reshape(x, (batch, length, self.num_heads, self.key_dim))
-        return ops.transpose(x, (0, 2, 1, 3))
+    def _split_heads(self, projection, x):
+        return ops.transpose(projection(x), (0, 2, 1, 3))  # (B, L, H, D) -> (B, H, L, D)
 
     def key_value(self, value):
         """(B, Tk, M) -> (key, value), each (B, H, Tk, D): precompute once per source sentence."""
-        return self._split_heads(self.key(value)), self._split_heads(self.value(value))
+        return self._split_heads(self.key, value), self._split_heads(self.value, value)
 
     def call(self, query, value=None, attention_mask=None, cache=None, cache_index=None,
              return_attention_scores=False, training=None):
-        q = self._split_heads(self.query(query))  # (B, H, Tq, D)
+        q = self._split_heads(self.query, query)  # (B, H, Tq, D)
         if cache is None:
             k, v = self.key_value(query if value is None else value)  # (B, H, Tk, D)
         elif cache_index is None:
@@ -106,9 +107,7 @@ class MultiHeadAttention(keras.layers.Layer):
         weights = tf.nn.softmax(ops.cast(scores, "float32"), axis=-1)
         weights = ops.cast(weights, q.dtype)
         context = ops.einsum("bhqk,bhkd->bhqd", self.attention_dropout(weights, training=training), v)
-        batch, length = ops.shape(context)[0], ops.shape(context)[2]
-        context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (batch, length, self.num_heads * self.key_dim))
-        output = self.output_projection(context)  # (B, Tq, M)
+        output = self.output_projection(ops.transpose(context, (0, 2, 1, 3)))  # (B, Tq, H, D) -> (B, Tq, M)
 
         results = (output,)
         if cache is not None:

@@ -14,11 +14,8 @@ def copy_to_keras_mha(ours, query, value):
     reference = keras.layers.MultiHeadAttention(num_heads=HEADS, key_dim=HEAD_SIZE)
     reference(query, value)
     for ours_dense, theirs in ((ours.query, reference._query_dense), (ours.key, reference._key_dense),
-                               (ours.value, reference._value_dense)):
-        kernel, bias = ours_dense.get_weights()
-        theirs.set_weights([kernel.reshape(WIDTH, HEADS, HEAD_SIZE), bias.reshape(HEADS, HEAD_SIZE)])
-    kernel, bias = ours.output_projection.get_weights()
-    reference._output_dense.set_weights([kernel.reshape(HEADS, HEAD_SIZE, WIDTH), bias])
+                               (ours.value, reference._value_dense), (ours.output_projection, reference._output_dense)):
+        theirs.set_weights(ours_dense.get_weights())  # same layout: kernels (M, H, D) / (H, D, M)
     return reference
 
 

@@ -1,0 +1,71 @@
+import io
+import os
+import sys
+
+import pytest
+
+from kformer.cli import main
+
+
+def run(argv, capsys, stdin=None, monkeypatch=None):
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_train_command_writes_a_training_directory(tmp_path, corpus_tsv, capsys):
+    out = str(tmp_path / "run")
+    code, stdout, _ = run(["train", "--config", "tiny", "--data", corpus_tsv, "--out", out, "--steps", "2",
+                           "--no-xla", "--vocab-size", "1200"], capsys)
+    assert code == 0 and '"steps": 2' in stdout
+    assert {"config.json", "tokenizer.model", "model.keras"} <= set(os.listdir(out))
+
+
+def test_train_command_with_aligned_files(tmp_path, corpus_pairs, capsys):
+    source, target = tmp_path / "train.zh", tmp_path / "train.en"
+    source.write_text("".join(s + "\n" for s, _ in corpus_pairs), encoding="utf-8")
+    target.write_text("".join(t + "\n" for _, t in corpus_pairs), encoding="utf-8")
+    code, stdout, _ = run(["train", "--config", "tiny", "--data", str(source), str(target), "--out",
+                           str(tmp_path / "run"), "--steps", "1", "--no-xla", "--vocab-size", "1200"], capsys)
+    assert code == 0 and '"steps": 1' in stdout
+
+
+def test_translate_arguments_and_stdin_keep_order(trained_dir, capsys, monkeypatch):
+    code, stdout, _ = run(["translate", "--model", trained_dir, "--beam", "2", "我們試試看！", "", "好"], capsys)
+    assert code == 0 and len(stdout.split("\n")) == 4 and stdout.split("\n")[1] == ""
+    code, from_stdin, _ = run(["translate", "--model", trained_dir, "--beam", "2"], capsys,
+                              stdin="我們試試看！\n\n好\n".encode(), monkeypatch=monkeypatch)
+    assert code == 0 and from_stdin == stdout
+
+
+def test_translate_invalid_utf8_on_stdin_names_the_line(trained_dir, capsys, monkeypatch):
+    code, _, err = run(["translate", "--model", trained_dir], capsys, stdin=b"ok\n\xff\xfe\n", monkeypatch=monkeypatch)
+    assert code == 2 and "<stdin>:2: invalid UTF-8" in err
+
+
+def test_evaluate_split_and_files(trained_dir, tmp_path, capsys):
+    code, stdout, _ = run(["evaluate", "--model", trained_dir, "--split", "dev", "--beam", "1", "--limit", "4"], capsys)
+    assert code == 0 and "BLEU" in stdout and "nrefs:var" in stdout and "chrF" in stdout
+    assert len(open(os.path.join(trained_dir, "hypotheses.dev.txt"), encoding="utf-8").read().splitlines()) == 4
+    source, reference = tmp_path / "src.txt", tmp_path / "ref.txt"
+    source.write_text("我們試試看！\n好\n", encoding="utf-8")
+    reference.write_text("Let's try.\nGood.\n", encoding="utf-8")
+    output = str(tmp_path / "hyp.txt")
+    code, stdout, _ = run(["evaluate", "--model", trained_dir, "--source", str(source), "--reference",
+                           str(reference), "--output", output], capsys)
+    assert code == 0 and "nrefs:1" in stdout and len(open(output).read().splitlines()) == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["translate", "--model", "/nonexistent/run", "x"], "config.json not found"),
+    (["train", "--config", "tiny", "--data", "/nonexistent.tsv", "--out", "{tmp}/r", "--steps", "1"],
+     "/nonexistent.tsv: cannot read"),
+    (["evaluate", "--model", "{trained}", "--source", "/nonexistent.txt"], "give both --source and --reference"),
+    (["translate", "--model", "{trained}", "--max-len", "0", "x"], "max length must be"),
+])
+def test_errors_are_one_clear_line(argv, message, tmp_path, trained_dir, capsys):
+    argv = [a.format(tmp=tmp_path, trained=trained_dir) for a in argv]
+    code, _, err = run(argv, capsys)
+    assert code == 2 and message in err and "Traceback" not in err
