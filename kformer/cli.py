@@ -36,15 +36,38 @@ def _train(args):
 
 def _translate(args):
     from kformer import data as data_lib
-    from kformer.train import load_model
-    from kformer.translate import Translator
 
     texts = args.text if args.text else data_lib.text_lines(sys.stdin.buffer.read(), "<stdin>")
-    model, _, tokenizer = load_model(args.model)
-    translator = Translator(model, tokenizer, beam_size=args.beam, alpha=args.alpha, max_length=args.max_len,
-                            batch_size=args.batch_size)
-    for line in translator.translate(texts):
+    if args.runtime == "keras":
+        from export.run_tf import KerasRunner
+        runner = KerasRunner(args.model, args.beam, args.alpha, args.max_len, args.batch_size)
+    else:
+        if args.max_len is not None or args.alpha != 0.6:
+            raise ValueError("--alpha and --max-len are fixed when exporting; they apply to --runtime keras only")
+        if args.runtime == "savedmodel":
+            from export.run_tf import SavedModelRunner as runner_class
+        elif args.runtime == "tflite":
+            from export.run_tflite import TfliteRunner as runner_class
+        else:
+            from export.run_onnx import OnnxRunner as runner_class
+        kwargs = {} if args.runtime == "savedmodel" else {"variant": args.variant}
+        runner = runner_class(args.model, args.beam, batch_size=args.batch_size, **kwargs)
+    for line in runner.translate(texts):
         print(line)
+
+
+def _export(args):
+    from export.exporter import export
+
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    quantize = [q.strip() for q in (args.quantize or "").split(",") if q.strip()]
+    artifacts = export(args.model, args.out, formats, quantize, beam_size=args.beam, alpha=args.alpha,
+                       max_length=args.max_len)
+    print(f"{'file':32} {'MB':>8} {'seconds':>8} {'agrees with keras':>18}")
+    for a in artifacts:
+        agree = "-" if a["agreement"] is None else f"{a['agreement']:.0%}"
+        print(f"{a['file']:32} {a['bytes'] / 1e6:8.2f} {a['seconds']:8.1f} {agree:>18}")
+    print(f"wrote {args.out} (manifest.json, tokenizer.model and the files above)")
 
 
 def _evaluate(args):
@@ -137,13 +160,25 @@ def build_parser():
     p.set_defaults(run=_train)
 
     p = commands.add_parser("translate", help="translate TEXT arguments, or stdin one sentence per line")
-    p.add_argument("--model", required=True, help="training directory")
+    p.add_argument("--model", required=True, help="training directory, or an export folder with --runtime")
+    p.add_argument("--runtime", default="keras", choices=["keras", "savedmodel", "tflite", "onnx"])
+    p.add_argument("--variant", default="fp32", choices=["fp32", "fp16", "int8"], help="tflite/onnx variant")
     p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy)")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
     p.add_argument("--max-len", type=int, help="maximum output tokens (default: the model's maximum)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("text", nargs="*")
     p.set_defaults(run=_translate)
+
+    p = commands.add_parser("export", help="write SavedModel, TFLite and ONNX translators, verified")
+    p.add_argument("--model", required=True, help="training directory")
+    p.add_argument("--out", required=True, help="new folder for the artifacts")
+    p.add_argument("--formats", default="savedmodel,tflite,onnx")
+    p.add_argument("--quantize", default="", help="comma list of fp16,int8 (extra variants)")
+    p.add_argument("--beam", type=int, default=4, help="beam size of the exported beam search")
+    p.add_argument("--alpha", type=float, default=0.6)
+    p.add_argument("--max-len", type=int, help="maximum output tokens (default: the model's maximum)")
+    p.set_defaults(run=_export)
 
     p = commands.add_parser("evaluate", help="BLEU and chrF on a held-out split or on files")
     p.add_argument("--model", required=True, help="training directory")
@@ -176,10 +211,17 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     _quiet_tensorflow()
-    logging.basicConfig(level=logging.INFO, format="kformer: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("kformer: %(message)s"))
+    log = logging.getLogger("kformer")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)  # converters are chatty at INFO/WARNING
     try:
         args.run(args)
-    except (ValueError, FileNotFoundError, FloatingPointError) as e:  # CorpusError is a ValueError
+    except (ValueError, TypeError, FileNotFoundError, FloatingPointError, RuntimeError) as e:
+        # CorpusError and ArtifactError are ValueErrors, ExportError a RuntimeError
         print(f"kformer {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -4,14 +4,9 @@
 `translate` only tokenizes, batches and detokenizes around the graph.
 """
 
-import logging
-
-import numpy as np
 import tensorflow as tf
 
-from kformer import search
-
-log = logging.getLogger("kformer")
+from kformer import batching, search
 
 SOURCE_SPEC = tf.TensorSpec([None, None], tf.int32, name="source_ids")
 
@@ -65,39 +60,21 @@ class Translator(tf.Module):
                                             self.config.bos_id, self.config.eos_id, self.alpha, self.config.pad_id)
         return {"tokens": tokens, "scores": scores}
 
-    # --- Python side: text <-> ids around the graph ---
+    # --- Python side: text <-> ids around the graph (shared with the device runners) ---
 
     def encode(self, texts):
         """Token ids per text; over-long sources are truncated with a warning (never an error)."""
-        ids = [self.tokenizer.encode(text.strip()) if text.strip() else [] for text in texts]
-        limit = self.config.max_source_length
-        for number, row in enumerate(ids):
-            if len(row) > limit:
-                log.warning("input %d has %d tokens; truncated to the model's maximum source length %d",
-                            number + 1, len(row), limit)
-        return [row[:limit] for row in ids]
+        return batching.encode_texts(self.tokenizer, texts, self.config.max_source_length)
 
     def translate_ids(self, ids, beam_size=None):
         """Lists of source ids -> (lists of output ids without EOS/pad, scores), in input order.
         Sentences of similar length are batched together; each row is independent of its batch."""
-        use_beam = (self.beam_size if beam_size is None else beam_size) > 1
-        search_fn = self.beam if use_beam else self.greedy
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        outputs, scores = [None] * len(ids), [0.0] * len(ids)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start: start + self.batch_size]
-            width = max(1, max(len(ids[i]) for i in chunk))
-            batch = np.zeros((len(chunk), width), np.int32)
-            for row, i in enumerate(chunk):
-                batch[row, : len(ids[i])] = ids[i]
-            result = search_fn(tf.constant(batch))
-            tokens, row_scores = result["tokens"].numpy(), result["scores"].numpy()
-            if use_beam:
-                tokens, row_scores = tokens[:, 0], row_scores[:, 0]
-            for row, i in enumerate(chunk):
-                outputs[i] = strip_special(tokens[row], self.config.eos_id, self.config.pad_id)
-                scores[i] = float(row_scores[row])
-        return outputs, scores
+        fn = self.beam if (self.beam_size if beam_size is None else beam_size) > 1 else self.greedy
+
+        def search(batch):
+            result = fn(tf.constant(batch))
+            return result["tokens"].numpy(), result["scores"].numpy()
+        return batching.translate_ids(search, ids, self.batch_size, self.config.eos_id, self.config.pad_id)
 
     def translate(self, texts, beam_size=None):
         """Translates a list of strings; an empty or blank string gives an empty translation."""
@@ -105,11 +82,3 @@ class Translator(tf.Module):
             raise ValueError("this Translator has no tokenizer; use translate_ids")
         outputs, _ = self.translate_ids(self.encode(texts), beam_size)
         return [self.tokenizer.decode(row) for row in outputs]
-
-
-def strip_special(tokens, eos_id, pad_id=0):
-    """Output ids up to (not including) the first EOS, without padding."""
-    tokens = [int(t) for t in tokens]
-    if eos_id in tokens:
-        tokens = tokens[: tokens.index(eos_id)]
-    return [t for t in tokens if t != pad_id]

@@ -9,7 +9,8 @@ from conftest import random_ids
 from kformer.config import preset
 from kformer.model import Transformer
 from kformer.search import beam_search, greedy_search, naive_cache, naive_step, output_limits
-from kformer.translate import Translator, strip_special
+from kformer.batching import strip_special
+from kformer.translate import Translator
 
 
 @pytest.fixture(scope="module")

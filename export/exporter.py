@@ -1,0 +1,153 @@
+"""`kformer export`: build the translator once, write every format from it, verify each."""
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from importlib import metadata
+
+import numpy as np
+
+from export import writers
+from export.module import ExportModule
+from export.runtime import MANIFEST, sha256
+
+FORMATS = ("savedmodel", "tflite", "onnx")
+QUANTIZATIONS = ("fp16", "int8")
+PACKAGES = ("tensorflow", "keras", "tensorflow-text", "tf2onnx", "onnx", "onnxruntime", "ai-edge-litert",
+            "sentencepiece")
+
+
+def _plan(formats, quantize):
+    """(file, format, search, variant, writer) for every artifact to write."""
+    steps = []
+    if "savedmodel" in formats:
+        steps.append(("savedmodel", "savedmodel", "all", "fp32", writers.write_savedmodel))
+    for search in ("greedy", "beam"):
+        if "tflite" in formats:
+            for variant in ("fp32", *[q for q in QUANTIZATIONS if q in quantize]):
+                steps.append((f"tflite/{search}.{variant}.tflite", "tflite", search, variant,
+                              lambda m, p, s=search, v=variant: writers.write_tflite(m, s, p, v)))
+        if "onnx" in formats:
+            steps.append((f"onnx/{search}.fp32.onnx", "onnx", search, "fp32",
+                          lambda m, p, s=search: writers.write_onnx(m, s, p)))
+            if "int8" in quantize:
+                steps.append((f"onnx/{search}.int8.onnx", "onnx", search, "int8",
+                              lambda m, p, s=search: writers.quantize_onnx(
+                                  os.path.join(os.path.dirname(p), f"{s}.fp32.onnx"), p)))
+    return steps
+
+
+def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=0.6, max_length=None,
+           progress=print):
+    """Writes the chosen formats of the model in `model_dir` to `out_dir` (which must not exist)
+    with the tokenizer and a manifest, then checks every fp32 artifact gives the Keras tokens."""
+    from kformer.train import TOKENIZER_FILE, load_model
+
+    unknown = sorted(set(formats) - set(FORMATS)) + sorted(set(quantize) - set(QUANTIZATIONS))
+    if unknown:
+        raise ValueError(f"unknown formats/quantizations {unknown}; formats: {FORMATS}, quantize: {QUANTIZATIONS}")
+    if os.path.exists(out_dir) and os.listdir(out_dir):
+        raise ValueError(f"{out_dir} exists and is not empty; choose a new --out (nothing was written)")
+    model, config, _ = load_model(model_dir)
+    with open(os.path.join(model_dir, TOKENIZER_FILE), "rb") as f:
+        tokenizer_proto = f.read()
+    module = ExportModule(model, tokenizer_proto, beam_size=beam_size, alpha=alpha, max_length=max_length)
+
+    # Write into a temporary sibling and rename at the end: a failed export leaves nothing half-done.
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=".kformer-export-", dir=parent)
+    try:
+        shutil.copy(os.path.join(model_dir, TOKENIZER_FILE), os.path.join(work, "tokenizer.model"))
+        artifacts, steps = [], _plan(formats, quantize)
+        for number, (file, fmt, search, variant, write) in enumerate(steps, start=1):
+            progress(f"[{number}/{len(steps)}] {fmt} {search} {variant} -> {file} ...", end=" ", flush=True)
+            start = time.perf_counter()
+            path = os.path.join(work, file)
+            os.makedirs(os.path.dirname(path) or work, exist_ok=True)
+            write(module, path)
+            seconds = time.perf_counter() - start
+            artifacts.append({"file": file, "format": fmt, "search": search, "variant": variant,
+                              "bytes": writers.file_size(path), "seconds": round(seconds, 2), "sha256": sha256(path)})
+            progress(f"{artifacts[-1]['bytes'] / 1e6:.1f} MB, {seconds:.1f}s")
+        manifest = {
+            "kformer_export": 1, "config": config.to_dict(), "beam_size": beam_size, "alpha": alpha,
+            "max_length": module.translator.max_length,
+            "tokenizer": {"file": "tokenizer.model", "sha256": sha256(os.path.join(work, "tokenizer.model")),
+                          "vocab_size": config.vocab_size},
+            "inputs": {"source_ids": {"dtype": "int32", "shape": ["batch", "length"], "pad_id": config.pad_id}},
+            "outputs": {"greedy": {"tokens": ["int32", ["batch", "T"]], "scores": ["float32", ["batch"]]},
+                        "beam": {"tokens": ["int32", ["batch", "beam", "T"]], "scores": ["float32", ["batch", "beam"]]}},
+            "savedmodel_signatures": {"greedy_ids": "source_ids -> tokens, scores", "beam_ids": "source_ids -> tokens, scores",
+                                      "greedy_text": "text -> translation", "beam_text": "text -> translation"},
+            "onnx_opset": writers.ONNX_OPSET, "artifacts": artifacts, "versions": _versions()}
+        with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2)
+        progress("verifying: every artifact translates a probe batch; fp32 must match Keras token for token")
+        agreement = verify(work, model, config)
+        if os.path.exists(out_dir):
+            os.rmdir(out_dir)  # empty, checked above
+        os.replace(work, out_dir)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    for entry in artifacts:
+        entry["agreement"] = agreement.get((entry["format"], entry["search"], entry["variant"]))
+    return artifacts
+
+
+def _versions():
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def probe_batches(config, rng_seed=0):
+    """Source batches for the parity check: mixed lengths with padding, and a batch of one."""
+    rng = np.random.default_rng(rng_seed)
+    mixed = np.zeros((3, 9), np.int32)
+    for row, length in enumerate((9, 4, 1)):
+        mixed[row, :length] = rng.integers(4, config.vocab_size, size=length)
+    return [mixed, mixed[1:2, :4]]
+
+
+def verify(artifact_dir, model, config):
+    """Runs every artifact on the probe batches. fp32 artifacts must give the Keras tokens
+    (else ExportError); quantized ones report the fraction of rows that agree."""
+    from export.run_onnx import OnnxRunner
+    from export.run_tf import SavedModelRunner
+    from export.run_tflite import TfliteRunner
+    from kformer.translate import Translator
+
+    with open(os.path.join(artifact_dir, MANIFEST), encoding="utf-8") as f:
+        manifest = json.load(f)
+    reference = Translator(model, beam_size=manifest["beam_size"], alpha=manifest["alpha"],
+                           max_length=manifest["max_length"])
+    agreement = {}
+    for entry in manifest["artifacts"]:
+        searches = ("greedy", "beam") if entry["search"] == "all" else (entry["search"],)
+        for search in searches:
+            beam = manifest["beam_size"] if search == "beam" else 1
+            if entry["format"] == "savedmodel":
+                runner = SavedModelRunner(artifact_dir, beam)
+            elif entry["format"] == "tflite":
+                runner = TfliteRunner(artifact_dir, beam, entry["variant"])
+            else:
+                runner = OnnxRunner(artifact_dir, beam, entry["variant"])
+            same, rows = 0, 0
+            for batch in probe_batches(config):
+                expected = getattr(reference, search)(batch)["tokens"].numpy()
+                tokens, _ = runner.search(batch)
+                same += int(np.sum(np.all(tokens.reshape(len(batch), -1) == expected.reshape(len(batch), -1), axis=1)))
+                rows += len(batch)
+            agreement[(entry["format"], entry["search"], entry["variant"])] = same / rows
+            if entry["variant"] == "fp32" and same != rows:
+                raise writers.ExportError(f"{entry['file']} ({search}) gives tokens different from Keras on "
+                                          f"{rows - same} of {rows} probe rows")
+    return agreement

@@ -1,0 +1,52 @@
+"""The exportable translator: one tf.Module whose functions every format is written from."""
+
+import tensorflow as tf
+from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+from kformer.translate import Translator
+
+TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
+SEARCHES = ("greedy", "beam")
+
+
+class ExportModule(tf.Module):
+    """Token-id searches of `kformer.translate.Translator` plus text-in/text-out functions with
+    the SentencePiece model inside the graph (tensorflow-text's FastSentencepieceTokenizer: one
+    tokenizer object, used by both text functions).
+
+    Functions (all batched, dynamic batch and length):
+        greedy_ids / beam_ids: source_ids int32 (B, S) -> tokens int32, scores float32.
+        greedy_text / beam_text: text string (B,) -> translation string (B,).
+    """
+
+    def __init__(self, model, tokenizer_proto, beam_size=4, alpha=0.6, max_length=None):
+        super().__init__(name="kformer_translator")
+        import tensorflow_text as tf_text  # only the SavedModel text functions need it
+
+        self.translator = Translator(model, beam_size=beam_size, alpha=alpha, max_length=max_length)
+        self.config = model.config
+        self.tokenizer = tf_text.FastSentencepieceTokenizer(tokenizer_proto)
+        self.greedy_ids = self.translator.greedy
+        self.beam_ids = self.translator.beam
+        self.greedy_text = tf.function(lambda text: self._text(self.translator.greedy, text), input_signature=[TEXT_SPEC])
+        self.beam_text = tf.function(lambda text: self._text(self.translator.beam, text), input_signature=[TEXT_SPEC])
+
+    def _text(self, search, text):
+        c = self.config
+        ids = self.tokenizer.tokenize(text)  # ragged (B, None)
+        ids = ids[:, : c.max_source_length]  # over-long input is truncated (the Python runners also warn)
+        source = ids.to_tensor(default_value=c.pad_id, shape=[None, None])
+        source = tf.cast(source, tf.int32)
+        tokens = search(source)["tokens"]
+        if tokens.shape.rank == 3:
+            tokens = tokens[:, 0]  # best beam
+        # Keep the tokens before the first EOS, without padding.
+        before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(tokens, c.eos_id), tf.int32), axis=1), 0)
+        kept = tf.ragged.boolean_mask(tokens, before_eos & tf.not_equal(tokens, c.pad_id))
+        return {"translation": self.tokenizer.detokenize(kept)}
+
+    def frozen(self, search):
+        """The ids function of `search` with variables folded into constants: what TFLite and
+        tf2onnx need (an unfrozen loop converts, then fails at invoke with READ_VARIABLE)."""
+        fn = getattr(self, f"{search}_ids")
+        return convert_variables_to_constants_v2(fn.get_concrete_function())

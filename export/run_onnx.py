@@ -1,0 +1,26 @@
+"""Run an exported ONNX translator with onnxruntime: numpy, sentencepiece, onnxruntime only."""
+
+import os
+
+import numpy as np
+import onnxruntime as ort
+
+from export.runtime import Runner, find_artifact, verified_path
+
+
+class OnnxRunner(Runner):
+    """Args: artifact_dir (from `kformer export`), beam_size (1 or the exported K),
+    variant ("fp32" or "int8"), threads (intra-op threads; default: all cores)."""
+
+    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
+        super().__init__(artifact_dir, beam_size, batch_size)
+        entry = find_artifact(self.manifest, "onnx", self.search_name, variant)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or os.cpu_count() or 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(verified_path(artifact_dir, self.manifest, entry), options,
+                                            providers=["CPUExecutionProvider"])
+
+    def _search(self, search, batch):
+        tokens, scores = self.session.run(["tokens", "scores"], {"source_ids": batch})
+        return tokens, scores

@@ -1,0 +1,48 @@
+"""Runners that need TensorFlow: the exported SavedModel, and the Keras model of a training folder."""
+
+import numpy as np
+import tensorflow as tf
+
+from export.runtime import Runner, find_artifact, verified_path
+
+
+class SavedModelRunner(Runner):
+    def __init__(self, artifact_dir, beam_size=None, batch_size=32):
+        super().__init__(artifact_dir, beam_size, batch_size)
+        import tensorflow_text  # noqa: F401  (registers the SentencePiece ops of the text signatures)
+
+        entry = find_artifact(self.manifest, "savedmodel", "all", "fp32")
+        self.loaded = tf.saved_model.load(verified_path(artifact_dir, self.manifest, entry))
+
+    def _search(self, search, batch):
+        result = self.loaded.signatures[f"{search}_ids"](source_ids=tf.constant(batch))
+        return result["tokens"].numpy(), result["scores"].numpy()
+
+    def translate_text(self, texts):
+        """The text-in/text-out signature: SentencePiece inside the graph."""
+        fn = self.loaded.signatures[f"{self.search_name}_text"]
+        return [t.decode("utf-8") for t in fn(text=tf.constant(texts, tf.string))["translation"].numpy()]
+
+
+class KerasRunner:
+    """The training folder's Keras model behind the same interface (the reference runtime)."""
+
+    def __init__(self, model_dir, beam_size=4, alpha=0.6, max_length=None, batch_size=32):
+        from kformer.train import load_model
+        from kformer.translate import Translator
+
+        model, self.config, self.tokenizer = load_model(model_dir)
+        self.translator = Translator(model, self.tokenizer, beam_size=max(1, beam_size), alpha=alpha,
+                                     max_length=max_length, batch_size=batch_size)
+        self.beam_size = beam_size
+
+    def search(self, batch):
+        fn = self.translator.beam if self.beam_size > 1 else self.translator.greedy
+        result = fn(tf.constant(np.asarray(batch, np.int32)))
+        return result["tokens"].numpy(), result["scores"].numpy()
+
+    def translate_ids(self, ids):
+        return self.translator.translate_ids(ids)
+
+    def translate(self, texts):
+        return self.translator.translate(texts)

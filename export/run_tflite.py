@@ -1,0 +1,33 @@
+"""Run an exported TFLite translator with LiteRT: numpy, sentencepiece, ai-edge-litert only."""
+
+import os
+
+import numpy as np
+from ai_edge_litert.interpreter import Interpreter
+
+from export.runtime import Runner, find_artifact, verified_path
+
+
+class TfliteRunner(Runner):
+    """Args: artifact_dir (from `kformer export`), beam_size (1 or the exported K),
+    variant ("fp32", "fp16" or "int8"), threads."""
+
+    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
+        super().__init__(artifact_dir, beam_size, batch_size)
+        entry = find_artifact(self.manifest, "tflite", self.search_name, variant)
+        self.interpreter = Interpreter(model_path=verified_path(artifact_dir, self.manifest, entry),
+                                       num_threads=threads or os.cpu_count() or 1)
+        (self.input,) = self.interpreter.get_input_details()
+        # Outputs by dtype: tokens are the int32 output, scores the float32 one.
+        outputs = {np.dtype(d["dtype"]): d["index"] for d in self.interpreter.get_output_details()}
+        self.outputs = outputs[np.dtype(np.int32)], outputs[np.dtype(np.float32)]
+        self.shape = None
+
+    def _search(self, search, batch):
+        if self.shape != batch.shape:  # dynamic batch and length
+            self.interpreter.resize_tensor_input(self.input["index"], batch.shape, strict=False)
+            self.interpreter.allocate_tensors()
+            self.shape = batch.shape
+        self.interpreter.set_tensor(self.input["index"], batch)
+        self.interpreter.invoke()
+        return tuple(self.interpreter.get_tensor(index) for index in self.outputs)

@@ -1,0 +1,112 @@
+"""What every runner shares, without TensorFlow: the manifest, its checks, and text in/out.
+
+A runner needs only this file, kformer/batching.py, numpy, sentencepiece and its runtime."""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from kformer import batching
+
+MANIFEST = "manifest.json"
+
+
+class ArtifactError(ValueError):
+    """A missing, corrupted or mismatched exported artifact; the message names the file."""
+
+
+def sha256(path):
+    """Hash of a file, or of a folder's files (names and contents, in sorted order)."""
+    digest = hashlib.sha256()
+    files = [path] if os.path.isfile(path) else sorted(
+        os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
+    for file in files:
+        digest.update(os.path.relpath(file, path).encode() if file != path else b"")
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def load_manifest(artifact_dir):
+    path = os.path.join(artifact_dir, MANIFEST)
+    if not os.path.exists(path):
+        raise ArtifactError(f"{path} not found: is {artifact_dir} a `kformer export` folder?")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{path}: not valid JSON ({e})") from None
+
+
+def verified_path(artifact_dir, manifest, entry):
+    """Absolute path of a manifest entry, after checking that it exists and is intact."""
+    path = os.path.join(artifact_dir, entry["file"])
+    if not os.path.exists(path):
+        raise ArtifactError(f"{path} is missing (listed in {MANIFEST})")
+    if sha256(path) != entry["sha256"]:
+        raise ArtifactError(f"{path} is corrupted or truncated: its sha256 differs from {MANIFEST}")
+    return path
+
+
+def find_artifact(manifest, fmt, search, variant="fp32"):
+    for entry in manifest["artifacts"]:
+        if (entry["format"], entry["search"], entry["variant"]) == (fmt, search, variant):
+            return entry
+    have = sorted({f"{e['format']}/{e['search']}/{e['variant']}" for e in manifest["artifacts"]})
+    raise ArtifactError(f"no {fmt} {search} {variant} artifact in this export (it has {have}); "
+                        "re-run `kformer export` with that format or quantization")
+
+
+def load_tokenizer(artifact_dir, manifest):
+    import sentencepiece as spm
+
+    entry = manifest["tokenizer"]
+    path = verified_path(artifact_dir, manifest, entry)
+    tokenizer = spm.SentencePieceProcessor(model_file=path)
+    config = manifest["config"]
+    expected = (config["vocab_size"], config["pad_id"], config["unk_id"], config["bos_id"], config["eos_id"])
+    found = (tokenizer.get_piece_size(), tokenizer.pad_id(), tokenizer.unk_id(), tokenizer.bos_id(), tokenizer.eos_id())
+    if found != expected:
+        raise ArtifactError(f"{path} does not match the exported model: (vocabulary, pad, unk, bos, eos) "
+                            f"{found} vs {expected}")
+    return tokenizer
+
+
+class Runner:
+    """One interface for every runtime:
+    `translate(list[str]) -> list[str]` and `translate_ids(list[list[int]]) -> (ids, scores)`.
+
+    Subclasses implement `_search(search, batch) -> (tokens, scores)` for an int32 (B, S) batch.
+    """
+
+    def __init__(self, artifact_dir, beam_size=None, batch_size=32):
+        self.artifact_dir = artifact_dir
+        self.manifest = load_manifest(artifact_dir)
+        self.config = self.manifest["config"]
+        self.tokenizer = load_tokenizer(artifact_dir, self.manifest)
+        exported = self.manifest["beam_size"]
+        self.beam_size = exported if beam_size is None else beam_size
+        if self.beam_size not in (1, exported):
+            raise ArtifactError(f"this export has greedy search and beam size {exported}, not {self.beam_size}; "
+                                f"re-export with --beam {self.beam_size}")
+        self.search_name = "beam" if self.beam_size > 1 else "greedy"
+        self.batch_size = batch_size
+
+    def search(self, batch):
+        """(B, S) int32 source ids (pad 0) -> (tokens, scores) of the chosen search."""
+        batch = np.asarray(batch)
+        if batch.dtype != np.int32 or batch.ndim != 2:
+            raise TypeError(f"source_ids must be an int32 array of shape (batch, length), "
+                            f"got {batch.dtype} with shape {batch.shape}")
+        return self._search(self.search_name, batch)
+
+    def translate_ids(self, ids):
+        return batching.translate_ids(self.search, ids, self.batch_size, self.config["eos_id"], self.config["pad_id"])
+
+    def translate(self, texts):
+        ids = batching.encode_texts(self.tokenizer, texts, self.config["max_source_length"])
+        outputs, _ = self.translate_ids(ids)
+        return [self.tokenizer.decode(row) for row in outputs]

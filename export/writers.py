@@ -1,0 +1,167 @@
+"""Write one format from an ExportModule, and check what the converter produced.
+
+A converter that succeeds proves nothing: every writer checks the artifact's operator list and
+fails loudly on anything the light runtimes cannot run. Parity is checked by the exporter."""
+
+import contextlib
+import logging
+import os
+
+import tensorflow as tf
+
+ONNX_OPSET = 17
+ID_INPUT = "source_ids"
+OUTPUTS = ("tokens", "scores")
+
+
+class ExportError(RuntimeError):
+    """A conversion that produced something unusable; the message says what and where."""
+
+
+# --- SavedModel ---
+
+def write_savedmodel(module, path):
+    signatures = {f"{search}_{kind}": getattr(module, f"{search}_{kind}").get_concrete_function()
+                  for search in ("greedy", "beam") for kind in ("ids", "text")}
+    tf.saved_model.save(module, path, signatures=signatures)
+    return path
+
+
+# --- TFLite ---
+
+TFLITE_VARIANTS = ("fp32", "fp16", "int8")
+
+
+def write_tflite(module, search, path, variant="fp32"):
+    """Frozen graph -> TFLite with builtin ops only. fp16: float16 weights; int8: dynamic-range
+    quantized weights (activations stay float)."""
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.frozen(search)])
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex fallback
+    if variant == "fp16":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.target_spec.supported_types = [tf.float16]
+    elif variant == "int8":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    elif variant != "fp32":
+        raise ValueError(f"unknown TFLite variant {variant!r}; choose from {TFLITE_VARIANTS}")
+    try:
+        flatbuffer = converter.convert()
+    except Exception as e:  # the converter raises ConverterError and friends
+        raise ExportError(f"TFLite conversion of the {search} search failed: {e}") from None
+    check_tflite_ops(flatbuffer, path)
+    with open(path, "wb") as f:
+        f.write(flatbuffer)
+    return path
+
+
+def tflite_operators(flatbuffer):
+    """Names of the operators in a TFLite flatbuffer: builtins by name, others by custom code."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(flatbuffer, 0))
+    names = {value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
+    ops = set()
+    for code in model.operatorCodes:
+        builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
+        if builtin == schema.BuiltinOperator.CUSTOM:
+            ops.add("CUSTOM:" + bytes(code.customCode or b"").decode())
+        else:
+            ops.add(names.get(builtin, str(builtin)))
+    return ops
+
+
+def check_tflite_ops(flatbuffer, path):
+    bad = sorted(op for op in tflite_operators(flatbuffer) if op.startswith("CUSTOM:"))
+    if bad:
+        raise ExportError(f"{path}: Flex/custom ops {bad} would need the TensorFlow runtime; builtins only")
+
+
+# --- ONNX ---
+
+def write_onnx(module, search, path):
+    """Frozen graph -> one ONNX file whose search loop is one ONNX Loop; standard ops only."""
+    import onnx
+    import tf2onnx
+
+    frozen = module.frozen(search)
+    output_names = [t.name for t in frozen.outputs]
+    # Freezing flattens the {"tokens", "scores"} dict: tokens are the int32 output, scores float32.
+    by_name = {("tokens" if t.dtype == tf.int32 else "scores"): t.name for t in frozen.outputs}
+    logging.getLogger("tf2onnx").setLevel(logging.ERROR)  # it warns per loop variable at INFO/WARNING
+    try:
+        proto, _ = tf2onnx.convert.from_graph_def(
+            frozen.graph.as_graph_def(), input_names=[frozen.inputs[0].name], output_names=output_names,
+            opset=ONNX_OPSET)
+    except Exception as e:
+        raise ExportError(f"ONNX conversion of the {search} search failed: {e}") from None
+    _rename_io(proto, frozen.inputs[0].name, by_name)
+    check_onnx(proto, path)
+    onnx.save(proto, path)
+    return path
+
+
+def _rename_io(proto, input_name, outputs):
+    """Gives the graph the names of the manifest (source_ids -> tokens, scores) through Identity
+    nodes, leaving tf2onnx's internal names (also used inside the Loop body) untouched."""
+    from onnx import helper
+
+    graph = proto.graph
+    (graph_input,) = [i for i in graph.input if i.name == input_name]
+    graph_input.name = ID_INPUT
+    graph.node.insert(0, helper.make_node("Identity", [ID_INPUT], [input_name], name="source_ids_in"))
+    for output in graph.output:
+        public = next(k for k, v in outputs.items() if v == output.name)
+        graph.node.append(helper.make_node("Identity", [output.name], [public], name=f"{public}_out"))
+        output.name = public
+
+
+def onnx_nodes(graph):
+    """Every node of a graph, including the bodies of Loop/If/Scan."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.g is not None and attribute.g.node:
+                yield from onnx_nodes(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from onnx_nodes(subgraph)
+
+
+def check_onnx(proto, path):
+    import onnx
+
+    bad = sorted({f"{n.domain}:{n.op_type}" for n in onnx_nodes(proto.graph) if n.domain not in ("", "ai.onnx")})
+    if bad:
+        raise ExportError(f"{path}: non-standard ONNX ops {bad} (tf2onnx exits 0 even when it leaves these)")
+    loops = sum(1 for n in proto.graph.node if n.op_type == "Loop")
+    if loops != 1:
+        raise ExportError(f"{path}: expected the search as one ONNX Loop, found {loops} top-level loops")
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise ExportError(f"{path}: onnx.checker rejected the model: {e}") from None
+
+
+def quantize_onnx(source, path):
+    """Dynamic int8 weight quantization, inside the Loop body too."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with _quiet_root_logger():  # it suggests pre-processing on the root logger at every call
+        quantize_dynamic(source, path, weight_type=QuantType.QInt8, extra_options={"EnableSubgraph": True})
+    return path
+
+
+@contextlib.contextmanager
+def _quiet_root_logger():
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def file_size(path):
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+    return os.path.getsize(path)

@@ -1,0 +1,212 @@
+"""Export parity and failure modes on a random tiny model (its outputs are long and varied, so
+token equality across runtimes means something)."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import keras
+import numpy as np
+import onnx
+import pytest
+
+from conftest import PYTHON
+from export import writers
+from export.exporter import export
+from export.run_onnx import OnnxRunner
+from export.run_tf import KerasRunner, SavedModelRunner
+from export.run_tflite import TfliteRunner
+from export.runtime import ArtifactError, load_manifest
+from kformer.config import preset
+from kformer.model import Transformer
+
+BEAM = 3
+MAX_LENGTH = 12
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory, tokenizer):
+    out = tmp_path_factory.mktemp("random_model")
+    tokenizer_path = out / "tokenizer.model"
+    tokenizer_path.write_bytes(tokenizer.serialized_model_proto())
+    config = preset("tiny", vocab_size=tokenizer.get_piece_size(), max_source_length=16, max_target_length=20)
+    keras.utils.set_random_seed(3)
+    Transformer(config).save(str(out / "model.keras"))
+    config.save(str(out / "config.json"))
+    (out / "corpus.json").write_text(json.dumps({"data": "default", "direction": "zh-en"}))
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def artifacts(model_dir, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("export") / "art")
+    export(model_dir, out, quantize=("fp16", "int8"), beam_size=BEAM, max_length=MAX_LENGTH, progress=lambda *a, **k: None)
+    return out
+
+
+def runners(artifacts, model_dir, beam):
+    return {"keras": KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH),
+            "savedmodel": SavedModelRunner(artifacts, beam),
+            "tflite": TfliteRunner(artifacts, beam),
+            "tflite_fp16": TfliteRunner(artifacts, beam, variant="fp16"),
+            "onnx": OnnxRunner(artifacts, beam)}
+
+
+def batches(vocab):
+    rng = np.random.default_rng(0)
+    mixed = np.zeros((4, 10), np.int32)
+    for row, length in enumerate((10, 3, 7, 1)):
+        mixed[row, :length] = rng.integers(4, vocab, size=length)
+    return {"mixed": mixed, "second_batch_size": mixed[:2, :7], "batch_of_one": mixed[1:2, :3],
+            "source_length_one": mixed[3:4, :1]}
+
+
+@pytest.mark.parametrize("beam", [1, BEAM])
+def test_all_runtimes_give_identical_tokens(artifacts, model_dir, beam):
+    all_runners = runners(artifacts, model_dir, beam)
+    hit_limit = False
+    for name, batch in batches(all_runners["keras"].config.vocab_size).items():
+        expected_tokens, expected_scores = all_runners["keras"].search(batch)
+        for runtime, runner in all_runners.items():
+            tokens, scores = runner.search(batch)
+            np.testing.assert_array_equal(tokens, expected_tokens, err_msg=f"{runtime} on {name}")
+            np.testing.assert_allclose(scores, expected_scores, rtol=1e-3, atol=1e-3, err_msg=f"{runtime} on {name}")
+        best = expected_tokens if beam == 1 else expected_tokens[:, 0]
+        hit_limit |= bool(np.any(np.all(best != 3, axis=-1)))  # a row cut at the maximum length, no EOS
+    assert hit_limit
+
+
+def test_int8_variants_run_and_report_agreement(artifacts, model_dir):
+    manifest = load_manifest(artifacts)
+    variants = {(e["format"], e["variant"]) for e in manifest["artifacts"]}
+    assert {("tflite", "int8"), ("onnx", "int8"), ("tflite", "fp16")} <= variants
+    batch = batches(manifest["config"]["vocab_size"])["mixed"]
+    for runner in (TfliteRunner(artifacts, BEAM, "int8"), OnnxRunner(artifacts, BEAM, "int8")):
+        tokens, scores = runner.search(batch)
+        assert tokens.shape[:2] == (4, BEAM) and np.all(np.isfinite(scores))
+
+
+def test_text_in_text_out(artifacts, model_dir):
+    texts = ["我們試試看！", "", "Tom is here.", "   "]
+    expected = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(texts)
+    assert expected[1] == expected[3] == ""
+    saved = SavedModelRunner(artifacts, BEAM)
+    assert saved.translate_text(texts) == expected
+    assert saved.translate(texts) == expected
+    assert OnnxRunner(artifacts, BEAM).translate(texts) == expected
+    assert TfliteRunner(artifacts, BEAM).translate(texts) == expected
+
+
+def test_manifest_and_operator_lists(artifacts):
+    manifest = load_manifest(artifacts)
+    assert manifest["beam_size"] == BEAM and manifest["max_length"] == MAX_LENGTH
+    assert manifest["inputs"]["source_ids"]["dtype"] == "int32"
+    assert manifest["versions"]["tensorflow"] and manifest["onnx_opset"] == writers.ONNX_OPSET
+    for entry in manifest["artifacts"]:
+        path = os.path.join(artifacts, entry["file"])
+        assert len(entry["sha256"]) == 64 and entry["bytes"] > 0
+        if entry["format"] == "tflite":
+            ops = writers.tflite_operators(open(path, "rb").read())
+            assert "WHILE" in ops and not any(op.startswith("CUSTOM") for op in ops), ops
+        if entry["format"] == "onnx" and entry["variant"] == "fp32":
+            proto = onnx.load(path)
+            writers.check_onnx(proto, path)  # standard domains, one Loop, onnx.checker
+            assert [i.name for i in proto.graph.input] == ["source_ids"]
+            assert sorted(o.name for o in proto.graph.output) == ["scores", "tokens"]
+
+
+def test_checks_reject_custom_ops(tmp_path):
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def flex(text):
+        return tf.strings.length(tf.strings.upper(text))
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([flex.get_concrete_function()])
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
+    converter.allow_custom_ops = True  # a flatbuffer that only runs with extra op libraries
+    with pytest.raises(writers.ExportError, match="Flex/custom ops"):
+        writers.check_tflite_ops(converter.convert(), "x.tflite")
+    node = onnx.helper.make_node("SentencepieceTokenizer", ["a"], ["b"], domain="ai.onnx.contrib")
+    graph = onnx.helper.make_graph([node], "g", [onnx.helper.make_tensor_value_info("a", onnx.TensorProto.STRING, [1])],
+                                   [onnx.helper.make_tensor_value_info("b", onnx.TensorProto.INT32, [1])])
+    with pytest.raises(writers.ExportError, match="non-standard ONNX ops"):
+        writers.check_onnx(onnx.helper.make_model(graph), "x.onnx")
+
+
+@pytest.fixture()
+def damaged(artifacts, tmp_path):
+    copy = str(tmp_path / "art")
+    shutil.copytree(artifacts, copy)
+    return copy
+
+
+def test_missing_file(damaged):
+    os.remove(os.path.join(damaged, "onnx", "beam.fp32.onnx"))
+    with pytest.raises(ArtifactError, match="beam.fp32.onnx is missing"):
+        OnnxRunner(damaged, BEAM)
+
+
+def test_truncated_file(damaged):
+    path = os.path.join(damaged, "tflite", "greedy.fp32.tflite")
+    with open(path, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(ArtifactError, match="corrupted or truncated"):
+        TfliteRunner(damaged, 1)
+
+
+def test_tokenizer_that_does_not_match(damaged, tmp_path):
+    from kformer.data import train_tokenizer
+    from export.runtime import sha256
+    other = str(tmp_path / "other.model")
+    train_tokenizer(["a b c d e f g", "h i j k l m n"] * 20, other, vocab_size=40)
+    shutil.copy(other, os.path.join(damaged, "tokenizer.model"))
+    manifest = load_manifest(damaged)
+    manifest["tokenizer"]["sha256"] = sha256(os.path.join(damaged, "tokenizer.model"))  # intact, but wrong
+    with open(os.path.join(damaged, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    with pytest.raises(ArtifactError, match="does not match the exported model"):
+        OnnxRunner(damaged, BEAM)
+
+
+def test_wrong_input_dtype_and_beam_size(artifacts):
+    runner = OnnxRunner(artifacts, 1)
+    with pytest.raises(TypeError, match="int32"):
+        runner.search(np.ones((1, 3), np.int64))
+    with pytest.raises(ArtifactError, match="re-export with --beam 5"):
+        TfliteRunner(artifacts, 5)
+
+
+def test_export_refuses_a_non_empty_folder_and_unknown_formats(model_dir, tmp_path):
+    (tmp_path / "keep.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not empty"):
+        export(model_dir, str(tmp_path), formats=("onnx",))
+    assert (tmp_path / "keep.txt").read_text() == "mine"
+    with pytest.raises(ValueError, match="unknown formats"):
+        export(model_dir, str(tmp_path / "new"), formats=("coreml",))
+
+
+NO_TENSORFLOW = r"""
+import json, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "keras", "tensorflow_text"):
+            raise ImportError(f"{name} is not on this device")
+sys.meta_path.insert(0, Block())
+from export.run_onnx import OnnxRunner
+from export.run_tflite import TfliteRunner
+art, beam, texts = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+out = {"onnx": OnnxRunner(art, beam).translate(texts), "tflite": TfliteRunner(art, beam).translate(texts),
+       "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras"))}
+print(json.dumps(out))
+"""
+
+
+def test_device_runners_need_no_tensorflow(artifacts, model_dir):
+    texts = ["我們試試看！", "", "他很高興。"]
+    result = subprocess.run([PYTHON, "-c", NO_TENSORFLOW, artifacts, str(BEAM), json.dumps(texts)],
+                            capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    expected = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(texts)
+    assert out["onnx"] == out["tflite"] == expected and out["loaded"] == []
