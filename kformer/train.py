@@ -280,7 +280,8 @@ def train(out_dir, config_name="small", data="default", direction="zh-en", minut
 
     max_steps = steps if steps is not None else (epochs * per_epoch if epochs is not None else
                                                  None if minutes is not None else per_epoch)
-    total_epochs = math.ceil(max_steps / per_epoch) if max_steps is not None else 10**6
+    # With only a time budget, epochs are capped at a number no budget here reaches (for the display).
+    total_epochs = math.ceil(max_steps / per_epoch) if max_steps is not None else 1000
     if max_steps is not None and done >= max_steps:
         log.info("already trained %d steps (asked for %d); nothing to do", done, max_steps)
         return {"steps": done, "stopped": "already done"}
