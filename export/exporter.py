@@ -3,6 +3,8 @@
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from importlib import metadata
@@ -19,7 +21,7 @@ PACKAGES = ("tensorflow", "keras", "tensorflow-text", "tf2onnx", "onnx", "onnxru
             "sentencepiece")
 
 
-def _plan(formats, quantize):
+def _plan(formats, quantize, tokenizer_proto, config):
     """(file, format, search, variant, writer) for every artifact to write."""
     steps = []
     if "savedmodel" in formats:
@@ -32,6 +34,9 @@ def _plan(formats, quantize):
         if "onnx" in formats:
             steps.append((f"onnx/{search}.fp32.onnx", "onnx", search, "fp32",
                           lambda m, p, s=search: writers.write_onnx(m, s, p)))
+            steps.append((f"onnx/{search}.text.onnx", "onnx", search, "text",
+                          lambda m, p, s=search: writers.write_onnx_text(
+                              os.path.join(os.path.dirname(p), f"{s}.fp32.onnx"), tokenizer_proto, config.to_dict(), s, p)))
             if "int8" in quantize:
                 steps.append((f"onnx/{search}.int8.onnx", "onnx", search, "int8",
                               lambda m, p, s=search: writers.quantize_onnx(
@@ -43,14 +48,14 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=
            progress=print):
     """Writes the chosen formats of the model in `model_dir` to `out_dir` (which must not exist)
     with the tokenizer and a manifest, then checks every fp32 artifact gives the Keras tokens."""
-    from kformer.train import TOKENIZER_FILE, load_model
+    from kformer.train import CORPUS_FILE, TOKENIZER_FILE, load_model
 
     unknown = sorted(set(formats) - set(FORMATS)) + sorted(set(quantize) - set(QUANTIZATIONS))
     if unknown:
         raise ValueError(f"unknown formats/quantizations {unknown}; formats: {FORMATS}, quantize: {QUANTIZATIONS}")
     if os.path.exists(out_dir) and os.listdir(out_dir):
         raise ValueError(f"{out_dir} exists and is not empty; choose a new --out (nothing was written)")
-    model, config, _ = load_model(model_dir)
+    model, config, tokenizer = load_model(model_dir)
     with open(os.path.join(model_dir, TOKENIZER_FILE), "rb") as f:
         tokenizer_proto = f.read()
     module = ExportModule(model, tokenizer_proto, beam_size=beam_size, alpha=alpha, max_length=max_length)
@@ -61,7 +66,7 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=
     work = tempfile.mkdtemp(prefix=".kformer-export-", dir=parent)
     try:
         shutil.copy(os.path.join(model_dir, TOKENIZER_FILE), os.path.join(work, "tokenizer.model"))
-        artifacts, steps = [], _plan(formats, quantize)
+        artifacts, steps = [], _plan(formats, quantize, tokenizer_proto, config)
         for number, (file, fmt, search, variant, write) in enumerate(steps, start=1):
             progress(f"[{number}/{len(steps)}] {fmt} {search} {variant} -> {file} ...", end=" ", flush=True)
             start = time.perf_counter()
@@ -82,11 +87,12 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=
                         "beam": {"tokens": ["int32", ["batch", "beam", "T"]], "scores": ["float32", ["batch", "beam"]]}},
             "savedmodel_signatures": {"greedy_ids": "source_ids -> tokens, scores", "beam_ids": "source_ids -> tokens, scores",
                                       "greedy_text": "text -> translation", "beam_text": "text -> translation"},
-            "onnx_opset": writers.ONNX_OPSET, "artifacts": artifacts, "versions": _versions()}
+            "onnx_opset": writers.ONNX_OPSET, "artifacts": artifacts, "versions": _versions(),
+            "trained_in": os.path.abspath(model_dir), "corpus": _corpus(os.path.join(model_dir, CORPUS_FILE))}
         with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2)
         progress("verifying: every artifact translates a probe batch; fp32 must match Keras token for token")
-        agreement = verify(work, model, config)
+        agreement = verify(work, model, config, tokenizer)
         if os.path.exists(out_dir):
             os.rmdir(out_dir)  # empty, checked above
         os.replace(work, out_dir)
@@ -96,6 +102,13 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=
     for entry in artifacts:
         entry["agreement"] = agreement.get((entry["format"], entry["search"], entry["variant"]))
     return artifacts
+
+
+def _corpus(path):
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def _versions():
@@ -117,9 +130,26 @@ def probe_batches(config, rng_seed=0):
     return [mixed, mixed[1:2, :4]]
 
 
-def verify(artifact_dir, model, config):
+PROBE_TEXTS = ["我們試試看！", "", "Tom is here.", "   ", "他很高興，因為他的朋友們都來參加了他的生日聚會。"]
+
+
+def _text_translations(artifact_dir, beam):
+    """PROBE_TEXTS through the text ONNX file, in a process without TensorFlow: loading the
+    onnxruntime-extensions library next to TensorFlow/tensorflow-text crashes (both bundle
+    SentencePiece and protobuf), and a device has no TensorFlow anyway."""
+    code = ("import json, sys; from export.run_onnx import OnnxTextRunner; "
+            "print(json.dumps(OnnxTextRunner(sys.argv[1], int(sys.argv[2])).translate(json.loads(sys.argv[3]))))")
+    result = subprocess.run([sys.executable, "-c", code, artifact_dir, str(beam), json.dumps(PROBE_TEXTS)],
+                            capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if result.returncode:
+        raise writers.ExportError(f"the text ONNX file failed to run: {result.stderr[-1500:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def verify(artifact_dir, model, config, tokenizer):
     """Runs every artifact on the probe batches. fp32 artifacts must give the Keras tokens
-    (else ExportError); quantized ones report the fraction of rows that agree."""
+    (else ExportError); quantized ones report the fraction of rows that agree. Text-in/text-out
+    files must give Keras' translation of the probe texts."""
     from export.run_onnx import OnnxRunner
     from export.run_tf import SavedModelRunner
     from export.run_tflite import TfliteRunner
@@ -131,6 +161,14 @@ def verify(artifact_dir, model, config):
                            max_length=manifest["max_length"])
     agreement = {}
     for entry in manifest["artifacts"]:
+        if entry["variant"] == "text":
+            beam = manifest["beam_size"] if entry["search"] == "beam" else 1
+            expected = Translator(model, tokenizer, beam_size=beam, alpha=manifest["alpha"],
+                                  max_length=manifest["max_length"]).translate(PROBE_TEXTS)
+            if _text_translations(artifact_dir, beam) != expected:
+                raise writers.ExportError(f"{entry['file']} translates the probe texts differently from Keras")
+            agreement[(entry["format"], entry["search"], entry["variant"])] = 1.0
+            continue
         searches = ("greedy", "beam") if entry["search"] == "all" else (entry["search"],)
         for search in searches:
             beam = manifest["beam_size"] if search == "beam" else 1

@@ -24,3 +24,31 @@ class OnnxRunner(Runner):
     def _search(self, search, batch):
         tokens, scores = self.session.run(["tokens", "scores"], {"source_ids": batch})
         return tokens, scores
+
+
+class OnnxTextRunner(Runner):
+    """The text-in/text-out ONNX file (SentencePiece inside the graph): needs onnxruntime and
+    onnxruntime-extensions only. Over-long inputs are truncated silently inside the graph.
+    Use it in a process without TensorFlow: the extensions library crashes next to TensorFlow
+    and tensorflow-text, which bundle their own SentencePiece and protobuf."""
+
+    def __init__(self, artifact_dir, beam_size=None, threads=None, batch_size=32):
+        from onnxruntime_extensions import get_library_path
+
+        super().__init__(artifact_dir, beam_size, batch_size)
+        entry = find_artifact(self.manifest, "onnx", self.search_name, "text")
+        options = ort.SessionOptions()
+        options.register_custom_ops_library(get_library_path())
+        options.intra_op_num_threads = threads or os.cpu_count() or 1
+        self.session = ort.InferenceSession(verified_path(artifact_dir, self.manifest, entry), options,
+                                            providers=["CPUExecutionProvider"])
+
+    def translate(self, texts):
+        outputs = []
+        for start in range(0, len(texts), self.batch_size):
+            batch = np.array(texts[start: start + self.batch_size], dtype=object)
+            outputs += [str(t) for t in self.session.run(["translation"], {"text": batch})[0]]
+        return outputs
+
+    def _search(self, search, batch):
+        raise TypeError("the text ONNX file takes text; use OnnxRunner for token ids")

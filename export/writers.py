@@ -35,7 +35,7 @@ TFLITE_VARIANTS = ("fp32", "fp16", "int8")
 def write_tflite(module, search, path, variant="fp32"):
     """Frozen graph -> TFLite with builtin ops only. fp16: float16 weights; int8: dynamic-range
     quantized weights (activations stay float)."""
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.frozen(search)])
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.frozen(search)], module)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex fallback
     if variant == "fp16":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -115,6 +115,18 @@ def _rename_io(proto, input_name, outputs):
         output.name = public
 
 
+def write_onnx_text(core_path, tokenizer_proto, config, search, path):
+    """Text in, text out: SentencePiece ops of onnxruntime-extensions around the core search."""
+    import onnx
+
+    from export.onnx_text import build_text_model
+
+    proto = build_text_model(onnx.load(core_path), tokenizer_proto, config, search == "beam", ONNX_OPSET)
+    check_onnx(proto, path, extra_domains=("ai.onnx.contrib",))
+    onnx.save(proto, path)
+    return path
+
+
 def onnx_nodes(graph):
     """Every node of a graph, including the bodies of Loop/If/Scan."""
     for node in graph.node:
@@ -126,13 +138,14 @@ def onnx_nodes(graph):
                 yield from onnx_nodes(subgraph)
 
 
-def check_onnx(proto, path):
+def check_onnx(proto, path, extra_domains=()):
     import onnx
 
-    bad = sorted({f"{n.domain}:{n.op_type}" for n in onnx_nodes(proto.graph) if n.domain not in ("", "ai.onnx")})
+    allowed = ("", "ai.onnx", *extra_domains)
+    bad = sorted({f"{n.domain}:{n.op_type}" for n in onnx_nodes(proto.graph) if n.domain not in allowed})
     if bad:
         raise ExportError(f"{path}: non-standard ONNX ops {bad} (tf2onnx exits 0 even when it leaves these)")
-    loops = sum(1 for n in proto.graph.node if n.op_type == "Loop")
+    loops = sum(1 for n in proto.graph.node if n.op_type == "Loop") - (1 if extra_domains else 0)  # + decode loop
     if loops != 1:
         raise ExportError(f"{path}: expected the search as one ONNX Loop, found {loops} top-level loops")
     try:

@@ -48,9 +48,11 @@ def _translate(args):
             from export.run_tf import SavedModelRunner as runner_class
         elif args.runtime == "tflite":
             from export.run_tflite import TfliteRunner as runner_class
+        elif args.variant == "text":
+            from export.run_onnx import OnnxTextRunner as runner_class
         else:
             from export.run_onnx import OnnxRunner as runner_class
-        kwargs = {} if args.runtime == "savedmodel" else {"variant": args.variant}
+        kwargs = {} if args.runtime == "savedmodel" or args.variant == "text" else {"variant": args.variant}
         runner = runner_class(args.model, args.beam, batch_size=args.batch_size, **kwargs)
     for line in runner.translate(texts):
         print(line)
@@ -120,6 +122,12 @@ def _bench(args):
         print(f"XLA speed-up: {results['xla_speedup']:.2f}x; XLA compilations of the train step: "
               f"{results.get('xla_compilations', 'not counted')} (distinct batch shapes: "
               f"{results['distinct_batch_shapes']})")
+    elif args.what == "runtimes":
+        from export.benchmark import bench_runtimes, print_table
+        if not args.model:
+            raise ValueError("bench runtimes needs --model ART (a `kformer export` folder)")
+        results = bench_runtimes(args.model, sentences=args.sentences)
+        print_table(results)
     else:
         from kformer import bench
         if not args.model:
@@ -162,7 +170,8 @@ def build_parser():
     p = commands.add_parser("translate", help="translate TEXT arguments, or stdin one sentence per line")
     p.add_argument("--model", required=True, help="training directory, or an export folder with --runtime")
     p.add_argument("--runtime", default="keras", choices=["keras", "savedmodel", "tflite", "onnx"])
-    p.add_argument("--variant", default="fp32", choices=["fp32", "fp16", "int8"], help="tflite/onnx variant")
+    p.add_argument("--variant", default="fp32", choices=["fp32", "fp16", "int8", "text"],
+                   help="tflite: fp32/fp16/int8; onnx: fp32/int8, or text (SentencePiece inside the graph)")
     p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy)")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
     p.add_argument("--max-len", type=int, help="maximum output tokens (default: the model's maximum)")
@@ -198,9 +207,10 @@ def build_parser():
     p.set_defaults(run=_demo)
 
     p = commands.add_parser("bench", help="benchmarks: ratios measured in one run")
-    p.add_argument("what", choices=["train", "decode"])
+    p.add_argument("what", choices=["train", "decode", "runtimes"])
     p.add_argument("--config", default="small", choices=["tiny", "small", "base", "big"])
-    p.add_argument("--model", help="training directory (bench decode)")
+    p.add_argument("--model", help="training directory (decode) or export folder (runtimes)")
+    p.add_argument("--sentences", type=int, default=200, help="test sentences for BLEU (runtimes)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--mixed-precision", action="store_true")
     p.add_argument("--json", help="also write the results to this file")

@@ -47,7 +47,7 @@ def test_translate_invalid_utf8_on_stdin_names_the_line(trained_dir, capsys, mon
 
 def test_evaluate_split_and_files(trained_dir, tmp_path, capsys):
     code, stdout, _ = run(["evaluate", "--model", trained_dir, "--split", "dev", "--beam", "1", "--limit", "4"], capsys)
-    assert code == 0 and "BLEU" in stdout and "nrefs:var" in stdout and "chrF" in stdout
+    assert code == 0 and "BLEU" in stdout and "nrefs:" in stdout and "chrF" in stdout
     assert len(open(os.path.join(trained_dir, "hypotheses.dev.txt"), encoding="utf-8").read().splitlines()) == 4
     source, reference = tmp_path / "src.txt", tmp_path / "ref.txt"
     source.write_text("我們試試看！\n好\n", encoding="utf-8")

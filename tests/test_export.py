@@ -80,7 +80,7 @@ def test_all_runtimes_give_identical_tokens(artifacts, model_dir, beam):
 def test_int8_variants_run_and_report_agreement(artifacts, model_dir):
     manifest = load_manifest(artifacts)
     variants = {(e["format"], e["variant"]) for e in manifest["artifacts"]}
-    assert {("tflite", "int8"), ("onnx", "int8"), ("tflite", "fp16")} <= variants
+    assert {("tflite", "int8"), ("onnx", "int8"), ("tflite", "fp16"), ("onnx", "text")} <= variants
     batch = batches(manifest["config"]["vocab_size"])["mixed"]
     for runner in (TfliteRunner(artifacts, BEAM, "int8"), OnnxRunner(artifacts, BEAM, "int8")):
         tokens, scores = runner.search(batch)
@@ -109,6 +109,9 @@ def test_manifest_and_operator_lists(artifacts):
         if entry["format"] == "tflite":
             ops = writers.tflite_operators(open(path, "rb").read())
             assert "WHILE" in ops and not any(op.startswith("CUSTOM") for op in ops), ops
+        if entry["format"] == "onnx" and entry["variant"] == "text":
+            ops = {(n.domain, n.op_type) for n in writers.onnx_nodes(onnx.load(path).graph)}
+            assert ("ai.onnx.contrib", "SentencepieceTokenizer") in ops and ("", "Loop") in ops
         if entry["format"] == "onnx" and entry["variant"] == "fp32":
             proto = onnx.load(path)
             writers.check_onnx(proto, path)  # standard domains, one Loop, onnx.checker
@@ -194,19 +197,22 @@ class Block:
             raise ImportError(f"{name} is not on this device")
 sys.meta_path.insert(0, Block())
 from export.run_onnx import OnnxRunner
+from export.run_onnx import OnnxTextRunner
 from export.run_tflite import TfliteRunner
 art, beam, texts = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 out = {"onnx": OnnxRunner(art, beam).translate(texts), "tflite": TfliteRunner(art, beam).translate(texts),
+       "onnx_text": OnnxTextRunner(art, beam).translate(texts),
        "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras"))}
 print(json.dumps(out))
 """
 
 
-def test_device_runners_need_no_tensorflow(artifacts, model_dir):
-    texts = ["我們試試看！", "", "他很高興。"]
-    result = subprocess.run([PYTHON, "-c", NO_TENSORFLOW, artifacts, str(BEAM), json.dumps(texts)],
+@pytest.mark.parametrize("beam", [1, BEAM])
+def test_device_runners_need_no_tensorflow(artifacts, model_dir, beam):
+    texts = ["我們試試看！", "", "他很高興。", "   ", "🙂"]
+    result = subprocess.run([PYTHON, "-c", NO_TENSORFLOW, artifacts, str(beam), json.dumps(texts)],
                             capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    expected = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(texts)
-    assert out["onnx"] == out["tflite"] == expected and out["loaded"] == []
+    expected = KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH).translate(texts)
+    assert out["onnx"] == out["tflite"] == out["onnx_text"] == expected and out["loaded"] == []

@@ -1,0 +1,112 @@
+"""`kformer bench runtimes`: latency, throughput, size, peak memory and BLEU of every exported
+runtime and variant, each measured in its own process on the same sentences. Not a test."""
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+RUNTIMES = ("keras", "savedmodel", "tflite", "onnx")
+
+
+def _runner(runtime, artifact_dir, beam, variant, threads):
+    if runtime == "keras":
+        from export.run_tf import KerasRunner
+        from export.runtime import load_manifest
+        manifest = load_manifest(artifact_dir)
+        return KerasRunner(manifest["trained_in"], beam, manifest["alpha"], manifest["max_length"])
+    if runtime == "savedmodel":
+        from export.run_tf import SavedModelRunner
+        return SavedModelRunner(artifact_dir, beam)
+    if runtime == "tflite":
+        from export.run_tflite import TfliteRunner
+        return TfliteRunner(artifact_dir, beam, variant, threads=threads)
+    from export.run_onnx import OnnxRunner
+    return OnnxRunner(artifact_dir, beam, variant, threads=threads)
+
+
+def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None, repeats=5):
+    """Measures one runtime/variant/search in this process; returns a dict (JSON-friendly)."""
+    with open(sentences_file, encoding="utf-8") as f:
+        job = json.load(f)
+    start = time.perf_counter()
+    runner = _runner(runtime, artifact_dir, beam, variant, threads)
+    load_seconds = time.perf_counter() - start
+    ids = runner.tokenizer.encode(job["sources"])
+    one = [ids[job["latency_index"]]]
+    batch = ids[:32]
+
+    runner.translate_ids(one)  # warm-up (traces, allocates)
+    latencies = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        outputs, _ = runner.translate_ids(one)
+        latencies.append(time.perf_counter() - t)
+    runner.translate_ids(batch)
+    t = time.perf_counter()
+    batch_outputs, _ = runner.translate_ids(batch)
+    batch_seconds = time.perf_counter() - t
+    hypotheses = [runner.tokenizer.decode(row) for row in runner.translate_ids(ids)[0]]
+    return {"runtime": runtime, "variant": variant, "search": "greedy" if beam == 1 else f"beam{beam}",
+            "load_s": load_seconds, "latency_ms": 1000 * statistics.median(latencies),
+            "latency_output_tokens": len(outputs[0]),
+            "batch32_sentences_per_s": len(batch) / batch_seconds,
+            "batch32_tokens_per_s": sum(len(o) + 1 for o in batch_outputs) / batch_seconds,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "hypotheses": hypotheses}
+
+
+def bench_runtimes(artifact_dir, sentences=200, progress=print):
+    """Runs every runtime/variant/search of an export in a subprocess; adds BLEU per variant on
+    the first `sentences` of the held-out test split of the corpus the model was trained on."""
+    from export.runtime import load_manifest, load_tokenizer
+    from kformer.evaluate import score, split_references
+
+    manifest = load_manifest(artifact_dir)
+    sources, references = split_references(manifest["trained_in"], "test")
+    sources, references = sources[:sentences], references[:sentences]
+    lengths = [len(ids) for ids in load_tokenizer(artifact_dir, manifest).encode(sources)]
+    latency_index = min(range(len(sources)), key=lambda i: abs(lengths[i] - 20))  # one ~20-token sentence
+    language = (manifest.get("corpus") or {}).get("direction", "x-en").split("-")[-1]
+    jobs = [("keras", "fp32"), ("savedmodel", "fp32")] + sorted(
+        {(a["format"], a["variant"]) for a in manifest["artifacts"] if a["format"] in ("tflite", "onnx")})
+    sizes = {(a["format"], a["search"], a["variant"]): a["bytes"] for a in manifest["artifacts"]}
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        job_file = os.path.join(work, "job.json")
+        with open(job_file, "w", encoding="utf-8") as f:
+            json.dump({"sources": sources, "latency_index": latency_index}, f)
+        for runtime, variant in jobs:
+            for beam in (1, manifest["beam_size"]):
+                progress(f"bench {runtime} {variant} beam {beam} ...", end=" ", flush=True)
+                out = os.path.join(work, "out.json")
+                code = ("import json, sys; from export.benchmark import worker; "
+                        f"json.dump(worker(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5]), open({out!r}, 'w'))")
+                result = subprocess.run([sys.executable, "-c", code, artifact_dir, runtime, variant, str(beam), job_file],
+                                        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+                if result.returncode:
+                    raise RuntimeError(f"bench of {runtime} {variant} failed:\n{result.stderr[-2000:]}")
+                with open(out, encoding="utf-8") as f:
+                    row = json.load(f)
+                row["bleu"] = score(row.pop("hypotheses"), references, language)["bleu"]
+                fmt = {"keras": None, "savedmodel": "savedmodel"}.get(runtime, runtime)
+                row["bytes"] = sizes.get((fmt, "all" if fmt == "savedmodel" else ("greedy" if beam == 1 else "beam"),
+                                          variant))
+                rows.append(row)
+                progress(f"{row['latency_ms']:.0f} ms, BLEU {row['bleu']:.2f}")
+    return {"artifact": artifact_dir, "sentences": len(sources), "rows": rows}
+
+
+def print_table(results):
+    print(f"BLEU on {results['sentences']} test sentences; latency: one ~20-token sentence at batch 1 (median of 5); "
+          "throughput: 32 sentences in one call")
+    print(f"{'runtime':>10} {'variant':>7} {'search':>6} {'latency ms':>10} {'out tok':>7} {'sent/s@32':>9} "
+          f"{'tok/s@32':>8} {'MB':>6} {'peak MB':>7} {'BLEU':>6}")
+    for r in results["rows"]:
+        size = "-" if r["bytes"] is None else f"{r['bytes'] / 1e6:.1f}"
+        print(f"{r['runtime']:>10} {r['variant']:>7} {r['search']:>6} {r['latency_ms']:10.1f} "
+              f"{r['latency_output_tokens']:7d} {r['batch32_sentences_per_s']:9.1f} {r['batch32_tokens_per_s']:8.0f} "
+              f"{size:>6} {r['peak_rss_mb']:7.0f} {r['bleu']:6.2f}")

@@ -1,0 +1,140 @@
+"""Text in, text out in one ONNX file: onnxruntime-extensions' SentencePiece ops around the core
+search graph. Needs onnxruntime-extensions at run time."""
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+CONTRIB = "ai.onnx.contrib"
+IR_VERSION = 10  # explicit: onnxruntime 1.31 rejects the IR 14 that newer onnx may default to
+
+
+def _opsets(opset):
+    return [helper.make_opsetid("", opset), helper.make_opsetid(CONTRIB, 1)]
+
+
+def _const(name, value, dtype):
+    return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+
+def _tokenize_graph(tokenizer_proto, max_source_length, pad_id):
+    """text string (B,) -> source_ids int32 (B, S): SentencePiece, truncation, right padding."""
+    n = helper.make_node
+    nodes = [
+        n("SentencepieceTokenizer", ["text", "nbest", "alpha", "add_bos", "add_eos", "reverse"],
+          ["pieces", "splits"], domain=CONTRIB, model=tokenizer_proto),  # ragged: (M,) ids, (B+1,) row splits
+        n("Slice", ["splits", "zero_1d", "minus_one_1d"], ["starts"]),
+        n("Slice", ["splits", "one_1d", "big_1d"], ["ends"]),
+        n("Sub", ["ends", "starts"], ["full_lengths"]),
+        n("Min", ["full_lengths", "max_length"], ["lengths"]),  # (B,) truncated lengths
+        n("ReduceMax", ["lengths"], ["longest"], keepdims=0),
+        n("Max", ["longest", "one"], ["width"]),  # at least one column, so an all-empty batch still runs
+        n("Range", ["zero", "width", "one"], ["positions"]),  # (S,)
+        n("Unsqueeze", ["starts", "one_1d"], ["starts_2d"]),
+        n("Unsqueeze", ["positions", "zero_1d"], ["positions_2d"]),
+        n("Unsqueeze", ["lengths", "one_1d"], ["lengths_2d"]),
+        n("Add", ["starts_2d", "positions_2d"], ["flat_index"]),  # (B, S) into pieces
+        n("Less", ["positions_2d", "lengths_2d"], ["real"]),  # (B, S) bool
+        n("Shape", ["pieces"], ["piece_count"]),
+        n("Where", ["real", "flat_index", "piece_count"], ["safe_index"]),  # padding reads the appended pad
+        n("Concat", ["pieces", "pad_1d"], ["pieces_padded"], axis=0),
+        n("Gather", ["pieces_padded", "safe_index"], ["gathered"]),
+        n("Where", ["real", "gathered", "pad"], ["source_ids"]),
+    ]
+    initializers = [
+        _const("nbest", 0, np.int64), _const("alpha", 0.0, np.float32), _const("add_bos", False, np.bool_),
+        _const("add_eos", False, np.bool_), _const("reverse", False, np.bool_),
+        _const("zero", 0, np.int64), _const("one", 1, np.int64), _const("zero_1d", [0], np.int64),
+        _const("one_1d", [1], np.int64), _const("minus_one_1d", [-1], np.int64),
+        _const("big_1d", [np.iinfo(np.int64).max], np.int64), _const("max_length", max_source_length, np.int64),
+        _const("pad_1d", [pad_id], np.int32), _const("pad", pad_id, np.int32)]
+    return helper.make_graph(nodes, "tokenize", [helper.make_tensor_value_info("text", TensorProto.STRING, ["batch"])],
+                             [helper.make_tensor_value_info("source_ids", TensorProto.INT32, ["batch", "length"])],
+                             initializers)
+
+
+def _detokenize_graph(tokenizer_proto, eos_id, pad_id, beam):
+    """tokens int32 (B, T) or (B, K, T) -> translation string (B,): best beam, cut at EOS,
+    padding removed, one SentencepieceDecoder call per row (it decodes one sentence at a time)."""
+    n = helper.make_node
+    nodes = []
+    if beam:
+        nodes.append(n("Gather", ["tokens", "zero"], ["best"], axis=1))  # (B, T)
+    else:
+        nodes.append(n("Identity", ["tokens"], ["best"]))
+    nodes += [
+        n("Equal", ["best", "eos"], ["is_eos"]),
+        n("Cast", ["is_eos"], ["is_eos_int"], to=TensorProto.INT32),
+        n("CumSum", ["is_eos_int", "one"], ["eos_seen"]),
+        n("Equal", ["eos_seen", "zero_int"], ["before_eos"]),
+        n("Equal", ["best", "pad"], ["is_pad"]),
+        n("Not", ["is_pad"], ["not_pad"]),
+        n("And", ["before_eos", "not_pad"], ["keep"]),
+        n("Shape", ["best"], ["best_shape"]),
+        n("Gather", ["best_shape", "zero"], ["rows"]),
+    ]
+    body = helper.make_graph(
+        [n("Gather", ["best", "i"], ["row"], axis=0),
+         n("Gather", ["keep", "i"], ["row_keep"], axis=0),
+         n("Compress", ["row", "row_keep"], ["row_ids"], axis=0),
+         n("Cast", ["row_ids"], ["row_ids64"], to=TensorProto.INT64),
+         n("SentencepieceDecoder", ["row_ids64"], ["row_text"], domain=CONTRIB, model=tokenizer_proto),
+         n("Identity", ["condition"], ["condition_out"])],
+        "decode_row",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("condition", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("condition_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("row_text", TensorProto.STRING, [1])])
+    nodes += [n("Loop", ["rows", "true"], ["texts"], body=body),  # (B, 1)
+              n("Squeeze", ["texts", "one_1d"], ["translation"])]
+    initializers = [_const("zero", 0, np.int64), _const("one", 1, np.int32), _const("zero_int", 0, np.int32),
+                    _const("eos", eos_id, np.int32), _const("pad", pad_id, np.int32), _const("true", True, np.bool_),
+                    _const("one_1d", [1], np.int64)]
+    shape = ["batch", "beam", "steps"] if beam else ["batch", "steps"]
+    return helper.make_graph(nodes, "detokenize", [helper.make_tensor_value_info("tokens", TensorProto.INT32, shape)],
+                             [helper.make_tensor_value_info("translation", TensorProto.STRING, ["batch"])],
+                             initializers)
+
+
+def _graphs(graph):
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attribute.g)
+
+
+def _prefixed(graph, prefix, keep):
+    """Renames every value of one of our graphs (its Loop body included, where outer values are
+    referenced by name) except the interface names in `keep`, so it cannot clash with the core."""
+    def rename(name):
+        return name if not name or name in keep else prefix + name
+    for g in _graphs(graph):
+        for node in g.node:
+            node.input[:] = [rename(x) for x in node.input]
+            node.output[:] = [rename(x) for x in node.output]
+            node.name = f"{node.output[0]}/{node.op_type}"  # unique: every node has its own first output
+        for value in (*g.input, *g.output):
+            value.name = rename(value.name)
+        for tensor in g.initializer:
+            tensor.name = rename(tensor.name)
+    return graph
+
+
+def build_text_model(core, tokenizer_proto, config, beam, opset):
+    """core: the ids ONNX model (source_ids -> tokens, scores). Returns text -> translation.
+
+    The three graphs are concatenated in order (tokenize, search, detokenize) rather than merged
+    with onnx.compose, whose pruning cannot see the outer-scope values the core's Loop body
+    reads, and whose renaming does not reach them either."""
+    pre = _prefixed(_tokenize_graph(tokenizer_proto, config["max_source_length"], config["pad_id"]),
+                    "tokenize/", keep={"text", "source_ids"})
+    post = _prefixed(_detokenize_graph(tokenizer_proto, config["eos_id"], config["pad_id"], beam),
+                     "detokenize/", keep={"tokens", "translation"})
+    graph = helper.make_graph(
+        [*pre.node, *core.graph.node, *post.node], "kformer_text_translator", list(pre.input), list(post.output),
+        [*pre.initializer, *core.graph.initializer, *post.initializer])
+    graph.value_info.extend(core.graph.value_info)
+    model = helper.make_model(graph, opset_imports=_opsets(opset))
+    model.ir_version = IR_VERSION
+    return model
