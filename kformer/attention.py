@@ -116,7 +116,6 @@ class MultiHeadAttention(keras.layers.Layer):
             results += (weights,)
         return results[0] if len(results) == 1 else results
 
-
     def get_config(self):
         config = super().get_config()
         config.update(num_heads=self.num_heads, key_dim=self.key_dim, dropout=self.dropout)

@@ -120,8 +120,9 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
     from kformer.train import load_model
 
     model, config, tokenizer = load_model(model_dir)
+    output_tokens = min(output_tokens, config.max_target_length)
     sources, _ = split_references(model_dir, "test")
-    ids = [row for row in tokenizer.encode(sources) if len(row) >= 8]
+    ids = [row[: config.max_source_length] for row in tokenizer.encode(sources) if len(row) >= 8]
     ids.sort(key=lambda row: abs(len(row) - 20))  # sentences of about 20 tokens
     rows = []
     for batch_size in batch_sizes:

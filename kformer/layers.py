@@ -54,7 +54,6 @@ class TokenEmbedding(keras.layers.Layer):
             return ops.matmul(inputs, ops.transpose(ops.cast(self.embeddings, inputs.dtype)))
         return ops.take(self.embeddings, inputs, axis=0) * ops.cast(math.sqrt(self.width), self.compute_dtype)
 
-
     def get_config(self):
         config = super().get_config()
         config.update(vocab_size=self.vocab_size, width=self.width)
@@ -165,7 +164,6 @@ class _ResidualBlock(keras.layers.Layer):
         if self.norm_position == "post":
             x = norm(x)
         return (x, *extras) if extras else x
-
 
     def get_config(self):
         config = super().get_config()

@@ -26,7 +26,8 @@ class Translator(tf.Module):
     Graph functions, `(B, S) int32 source ids (pad 0) -> {"tokens", "scores"}`:
         greedy: tokens (B, T), scores (B,) log-probability.
         beam: tokens (B, K, T) best first, scores (B, K) length-penalized log-probability.
-    Output tokens end with EOS (unless cut at the limit) and are padded with 0.
+    Output tokens end with EOS (unless cut at the limit) and are padded with 0. Sources longer
+    than the config's max_source_length are truncated inside the graph.
     """
 
     def __init__(self, model, tokenizer=None, beam_size=4, alpha=0.6, max_length=None, batch_size=32,
@@ -44,6 +45,9 @@ class Translator(tf.Module):
         self.beam = tf.function(self._beam, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
 
     def _prepare(self, source_ids):
+        # Ids beyond the positional table would be out of range (an error in TF and ONNX, an
+        # unchecked read in TFLite): the graph keeps the first max_source_length, in every runtime.
+        source_ids = source_ids[:, : self.config.max_source_length]
         limits, length = search.output_limits(source_ids, self.config.pad_id, self.max_length)
         cache = self.model.init_cache(source_ids, length)
         return limits, length, cache

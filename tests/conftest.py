@@ -5,7 +5,6 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import sys  # noqa: E402
 
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))

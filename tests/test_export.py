@@ -58,8 +58,9 @@ def batches(vocab):
     mixed = np.zeros((4, 10), np.int32)
     for row, length in enumerate((10, 3, 7, 1)):
         mixed[row, :length] = rng.integers(4, vocab, size=length)
+    too_long = rng.integers(4, vocab, size=(2, 21)).astype(np.int32)  # max_source_length is 16
     return {"mixed": mixed, "second_batch_size": mixed[:2, :7], "batch_of_one": mixed[1:2, :3],
-            "source_length_one": mixed[3:4, :1]}
+            "source_length_one": mixed[3:4, :1], "too_long": too_long}
 
 
 @pytest.mark.parametrize("beam", [1, BEAM])

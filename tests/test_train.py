@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from conftest import PYTHON
-from kformer.config import preset
 from kformer.train import (LabelSmoothedCrossEntropy, MaskedAccuracy, TransformerSchedule, load_model,
                            train)
 

@@ -104,6 +104,14 @@ def test_output_limit_is_source_length_plus_50_capped(random_model):
     assert list(limits.numpy()) == [52, 54, 0] and int(length) == 54  # min(5 + 50, 54)
 
 
+def test_over_long_ids_are_truncated_in_the_graph(random_model):
+    translator = Translator(random_model, beam_size=2)
+    long_source = random_ids(np.random.default_rng(8), 2, random_model.config.max_source_length + 9, 40)
+    cut = long_source[:, : random_model.config.max_source_length]
+    for fn in (translator.greedy, translator.beam):
+        np.testing.assert_array_equal(fn(long_source)["tokens"].numpy(), fn(cut)["tokens"].numpy())
+
+
 def test_translator_rejects_bad_settings(random_model):
     with pytest.raises(ValueError, match="beam size"):
         Translator(random_model, beam_size=0)
