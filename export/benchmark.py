@@ -67,7 +67,20 @@ def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None, r
             "latency_output_tokens": len(outputs[0]),
             "batch32_sentences_per_s": len(batch) / batch_seconds,
             "batch32_tokens_per_s": sum(len(o) + 1 for o in batch_outputs) / batch_seconds,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "hypotheses": hypotheses}
+            "peak_rss_mb": peak_memory_mb(), "hypotheses": hypotheses}
+
+
+def peak_memory_mb():
+    """This process's peak resident memory. VmHWM, not getrusage's ru_maxrss: Linux keeps
+    ru_maxrss across execve, so a child would report its parent's (TensorFlow-sized) peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def bench_runtimes(artifact_dir, sentences=200, progress=print):
