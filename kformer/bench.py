@@ -87,7 +87,7 @@ def _without_eos(step, eos_id):
     return wrapped
 
 
-def _search_function(model, beam_size, naive, jit_compile, output_tokens):
+def _search_function(model, beam_size, naive, jit_compile, output_tokens, eager=False):
     import tensorflow as tf
 
     from kformer import search
@@ -107,13 +107,18 @@ def _search_function(model, beam_size, naive, jit_compile, output_tokens):
             return search.beam_search(step, cache, limits, length, beam_size, c.bos_id, c.eos_id)[0]
         return search.greedy_search(step, cache, limits, length, c.bos_id, c.eos_id)[0]
 
+    if eager:  # the same search run op by op from Python, as tutorial decoders do
+        return lambda source_ids: run(tf.constant(source_ids))
     return tf.function(run, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
 
 
 def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
     """Sentences/s and tokens/s of the cached loop (with and without XLA) and of the naive
     prefix re-run, for greedy and beam 4, on the same test sentences, each run to exactly
-    `output_tokens` tokens (EOS suppressed, so every variant does the same work)."""
+    `output_tokens` tokens (EOS suppressed, so every variant does the same work).
+
+    "naive" is the prefix re-run compiled as the same graph loop (the algorithmic comparison);
+    "naive_eager" is that re-run driven op by op from Python, as tutorial decoders do."""
     import statistics
 
     from kformer.evaluate import split_references
@@ -132,11 +137,12 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
             batch[i, : len(row)] = row
         for beam_size in (1, 4):
             timings = {}
-            for name, naive, jit in (("cached", False, False), ("cached_xla", False, True), ("naive", True, False)):
-                fn = _search_function(model, beam_size, naive, jit, output_tokens)
+            for name, naive, jit, eager in (("cached", False, False, False), ("cached_xla", False, True, False),
+                                            ("naive", True, False, False), ("naive_eager", True, False, True)):
+                fn = _search_function(model, beam_size, naive, jit, output_tokens, eager)
                 tokens = fn(batch)  # trace and compile
                 assert tokens.shape[-1] == output_tokens
-                runs = max(1, repeats if not naive else repeats // 2)
+                runs = 1 if eager else max(1, repeats if not naive else repeats // 2)
                 seconds = []
                 for _ in range(runs):
                     start = time.perf_counter()
@@ -148,6 +154,6 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
                              "sentences_per_s": batch_size / timings[name],
                              "tokens_per_s": batch_size * output_tokens / timings[name]})
                 log.info("batch %d %s %s: %.3fs", batch_size, rows[-1]["search"], name, timings[name])
-            for row in rows[-3:]:
+            for row in rows[-4:]:
                 row["speedup_vs_naive"] = timings["naive"] / row["seconds"]
     return {"model": model_dir, "output_tokens": output_tokens, "source_tokens": "~20", "rows": rows}

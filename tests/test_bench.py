@@ -13,8 +13,8 @@ from test_export import BEAM, artifacts, model_dir  # noqa: F401  (fixtures)
 def test_bench_decode_reports_every_variant(model_dir):  # noqa: F811
     results = bench_decode(model_dir, batch_sizes=(1, 2), output_tokens=6, repeats=1)
     rows = results["rows"]
-    assert len(rows) == 2 * 2 * 3  # batch sizes x searches x (cached, cached_xla, naive)
-    assert {r["variant"] for r in rows} == {"cached", "cached_xla", "naive"}
+    assert len(rows) == 2 * 2 * 4  # batch sizes x searches x (cached, cached_xla, naive, naive_eager)
+    assert {r["variant"] for r in rows} == {"cached", "cached_xla", "naive", "naive_eager"}
     for r in rows:
         assert r["tokens_per_s"] == pytest.approx(r["batch"] * 6 / r["seconds"])
         assert r["speedup_vs_naive"] > 0
