@@ -187,3 +187,12 @@ def test_xla_compilations_bounded_by_bucket_shapes(tmp_path, corpus_tsv):
     # One compilation per distinct batch shape, never per batch: train shapes are the buckets.
     assert report["train_shapes"] <= report["buckets"], report
     assert 1 < report["compilations"] <= report["train_shapes"] + report["dev_shapes"], report
+
+
+def test_mixed_precision_trains_and_reloads_in_float32(tmp_path, corpus_tsv):
+    out = str(tmp_path / "run")
+    summary = train(out, "tiny", data=corpus_tsv, vocab_size=1200, steps=2, xla=False, mixed_precision=True,
+                    verbose=0)
+    assert summary["steps"] == 2 and np.isfinite(summary["loss"])
+    model, _, _ = load_model(out)  # weights were kept in float32; inference runs in float32
+    assert all(w.dtype == "float32" for w in model.weights)
