@@ -58,6 +58,21 @@ def _translate(args):
         print(line)
 
 
+def _attention(args):
+    from kformer import plots
+    from kformer.train import load_model
+    from kformer.translate import Translator
+
+    model, _, tokenizer = load_model(args.model)
+    result = Translator(model, tokenizer, beam_size=args.beam).alignment(args.text, layer=args.layer)
+    layer = args.layer if args.layer >= 0 else model.config.num_decoder_layers + args.layer
+    figure = plots.alignment_figure(result["weights"], result["source"], result["target"],
+                                    title=f"encoder-decoder attention, layer {layer + 1}, mean of heads")
+    figure.savefig(args.out, dpi=150)
+    print(result["translation"])
+    print(f"wrote {args.out}")
+
+
 def _export(args):
     from export.exporter import export
 
@@ -178,6 +193,14 @@ def build_parser():
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("text", nargs="*")
     p.set_defaults(run=_translate)
+
+    p = commands.add_parser("attention", help="picture of the encoder-decoder alignment for a sentence (PNG)")
+    p.add_argument("--model", required=True, help="training directory")
+    p.add_argument("--out", default="alignment.png")
+    p.add_argument("--layer", type=int, default=-1, help="decoder layer (default: the last)")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("text")
+    p.set_defaults(run=_attention)
 
     p = commands.add_parser("export", help="write SavedModel, TFLite and ONNX translators, verified")
     p.add_argument("--model", required=True, help="training directory")

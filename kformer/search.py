@@ -92,6 +92,7 @@ class BeamState(NamedTuple):
     finished_scores: tf.Tensor  # (B, K) length-penalized scores, NEG_INF for empty slots
     finished_flags: tf.Tensor  # (B, K) bool
     cache: object  # (B * K, ...) batch-first tensors, beams of one row adjacent
+    trace: tuple  # () or, with trace=True, alive tokens (B, T, K, T) and log-probs (B, T, K) per step
 
 
 def _gather_beams(tensor, indices):
@@ -111,7 +112,7 @@ def tile_beams(cache, beam_size):
     return tf.nest.map_structure(lambda t: tf.repeat(t, beam_size, axis=0), cache)
 
 
-def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alpha=0.6, pad_id=0):
+def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alpha=0.6, pad_id=0, trace=False):
     """Beam search with GNMT length penalty; alive and finished hypotheses are kept apart.
 
     Each step extends every alive beam, takes the top 2K candidates (so that K of them finishing
@@ -123,7 +124,10 @@ def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alph
     Args:
         step, limits, max_length: as in `greedy_search`; `cache` has batch B (tiled here).
         beam_size: K.
-    Returns (tokens (B, K, T) int32 best first, scores (B, K) float32 penalized log-probability).
+        trace: also return the alive hypotheses after every step, for pictures:
+            {"tokens": (B, T, K, T), "log_probs": (B, T, K), "steps": ()}.
+    Returns (tokens (B, K, T) int32 best first, scores (B, K) float32 penalized log-probability)
+    [, trace].
     """
     batch, k = tf.shape(limits)[0], beam_size
     # Only beam 0 is alive at first, so the first step does not pick K copies of one token.
@@ -133,7 +137,9 @@ def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alph
         index=tf.constant(0),
         alive_tokens=empty, alive_log_probs=first,
         finished_tokens=empty, finished_scores=tf.fill([batch, k], NEG_INF),
-        finished_flags=tf.zeros([batch, k], tf.bool), cache=tile_beams(cache, k))
+        finished_flags=tf.zeros([batch, k], tf.bool), cache=tile_beams(cache, k),
+        trace=(tf.fill([batch, max_length, k, max_length], pad_id), tf.fill([batch, max_length, k], NEG_INF))
+        if trace else ())
     max_penalty = length_penalty(limits, alpha)  # (B,) largest penalty a row can still get
 
     def row_done(s):
@@ -175,8 +181,13 @@ def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alph
         flags = tf.concat([s.finished_flags, finishing & valid & (new_scores > NEG_INF / 2)], axis=1)
         seqs = tf.concat([s.finished_tokens, top_seqs], axis=1)
         finished_scores, pick = tf.math.top_k(scores, k=k)
+        history = s.trace
+        if trace:  # row `index` of the history = the alive beams after this step
+            slot = tf.equal(tf.range(max_length), s.index)  # (T,)
+            history = (tf.where(slot[None, :, None, None], alive_tokens[:, None], history[0]),
+                       tf.where(slot[None, :, None], alive_log_probs[:, None], history[1]))
         return [BeamState(length, alive_tokens, alive_log_probs, _gather_beams(seqs, pick), finished_scores,
-                          _gather_beams(flags, pick), cache)]
+                          _gather_beams(flags, pick), cache, history)]
 
     (final,) = tf.while_loop(cond, body, [state], maximum_iterations=max_length)
     # Every row with limit >= 1 has finished hypotheses (all finish at the limit); an empty
@@ -184,6 +195,8 @@ def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alph
     has_output = limits > 0
     tokens = tf.where(has_output[:, None, None], final.finished_tokens, pad_id)
     scores = tf.where(has_output[:, None], final.finished_scores, 0.0)
+    if trace:
+        return tokens, scores, {"tokens": final.trace[0], "log_probs": final.trace[1], "steps": final.index}
     return tokens, scores
 
 

@@ -4,6 +4,7 @@
 `translate` only tokenizes, batches and detokenizes around the graph.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from kformer import batching, search
@@ -63,6 +64,43 @@ class Translator(tf.Module):
         tokens, scores = search.beam_search(self.model.decode_step, cache, limits, length, self.beam_size,
                                             self.config.bos_id, self.config.eos_id, self.alpha, self.config.pad_id)
         return {"tokens": tokens, "scores": scores}
+
+    def beam_trace(self, text):
+        """The beam search of one sentence step by step, for pictures: a list with, per step,
+        the K alive hypotheses as (pieces, log-probability), best first (dead beams left out).
+        Runs the same loop as `beam`, with trace buffers in its state."""
+        (ids,) = self.encode([text])
+        source = tf.constant([ids or [self.config.pad_id]], tf.int32)
+        limits, length, cache = self._prepare(source)
+        _, _, trace = search.beam_search(self.model.decode_step, cache, limits, length, self.beam_size,
+                                         self.config.bos_id, self.config.eos_id, self.alpha, self.config.pad_id,
+                                         trace=True)
+        tokens, log_probs = trace["tokens"].numpy()[0], trace["log_probs"].numpy()[0]
+        steps = []
+        for step in range(int(trace["steps"])):
+            alive = [([self.tokenizer.id_to_piece(int(t)) for t in tokens[step, beam, : step + 1]],
+                      float(log_probs[step, beam]))
+                     for beam in range(self.beam_size) if log_probs[step, beam] > search.NEG_INF / 2]
+            steps.append(alive)
+        return steps
+
+    def alignment(self, text, layer=-1, beam_size=None):
+        """Translates one sentence, then returns what the decoder looked at for each generated
+        token: {"source": pieces, "target": pieces (ending with </s> unless cut at the length limit),
+        "translation": text, "weights": (T, S) cross-attention of `layer` averaged over heads,
+        "attention": every layer's weights (see `Transformer.attention_weights`)}."""
+        (ids,) = self.encode([text])
+        (output,), _ = self.translate_ids([ids], beam_size)
+        limit = min(len(ids) + 50, self.max_length)  # search.output_limits
+        generated = output + [self.config.eos_id] if len(output) < limit else output  # EOS, or cut at the limit
+        # Row t is the decoder position that produced generated[t]: its input is BOS + generated[:t].
+        attention = self.model.attention_weights(np.array([ids or [self.config.pad_id]], np.int32),
+                                                 np.array([[self.config.bos_id] + generated[:-1]], np.int32))
+        weights = np.asarray(attention["cross"][layer])[0].mean(axis=0)  # (T, S)
+        return {"source": [self.tokenizer.id_to_piece(i) for i in ids],
+                "target": [self.tokenizer.id_to_piece(i) for i in generated],
+                "translation": self.tokenizer.decode(output), "weights": weights[:, : len(ids)],
+                "attention": attention}
 
     # --- Python side: text <-> ids around the graph (shared with the device runners) ---
 

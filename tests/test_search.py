@@ -163,3 +163,21 @@ def test_beam_respects_limits_and_empty_rows():
 
 def test_length_penalty_formula():
     assert float(length_penalty(tf.constant(7), 0.6)) == pytest.approx((12 / 6) ** 0.6)
+
+
+def test_beam_trace_records_alive_hypotheses_per_step():
+    rows = [{BOS: {EOS: 0.3, A: 0.4, B: 0.3}, A: {EOS: 0.8, B: 0.2}, B: {B: 0.5, EOS: 0.5}}]
+    table = table_from(rows)
+    limits = tf.constant([4])
+    tokens, scores, trace = beam_search(markov_step(table), tf.range(1), limits, 4, 2, BOS, EOS, alpha=0.6,
+                                        trace=True)
+    plain_tokens, plain_scores = beam_search(markov_step(table), tf.range(1), limits, 4, 2, BOS, EOS, alpha=0.6)
+    np.testing.assert_array_equal(tokens.numpy(), plain_tokens.numpy())  # tracing changes nothing
+    history, log_probs = trace["tokens"].numpy()[0], trace["log_probs"].numpy()[0]
+    # After step 0 the alive beams are "a" (0.4) and "b" (0.3); EOS (0.3) went to finished.
+    assert list(history[0, :, 0]) == [A, B]
+    np.testing.assert_allclose(log_probs[0], [math.log(0.4), math.log(0.3)], rtol=1e-5)
+    # After step 1: "b b" (0.15) and "a b" (0.08) stay alive; "a EOS" finished.
+    assert [list(h[:2]) for h in history[1]] == [[B, B], [A, B]]
+    np.testing.assert_allclose(log_probs[1], [math.log(0.15), math.log(0.08)], rtol=1e-5)
+    assert int(trace["steps"]) >= 2

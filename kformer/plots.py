@@ -1,0 +1,173 @@
+"""Pictures of the Transformer for the notebooks and `kformer attention`: each function
+returns a matplotlib Figure with labelled axes; none computes anything the package does not.
+
+Chinese token labels need a CJK font. Without one, labels show code points (U+6211) and the
+figure says so (Debian/Ubuntu: `apt-get install fonts-noto-cjk`)."""
+
+import csv
+import functools
+
+import matplotlib
+
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib import font_manager  # noqa: E402
+
+CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Serif CJK SC", "Source Han Sans SC", "WenQuanYi Zen Hei",
+             "WenQuanYi Micro Hei", "Droid Sans Fallback", "SimHei", "Microsoft YaHei", "PingFang SC")
+NO_CJK_NOTE = "(no CJK font: Chinese shown as code points;\ninstall fonts-noto-cjk for characters)"
+
+
+@functools.lru_cache(maxsize=1)
+def cjk_font():
+    """The name of an installed font with Chinese glyphs, or None."""
+    installed = {f.name for f in font_manager.fontManager.ttflist}
+    return next((name for name in CJK_FONTS if name in installed), None)
+
+
+def _is_cjk(char):
+    return "\u2e80" <= char <= "\u9fff" or "\uf900" <= char <= "\ufaff" or "\uff00" <= char <= "\uffef" or \
+        "\u3000" <= char <= "\u303f"
+
+
+def token_labels(pieces):
+    """Readable labels for SentencePiece pieces: "▁" shown as a leading space; CJK characters
+    kept when a CJK font exists, else written as code points."""
+    labels = []
+    for piece in pieces:
+        text = piece.replace("\u2581", " ").strip() or "\u2423"
+        if cjk_font() is None:
+            text = "".join(f" U+{ord(c):04X} " if _is_cjk(c) else c for c in text)
+            text = " ".join(text.split())
+        labels.append(text)
+    return labels
+
+
+def _figure(*args, **kwargs):
+    if cjk_font():
+        plt.rcParams["font.sans-serif"] = [cjk_font(), "DejaVu Sans"]
+    return plt.subplots(*args, **kwargs)
+
+
+def _needs_note(labels):
+    return cjk_font() is None and any("U+" in label for label in labels)
+
+
+def positional_encoding_figure(length=100, width=128):
+    """The paper's interleaved sin/cos encoding beside the concatenated sin|cos layout of early
+    implementations (the same numbers, columns reordered)."""
+    from kformer.layers import sinusoidal_table
+
+    table = sinusoidal_table(length, width)
+    concatenated = np.concatenate([table[:, 0::2], table[:, 1::2]], axis=1)
+    fig, axes = _figure(1, 2, figsize=(12, 4), sharey=True)
+    for ax, data, title in ((axes[0], table, "interleaved: PE(pos, 2i) = sin, PE(pos, 2i+1) = cos (the paper)"),
+                            (axes[1], concatenated, "concatenated: sin | cos (early implementations)")):
+        image = ax.imshow(data, aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("dimension")
+    axes[0].set_ylabel("position")
+    fig.colorbar(image, ax=axes, shrink=0.8)
+    return fig
+
+
+def mask_figure(length=8):
+    """The causal mask: query i may attend to keys 0..i (True = may attend)."""
+    from kformer.masks import causal_mask
+
+    fig, ax = _figure(figsize=(4, 4))
+    ax.imshow(np.asarray(causal_mask(length))[0], cmap="Greys", vmin=0, vmax=1)
+    ax.set_title("causal mask (dark = may attend)")
+    ax.set_xlabel("key position")
+    ax.set_ylabel("query position")
+    return fig
+
+
+def attention_figure(weights, query_pieces, key_pieces, title="attention"):
+    """One panel per head. weights: (H, Tq, Tk)."""
+    weights = np.asarray(weights)
+    heads = weights.shape[0]
+    columns = min(heads, 4)
+    rows = -(-heads // columns)
+    queries, keys = token_labels(query_pieces), token_labels(key_pieces)
+    fig, axes = _figure(rows, columns, figsize=(3.2 * columns, 3.2 * rows), squeeze=False)
+    for head, ax in enumerate(axes.flat):
+        if head >= heads:
+            ax.axis("off")
+            continue
+        ax.imshow(weights[head], cmap="viridis", vmin=0, vmax=1)
+        ax.set_title(f"head {head + 1}", fontsize=9)
+        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(queries)), queries, fontsize=7)
+        ax.set_xlabel("attends to")
+        ax.set_ylabel("query")
+    fig.suptitle(title + (" " + NO_CJK_NOTE if _needs_note(queries + keys) else ""), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def alignment_figure(weights, source_pieces, target_pieces, title="encoder-decoder attention"):
+    """Source tokens across, generated tokens down, attention weights as shades. weights: (Tt, Ts)."""
+    weights = np.asarray(weights)
+    sources, targets = token_labels(source_pieces), token_labels(target_pieces)
+    fig, ax = _figure(figsize=(max(5.0, 1.5 + 0.45 * len(sources)), max(3.5, 1.5 + 0.4 * len(targets))))
+    image = ax.imshow(weights, cmap="Blues", vmin=0, vmax=max(float(weights.max()), 1e-6))
+    ax.set_xticks(range(len(sources)), sources, rotation=90)
+    ax.set_yticks(range(len(targets)), targets)
+    ax.set_xlabel("source token")
+    ax.set_ylabel("generated token")
+    ax.set_title(title + ("\n" + NO_CJK_NOTE if _needs_note(sources + targets) else ""), fontsize=9)
+    fig.colorbar(image, ax=ax, shrink=0.8, label="attention weight")
+    fig.tight_layout()
+    return fig
+
+
+def beam_trace_figure(steps, title="beam search"):
+    """The alive hypotheses after each step (from `Translator.beam_trace`), best on top, with
+    their log-probabilities."""
+    width = max(len(alive) for alive in steps) if steps else 1
+    fig, ax = _figure(figsize=(2.2 * max(len(steps), 1), 0.6 * width + 1.2))
+    labels = []
+    for step, alive in enumerate(steps):
+        for rank, (pieces, log_prob) in enumerate(alive):
+            label = " ".join(token_labels(pieces[-3:]))
+            labels.append(label)
+            ax.text(step, rank, f"{label}\n{log_prob:.2f}", ha="center", va="center", fontsize=7,
+                    bbox={"boxstyle": "round", "fc": "white", "ec": "grey"})
+    ax.set_xlim(-0.6, len(steps) - 0.4)
+    ax.set_ylim(width - 0.5, -0.5)
+    ax.set_xlabel("step (last tokens of each alive hypothesis, log-probability)")
+    ax.set_ylabel("beam rank")
+    ax.set_xticks(range(len(steps)))
+    ax.set_yticks(range(width))
+    ax.set_title(title + (" " + NO_CJK_NOTE if _needs_note(labels) else ""), fontsize=9)
+    return fig
+
+
+def history_figure(history_csv):
+    """Loss and token accuracy per epoch, train and validation (logs/history.csv of a run)."""
+    with open(history_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    epochs = [int(r["epoch"]) + 1 for r in rows]
+    fig, axes = _figure(1, 2, figsize=(10, 3.5))
+    for ax, metric, label in ((axes[0], "loss", "label-smoothed loss"), (axes[1], "token_accuracy", "token accuracy")):
+        for prefix, name in (("", "train"), ("val_", "validation")):
+            if rows and prefix + metric in rows[0] and rows[0][prefix + metric]:
+                ax.plot(epochs, [float(r[prefix + metric]) for r in rows], marker="o", label=name)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(label)
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def bar_figure(values, ylabel, title):
+    """values: {label: number}."""
+    fig, ax = _figure(figsize=(max(4, 0.9 * len(values)), 3.5))
+    ax.bar(range(len(values)), list(values.values()), color="tab:blue")
+    ax.set_xticks(range(len(values)), list(values), rotation=30, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig

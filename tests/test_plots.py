@@ -1,0 +1,77 @@
+import matplotlib
+import numpy as np
+import pytest
+
+matplotlib.use("Agg")
+
+from kformer import plots  # noqa: E402
+from kformer.layers import sinusoidal_table  # noqa: E402
+
+
+@pytest.fixture()
+def no_cjk_font(monkeypatch):
+    monkeypatch.setattr(plots, "cjk_font", lambda: None)
+
+
+def test_token_labels_fall_back_to_code_points_without_a_cjk_font(no_cjk_font):
+    assert plots.token_labels(["▁我們", "try", "▁", "Tom汤"]) == ["U+6211 U+5011", "try", "␣", "Tom U+6C64"]
+
+
+def test_token_labels_keep_characters_with_a_cjk_font(monkeypatch):
+    monkeypatch.setattr(plots, "cjk_font", lambda: "Noto Sans CJK SC")
+    assert plots.token_labels(["▁我們", "!"]) == ["我們", "!"]
+
+
+def test_positional_encoding_figure_shows_both_layouts():
+    fig = plots.positional_encoding_figure(length=20, width=8)
+    interleaved, concatenated = [ax.images[0].get_array() for ax in fig.axes[:2]]
+    np.testing.assert_allclose(interleaved, sinusoidal_table(20, 8))
+    np.testing.assert_allclose(concatenated[:, :4], sinusoidal_table(20, 8)[:, 0::2])  # all sines first
+    assert fig.axes[0].get_ylabel() == "position" and fig.axes[0].get_xlabel() == "dimension"
+
+
+def test_mask_and_attention_figures(no_cjk_font):
+    assert np.array_equal(plots.mask_figure(5).axes[0].images[0].get_array(), np.tril(np.ones((5, 5), bool)))
+    weights = np.random.default_rng(0).dirichlet(np.ones(3), size=(2, 4))  # (H=2, Tq=4, Tk=3)
+    fig = plots.attention_figure(weights, ["a", "b", "c", "d"], ["我", "x", "y"], title="t")
+    shown = [ax for ax in fig.axes if ax.images]
+    assert len(shown) == 2 and np.allclose(shown[1].images[0].get_array(), weights[1])
+    assert [t.get_text() for t in shown[0].get_xticklabels()] == ["U+6211", "x", "y"]
+    assert "no CJK font" in fig._suptitle.get_text()
+
+
+def test_alignment_figure_labels_source_and_generated_tokens(tmp_path):
+    weights = np.eye(3)[:2]
+    fig = plots.alignment_figure(weights, ["▁a", "b", "c"], ["x", "</s>"])
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "c"]
+    assert ax.get_xlabel() == "source token" and ax.get_ylabel() == "generated token"
+    fig.savefig(tmp_path / "a.png")
+    assert (tmp_path / "a.png").stat().st_size > 1000
+
+
+def test_beam_trace_history_and_bar_figures(tmp_path):
+    steps = [[(["▁a"], -0.5), (["▁b"], -1.0)], [(["▁a", "b"], -1.2)]]
+    fig = plots.beam_trace_figure(steps)
+    assert len(fig.axes[0].texts) == 3 and "-1.20" in fig.axes[0].texts[2].get_text()
+    history = tmp_path / "history.csv"
+    history.write_text("epoch,loss,token_accuracy,val_loss,val_token_accuracy\n0,5,0.1,4,0.2\n1,4,0.2,3.5,0.3\n")
+    fig = plots.history_figure(str(history))
+    assert [len(ax.lines) for ax in fig.axes] == [2, 2]
+    fig = plots.bar_figure({"tflite": 10.0, "onnx": 20.0}, "ms", "latency")
+    assert [p.get_height() for p in fig.axes[0].patches] == [10.0, 20.0]
+
+
+def test_alignment_and_attention_command(trained_dir, tmp_path, capsys):
+    from kformer.cli import main
+    from kformer.train import load_model
+    from kformer.translate import Translator
+
+    model, config, tokenizer = load_model(trained_dir)
+    result = Translator(model, tokenizer, beam_size=2).alignment("我們試試看！")
+    assert result["weights"].shape == (len(result["target"]), len(result["source"]))
+    np.testing.assert_allclose(result["weights"].sum(-1), 1, atol=1e-5)  # every row attends to the source
+    assert result["target"][-1] == "</s>" or len(result["target"]) > 1
+    out = tmp_path / "align.png"
+    assert main(["attention", "--model", trained_dir, "--out", str(out), "--beam", "2", "我們試試看！"]) == 0
+    assert out.stat().st_size > 1000 and "wrote" in capsys.readouterr().out
