@@ -21,9 +21,17 @@ NO_CJK_NOTE = "(no CJK font: Chinese shown as code points;\ninstall fonts-noto-c
 
 @functools.lru_cache(maxsize=1)
 def cjk_font():
-    """The name of an installed font with Chinese glyphs, or None."""
-    installed = {f.name for f in font_manager.fontManager.ttflist}
-    return next((name for name in CJK_FONTS if name in installed), None)
+    """The name of an installed font with Chinese glyphs, or None. Fonts installed after
+    matplotlib built its font cache are found by scanning the system font files."""
+    def known():
+        installed = {f.name for f in font_manager.fontManager.ttflist}
+        return next((name for name in CJK_FONTS if name in installed), None)
+    if known() is None:
+        for path in font_manager.findSystemFonts():
+            if any(key in path.replace("-", "").lower() for key in ("notosanscjk", "wqy", "droidsansfallback",
+                                                                     "sourcehansans")):
+                font_manager.fontManager.addfont(path)
+    return known()
 
 
 def _is_cjk(char):
@@ -145,10 +153,14 @@ def beam_trace_figure(steps, title="beam search"):
     return fig
 
 
-def history_figure(history_csv):
-    """Loss and token accuracy per epoch, train and validation (logs/history.csv of a run)."""
-    with open(history_csv, newline="") as f:
-        rows = list(csv.DictReader(f))
+def history_figure(history):
+    """Loss and token accuracy per epoch, train and validation. `history` is a Keras
+    `History.history` dict or the logs/history.csv of a training folder."""
+    if isinstance(history, dict):
+        rows = [{"epoch": i, **{k: v[i] for k, v in history.items()}} for i in range(len(history["loss"]))]
+    else:
+        with open(history, newline="") as f:
+            rows = list(csv.DictReader(f))
     epochs = [int(r["epoch"]) + 1 for r in rows]
     fig, axes = _figure(1, 2, figsize=(10, 3.5))
     for ax, metric, label in ((axes[0], "loss", "label-smoothed loss"), (axes[1], "token_accuracy", "token accuracy")):

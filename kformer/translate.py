@@ -87,6 +87,7 @@ class Translator(tf.Module):
     def alignment(self, text, layer=-1, beam_size=None):
         """Translates one sentence, then returns what the decoder looked at for each generated
         token: {"source": pieces, "target": pieces (ending with </s> unless cut at the length limit),
+        "decoder_input": <s> + target[:-1],
         "translation": text, "weights": (T, S) cross-attention of `layer` averaged over heads,
         "attention": every layer's weights (see `Transformer.attention_weights`)}."""
         (ids,) = self.encode([text])
@@ -99,6 +100,7 @@ class Translator(tf.Module):
         weights = np.asarray(attention["cross"][layer])[0].mean(axis=0)  # (T, S)
         return {"source": [self.tokenizer.id_to_piece(i) for i in ids],
                 "target": [self.tokenizer.id_to_piece(i) for i in generated],
+                "decoder_input": [self.tokenizer.id_to_piece(i) for i in [self.config.bos_id] + generated[:-1]],
                 "translation": self.tokenizer.decode(output), "weights": weights[:, : len(ids)],
                 "attention": attention}
 
