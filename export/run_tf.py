@@ -34,12 +34,9 @@ class KerasRunner:
         model, self.config, self.tokenizer = load_model(model_dir)
         self.translator = Translator(model, self.tokenizer, beam_size=max(1, beam_size), alpha=alpha,
                                      max_length=max_length, batch_size=batch_size)
-        self.beam_size = beam_size
 
     def search(self, batch):
-        fn = self.translator.beam if self.beam_size > 1 else self.translator.greedy
-        result = fn(tf.constant(np.asarray(batch, np.int32)))
-        return result["tokens"].numpy(), result["scores"].numpy()
+        return self.translator.search(np.asarray(batch, np.int32))
 
     def translate_ids(self, ids):
         return self.translator.translate_ids(ids)

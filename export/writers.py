@@ -122,7 +122,8 @@ def write_onnx_text(core_path, tokenizer_proto, config, search, path):
     from export.onnx_text import build_text_model
 
     proto = build_text_model(onnx.load(core_path), tokenizer_proto, config, search == "beam", ONNX_OPSET)
-    check_onnx(proto, path, extra_domains=("ai.onnx.contrib",))
+    # Two loops: the search, and the per-row SentencepieceDecoder loop of the text graph.
+    check_onnx(proto, path, extra_domains=("ai.onnx.contrib",), top_level_loops=2)
     onnx.save(proto, path)
     return path
 
@@ -138,16 +139,16 @@ def onnx_nodes(graph):
                 yield from onnx_nodes(subgraph)
 
 
-def check_onnx(proto, path, extra_domains=()):
+def check_onnx(proto, path, extra_domains=(), top_level_loops=1):
     import onnx
 
     allowed = ("", "ai.onnx", *extra_domains)
     bad = sorted({f"{n.domain}:{n.op_type}" for n in onnx_nodes(proto.graph) if n.domain not in allowed})
     if bad:
         raise ExportError(f"{path}: non-standard ONNX ops {bad} (tf2onnx exits 0 even when it leaves these)")
-    loops = sum(1 for n in proto.graph.node if n.op_type == "Loop") - (1 if extra_domains else 0)  # + decode loop
-    if loops != 1:
-        raise ExportError(f"{path}: expected the search as one ONNX Loop, found {loops} top-level loops")
+    loops = sum(1 for n in proto.graph.node if n.op_type == "Loop")
+    if loops != top_level_loops:
+        raise ExportError(f"{path}: expected {top_level_loops} top-level ONNX Loop(s) (the search as one), found {loops}")
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as e:

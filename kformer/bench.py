@@ -6,7 +6,7 @@ import os
 import tempfile
 import time
 
-import numpy as np
+from kformer import batching
 
 log = logging.getLogger("kformer")
 
@@ -131,10 +131,7 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
     ids.sort(key=lambda row: abs(len(row) - 20))  # sentences of about 20 tokens
     rows = []
     for batch_size in batch_sizes:
-        chosen = ids[:batch_size]
-        batch = np.zeros((batch_size, max(len(r) for r in chosen)), np.int32)
-        for i, row in enumerate(chosen):
-            batch[i, : len(row)] = row
+        _, batch = next(batching.length_sorted_batches(ids[:batch_size], batch_size))
         for beam_size in (1, 4):
             timings = {}
             for name, naive, jit, eager in (("cached", False, False, False), ("cached_xla", False, True, False),

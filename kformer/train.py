@@ -67,6 +67,7 @@ class MaskedAccuracy(keras.metrics.Metric):
     def update_state(self, y_true, y_pred, sample_weight=None):
         y_true = ops.cast(y_true, "int32")
         weights = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
+        # argmax is fine here: a training metric, never part of the exported decode graph (which uses top_k).
         hits = ops.cast(ops.equal(ops.cast(ops.argmax(y_pred, axis=-1), "int32"), y_true), "float32")
         self.correct.assign_add(ops.sum(hits * weights))
         self.total.assign_add(ops.sum(weights))
@@ -212,11 +213,11 @@ def prepare(out_dir, config_name="small", data="default", direction="zh-en", voc
     os.makedirs(out_dir, exist_ok=True)
     config = _requested_config(out_dir, config_name, overrides)
     corpus_path = os.path.join(out_dir, CORPUS_FILE)
-    corpus = {"data": data, "direction": direction}
+    corpus = {"data": list(data) if isinstance(data, tuple) else data, "direction": direction}  # as JSON stores it
     if config is not None and os.path.exists(corpus_path):
         with open(corpus_path, encoding="utf-8") as f:
             saved_corpus = json.load(f)
-        if saved_corpus != json.loads(json.dumps(corpus)):
+        if saved_corpus != corpus:
             raise ValueError(f"{out_dir} was trained on {saved_corpus}, not {corpus}; use a new --out directory.")
 
     pairs, report = data_lib.read_corpus(data, direction)

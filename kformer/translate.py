@@ -92,7 +92,7 @@ class Translator(tf.Module):
         "attention": every layer's weights (see `Transformer.attention_weights`)}."""
         (ids,) = self.encode([text])
         (output,), _ = self.translate_ids([ids], beam_size)
-        limit = min(len(ids) + 50, self.max_length)  # search.output_limits
+        limit = min(len(ids) + search.EXTRA_OUTPUT_TOKENS, self.max_length)  # as search.output_limits
         generated = output + [self.config.eos_id] if len(output) < limit else output  # EOS, or cut at the limit
         # Row t is the decoder position that produced generated[t]: its input is BOS + generated[:t].
         attention = self.model.attention_weights(np.array([ids or [self.config.pad_id]], np.int32),
@@ -110,15 +110,17 @@ class Translator(tf.Module):
         """Token ids per text; over-long sources are truncated with a warning (never an error)."""
         return batching.encode_texts(self.tokenizer, texts, self.config.max_source_length)
 
+    def search(self, batch, beam_size=None):
+        """(B, S) int32 source ids -> numpy (tokens, scores) of beam search, or greedy for beam 1."""
+        fn = self.beam if (self.beam_size if beam_size is None else beam_size) > 1 else self.greedy
+        result = fn(tf.constant(batch, tf.int32))
+        return result["tokens"].numpy(), result["scores"].numpy()
+
     def translate_ids(self, ids, beam_size=None):
         """Lists of source ids -> (lists of output ids without EOS/pad, scores), in input order.
         Sentences of similar length are batched together; each row is independent of its batch."""
-        fn = self.beam if (self.beam_size if beam_size is None else beam_size) > 1 else self.greedy
-
-        def search(batch):
-            result = fn(tf.constant(batch))
-            return result["tokens"].numpy(), result["scores"].numpy()
-        return batching.translate_ids(search, ids, self.batch_size, self.config.eos_id, self.config.pad_id)
+        return batching.translate_ids(lambda batch: self.search(batch, beam_size), ids, self.batch_size,
+                                      self.config.eos_id, self.config.pad_id)
 
     def translate(self, texts, beam_size=None):
         """Translates a list of strings; an empty or blank string gives an empty translation."""
