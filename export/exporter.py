@@ -48,15 +48,15 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=
            progress=print):
     """Writes the chosen formats of the model in `model_dir` to `out_dir` (which must not exist)
     with the tokenizer and a manifest, then checks every fp32 artifact gives the Keras tokens."""
-    from kformer.train import CORPUS_FILE, TOKENIZER_FILE, load_model
+    from kformer import checkpoint
 
     unknown = sorted(set(formats) - set(FORMATS)) + sorted(set(quantize) - set(QUANTIZATIONS))
     if unknown:
         raise ValueError(f"unknown formats/quantizations {unknown}; formats: {FORMATS}, quantize: {QUANTIZATIONS}")
     if os.path.exists(out_dir) and os.listdir(out_dir):
         raise ValueError(f"{out_dir} exists and is not empty; choose a new --out (nothing was written)")
-    model, config, tokenizer = load_model(model_dir)
-    with open(os.path.join(model_dir, TOKENIZER_FILE), "rb") as f:
+    model, config, tokenizer, corpus = checkpoint.load(model_dir)
+    with open(checkpoint.path(model_dir, checkpoint.TOKENIZER_FILE), "rb") as f:
         tokenizer_proto = f.read()
     module = ExportModule(model, tokenizer_proto, beam_size=beam_size, alpha=alpha, max_length=max_length)
 
@@ -65,7 +65,7 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=
     os.makedirs(parent, exist_ok=True)
     work = tempfile.mkdtemp(prefix=".kformer-export-", dir=parent)
     try:
-        shutil.copy(os.path.join(model_dir, TOKENIZER_FILE), os.path.join(work, "tokenizer.model"))
+        shutil.copy(checkpoint.path(model_dir, checkpoint.TOKENIZER_FILE), os.path.join(work, "tokenizer.model"))
         artifacts, steps = [], _plan(formats, quantize, tokenizer_proto, config)
         for number, (file, fmt, search, variant, write) in enumerate(steps, start=1):
             progress(f"[{number}/{len(steps)}] {fmt} {search} {variant} -> {file} ...", end=" ", flush=True)
@@ -88,7 +88,7 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=
             "savedmodel_signatures": {"greedy_ids": "source_ids -> tokens, scores", "beam_ids": "source_ids -> tokens, scores",
                                       "greedy_text": "text -> translation", "beam_text": "text -> translation"},
             "onnx_opset": writers.ONNX_OPSET, "artifacts": artifacts, "versions": _versions(),
-            "trained_in": os.path.abspath(model_dir), "corpus": _corpus(os.path.join(model_dir, CORPUS_FILE))}
+            "trained_in": os.path.abspath(model_dir), "corpus": corpus}
         with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2)
         progress("verifying: every artifact translates a probe batch; fp32 must match Keras token for token")
@@ -102,13 +102,6 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=
     for entry in artifacts:
         entry["agreement"] = agreement.get((entry["format"], entry["search"], entry["variant"]))
     return artifacts
-
-
-def _corpus(path):
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def _versions():

@@ -28,10 +28,10 @@ class KerasRunner:
     """The training folder's Keras model behind the same interface (the reference runtime)."""
 
     def __init__(self, model_dir, beam_size=4, alpha=0.6, max_length=None, batch_size=32):
-        from kformer.train import load_model
+        from kformer import checkpoint
         from kformer.translate import Translator
 
-        model, self.config, self.tokenizer = load_model(model_dir)
+        model, self.config, self.tokenizer, _ = checkpoint.load(model_dir)
         self.translator = Translator(model, self.tokenizer, beam_size=max(1, beam_size), alpha=alpha,
                                      max_length=max_length, batch_size=batch_size)
 

@@ -1,14 +1,13 @@
 """BLEU and chrF (sacrebleu) of a trained model on a held-out split or on user files."""
 
 import collections
-import json
 import logging
 import os
 
 import sacrebleu
 
+from kformer import checkpoint
 from kformer import data as data_lib
-from kformer.train import CORPUS_FILE, load_model
 from kformer.translate import Translator
 
 log = logging.getLogger("kformer")
@@ -17,19 +16,12 @@ log = logging.getLogger("kformer")
 def split_references(model_dir, split="test"):
     """(sources, references) of a split of the corpus the model was trained on. All translations
     of one source sentence become its references (Tatoeba often has several)."""
-    with open(os.path.join(model_dir, CORPUS_FILE), encoding="utf-8") as f:
-        corpus = json.load(f)
-    spec = corpus["data"] if isinstance(corpus["data"], str) else tuple(corpus["data"])
-    pairs, _ = data_lib.read_corpus(spec, corpus["direction"])
+    corpus = checkpoint.read_corpus(model_dir)
+    pairs, _ = data_lib.read_corpus(corpus["data"], corpus["direction"])
     grouped = collections.OrderedDict()
     for source, target in data_lib.split_pairs(pairs)[split]:
         grouped.setdefault(source, []).append(target)
     return list(grouped), list(grouped.values())
-
-
-def target_language(model_dir):
-    with open(os.path.join(model_dir, CORPUS_FILE), encoding="utf-8") as f:
-        return json.load(f)["direction"].split("-")[-1]
 
 
 def score(hypotheses, references, language="en"):
@@ -51,7 +43,7 @@ def evaluate(model_dir, split="test", source_file=None, reference_file=None, bea
     Writes the hypotheses, one per line, to `output` (default: MODEL/hypotheses.<split>.txt)."""
     if (source_file is None) != (reference_file is None):
         raise ValueError("give both --source and --reference, or neither (to use --split)")
-    model, config, tokenizer = load_model(model_dir)
+    model, config, tokenizer, corpus = checkpoint.load(model_dir)
     if source_file is not None:
         sources = data_lib.read_text_file(source_file)
         references = [[r] for r in data_lib.read_text_file(reference_file)]
@@ -70,6 +62,6 @@ def evaluate(model_dir, split="test", source_file=None, reference_file=None, bea
     output = output or os.path.join(model_dir, f"hypotheses.{name}.txt")
     with open(output, "w", encoding="utf-8") as f:
         f.writelines(h + "\n" for h in hypotheses)
-    result = score(hypotheses, references, target_language(model_dir))
+    result = score(hypotheses, references, corpus["direction"].split("-")[-1])
     result.update(hypotheses_file=output, beam_size=beam_size, examples=list(zip(sources, references, hypotheses)))
     return result

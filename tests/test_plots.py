@@ -64,10 +64,10 @@ def test_beam_trace_history_and_bar_figures(tmp_path):
 
 def test_alignment_and_attention_command(trained_dir, tmp_path, capsys):
     from kformer.cli import main
-    from kformer.train import load_model
+    from kformer import checkpoint
     from kformer.translate import Translator
 
-    model, config, tokenizer = load_model(trained_dir)
+    model, config, tokenizer, _ = checkpoint.load(trained_dir)
     result = Translator(model, tokenizer, beam_size=2).alignment("我們試試看！")
     assert result["weights"].shape == (len(result["target"]), len(result["source"]))
     np.testing.assert_allclose(result["weights"].sum(-1), 1, atol=1e-5)  # every row attends to the source
