@@ -10,7 +10,6 @@ import sys
 import tempfile
 import time
 
-RUNTIMES = ("keras", "savedmodel", "tflite", "onnx")
 
 
 def _runner(runtime, artifact_dir, beam, variant, threads):

@@ -6,7 +6,6 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 from kformer.translate import Translator
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
-SEARCHES = ("greedy", "beam")
 
 
 class ExportModule(tf.Module):

@@ -11,7 +11,6 @@ import tensorflow as tf
 
 ONNX_OPSET = 17
 ID_INPUT = "source_ids"
-OUTPUTS = ("tokens", "scores")
 
 
 class ExportError(RuntimeError):

@@ -23,53 +23,99 @@ def count_xla_compilations(directory, function="one_step_on_data"):
     return len(glob.glob(os.path.join(directory, f"*{function}*before_optimizations.txt")))
 
 
-def _fixed_batches(config_name, count, seed):
-    """`count` training batches of the default corpus (all bucket shapes mixed), and the config."""
+def _fixed_batches(config_name, count, seed, overrides=None):
+    """`count` training batches of the default corpus (all bucket shapes mixed), twice: padded to
+    the longest row (training without XLA) and to the bucket (with XLA); the same pairs in both."""
     from kformer import data as data_lib
     from kformer.train import prepare
 
     with tempfile.TemporaryDirectory() as work:
-        config, tokenizer, splits = prepare(work, config_name)
+        config, tokenizer, splits = prepare(work, config_name, overrides=overrides)
     encoded = data_lib.encode_pairs(tokenizer, splits["train"], config)
-    dataset = data_lib.make_dataset(encoded, config, training=True, seed=seed)
-    batches = [(dict((k, v.numpy()) for k, v in x.items()), y.numpy()) for x, y in dataset.take(count)]
-    return config, batches
+
+    def batches(pad_to_bucket):
+        dataset = data_lib.make_dataset(encoded, config, training=True, seed=seed, pad_to_bucket=pad_to_bucket)
+        return [(dict((k, v.numpy()) for k, v in x.items()), y.numpy()) for x, y in dataset.take(count)]
+    return config, batches(False), batches(True)
 
 
-def bench_train(config_name="small", steps=30, seed=0, mixed_precision=False):
-    """Steps/s and target tokens/s of `train_on_batch` with and without XLA on the same batches.
+def reference_model(config):
+    """The same-size model built from keras-hub layers (post-LN TransformerEncoder/Decoder, a tied
+    ReversibleEmbedding scaled by sqrt(d_model), sine positions): the yardstick of `bench train`."""
+    import keras
+    import keras_hub
+    from keras import ops
 
-    Every distinct batch shape is run once before timing, so compilation is not timed.
+    inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in ("source_ids", "target_ids")}
+    embedding = keras_hub.layers.ReversibleEmbedding(config.vocab_size, config.d_model, name="embedding")
+    positions = keras_hub.layers.SinePositionEncoding()
+    dropout = keras.layers.Dropout(config.dropout)
+    layer_args = dict(intermediate_dim=config.d_ff, num_heads=config.num_heads, dropout=config.dropout,
+                      activation=config.activation, layer_norm_epsilon=1e-6,
+                      normalize_first=config.norm_position == "pre")
+
+    def embed(ids):
+        x = embedding(ids) * config.d_model**0.5
+        return dropout(x + positions(x))
+
+    source_mask = ops.not_equal(inputs["source_ids"], config.pad_id)
+    x = embed(inputs["source_ids"])
+    for i in range(config.num_encoder_layers):
+        x = keras_hub.layers.TransformerEncoder(**layer_args, name=f"transformer_encoder_{i}")(x, padding_mask=source_mask)
+    y = embed(inputs["target_ids"])
+    for i in range(config.num_decoder_layers):
+        y = keras_hub.layers.TransformerDecoder(**layer_args, name=f"transformer_decoder_{i}")(
+            y, x, decoder_padding_mask=ops.not_equal(inputs["target_ids"], config.pad_id),
+            encoder_padding_mask=source_mask)
+    return keras.Model(inputs, embedding(y, reverse=True), name="keras_hub_reference")
+
+
+def bench_train(config_name="small", steps=30, seed=0, mixed_precision=False, rounds=3, overrides=None):
+    """Real (non-pad) source+target tokens/s of `train_on_batch` on the same batches, in interleaved
+    rounds: kformer without XLA (batches padded to their longest row), kformer with XLA (padded to
+    the bucket, so shapes are bounded), and the same-size keras-hub model (padded to the longest row).
+
+    Every distinct batch shape is run once before timing, so compilation is not timed (it is
+    reported as warm-up seconds: XLA compiles once per bucket shape, which a short run pays for).
     """
+    import statistics
+
     import keras
 
     from kformer.model import Transformer
     from kformer.train import compile_model
 
-    config, batches = _fixed_batches(config_name, steps, seed)
-    shapes = sorted({x["target_ids"].shape for x, _ in batches})
-    tokens = sum(int((y != config.pad_id).sum()) for _, y in batches)
-    results = {"config": config_name, "steps": steps, "distinct_batch_shapes": len(shapes),
-               "target_tokens": tokens}
-    for xla in (False, True):
+    config, dynamic, bucketed = _fixed_batches(config_name, steps, seed, overrides)
+    real = sum(int((x["source_ids"] != config.pad_id).sum() + (y != config.pad_id).sum()) for x, y in dynamic)
+    dtype = "mixed_float16" if mixed_precision else None
+    variants = {}
+    for name, xla, batches in (("kformer", False, dynamic), ("kformer_xla", True, bucketed),
+                               ("keras_hub", False, dynamic)):
         keras.utils.set_random_seed(seed)
-        dtype = "mixed_float16" if mixed_precision else None
-        model = compile_model(Transformer(config, dtype=dtype), config, xla=xla)
-        warm = {x["target_ids"].shape: (x, y) for x, y in batches}
+        model = Transformer(config, dtype=dtype) if name != "keras_hub" else reference_model(config)
+        model = compile_model(model, config, xla=xla)
         start = time.perf_counter()
-        for x, y in warm.values():
+        for x, y in {(x["source_ids"].shape, y.shape): (x, y) for x, y in batches}.values():
             model.train_on_batch(x, y)
-        warmup = time.perf_counter() - start
-        start = time.perf_counter()
-        for x, y in batches:
-            model.train_on_batch(x, y)
-        seconds = time.perf_counter() - start
-        name = "xla" if xla else "no_xla"
-        results[name] = {"steps_per_s": steps / seconds, "target_tokens_per_s": tokens / seconds,
-                         "warmup_s": warmup}
-        log.info("%s: %.2f steps/s, %.0f target tokens/s (warm-up with compilation %.1fs)",
-                 name, steps / seconds, tokens / seconds, warmup)
-    results["xla_speedup"] = results["xla"]["steps_per_s"] / results["no_xla"]["steps_per_s"]
+        padded = sum(x["source_ids"].size + y.size for x, y in batches)
+        variants[name] = {"model": model, "batches": batches, "warmup_s": time.perf_counter() - start,
+                          "padding": 1 - real / padded, "parameters": model.count_params(), "seconds": []}
+    for _ in range(rounds):
+        for name, v in variants.items():
+            start = time.perf_counter()
+            for x, y in v["batches"]:
+                v["model"].train_on_batch(x, y)
+            v["seconds"].append(time.perf_counter() - start)
+    results = {"config": config_name, "steps": steps, "rounds": rounds, "real_tokens": real,
+               "pairs_per_step": sum(len(y) for _, y in dynamic) / steps,
+               "distinct_bucket_shapes": len({y.shape for _, y in bucketed})}
+    for name, v in variants.items():
+        seconds = statistics.median(v["seconds"])
+        results[name] = {"steps_per_s": steps / seconds, "real_tokens_per_s": real / seconds,
+                         "padding": v["padding"], "warmup_s": v["warmup_s"], "parameters": v["parameters"]}
+        log.info("%s: %.2f steps/s, %.0f real tokens/s", name, steps / seconds, real / seconds)
+    results["xla_speedup"] = results["kformer_xla"]["steps_per_s"] / results["kformer"]["steps_per_s"]
+    results["vs_keras_hub"] = results["kformer"]["real_tokens_per_s"] / results["keras_hub"]["real_tokens_per_s"]
     dump = os.environ.get(XLA_DUMP_ENV)
     if dump:
         results["xla_compilations"] = count_xla_compilations(dump)
@@ -122,9 +168,9 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
     import statistics
 
     from kformer.evaluate import split_references
-    from kformer.train import load_model
+    from kformer import checkpoint
 
-    model, config, tokenizer = load_model(model_dir)
+    model, config, tokenizer, _ = checkpoint.load(model_dir)
     output_tokens = min(output_tokens, config.max_target_length)
     sources, _ = split_references(model_dir, "test")
     ids = [row[: config.max_source_length] for row in tokenizer.encode(sources) if len(row) >= 8]

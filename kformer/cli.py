@@ -13,6 +13,29 @@ def _quiet_tensorflow():
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 
+def _positive(kind):
+    """An argparse type: a finite number > 0 (int or float), else a one-line error naming the option."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}, got {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}, got {text!r}")
+        return value
+    return parse
+
+
+def _non_negative_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def _data_spec(values):
     if values is None or values == ["default"]:
         return "default"
@@ -28,7 +51,7 @@ def _train(args):
     else:
         strategy = None
     summary = train(args.out, args.config, data=_data_spec(args.data), direction=args.direction,
-                    minutes=args.minutes, steps=args.steps, epochs=args.epochs, xla=not args.no_xla,
+                    minutes=args.minutes, steps=args.steps, epochs=args.epochs, xla=args.xla,
                     mixed_precision=args.mixed_precision, batch_tokens=args.batch_tokens, seed=args.seed,
                     strategy=strategy, vocab_size=args.vocab_size)
     print(json.dumps(summary, indent=2))
@@ -59,11 +82,10 @@ def _translate(args):
 
 
 def _attention(args):
-    from kformer import plots
-    from kformer.train import load_model
+    from kformer import checkpoint, plots
     from kformer.translate import Translator
 
-    model, _, tokenizer = load_model(args.model)
+    model, _, tokenizer, _ = checkpoint.load(args.model)
     result = Translator(model, tokenizer, beam_size=args.beam).alignment(args.text, layer=args.layer)
     layer = args.layer if args.layer >= 0 else model.config.num_decoder_layers + args.layer
     figure = plots.alignment_figure(result["weights"], result["source"], result["target"],
@@ -109,6 +131,9 @@ def _demo(args):
     from kformer.train import train
 
     summary = train(args.out, args.config, minutes=args.minutes)
+    if "steps_per_s" in summary:
+        print(f"training speed: {summary['steps_per_s']:.2f} steps/s, {summary['real_tokens_per_s']:.0f} real "
+              "(non-pad) source+target tokens/s")
     print(f"trained {summary['steps']} steps ({summary['stopped']}); token accuracy "
           f"{summary.get('token_accuracy', float('nan')):.3f}, dev token accuracy "
           f"{summary.get('val_token_accuracy', float('nan')):.3f}")
@@ -128,15 +153,17 @@ def _bench(args):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + bench.xla_dump_flags(dump)).strip()
         os.environ[bench.XLA_DUMP_ENV] = dump
         results = bench.bench_train(args.config, steps=args.steps, mixed_precision=args.mixed_precision)
-        print(f"train bench, config {results['config']}, {results['steps']} steps on the same batches "
-              f"({results['distinct_batch_shapes']} distinct shapes, {results['target_tokens']} target tokens)")
-        print(f"{'':8} {'steps/s':>9} {'tokens/s':>10}")
-        for name in ("no_xla", "xla"):
+        print(f"train bench, config {results['config']}: {results['steps']} batches ({results['pairs_per_step']:.0f} "
+              f"pairs each, {results['real_tokens']} real source+target tokens), median of {results['rounds']} "
+              "interleaved rounds")
+        print(f"{'':12} {'steps/s':>8} {'real tokens/s':>14} {'padding':>8} {'warm-up s':>10} {'parameters':>11}")
+        for name in ("kformer", "kformer_xla", "keras_hub"):
             r = results[name]
-            print(f"{name:8} {r['steps_per_s']:9.2f} {r['target_tokens_per_s']:10.0f}")
-        print(f"XLA speed-up: {results['xla_speedup']:.2f}x; XLA compilations of the train step: "
-              f"{results.get('xla_compilations', 'not counted')} (distinct batch shapes: "
-              f"{results['distinct_batch_shapes']})")
+            print(f"{name:12} {r['steps_per_s']:8.2f} {r['real_tokens_per_s']:14.0f} {r['padding']:8.0%} "
+                  f"{r['warmup_s']:10.1f} {r['parameters']:11,}")
+        print(f"kformer vs keras-hub (real tokens/s): {results['vs_keras_hub']:.2f}x; XLA vs no XLA: "
+              f"{results['xla_speedup']:.2f}x; XLA compilations of the train step: "
+              f"{results.get('xla_compilations', 'not counted')} (bucket shapes: {results['distinct_bucket_shapes']})")
     elif args.what == "runtimes":
         from export.benchmark import bench_runtimes, print_table
         if not args.model:
@@ -170,13 +197,15 @@ def build_parser():
                    help="language pair source-target; picks the columns of the default corpus (zh-en or en-zh)")
     p.add_argument("--out", required=True, help="training directory; re-running with it resumes")
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--minutes", type=float, help="stop cleanly after this much training time")
-    budget.add_argument("--steps", type=int, help="total optimizer steps")
-    budget.add_argument("--epochs", type=int, help="total passes over the train split")
-    p.add_argument("--no-xla", action="store_true", help="compile without XLA (jit_compile=False)")
+    budget.add_argument("--minutes", type=_positive(float), help="stop cleanly after this much training time")
+    budget.add_argument("--steps", type=_positive(int), help="total optimizer steps")
+    budget.add_argument("--epochs", type=_positive(int), help="total passes over the train split")
+    p.add_argument("--xla", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the train step with XLA (default: on with a GPU; off on CPUs, where it "
+                        "compiles each batch shape for no measured gain)")
     p.add_argument("--mixed-precision", action="store_true", help="float16 compute (for GPUs)")
-    p.add_argument("--batch-tokens", type=int, help="tokens per batch and side (default: the preset's)")
-    p.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary size")
+    p.add_argument("--batch-tokens", type=_positive(int), help="tokens per batch and side (default: the preset's)")
+    p.add_argument("--vocab-size", type=_positive(int), default=8000, help="SentencePiece vocabulary size")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--strategy", choices=["default", "mirrored"], default="default",
                    help="mirrored: data-parallel over the local accelerators")
@@ -187,10 +216,10 @@ def build_parser():
     p.add_argument("--runtime", default="keras", choices=["keras", "savedmodel", "tflite", "onnx"])
     p.add_argument("--variant", default="fp32", choices=["fp32", "fp16", "int8", "text"],
                    help="tflite: fp32/fp16/int8; onnx: fp32/int8, or text (SentencePiece inside the graph)")
-    p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy)")
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
-    p.add_argument("--max-len", type=int, help="maximum output tokens (default: the model's maximum)")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--beam", type=_positive(int), default=4, help="beam size (1 = greedy)")
+    p.add_argument("--alpha", type=_non_negative_float, default=0.6, help="length penalty exponent")
+    p.add_argument("--max-len", type=_positive(int), help="maximum output tokens (default: the model's maximum)")
+    p.add_argument("--batch-size", type=_positive(int), default=32)
     p.add_argument("text", nargs="*")
     p.set_defaults(run=_translate)
 
@@ -198,7 +227,7 @@ def build_parser():
     p.add_argument("--model", required=True, help="training directory")
     p.add_argument("--out", default="alignment.png")
     p.add_argument("--layer", type=int, default=-1, help="decoder layer (default: the last)")
-    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--beam", type=_positive(int), default=4)
     p.add_argument("text")
     p.set_defaults(run=_attention)
 
@@ -207,9 +236,9 @@ def build_parser():
     p.add_argument("--out", required=True, help="new folder for the artifacts")
     p.add_argument("--formats", default="savedmodel,tflite,onnx")
     p.add_argument("--quantize", default="", help="comma list of fp16,int8 (extra variants)")
-    p.add_argument("--beam", type=int, default=4, help="beam size of the exported beam search")
-    p.add_argument("--alpha", type=float, default=0.6)
-    p.add_argument("--max-len", type=int, help="maximum output tokens (default: the model's maximum)")
+    p.add_argument("--beam", type=_positive(int), default=4, help="beam size of the exported beam search")
+    p.add_argument("--alpha", type=_non_negative_float, default=0.6)
+    p.add_argument("--max-len", type=_positive(int), help="maximum output tokens (default: the model's maximum)")
     p.set_defaults(run=_export)
 
     p = commands.add_parser("evaluate", help="BLEU and chrF on a held-out split or on files")
@@ -217,24 +246,24 @@ def build_parser():
     p.add_argument("--split", default="test", choices=["test", "dev"])
     p.add_argument("--source", help="source sentences, one per line (with --reference)")
     p.add_argument("--reference", help="reference translations, one per line")
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--alpha", type=float, default=0.6)
+    p.add_argument("--beam", type=_positive(int), default=4)
+    p.add_argument("--alpha", type=_non_negative_float, default=0.6)
     p.add_argument("--output", help="hypotheses file (default: MODEL/hypotheses.<split>.txt)")
-    p.add_argument("--limit", type=int, help="only the first N sentences")
+    p.add_argument("--limit", type=_positive(int), help="only the first N sentences")
     p.set_defaults(run=_evaluate)
 
     p = commands.add_parser("demo", help="train on the default corpus, report BLEU, show translations")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--config", default="small", choices=["tiny", "small", "base", "big"])
-    p.add_argument("--minutes", type=float, default=20)
+    p.add_argument("--minutes", type=_positive(float), default=20)
     p.set_defaults(run=_demo)
 
     p = commands.add_parser("bench", help="benchmarks: ratios measured in one run")
     p.add_argument("what", choices=["train", "decode", "runtimes"])
     p.add_argument("--config", default="small", choices=["tiny", "small", "base", "big"])
     p.add_argument("--model", help="training directory (decode) or export folder (runtimes)")
-    p.add_argument("--sentences", type=int, default=200, help="test sentences for BLEU (runtimes)")
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--sentences", type=_positive(int), default=200, help="test sentences for BLEU (runtimes)")
+    p.add_argument("--steps", type=_positive(int), default=30)
     p.add_argument("--mixed-precision", action="store_true")
     p.add_argument("--json", help="also write the results to this file")
     p.set_defaults(run=_bench)

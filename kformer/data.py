@@ -8,13 +8,13 @@ import collections
 import dataclasses
 import hashlib
 import io
-import logging
 import os
 from importlib import metadata
 
 import numpy as np
 
-log = logging.getLogger("kformer")
+from kformer.config import TransformerConfig
+
 
 DEFAULT_CORPUS = "default"
 DEFAULT_DIRECTION = "zh-en"
@@ -197,18 +197,17 @@ def split_pairs(pairs, dev_fraction=0.02, test_fraction=0.02):
 
 # --- tokenizer ---
 
-def train_tokenizer(texts, path, vocab_size, config=None):
+def train_tokenizer(texts, path, vocab_size):
     """Trains one joint SentencePiece (unigram) model on `texts`; writes it to `path`.
 
     Character coverage 0.9995 keeps rare Chinese characters out of the vocabulary only when
-    truly rare. No normalization, so decode(encode(text)) == text for every covered text. Special ids follow the config: pad 0, unk 1, bos 2, eos 3.
+    truly rare. No normalization, so decode(encode(text)) == text for every covered text.
+    Special ids are the config's defaults: pad 0, unk 1, bos 2, eos 3.
     Returns the loaded processor.
     """
     import sentencepiece as spm
 
-    ids = dict(pad_id=0, unk_id=1, bos_id=2, eos_id=3)
-    if config is not None:
-        ids = dict(pad_id=config.pad_id, unk_id=config.unk_id, bos_id=config.bos_id, eos_id=config.eos_id)
+    ids = {name: getattr(TransformerConfig, name) for name in ("pad_id", "unk_id", "bos_id", "eos_id")}
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -270,14 +269,14 @@ def encode_pairs(tokenizer, pairs, config):
 
 
 def bucket_plan(config):
-    """(boundaries, batch_sizes): sequences of length < boundaries[i] are padded to
-    boundaries[i] - 1 and batched `batch_sizes[i]` at a time (about `batch_tokens` tokens per
-    side). The distinct batch shapes are exactly these buckets, which bounds XLA compilations."""
+    """(boundaries, batch_sizes): pairs whose longer side is shorter than boundaries[i] are batched
+    `batch_sizes[i]` at a time (`batch_tokens` per side when padded to boundaries[i] - 1).
+    Buckets grow by ~25%, so pairs in one batch have similar lengths and padding stays small."""
     longest = max(config.max_source_length, config.max_target_length)
     boundaries, length = [], 8
     while length < longest:
         boundaries.append(length + 1)
-        length = int(length * 1.5) if length >= 16 else length * 2
+        length = max(length + 2, round(length * 1.25))
     boundaries.append(longest + 1)
     sizes = [max(1, config.batch_tokens // (b - 1)) for b in boundaries]
     return boundaries, sizes
@@ -296,12 +295,15 @@ def steps_per_epoch(encoded, config):
     return sum(n // sizes[b] for b, n in counts.items())
 
 
-def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_index=0):
+def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_index=0, pad_to_bucket=True):
     """tf.data of ({"source_ids": (B, S), "target_ids": (B, T)}, labels (B, T)), int32, pad 0.
 
     target_ids = BOS + target (the decoder input, shifted right); labels = target + EOS.
-    training=True: shuffled each pass (seeded), repeated forever, full batches only (fixed
-    shapes per bucket). `num_shards`/`shard_index` split the examples between input workers.
+    training=True: shuffled each pass (seeded), repeated forever, full batches only.
+    pad_to_bucket=True: both sides padded to the bucket's length, so the batch shapes are exactly
+    the buckets (this bounds XLA compilations); False: each side padded only to its longest row
+    in the batch (least padding; for training without XLA).
+    `num_shards`/`shard_index` split the examples between input workers.
     """
     import tensorflow as tf
 
@@ -327,7 +329,7 @@ def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_ind
     ds = ds.map(to_example, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.bucket_by_sequence_length(
         lambda e: tf.maximum(tf.shape(e["source_ids"])[0], tf.shape(e["target_ids"])[0]),
-        bucket_boundaries=boundaries, bucket_batch_sizes=sizes + [1], pad_to_bucket_boundary=True,
+        bucket_boundaries=boundaries, bucket_batch_sizes=sizes + [1], pad_to_bucket_boundary=pad_to_bucket,
         drop_remainder=training)
     ds = ds.map(lambda e: ({"source_ids": e["source_ids"], "target_ids": e["target_ids"]}, e["labels"]))
     options = tf.data.Options()

@@ -8,6 +8,7 @@ KFORMER_NOTEBOOK_MINUTES: training time of notebook 1 (default 10; CI: a few ste
 import os
 import time
 
+
 def project_root():
     """Notebooks run from notebooks/ (Jupyter) or from the project root (scripts)."""
     return "." if os.path.exists("pyproject.toml") or not os.path.exists(os.path.join("..", "pyproject.toml")) else ".."
@@ -26,7 +27,7 @@ def settings():
             "model_dir": demo_dir if use_demo else trained_here,
             "export_dir": os.path.join(work, f"export-{config}"),
             "minutes": float(os.environ.get("KFORMER_NOTEBOOK_MINUTES", "10")),
-            "steps_per_epoch": 5 if tiny else None, "epochs": 2 if tiny else None,
+            "steps": 10 if tiny else None,
             "evaluate_sentences": 40 if tiny else None}
 
 

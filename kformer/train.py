@@ -1,11 +1,10 @@
-"""Loss, learning-rate schedule, callbacks, and `train`: compile + fit with XLA, resumable.
+"""Loss, learning-rate schedules, callbacks, and `train`: compile + fit, resumable, within a budget.
 
-A training directory holds: config.json, tokenizer.model, corpus.json (what data and split),
-model.keras (weights + optimizer state, written atomically), logs/ (TensorBoard, history.csv).
+The run directory's files are kformer.checkpoint's business.
 """
 
-import json
 import logging
+import dataclasses
 import math
 import os
 import time
@@ -13,14 +12,12 @@ import time
 import keras
 from keras import ops
 
+from kformer import checkpoint
 from kformer import data as data_lib
 from kformer.config import TransformerConfig, preset
 from kformer.model import Transformer
 
 log = logging.getLogger("kformer")
-
-CONFIG_FILE, TOKENIZER_FILE, CORPUS_FILE, MODEL_FILE = "config.json", "tokenizer.model", "corpus.json", "model.keras"
-
 
 @keras.saving.register_keras_serializable(package="kformer")
 class LabelSmoothedCrossEntropy(keras.losses.Loss):
@@ -95,9 +92,60 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"d_model": self.d_model, "warmup_steps": self.warmup_steps}
 
 
-def compile_model(model, config, xla=True):
-    optimizer = keras.optimizers.Adam(TransformerSchedule(config.d_model, config.warmup_steps),
-                                      beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+@keras.saving.register_keras_serializable(package="kformer")
+class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up to `peak` over `warmup_steps`, hold, then linear decay to 0 at `total_steps`
+    over its last `decay_fraction` (1.0: decay right after the warm-up).
+
+    Both step counts are variables: with a time budget, `Budget` sizes them from the measured
+    speed while training runs, so the decay ends when the budget does, on a fast or a slow day.
+    """
+
+    def __init__(self, peak, warmup_steps, total_steps, decay_fraction=1.0):
+        self.peak, self.decay_fraction = peak, decay_fraction
+        self.warmup_steps = keras.Variable(float(warmup_steps), trainable=False, name="warmup_steps")
+        self.total_steps = keras.Variable(float(total_steps), trainable=False, name="total_steps")
+
+    def set(self, warmup_steps, total_steps):
+        self.warmup_steps.assign(float(warmup_steps))
+        self.total_steps.assign(float(total_steps))
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32") + 1.0
+        warmup, total = ops.convert_to_tensor(self.warmup_steps), ops.convert_to_tensor(self.total_steps)
+        decay = ops.maximum(ops.minimum(self.decay_fraction * total, total - warmup), 1.0)
+        rising = step / warmup
+        falling = (total - step + 1.0) / decay
+        return self.peak * ops.clip(ops.minimum(rising, falling), 0.0, 1.0)
+
+    def describe(self):
+        total = float(self.total_steps)
+        decay_start = max(float(self.warmup_steps), total - self.decay_fraction * total)
+        return (f"linear warm-up over {float(self.warmup_steps):.0f} steps to {self.peak:.2g}, held until step "
+                f"{decay_start:.0f}, then linear decay to 0 at step {total:.0f}")
+
+    def get_config(self):
+        return {"peak": self.peak, "warmup_steps": float(self.warmup_steps), "total_steps": float(self.total_steps),
+                "decay_fraction": self.decay_fraction}
+
+
+def make_schedule(config, total_steps):
+    if config.schedule == "noam":
+        return TransformerSchedule(config.d_model, config.warmup_steps)
+    return BudgetSchedule(config.learning_rate, budget_warmup(config, total_steps), total_steps, config.decay_fraction)
+
+
+def budget_warmup(config, total_steps):
+    return max(1, min(config.warmup_steps, round(config.warmup_fraction * total_steps)))
+
+
+def compile_model(model, config, xla=True, schedule=None):
+    """Adam(0.9, 0.98, 1e-9) on `schedule` (default: the config's, sized for 10 x warmup_steps),
+    label-smoothed loss, token accuracy; with `ema_momentum`, the optimizer keeps a moving average
+    of the weights (see kformer.checkpoint)."""
+    schedule = schedule or make_schedule(config, config.warmup_steps * 10)
+    averaging = dict(use_ema=True, ema_momentum=config.ema_momentum) if config.ema_momentum else {}
+    optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9, **averaging)
     model.compile(optimizer=optimizer, loss=LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id),
                   metrics=[MaskedAccuracy(config.pad_id)], jit_compile=xla)
     return model
@@ -105,22 +153,58 @@ def compile_model(model, config, xla=True):
 
 # --- callbacks ---
 
-class StopAt(keras.callbacks.Callback):
-    """Stops cleanly after `max_steps` optimizer steps in total or `minutes` of this run's wall time."""
+class Budget(keras.callbacks.Callback):
+    """Stops cleanly after `max_steps` optimizer steps in total or when the time budget is spent
+    (`minutes` in all, of which `spent_seconds` were used by earlier runs of this directory).
 
-    def __init__(self, max_steps=None, minutes=None):
+    With a time budget and a `BudgetSchedule`, the steps the rest of the budget allows are
+    re-estimated every `every` steps from the speed measured in this run (the first step, which
+    compiles, is not counted), so warm-up and decay fit the budget whatever the machine's speed.
+    """
+
+    def __init__(self, schedule, max_steps=None, minutes=None, spent_seconds=0.0, every=25):
         super().__init__()
-        self.max_steps, self.seconds = max_steps, None if minutes is None else minutes * 60.0
+        self.schedule, self.max_steps, self.every = schedule, max_steps, every
+        self.seconds = None if minutes is None else minutes * 60.0
+        self.spent_seconds = spent_seconds
         self.reason = None
 
     def on_train_begin(self, logs=None):
         self.start = time.monotonic()
+        self.first = None  # (step, time) after the first step of this run
+
+    def elapsed(self):
+        return self.spent_seconds + time.monotonic() - self.start
+
+    def steps_per_second(self):
+        """Speed of this run after its first step (which traces/compiles)."""
+        if self.first is None:
+            return float("nan")
+        return (int(self.model.optimizer.iterations) - self.first[0]) / max(time.monotonic() - self.first[1], 1e-9)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.max_steps is not None and int(self.model.optimizer.iterations) >= self.max_steps:
+        step = int(self.model.optimizer.iterations)
+        if self.first is None:
+            self.first = (step, time.monotonic())
+        elif self.seconds is not None and (step - self.first[0]) % self.every == 0:
+            self._estimate(step)
+        if self.max_steps is not None and step >= self.max_steps:
             self.reason, self.model.stop_training = f"reached {self.max_steps} steps", True
-        elif self.seconds is not None and time.monotonic() - self.start >= self.seconds:
+        elif self.seconds is not None and self.elapsed() >= self.seconds:
             self.reason, self.model.stop_training = f"time budget of {self.seconds / 60:g} min used", True
+
+    def _estimate(self, step):
+        schedule = self.schedule
+        if not isinstance(schedule, BudgetSchedule):
+            return
+        rate = (step - self.first[0]) / max(time.monotonic() - self.first[1], 1e-9)  # steps/s
+        total = step + max(self.seconds - self.elapsed(), 0.0) * rate
+        warmup = float(schedule.warmup_steps)
+        if step - self.first[0] == self.every and step < warmup:  # first estimate: size the warm-up too
+            warmup = budget_warmup(self.model.config, total)
+        schedule.set(warmup, total)
+        if step - self.first[0] == self.every:
+            log.info("%.2f steps/s: learning rate %s (re-estimated as training goes)", rate, schedule.describe())
 
 
 class StopOnNaN(keras.callbacks.Callback):
@@ -138,18 +222,21 @@ class StopOnNaN(keras.callbacks.Callback):
 
 
 class Checkpoint(keras.callbacks.Callback):
-    """Saves model.keras (weights + optimizer state) every `every_seconds` and at the end of
-    each epoch, atomically (write then rename), so a kill loses at most that much progress."""
+    """Saves model.keras (weights + optimizer state) and training.json every `every_seconds` and
+    at the end of each epoch (also the last, cut-short one), atomically, so a kill loses at most
+    that much progress. Runs before Keras' end-of-fit averaging, so the raw weights are kept."""
 
-    def __init__(self, path, every_seconds=300, nan_guard=None):
+    def __init__(self, path, budget, every_seconds=300, nan_guard=None):
         super().__init__()
-        self.path, self.every_seconds, self.nan_guard = path, every_seconds, nan_guard
+        self.path, self.budget, self.every_seconds, self.nan_guard = path, budget, every_seconds, nan_guard
         self.last = time.monotonic()
 
     def save(self):
         if self.nan_guard is not None and self.nan_guard.failed_at is not None:
             return
-        save_model(self.model, self.path)
+        state = {"steps": int(self.model.optimizer.iterations), "seconds": self.budget.elapsed(),
+                 "schedule": self.budget.schedule.get_config()}
+        checkpoint.save(self.model, self.path, state)
         self.last = time.monotonic()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -160,41 +247,11 @@ class Checkpoint(keras.callbacks.Callback):
         self.save()
 
 
-def save_model(model, path):
-    tmp = path[: -len(".keras")] + ".tmp.keras"
-    model.save(tmp)
-    os.replace(tmp, path)
-
-
 # --- the training run ---
-
-def load_model(out_dir):
-    """Loads a trained Transformer, its config and tokenizer from a training directory
-    (safe mode on; the config and tokenizer are checked against the weights)."""
-    config_path, model_path = os.path.join(out_dir, CONFIG_FILE), os.path.join(out_dir, MODEL_FILE)
-    for path in (config_path, model_path):
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path} not found: is {out_dir} a kformer training directory?")
-    config = TransformerConfig.load(config_path)
-    tokenizer = data_lib.load_tokenizer(os.path.join(out_dir, TOKENIZER_FILE))
-    data_lib.check_tokenizer(tokenizer, config, os.path.join(out_dir, TOKENIZER_FILE))
-    model = Transformer(config)
-    restore_weights(model, model_path)
-    return model, config, tokenizer
-
-
-def restore_weights(model, path):
-    """Loads weights (and optimizer state, if compiled) from a .keras file with a clear error."""
-    try:
-        model.load_weights(path)
-    except Exception as e:  # h5py/zip/shape errors all mean the same to a user
-        raise ValueError(f"{path}: cannot restore the model from this checkpoint ({type(e).__name__}: {e}). "
-                         "It is corrupted or belongs to another config; nothing was overwritten.") from None
-
 
 def _requested_config(out_dir, config_name, overrides):
     """The config of a new run, or the saved one when resuming (which must agree)."""
-    saved_path = os.path.join(out_dir, CONFIG_FILE)
+    saved_path = checkpoint.path(out_dir, checkpoint.CONFIG_FILE)
     if not os.path.exists(saved_path):
         return None
     saved = TransformerConfig.load(saved_path)
@@ -212,11 +269,10 @@ def prepare(out_dir, config_name="small", data="default", direction="zh-en", voc
     overrides = dict(overrides or {})
     os.makedirs(out_dir, exist_ok=True)
     config = _requested_config(out_dir, config_name, overrides)
-    corpus_path = os.path.join(out_dir, CORPUS_FILE)
-    corpus = {"data": list(data) if isinstance(data, tuple) else data, "direction": direction}  # as JSON stores it
+    corpus_path = checkpoint.path(out_dir, checkpoint.CORPUS_FILE)
+    corpus = {"data": tuple(data) if isinstance(data, list) else data, "direction": direction}
     if config is not None and os.path.exists(corpus_path):
-        with open(corpus_path, encoding="utf-8") as f:
-            saved_corpus = json.load(f)
+        saved_corpus = checkpoint.read_corpus(out_dir)
         if saved_corpus != corpus:
             raise ValueError(f"{out_dir} was trained on {saved_corpus}, not {corpus}; use a new --out directory.")
 
@@ -225,29 +281,69 @@ def prepare(out_dir, config_name="small", data="default", direction="zh-en", voc
     splits = data_lib.split_pairs(pairs)
     log.info("split by source sentence: %s", {k: len(v) for k, v in splits.items()})
 
-    tokenizer_path = os.path.join(out_dir, TOKENIZER_FILE)
+    tokenizer_path = checkpoint.path(out_dir, checkpoint.TOKENIZER_FILE)
     if config is None:
         log.info("training a joint SentencePiece tokenizer (%d pieces) on the train split", vocab_size)
         texts = [text for pair in splits["train"] for text in pair]
         tokenizer = data_lib.train_tokenizer(texts, tokenizer_path, vocab_size)
         config = preset(config_name, vocab_size=tokenizer.get_piece_size(), **overrides)
-        config.save(os.path.join(out_dir, CONFIG_FILE))
-        with open(corpus_path, "w", encoding="utf-8") as f:
-            json.dump(corpus, f, indent=2)
+        config.save(checkpoint.path(out_dir, checkpoint.CONFIG_FILE))
+        checkpoint.write_json(corpus_path, corpus)
     else:
         tokenizer = data_lib.load_tokenizer(tokenizer_path)
     data_lib.check_tokenizer(tokenizer, config, tokenizer_path)
     return config, tokenizer, splits
 
 
-def train(out_dir, config_name="small", data="default", direction="zh-en", minutes=None, steps=None, epochs=None,
-          xla=True, mixed_precision=False, batch_tokens=None, seed=0, strategy=None, vocab_size=8000,
+@dataclasses.dataclass
+class Training:
+    """A run ready to train: `model.fit(**fit_args)`, then `finish(history)`. `model` is None when
+    there is nothing left to do (`done` says why)."""
+    model: object
+    config: TransformerConfig
+    tokenizer: object
+    fit_args: dict
+    done: str = None
+    budget: object = None
+    nan_guard: object = None
+    real_tokens_per_step: float = 0.0  # non-pad source + target tokens of an average batch
+
+    def finish(self, history):
+        """Raises if the loss went NaN; returns the summary (steps, minutes, last metrics, why it stopped)."""
+        if self.nan_guard.failed_at is not None:
+            raise FloatingPointError(f"loss became NaN/inf at step {self.nan_guard.failed_at}; training stopped and "
+                                     "model.keras keeps the last good checkpoint. Try a lower learning rate "
+                                     "or disable --mixed-precision.")
+        # The last epoch's end saved model.keras; fit then put the averaged weights in `model`.
+        speed = self.budget.steps_per_second()
+        summary = {"steps": int(self.model.optimizer.iterations), "stopped": self.budget.reason or "finished",
+                   "minutes": self.budget.elapsed() / 60, "steps_per_s": speed,
+                   "real_tokens_per_s": speed * self.real_tokens_per_step,
+                   **{k: float(v[-1]) for k, v in history.history.items()}}
+        log.info("saved model.keras after %d steps (%s)", summary["steps"], summary["stopped"])
+        return summary
+
+
+def train(out_dir, config_name="small", **options):
+    """Trains (or resumes) a model in `out_dir` (see `start` for the options). Returns a summary
+    dict (steps, minutes, loss, token accuracy, why it stopped)."""
+    run = start(out_dir, config_name, **options)
+    if run.done:
+        return {"steps": run.fit_args["initial_step"], "stopped": run.done}
+    return run.finish(run.model.fit(**run.fit_args))
+
+
+def start(out_dir, config_name="small", data="default", direction="zh-en", minutes=None, steps=None, epochs=None,
+          xla=None, mixed_precision=False, batch_tokens=None, seed=0, strategy=None, vocab_size=8000,
           overrides=None, checkpoint_seconds=300, callbacks=(), verbose="auto"):
-    """Trains (or resumes) a model in `out_dir`. Stops after `minutes`, `steps` (total) or
-    `epochs` (total), whichever comes first; with none given, trains for one epoch.
-    `callbacks` are extra Keras callbacks, run before kformer's own.
-    Returns a summary dict (steps, loss, token accuracy, why it stopped)."""
+    """Prepares (or resumes) a run in `out_dir`: data, tokenizer, compiled model, callbacks.
+    Training stops after `minutes` (in all, across resumes), `steps` (total) or `epochs` (total);
+    with none given, after one epoch. `callbacks` are extra Keras callbacks, run before kformer's own.
+    xla=None: XLA when a GPU is visible (on CPUs it compiles every batch shape for no gain: README)."""
     import tensorflow as tf
+
+    if xla is None:
+        xla = bool(tf.config.list_physical_devices("GPU"))
 
     overrides = dict(overrides or {})
     if batch_tokens is not None:
@@ -264,47 +360,54 @@ def train(out_dir, config_name="small", data="default", direction="zh-en", minut
     if per_epoch < 1:
         raise ValueError(f"the train split ({len(encoded['train'])} pairs) fills no batch of "
                          f"batch_tokens={config.batch_tokens}; lower --batch-tokens")
-    train_ds = data_lib.make_dataset(encoded["train"], config, training=True, seed=seed)
-    dev_ds = data_lib.make_dataset(encoded["dev"], config, training=False) if len(encoded["dev"]) else None
+    max_steps = steps if steps is not None else (epochs * per_epoch if epochs is not None else
+                                                 None if minutes is not None else per_epoch)
+    state = checkpoint.read_state(out_dir)
+    spent = float(state.get("seconds", 0.0))
+    if minutes is not None and spent >= minutes * 60:
+        log.info("%s has already used its budget (%.1f of %g min, %d steps); give a larger --minutes to train on",
+                 out_dir, spent / 60, minutes, state.get("steps", 0))
+        return Training(None, config, tokenizer, {"initial_step": state.get("steps", 0)}, "budget already spent")
 
     strategy = strategy or tf.distribute.get_strategy()
     dtype = "mixed_float16" if mixed_precision else None
+    model_path = checkpoint.path(out_dir, checkpoint.MODEL_FILE)
     with strategy.scope():
-        model = compile_model(Transformer(config, dtype=dtype), config, xla=xla)
-        model_path = os.path.join(out_dir, MODEL_FILE)
+        schedule = make_schedule(config, max_steps or config.warmup_steps * 10)
+        model = compile_model(Transformer(config, dtype=dtype), config, xla=xla, schedule=schedule)
         if os.path.exists(model_path):
             model.optimizer.build(model.trainable_variables)
-            restore_weights(model, model_path)
+            checkpoint.restore(model, model_path)
     done = int(model.optimizer.iterations)
     if done:
-        log.info("resuming %s from step %d", model_path, done)
-
-    max_steps = steps if steps is not None else (epochs * per_epoch if epochs is not None else
-                                                 None if minutes is not None else per_epoch)
-    # With only a time budget, epochs are capped at a number no budget here reaches (for the display).
-    total_epochs = math.ceil(max_steps / per_epoch) if max_steps is not None else 1000
+        log.info("resuming %s from step %d (%.1f min trained)", model_path, done, spent / 60)
+        if isinstance(schedule, BudgetSchedule) and max_steps is None and state.get("schedule"):
+            schedule.set(state["schedule"]["warmup_steps"], state["schedule"]["total_steps"])  # the same schedule
     if max_steps is not None and done >= max_steps:
         log.info("already trained %d steps (asked for %d); nothing to do", done, max_steps)
-        return {"steps": done, "stopped": "already done"}
+        return Training(None, config, tokenizer, {"initial_step": done}, "already done")
+    if isinstance(schedule, BudgetSchedule):
+        log.info("learning rate: %s%s", schedule.describe(),
+                 " for now: sized to the budget from the measured speed" if max_steps is None else "")
+    else:
+        log.info("learning rate: the paper's schedule, %d warm-up steps", config.warmup_steps)
 
-    stop, nan_guard = StopAt(max_steps, minutes), StopOnNaN()
-    logs_dir = os.path.join(out_dir, "logs")
+    # The batch stream is seeded: a resumed run skips the batches it already trained on.
+    train_ds = data_lib.make_dataset(encoded["train"], config, training=True, seed=seed, pad_to_bucket=xla).skip(done)
+    dev_ds = data_lib.make_dataset(encoded["dev"], config, training=False, pad_to_bucket=xla) if len(encoded["dev"]) else None
+    # With only a time budget, epochs are capped at a number no budget here reaches (for the display).
+    total_epochs = math.ceil(max_steps / per_epoch) if max_steps is not None else 1000
+    budget, nan_guard = Budget(schedule, max_steps, minutes, spent), StopOnNaN()
+    logs_dir = checkpoint.path(out_dir, checkpoint.LOGS_DIR)
     os.makedirs(logs_dir, exist_ok=True)
-    callbacks = [*callbacks, stop, nan_guard, Checkpoint(model_path, checkpoint_seconds, nan_guard),
+    callbacks = [*callbacks, budget, nan_guard, Checkpoint(model_path, budget, checkpoint_seconds, nan_guard),
                  keras.callbacks.CSVLogger(os.path.join(logs_dir, "history.csv"), append=True),
                  keras.callbacks.TensorBoard(logs_dir, write_graph=False)]
     # validation_steps: a finite dev set without it makes Keras warn "ran out of data" each epoch.
     dev_steps = None if dev_ds is None else sum(1 for _ in dev_ds)
-    history = model.fit(train_ds, validation_data=dev_ds, validation_steps=dev_steps, epochs=total_epochs,
-                        initial_epoch=done // per_epoch, steps_per_epoch=per_epoch, shuffle=False,
-                        callbacks=callbacks, verbose=verbose)
-
-    if nan_guard.failed_at is not None:
-        raise FloatingPointError(f"loss became NaN/inf at step {nan_guard.failed_at}; training stopped and "
-                                 f"{model_path} keeps the last good checkpoint. Try a lower learning rate "
-                                 "(more --warmup) or disable --mixed-precision.")
-    save_model(model, model_path)
-    summary = {"steps": int(model.optimizer.iterations), "stopped": stop.reason or "finished",
-               **{k: float(v[-1]) for k, v in history.history.items()}}
-    log.info("saved %s after %d steps (%s)", model_path, summary["steps"], summary["stopped"])
-    return summary
+    fit_args = dict(x=train_ds, validation_data=dev_ds, validation_steps=dev_steps, epochs=total_epochs,
+                    initial_epoch=done // per_epoch, steps_per_epoch=per_epoch, shuffle=False,
+                    callbacks=callbacks, verbose=verbose)
+    real = sum(len(s) + len(t) + 1 for s, t in zip(encoded["train"].source, encoded["train"].target))  # + EOS
+    return Training(model, config, tokenizer, fit_args, budget=budget, nan_guard=nan_guard,
+                    real_tokens_per_step=real / per_epoch)

@@ -18,7 +18,7 @@ def run(argv, capsys, stdin=None, monkeypatch=None):
 def test_train_command_writes_a_training_directory(tmp_path, corpus_tsv, capsys):
     out = str(tmp_path / "run")
     code, stdout, _ = run(["train", "--config", "tiny", "--data", corpus_tsv, "--out", out, "--steps", "2",
-                           "--no-xla", "--vocab-size", "1200"], capsys)
+                           "--vocab-size", "1200"], capsys)
     assert code == 0 and '"steps": 2' in stdout
     assert {"config.json", "tokenizer.model", "model.keras"} <= set(os.listdir(out))
 
@@ -28,7 +28,7 @@ def test_train_command_with_aligned_files(tmp_path, corpus_pairs, capsys):
     source.write_text("".join(s + "\n" for s, _ in corpus_pairs), encoding="utf-8")
     target.write_text("".join(t + "\n" for _, t in corpus_pairs), encoding="utf-8")
     code, stdout, _ = run(["train", "--config", "tiny", "--data", str(source), str(target), "--out",
-                           str(tmp_path / "run"), "--steps", "1", "--no-xla", "--vocab-size", "1200"], capsys)
+                           str(tmp_path / "run"), "--steps", "1", "--vocab-size", "1200"], capsys)
     assert code == 0 and '"steps": 1' in stdout
 
 
@@ -63,9 +63,29 @@ def test_evaluate_split_and_files(trained_dir, tmp_path, capsys):
     (["train", "--config", "tiny", "--data", "/nonexistent.tsv", "--out", "{tmp}/r", "--steps", "1"],
      "/nonexistent.tsv: cannot read"),
     (["evaluate", "--model", "{trained}", "--source", "/nonexistent.txt"], "give both --source and --reference"),
-    (["translate", "--model", "{trained}", "--max-len", "0", "x"], "max length must be"),
+    (["translate", "--model", "{trained}", "--max-len", "500", "x"], "max length must be"),
 ])
 def test_errors_are_one_clear_line(argv, message, tmp_path, trained_dir, capsys):
     argv = [a.format(tmp=tmp_path, trained=trained_dir) for a in argv]
     code, _, err = run(argv, capsys)
     assert code == 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["train", "--out", "X", "--minutes", "0"], "--minutes"),
+    (["train", "--out", "X", "--minutes", "-5"], "--minutes"),
+    (["train", "--out", "X", "--minutes", "nan"], "--minutes"),
+    (["train", "--out", "X", "--steps", "-1"], "--steps"),
+    (["train", "--out", "X", "--epochs", "0"], "--epochs"),
+    (["demo", "--minutes", "0"], "--minutes"),
+    (["translate", "--model", "X", "--beam", "0", "hi"], "--beam"),
+    (["translate", "--model", "X", "--batch-size", "-1", "hi"], "--batch-size"),
+    (["translate", "--model", "X", "--alpha", "nan", "hi"], "--alpha"),
+    (["evaluate", "--model", "X", "--limit", "0"], "--limit"),
+])
+def test_bad_numbers_are_refused_before_any_work(tmp_path, capsys, argv, option):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2 and f"argument {option}:" in err
+    assert not os.path.exists("X")

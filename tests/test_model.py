@@ -107,3 +107,41 @@ def test_tiny_model_overfits_a_small_batch():
     history = model.fit({"source_ids": source, "target_ids": target_in}, labels, epochs=300, batch_size=8, verbose=0)
     assert history.history["token_accuracy"][-1] > 0.99
     assert history.history["loss"][-1] < history.history["loss"][0] / 3
+
+
+def _hub_name(path):
+    """keras-hub variable path -> the kformer path of the same weight."""
+    import re
+    path = re.sub(r"transformer_(encoder|decoder)_(\d+)/", r"\1_block_\2/", path)
+    for hub, ours in (("embedding/embeddings", "shared_embedding/embeddings"), ("self_attention_layer/", "self_attention/"),
+                      ("attention_output", "output_projection"), ("_attention_layer_norm", "_attention_norm"),
+                      ("feedforward_layer_norm", "feed_forward_norm"),
+                      ("feedforward_intermediate_dense", "feed_forward/inner"),
+                      ("feedforward_output_dense", "feed_forward/outer")):
+        path = path.replace(hub, ours)
+    return path
+
+
+def test_model_matches_keras_hub_layers_with_the_same_weights():
+    """An independent implementation: keras-hub's TransformerEncoder/Decoder, ReversibleEmbedding and
+    SinePositionEncoding (kformer.bench.reference_model) given kformer's weights give the same logits."""
+    import keras
+
+    from kformer.bench import reference_model
+
+    config = preset("tiny", vocab_size=50, num_encoder_layers=2, num_decoder_layers=2)
+    keras.utils.set_random_seed(0)
+    ours, hub = Transformer(config), reference_model(config)
+    weights = {v.path: v for v in ours.weights}
+    hub_names = [_hub_name(v.path) for v in hub.weights]
+    assert sorted(hub_names) == sorted(weights)
+    rng = np.random.default_rng(0)
+    for variable, name in zip(hub.weights, hub_names):
+        value = rng.normal(0, 0.3, size=variable.shape).astype("float32")
+        variable.assign(value)
+        weights[name].assign(value)
+    source, target = random_ids(rng, 3, 7, 50, pad_tail=2), random_ids(rng, 3, 6, 50, pad_tail=3)
+    inputs = {"source_ids": source, "target_ids": target}
+    expected, actual = np.asarray(hub(inputs)), np.asarray(ours(inputs))
+    real = target != 0  # padded target positions are never scored
+    np.testing.assert_allclose(actual[real], expected[real], atol=1e-4, rtol=1e-4)

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from conftest import PYTHON
-from kformer.train import (LabelSmoothedCrossEntropy, MaskedAccuracy, TransformerSchedule, load_model,
-                           train)
+from kformer import checkpoint
+from kformer.config import preset
+from kformer.train import (BudgetSchedule, LabelSmoothedCrossEntropy, MaskedAccuracy, TransformerSchedule,
+                           budget_warmup, train)
 
 
 def test_schedule_follows_the_paper():
@@ -18,6 +20,103 @@ def test_schedule_follows_the_paper():
     for step in (1, 100, 4000, 20000):
         expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
         assert float(schedule(step - 1)) == pytest.approx(expected, rel=1e-5)  # optimizer steps count from 0
+
+
+def test_budget_schedule_warms_up_linearly_then_decays_to_zero():
+    schedule = BudgetSchedule(peak=1e-3, warmup_steps=10, total_steps=110)
+    lr = [float(schedule(i)) for i in range(120)]  # optimizer iterations 0, 1, ...
+    assert lr[0] == pytest.approx(1e-4) and lr[4] == pytest.approx(5e-4)
+    assert max(lr) == pytest.approx(1e-3) and lr.index(max(lr)) == 9  # the peak ends the warm-up
+    assert lr[59] == pytest.approx(1e-3 * 51 / 100)  # halfway down the linear decay
+    assert lr[109] == pytest.approx(1e-3 / 100) and lr[110:] == [0.0] * 10  # the last step, then nothing
+    schedule.set(20, 220)  # the budget callback re-sizes it in place
+    assert float(schedule(19)) == pytest.approx(1e-3) and float(schedule(219)) == pytest.approx(1e-3 / 200)
+
+
+def test_budget_schedule_holds_the_peak_before_its_decay_fraction():
+    schedule = BudgetSchedule(peak=1e-3, warmup_steps=10, total_steps=100, decay_fraction=0.3)
+    lr = [float(schedule(i)) for i in range(100)]
+    assert lr[9:70] == pytest.approx([1e-3] * 61)  # held from the end of the warm-up to step 70
+    assert lr[84] == pytest.approx(1e-3 * 16 / 30) and lr[99] == pytest.approx(1e-3 / 30)
+
+
+def test_warmup_is_a_fraction_of_the_estimated_steps_capped_by_the_config():
+    config = preset("small").replace(warmup_fraction=0.05, warmup_steps=300)
+    assert [budget_warmup(config, total) for total in (10, 1000, 4000, 10**6)] == [1, 50, 200, 300]
+
+
+def _weights(model_path):
+    import zipfile
+
+    import h5py
+    with zipfile.ZipFile(model_path) as archive, h5py.File(archive.open("model.weights.h5")) as f:
+        found = []
+        f.visititems(lambda name, item: found.append((name, item[()])) if isinstance(item, h5py.Dataset) else None)
+        return dict(found)
+
+
+def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, corpus_tsv):
+    """model.keras holds the exponential moving average of the raw weights (computed here by hand
+    from the raw weights after every step); a run stopped at step 4 and resumed to step 8 ends with
+    the same raw weights and the same average as an uninterrupted 8-step run."""
+    momentum = 0.6
+    # The paper's schedule: a budget schedule would decay to zero at step 4 in the first half.
+    args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0, checkpoint_seconds=10**6,
+                overrides={"ema_momentum": momentum, "schedule": "noam", "warmup_steps": 4})
+
+    class Record(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.raw = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.raw.append([np.array(v) for v in self.model.trainable_variables])
+
+    import shutil
+    split, whole = str(tmp_path / "split"), str(tmp_path / "whole")
+    train(split, "tiny", steps=4, **args)
+    assert checkpoint.read_state(split)["steps"] == 4
+    os.makedirs(whole)
+    for name in ("config.json", "tokenizer.model", "corpus.json"):  # the same tokenizer, a fresh model
+        shutil.copy(os.path.join(split, name), whole)
+    record = Record()
+    train(whole, "tiny", steps=8, callbacks=[record], **args)
+    train(split, "tiny", steps=8, **args)
+
+    average = record.raw[0]
+    for raw in record.raw[1:]:
+        average = [momentum * a + (1 - momentum) * w for a, w in zip(average, raw)]
+    model = checkpoint.load(whole).model
+    for variable, expected in zip(model.trainable_variables, average):
+        np.testing.assert_allclose(np.array(variable), expected, atol=1e-6, err_msg=variable.path)
+    assert max(np.abs(a - r).max() for a, r in zip(average, record.raw[-1])) > 1e-3  # averaging did something
+
+    a, b = _weights(os.path.join(whole, "model.keras")), _weights(os.path.join(split, "model.keras"))
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=1e-6, err_msg=name)
+
+
+def test_time_budget_sizes_the_schedule_and_a_spent_budget_changes_nothing(tmp_path, corpus_tsv):
+    out = str(tmp_path / "run")
+    args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0, overrides={"schedule": "budget"})
+    summary = train(out, "tiny", minutes=0.5, **args)
+    state = checkpoint.read_state(out)
+    assert summary["steps"] == state["steps"] > 30
+    # The decay was sized from the measured speed to end with the budget, not at the initial guess.
+    assert state["schedule"]["total_steps"] == pytest.approx(state["steps"], rel=0.25)
+    assert state["seconds"] >= 30
+    before = _sha(os.path.join(out, "model.keras"))
+    again = train(out, "tiny", minutes=0.5, **args)
+    assert again == {"steps": state["steps"], "stopped": "budget already spent"}
+    assert _sha(os.path.join(out, "model.keras")) == before
+    # A larger budget resumes the same schedule: the warm-up is not repeated, the decay is stretched.
+    more = train(out, "tiny", minutes=0.8, **args)
+    resumed = checkpoint.read_state(out)
+    assert more["steps"] == resumed["steps"] > state["steps"]
+    assert resumed["schedule"]["warmup_steps"] == state["schedule"]["warmup_steps"]
+    assert resumed["schedule"]["total_steps"] == pytest.approx(resumed["steps"], rel=0.25)
+    assert 0.8 * 60 <= resumed["seconds"] < 0.8 * 60 + 15
 
 
 def test_label_smoothed_loss_against_numpy():
@@ -55,7 +154,7 @@ def test_train_writes_everything_and_resumes(tmp_path, corpus_tsv):
     second = train(out, "tiny", steps=8, **args)  # same directory: continues from step 5
     assert second["steps"] == 8
     assert _sha(os.path.join(out, "tokenizer.model")) == tokenizer_before
-    model, config, tokenizer = load_model(out)
+    model, config, tokenizer, _ = checkpoint.load(out)
     assert config.vocab_size == tokenizer.get_piece_size() and model.config == config
     assert len(open(os.path.join(out, "logs", "history.csv")).read().strip().splitlines()) >= 3
 
@@ -78,7 +177,7 @@ def test_corrupted_checkpoint_is_a_clear_error(tmp_path, trained_dir):
         f.truncate(os.path.getsize(path) // 2)
     damaged = _sha(path)
     with pytest.raises(ValueError, match="model.keras: cannot restore"):
-        load_model(out)
+        checkpoint.load(out)
     with pytest.raises(ValueError, match="model.keras: cannot restore"):
         train(out, "tiny", data=json.load(open(os.path.join(out, "corpus.json")))["data"], steps=20, verbose=0)
     assert _sha(path) == damaged  # nothing overwritten
@@ -194,5 +293,5 @@ def test_mixed_precision_trains_and_reloads_in_float32(tmp_path, corpus_tsv):
     summary = train(out, "tiny", data=corpus_tsv, vocab_size=1200, steps=2, xla=False, mixed_precision=True,
                     verbose=0)
     assert summary["steps"] == 2 and np.isfinite(summary["loss"])
-    model, _, _ = load_model(out)  # weights were kept in float32; inference runs in float32
+    model = checkpoint.load(out).model  # weights were kept in float32; inference runs in float32
     assert all(w.dtype == "float32" for w in model.weights)
