@@ -83,7 +83,8 @@ def test_errors_are_one_clear_line(argv, message, tmp_path, trained_dir, capsys)
     (["translate", "--model", "X", "--alpha", "nan", "hi"], "--alpha"),
     (["evaluate", "--model", "X", "--limit", "0"], "--limit"),
 ])
-def test_bad_numbers_are_refused_before_any_work(tmp_path, capsys, argv, option):
+def test_bad_numbers_are_refused_before_any_work(tmp_path, capsys, monkeypatch, argv, option):
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     err = capsys.readouterr().err.strip().splitlines()[-1]
