@@ -303,7 +303,8 @@ class Training:
     config: TransformerConfig
     tokenizer: object
     fit_args: dict
-    done: str = None
+    done: str = None  # why there is nothing left to train, if so
+    steps: int = 0  # steps trained before this run
     budget: object = None
     nan_guard: object = None
     real_tokens_per_step: float = 0.0  # non-pad source + target tokens of an average batch
@@ -329,7 +330,7 @@ def train(out_dir, config_name="small", **options):
     dict (steps, minutes, loss, token accuracy, why it stopped)."""
     run = start(out_dir, config_name, **options)
     if run.done:
-        return {"steps": run.fit_args["initial_step"], "stopped": run.done}
+        return {"steps": run.steps, "stopped": run.done}
     return run.finish(run.model.fit(**run.fit_args))
 
 
@@ -367,7 +368,7 @@ def start(out_dir, config_name="small", data="default", direction="zh-en", minut
     if minutes is not None and spent >= minutes * 60:
         log.info("%s has already used its budget (%.1f of %g min, %d steps); give a larger --minutes to train on",
                  out_dir, spent / 60, minutes, state.get("steps", 0))
-        return Training(None, config, tokenizer, {"initial_step": state.get("steps", 0)}, "budget already spent")
+        return Training(None, config, tokenizer, {}, "budget already spent", state.get("steps", 0))
 
     strategy = strategy or tf.distribute.get_strategy()
     dtype = "mixed_float16" if mixed_precision else None
@@ -385,7 +386,7 @@ def start(out_dir, config_name="small", data="default", direction="zh-en", minut
             schedule.set(state["schedule"]["warmup_steps"], state["schedule"]["total_steps"])  # the same schedule
     if max_steps is not None and done >= max_steps:
         log.info("already trained %d steps (asked for %d); nothing to do", done, max_steps)
-        return Training(None, config, tokenizer, {"initial_step": done}, "already done")
+        return Training(None, config, tokenizer, {}, "already done", done)
     if isinstance(schedule, BudgetSchedule):
         log.info("learning rate: %s%s", schedule.describe(),
                  " for now: sized to the budget from the measured speed" if max_steps is None else "")
@@ -409,5 +410,5 @@ def start(out_dir, config_name="small", data="default", direction="zh-en", minut
                     initial_epoch=done // per_epoch, steps_per_epoch=per_epoch, shuffle=False,
                     callbacks=callbacks, verbose=verbose)
     real = sum(len(s) + len(t) + 1 for s, t in zip(encoded["train"].source, encoded["train"].target))  # + EOS
-    return Training(model, config, tokenizer, fit_args, budget=budget, nan_guard=nan_guard,
+    return Training(model, config, tokenizer, fit_args, steps=done, budget=budget, nan_guard=nan_guard,
                     real_tokens_per_step=real / per_epoch)
