@@ -14,11 +14,10 @@ weights sit in the optimizer's average slots, and `restore` swaps them back to r
 """
 
 import collections
-import json
 import os
 
 from kformer import data as data_lib
-from kformer.config import TransformerConfig
+from kformer.config import TransformerConfig, read_json, write_json
 
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.model"
@@ -79,22 +78,6 @@ def restore(model, model_path):
         raise ValueError(f"{model_path}: cannot restore the model from this checkpoint ({type(e).__name__}: {e}). "
                          "It is corrupted or belongs to another config; nothing was overwritten.") from None
     swap_average(model)
-
-
-def write_json(file_path, value):
-    tmp = f"{file_path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, file_path)  # never leave a half-written file behind
-
-
-def read_json(file_path):
-    try:
-        with open(file_path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file_path}: not valid JSON ({e})") from None
 
 
 def read_state(run_dir):

@@ -13,27 +13,20 @@ def _quiet_tensorflow():
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 
-def _positive(kind):
-    """An argparse type: a finite number > 0 (int or float), else a one-line error naming the option."""
+def _positive(kind, zero_allowed=False):
+    """An argparse type: a finite number > 0 (>= 0 with `zero_allowed`) of `kind`, else argparse's
+    one-line error naming the option."""
+    bound = ">= 0" if zero_allowed else "> 0"
+
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}, got {text!r}") from None
-        if not value > 0 or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}, got {text!r}")
+            value = float("nan")
+        if not (0 <= value if zero_allowed else 0 < value) or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a finite {kind.__name__} {bound}, got {text!r}")
         return value
     return parse
-
-
-def _non_negative_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
 
 
 def _data_spec(values):
@@ -217,7 +210,7 @@ def build_parser():
     p.add_argument("--variant", default="fp32", choices=["fp32", "fp16", "int8", "text"],
                    help="tflite: fp32/fp16/int8; onnx: fp32/int8, or text (SentencePiece inside the graph)")
     p.add_argument("--beam", type=_positive(int), default=4, help="beam size (1 = greedy)")
-    p.add_argument("--alpha", type=_non_negative_float, default=0.6, help="length penalty exponent")
+    p.add_argument("--alpha", type=_positive(float, zero_allowed=True), default=0.6, help="length penalty exponent")
     p.add_argument("--max-len", type=_positive(int), help="maximum output tokens (default: the model's maximum)")
     p.add_argument("--batch-size", type=_positive(int), default=32)
     p.add_argument("text", nargs="*")
@@ -237,7 +230,7 @@ def build_parser():
     p.add_argument("--formats", default="savedmodel,tflite,onnx")
     p.add_argument("--quantize", default="", help="comma list of fp16,int8 (extra variants)")
     p.add_argument("--beam", type=_positive(int), default=4, help="beam size of the exported beam search")
-    p.add_argument("--alpha", type=_non_negative_float, default=0.6)
+    p.add_argument("--alpha", type=_positive(float, zero_allowed=True), default=0.6)
     p.add_argument("--max-len", type=_positive(int), help="maximum output tokens (default: the model's maximum)")
     p.set_defaults(run=_export)
 
@@ -247,7 +240,7 @@ def build_parser():
     p.add_argument("--source", help="source sentences, one per line (with --reference)")
     p.add_argument("--reference", help="reference translations, one per line")
     p.add_argument("--beam", type=_positive(int), default=4)
-    p.add_argument("--alpha", type=_non_negative_float, default=0.6)
+    p.add_argument("--alpha", type=_positive(float, zero_allowed=True), default=0.6)
     p.add_argument("--output", help="hypotheses file (default: MODEL/hypotheses.<split>.txt)")
     p.add_argument("--limit", type=_positive(int), help="only the first N sentences")
     p.set_defaults(run=_evaluate)

@@ -3,8 +3,8 @@
 The run directory's files are kformer.checkpoint's business.
 """
 
-import logging
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -197,13 +197,14 @@ class Budget(keras.callbacks.Callback):
         schedule = self.schedule
         if not isinstance(schedule, BudgetSchedule):
             return
-        rate = (step - self.first[0]) / max(time.monotonic() - self.first[1], 1e-9)  # steps/s
+        rate = self.steps_per_second()
         total = step + max(self.seconds - self.elapsed(), 0.0) * rate
         warmup = float(schedule.warmup_steps)
-        if step - self.first[0] == self.every and step < warmup:  # first estimate: size the warm-up too
+        first_estimate = step - self.first[0] == self.every
+        if first_estimate and step < warmup:  # size the warm-up too
             warmup = budget_warmup(self.model.config, total)
         schedule.set(warmup, total)
-        if step - self.first[0] == self.every:
+        if first_estimate:
             log.info("%.2f steps/s: learning rate %s (re-estimated as training goes)", rate, schedule.describe())
 
 
