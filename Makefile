@@ -13,5 +13,6 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed  ## train on Tatoeba zh-en for MINUTES, report BLEU, show translations
 	$(VENV)/bin/kformer demo --out runs/demo --config small --minutes $(MINUTES)
 
-test: $(VENV)/.installed  ## the whole test suite (tiny configs)
+test: $(VENV)/.installed  ## lint, then the whole test suite (tiny configs)
+	$(VENV)/bin/ruff check kformer export tests notebooks
 	$(VENV)/bin/python -m pytest -q

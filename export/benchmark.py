@@ -11,24 +11,14 @@ import tempfile
 import time
 
 
-
 def _runner(runtime, artifact_dir, beam, variant, threads):
-    if runtime == "keras":
-        from export.run_tf import KerasRunner
-        from export.runtime import load_manifest
+    from export.runtime import load_manifest, open_runner
+
+    if runtime == "keras":  # the training folder the export came from, with the export's settings
         manifest = load_manifest(artifact_dir)
-        return KerasRunner(manifest["trained_in"], beam, manifest["alpha"], manifest["max_length"])
-    if runtime == "savedmodel":
-        from export.run_tf import SavedModelRunner
-        return SavedModelRunner(artifact_dir, beam)
-    if runtime == "tflite":
-        from export.run_tflite import TfliteRunner
-        return TfliteRunner(artifact_dir, beam, variant, threads=threads)
-    if variant == "text":
-        from export.run_onnx import OnnxTextRunner
-        return OnnxTextRunner(artifact_dir, beam, threads=threads)
-    from export.run_onnx import OnnxRunner
-    return OnnxRunner(artifact_dir, beam, variant, threads=threads)
+        return open_runner(manifest["trained_in"], "keras", beam_size=beam, alpha=manifest["alpha"],
+                           max_length=manifest["max_length"])
+    return open_runner(artifact_dir, runtime, variant, beam, threads=threads)
 
 
 def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None, repeats=5):
@@ -108,7 +98,8 @@ def bench_runtimes(artifact_dir, sentences=200, progress=print):
                 out = os.path.join(work, "out.json")
                 code = ("import json, sys; from export.benchmark import worker; "
                         f"json.dump(worker(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5]), open({out!r}, 'w'))")
-                result = subprocess.run([sys.executable, "-c", code, artifact_dir, runtime, variant, str(beam), job_file],
+                argv = [sys.executable, "-c", code, artifact_dir, runtime, variant, str(beam), job_file]
+                result = subprocess.run(argv,
                                         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
                 if result.returncode:
                     raise RuntimeError(f"bench of {runtime} {variant} failed:\n{result.stderr[-2000:]}")

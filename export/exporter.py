@@ -36,7 +36,8 @@ def _plan(formats, quantize, tokenizer_proto, config):
                           lambda m, p, s=search: writers.write_onnx(m, s, p)))
             steps.append((f"onnx/{search}.text.onnx", "onnx", search, "text",
                           lambda m, p, s=search: writers.write_onnx_text(
-                              os.path.join(os.path.dirname(p), f"{s}.fp32.onnx"), tokenizer_proto, config.to_dict(), s, p)))
+                              os.path.join(os.path.dirname(p), f"{s}.fp32.onnx"), tokenizer_proto, config.to_dict(),
+                              s, p)))
             if "int8" in quantize:
                 steps.append((f"onnx/{search}.int8.onnx", "onnx", search, "int8",
                               lambda m, p, s=search: writers.quantize_onnx(
@@ -53,17 +54,20 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=
     unknown = sorted(set(formats) - set(FORMATS)) + sorted(set(quantize) - set(QUANTIZATIONS))
     if unknown:
         raise ValueError(f"unknown formats/quantizations {unknown}; formats: {FORMATS}, quantize: {QUANTIZATIONS}")
-    if os.path.exists(out_dir) and os.listdir(out_dir):
-        raise ValueError(f"{out_dir} exists and is not empty; choose a new --out (nothing was written)")
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+        raise ValueError(f"--out {out_dir} exists and is not an empty folder; choose a new --out (nothing was written)")
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    if os.path.isdir(parent) and not os.access(parent, os.W_OK):
+        raise ValueError(f"--out {out_dir}: cannot write in {parent}")
     model, config, tokenizer, corpus = checkpoint.load(model_dir)
     with open(checkpoint.path(model_dir, checkpoint.TOKENIZER_FILE), "rb") as f:
         tokenizer_proto = f.read()
     module = ExportModule(model, tokenizer_proto, beam_size=beam_size, alpha=alpha, max_length=max_length)
 
     # Write into a temporary sibling and rename at the end: a failed export leaves nothing half-done.
-    parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
-    work = tempfile.mkdtemp(prefix=".kformer-export-", dir=parent)
+    _remove_abandoned_work(parent)
+    work = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=parent)
     try:
         shutil.copy(checkpoint.path(model_dir, checkpoint.TOKENIZER_FILE), os.path.join(work, "tokenizer.model"))
         artifacts, steps = [], _plan(formats, quantize, tokenizer_proto, config)
@@ -84,8 +88,10 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=
                           "vocab_size": config.vocab_size},
             "inputs": {"source_ids": {"dtype": "int32", "shape": ["batch", "length"], "pad_id": config.pad_id}},
             "outputs": {"greedy": {"tokens": ["int32", ["batch", "T"]], "scores": ["float32", ["batch"]]},
-                        "beam": {"tokens": ["int32", ["batch", "beam", "T"]], "scores": ["float32", ["batch", "beam"]]}},
-            "savedmodel_signatures": {"greedy_ids": "source_ids -> tokens, scores", "beam_ids": "source_ids -> tokens, scores",
+                        "beam": {"tokens": ["int32", ["batch", "beam", "T"]],
+                                 "scores": ["float32", ["batch", "beam"]]}},
+            "savedmodel_signatures": {"greedy_ids": "source_ids -> tokens, scores",
+                                      "beam_ids": "source_ids -> tokens, scores",
                                       "greedy_text": "text -> translation", "beam_text": "text -> translation"},
             "onnx_opset": writers.ONNX_OPSET, "artifacts": artifacts, "versions": _versions(),
             "trained_in": os.path.abspath(model_dir), "corpus": corpus}
@@ -102,6 +108,17 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=
     for entry in artifacts:
         entry["agreement"] = agreement.get((entry["format"], entry["search"], entry["variant"]))
     return artifacts
+
+
+WORK_PREFIX = ".kformer-export-"
+
+
+def _remove_abandoned_work(parent):
+    """Removes the temporary folders of exports that were killed (their process no longer runs)."""
+    for name in os.listdir(parent):
+        pid = name[len(WORK_PREFIX):].split("-")[0] if name.startswith(WORK_PREFIX) else ""
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}") and os.path.exists("/proc/self"):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
 def _versions():
@@ -133,7 +150,8 @@ def _text_translations(artifact_dir, beam):
     code = ("import json, sys; from export.run_onnx import OnnxTextRunner; "
             "print(json.dumps(OnnxTextRunner(sys.argv[1], int(sys.argv[2])).translate(json.loads(sys.argv[3]))))")
     result = subprocess.run([sys.executable, "-c", code, artifact_dir, str(beam), json.dumps(PROBE_TEXTS)],
-                            capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                            capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if result.returncode:
         raise writers.ExportError(f"the text ONNX file failed to run: {result.stderr[-1500:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -143,9 +161,7 @@ def verify(artifact_dir, model, config, tokenizer):
     """Runs every artifact on the probe batches. fp32 artifacts must give the Keras tokens
     (else ExportError); quantized ones report the fraction of rows that agree. Text-in/text-out
     files must give Keras' translation of the probe texts."""
-    from export.run_onnx import OnnxRunner
-    from export.run_tf import SavedModelRunner
-    from export.run_tflite import TfliteRunner
+    from export.runtime import open_runner
     from kformer.translate import Translator
 
     with open(os.path.join(artifact_dir, MANIFEST), encoding="utf-8") as f:
@@ -165,12 +181,7 @@ def verify(artifact_dir, model, config, tokenizer):
         searches = ("greedy", "beam") if entry["search"] == "all" else (entry["search"],)
         for search in searches:
             beam = manifest["beam_size"] if search == "beam" else 1
-            if entry["format"] == "savedmodel":
-                runner = SavedModelRunner(artifact_dir, beam)
-            elif entry["format"] == "tflite":
-                runner = TfliteRunner(artifact_dir, beam, entry["variant"])
-            else:
-                runner = OnnxRunner(artifact_dir, beam, entry["variant"])
+            runner = open_runner(artifact_dir, entry["format"], entry["variant"], beam)
             same, rows = 0, 0
             for batch in probe_batches(config):
                 expected = getattr(reference, search)(batch)["tokens"].numpy()

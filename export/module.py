@@ -27,7 +27,8 @@ class ExportModule(tf.Module):
         self.tokenizer = tf_text.FastSentencepieceTokenizer(tokenizer_proto)
         self.greedy_ids = self.translator.greedy
         self.beam_ids = self.translator.beam
-        self.greedy_text = tf.function(lambda text: self._text(self.translator.greedy, text), input_signature=[TEXT_SPEC])
+        self.greedy_text = tf.function(lambda text: self._text(self.translator.greedy, text),
+                                       input_signature=[TEXT_SPEC])
         self.beam_text = tf.function(lambda text: self._text(self.translator.beam, text), input_signature=[TEXT_SPEC])
 
     def _text(self, search, text):

@@ -9,12 +9,17 @@ import os
 import numpy as np
 
 from kformer import batching
+from kformer.config import TransformerConfig
 
 MANIFEST = "manifest.json"
 
 
 class ArtifactError(ValueError):
     """A missing, corrupted or mismatched exported artifact; the message names the file."""
+
+
+class ExportError(RuntimeError):
+    """A conversion that produced something unusable; the message says what and where."""
 
 
 def sha256(path):
@@ -63,16 +68,47 @@ def find_artifact(manifest, fmt, search, variant="fp32"):
 def load_tokenizer(artifact_dir, manifest):
     import sentencepiece as spm
 
-    entry = manifest["tokenizer"]
-    path = verified_path(artifact_dir, manifest, entry)
+    path = verified_path(artifact_dir, manifest, manifest["tokenizer"])
     tokenizer = spm.SentencePieceProcessor(model_file=path)
-    config = manifest["config"]
-    expected = (config["vocab_size"], config["pad_id"], config["unk_id"], config["bos_id"], config["eos_id"])
-    found = (tokenizer.get_piece_size(), tokenizer.pad_id(), tokenizer.unk_id(), tokenizer.bos_id(), tokenizer.eos_id())
-    if found != expected:
-        raise ArtifactError(f"{path} does not match the exported model: (vocabulary, pad, unk, bos, eos) "
-                            f"{found} vs {expected}")
+    try:
+        TransformerConfig.from_dict(manifest["config"], source=MANIFEST).check_tokenizer(tokenizer, path)
+    except ValueError as e:
+        raise ArtifactError(str(e)) from None
     return tokenizer
+
+
+RUNTIMES = ("keras", "savedmodel", "tflite", "onnx")
+VARIANTS = {"savedmodel": ("fp32",), "tflite": ("fp32", "fp16", "int8"), "onnx": ("fp32", "int8", "text")}
+
+
+def open_runner(path, runtime="keras", variant="fp32", beam_size=None, batch_size=32, threads=None,
+                alpha=None, max_length=None):
+    """The one way to get a translator: `path` is a training directory for runtime "keras" (the
+    reference; alpha and max_length apply) or a `kformer export` folder for the others (where they
+    were fixed at export). Imports only the chosen runtime."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
+    if runtime == "keras":
+        if variant != "fp32":
+            raise ValueError(f"--variant {variant} needs an exported runtime; the keras runtime is fp32")
+        from export.run_tf import KerasRunner
+        return KerasRunner(path, 4 if beam_size is None else beam_size, 0.6 if alpha is None else alpha,
+                           max_length, batch_size)
+    if variant not in VARIANTS[runtime]:
+        raise ValueError(f"--variant {variant} does not exist for {runtime}; choose one of {VARIANTS[runtime]}")
+    if alpha is not None or max_length is not None:
+        raise ValueError("--alpha and --max-len are fixed when exporting; they apply to --runtime keras only")
+    if runtime == "savedmodel":
+        from export.run_tf import SavedModelRunner
+        return SavedModelRunner(path, beam_size, batch_size)
+    if runtime == "tflite":
+        from export.run_tflite import TfliteRunner
+        return TfliteRunner(path, beam_size, variant, threads, batch_size)
+    if variant == "text":
+        from export.run_onnx import OnnxTextRunner
+        return OnnxTextRunner(path, beam_size, threads, batch_size)
+    from export.run_onnx import OnnxRunner
+    return OnnxRunner(path, beam_size, variant, threads, batch_size)
 
 
 class Runner:

@@ -9,12 +9,10 @@ import os
 
 import tensorflow as tf
 
+from export.runtime import ExportError
+
 ONNX_OPSET = 17
 ID_INPUT = "source_ids"
-
-
-class ExportError(RuntimeError):
-    """A conversion that produced something unusable; the message says what and where."""
 
 
 # --- SavedModel ---
@@ -147,7 +145,8 @@ def check_onnx(proto, path, extra_domains=(), top_level_loops=1):
         raise ExportError(f"{path}: non-standard ONNX ops {bad} (tf2onnx exits 0 even when it leaves these)")
     loops = sum(1 for n in proto.graph.node if n.op_type == "Loop")
     if loops != top_level_loops:
-        raise ExportError(f"{path}: expected {top_level_loops} top-level ONNX Loop(s) (the search as one), found {loops}")
+        raise ExportError(f"{path}: expected {top_level_loops} top-level ONNX Loop(s) (the search as one), "
+                          f"found {loops}")
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as e:

@@ -30,7 +30,7 @@ def _fixed_batches(config_name, count, seed, overrides=None):
     from kformer.train import prepare
 
     with tempfile.TemporaryDirectory() as work:
-        config, tokenizer, splits = prepare(work, config_name, overrides=overrides)
+        config, tokenizer, splits, _ = prepare(work, config_name, overrides=overrides)
     encoded = data_lib.encode_pairs(tokenizer, splits["train"], config)
 
     def batches(pad_to_bucket):
@@ -61,7 +61,8 @@ def reference_model(config):
     source_mask = ops.not_equal(inputs["source_ids"], config.pad_id)
     x = embed(inputs["source_ids"])
     for i in range(config.num_encoder_layers):
-        x = keras_hub.layers.TransformerEncoder(**layer_args, name=f"transformer_encoder_{i}")(x, padding_mask=source_mask)
+        encoder = keras_hub.layers.TransformerEncoder(**layer_args, name=f"transformer_encoder_{i}")
+        x = encoder(x, padding_mask=source_mask)
     y = embed(inputs["target_ids"])
     for i in range(config.num_decoder_layers):
         y = keras_hub.layers.TransformerDecoder(**layer_args, name=f"transformer_decoder_{i}")(
@@ -101,7 +102,7 @@ def bench_train(config_name="small", steps=30, seed=0, mixed_precision=False, ro
         variants[name] = {"model": model, "batches": batches, "warmup_s": time.perf_counter() - start,
                           "padding": 1 - real / padded, "parameters": model.count_params(), "seconds": []}
     for _ in range(rounds):
-        for name, v in variants.items():
+        for v in variants.values():
             start = time.perf_counter()
             for x, y in v["batches"]:
                 v["model"].train_on_batch(x, y)
@@ -126,10 +127,12 @@ def _without_eos(step, eos_id):
     """Wraps a step so EOS is never chosen: every row then runs to its limit (fixed-work timing)."""
     import tensorflow as tf
 
+    from kformer.search import NEG_INF
+
     def wrapped(tokens, cache, index):
         logits, cache = step(tokens, cache, index)
         is_eos = tf.equal(tf.range(tf.shape(logits)[-1]), eos_id)
-        return tf.where(is_eos, tf.cast(-1e9, logits.dtype), logits), cache
+        return tf.where(is_eos, tf.cast(NEG_INF, logits.dtype), logits), cache
     return wrapped
 
 
@@ -167,8 +170,8 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
     "naive_eager" is that re-run driven op by op from Python, as tutorial decoders do."""
     import statistics
 
-    from kformer.evaluate import split_references
     from kformer import checkpoint
+    from kformer.evaluate import split_references
 
     model, config, tokenizer, _ = checkpoint.load(model_dir)
     output_tokens = min(output_tokens, config.max_target_length)

@@ -3,8 +3,9 @@
 A run directory holds:
     config.json      the TransformerConfig (model sizes and the training recipe)
     tokenizer.model  the joint SentencePiece model
-    corpus.json      which corpus and direction the splits come from
+    corpus.json      which corpus (absolute path, sha256) and direction the splits come from
     model.keras      weights to translate with + optimizer state, written atomically
+                     (config.json binds the tokenizer by its sha256)
     training.json    where training stands: steps, seconds spent of the budget, the schedule in force
     logs/            TensorBoard events and history.csv
 
@@ -33,6 +34,27 @@ def path(run_dir, name):
     return os.path.join(run_dir, name)
 
 
+def create(run_dir, config, tokenizer, corpus):
+    """Writes a new run's config.json, tokenizer.model and corpus.json (nothing for an existing run),
+    and removes the temporary file a save killed midway leaves."""
+    os.makedirs(run_dir, exist_ok=True)
+    stale = _temporary(path(run_dir, MODEL_FILE))
+    if os.path.exists(stale):
+        os.remove(stale)
+    if os.path.exists(path(run_dir, CONFIG_FILE)):
+        return
+    tmp = path(run_dir, TOKENIZER_FILE + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(tokenizer.serialized_model_proto())
+    os.replace(tmp, path(run_dir, TOKENIZER_FILE))
+    write_json(path(run_dir, CORPUS_FILE), corpus)
+    config.save(path(run_dir, CONFIG_FILE))  # last: its presence marks a run
+
+
+def _temporary(model_path):
+    return model_path[: -len(".keras")] + ".tmp.keras"
+
+
 def _averages(model):
     """(model variables, their moving averages) when the optimizer averages weights, else None."""
     optimizer = getattr(model, "optimizer", None)
@@ -58,7 +80,7 @@ def swap_average(model):
 def save(model, model_path, state=None):
     """Writes model.keras (averaged weights as the model's, see the module doc) atomically,
     then training.json with `state`."""
-    tmp = model_path[: -len(".keras")] + ".tmp.keras"
+    tmp = _temporary(model_path)
     swap_average(model)
     try:
         model.save(tmp)
@@ -87,11 +109,13 @@ def read_state(run_dir):
 
 
 def read_corpus(run_dir):
-    """corpus.json as {"data": "default" | path | (source path, target path), "direction": "zh-en"}."""
-    corpus = read_json(path(run_dir, CORPUS_FILE))
-    if not isinstance(corpus["data"], str):
-        corpus["data"] = tuple(corpus["data"])
-    return corpus
+    """corpus.json: {"data": "default" | path | [source path, target path], "direction", "sha256"}."""
+    return read_json(path(run_dir, CORPUS_FILE))
+
+
+def corpus_pairs(run_dir):
+    """The (pairs, report) of the corpus a run was trained on, checked against its recorded digest."""
+    return data_lib.recorded_pairs(read_corpus(run_dir), path(run_dir, CORPUS_FILE))
 
 
 def load(run_dir):
@@ -104,7 +128,7 @@ def load(run_dir):
             raise FileNotFoundError(f"{path(run_dir, name)} not found: is {run_dir} a kformer training directory?")
     config = TransformerConfig.load(path(run_dir, CONFIG_FILE))
     tokenizer = data_lib.load_tokenizer(path(run_dir, TOKENIZER_FILE))
-    data_lib.check_tokenizer(tokenizer, config, path(run_dir, TOKENIZER_FILE))
+    config.check_tokenizer(tokenizer, path(run_dir, TOKENIZER_FILE))
     model = Transformer(config)
     restore(model, path(run_dir, MODEL_FILE))
     corpus = read_corpus(run_dir) if os.path.exists(path(run_dir, CORPUS_FILE)) else None

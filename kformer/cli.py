@@ -1,6 +1,7 @@
 """`kformer` command line: parse, then call one importable function. No logic of its own."""
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -8,9 +9,21 @@ import sys
 import tempfile
 
 
-def _quiet_tensorflow():
+def _quiet_tensorflow(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # hides the CUDA probe noise on CPU machines
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    if getattr(args, "runtime", "keras") != "keras" or args.command == "bench":
+        return  # exported runtimes run without TensorFlow; bench sets XLA flags before it starts
+    # TensorFlow's C++ start-up notes (oneDNN, "Could not find cuda drivers") ignore the log level
+    # (abseil logs before InitializeLog; abseil-cpp PR 1718): import it once with stderr muted.
+    stderr, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(stderr, 2)
+        os.close(stderr)
+        os.close(devnull)
 
 
 def _positive(kind, zero_allowed=False):
@@ -51,27 +64,26 @@ def _train(args):
 
 
 def _translate(args):
+    from export.runtime import open_runner
     from kformer import data as data_lib
 
-    texts = args.text if args.text else data_lib.text_lines(sys.stdin.buffer.read(), "<stdin>")
-    if args.runtime == "keras":
-        from export.run_tf import KerasRunner
-        runner = KerasRunner(args.model, args.beam, args.alpha, args.max_len, args.batch_size)
-    else:
-        if args.max_len is not None or args.alpha != 0.6:
-            raise ValueError("--alpha and --max-len are fixed when exporting; they apply to --runtime keras only")
-        if args.runtime == "savedmodel":
-            from export.run_tf import SavedModelRunner as runner_class
-        elif args.runtime == "tflite":
-            from export.run_tflite import TfliteRunner as runner_class
-        elif args.variant == "text":
-            from export.run_onnx import OnnxTextRunner as runner_class
-        else:
-            from export.run_onnx import OnnxRunner as runner_class
-        kwargs = {} if args.runtime == "savedmodel" or args.variant == "text" else {"variant": args.variant}
-        runner = runner_class(args.model, args.beam, batch_size=args.batch_size, **kwargs)
-    for line in runner.translate(texts):
-        print(line)
+    runner = open_runner(args.model, args.runtime, args.variant, args.beam, args.batch_size,
+                         alpha=args.alpha, max_length=args.max_len)
+    if args.text:
+        texts, chunk = args.text, len(args.text)
+    else:  # stream stdin: a typed line is translated at once, piped input a batch at a time
+        texts, chunk = data_lib.stream_lines(sys.stdin.buffer, "<stdin>"), 1 if sys.stdin.isatty() else args.batch_size
+    for lines in _chunks(texts, chunk):
+        for line in runner.translate(lines):
+            print(line)
+        sys.stdout.flush()
+
+
+def _chunks(items, size):
+    """Lists of `size` consecutive items (the last may be shorter) of any iterable."""
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
 
 
 def _attention(args):
@@ -169,7 +181,8 @@ def _bench(args):
             raise ValueError("bench decode needs --model DIR (a training directory)")
         results = bench.bench_decode(args.model)
         print(f"decode bench, {args.model}: every row generates exactly {results['output_tokens']} tokens")
-        print(f"{'batch':>5} {'search':>7} {'variant':>11} {'seconds':>9} {'sent/s':>9} {'tokens/s':>9} {'vs naive':>9}")
+        print(f"{'batch':>5} {'search':>7} {'variant':>11} {'seconds':>9} {'sent/s':>9} {'tokens/s':>9} "
+              f"{'vs naive':>9}")
         for r in results["rows"]:
             print(f"{r['batch']:>5} {r['search']:>7} {r['variant']:>11} {r['seconds']:9.3f} "
                   f"{r['sentences_per_s']:9.1f} {r['tokens_per_s']:9.0f} {r['speedup_vs_naive']:8.1f}x")
@@ -179,7 +192,8 @@ def _bench(args):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="kformer", description="Train, translate with and export encoder-decoder Transformers.")
+    parser = argparse.ArgumentParser(prog="kformer",
+                                     description="Train, translate with and export encoder-decoder Transformers.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("train", help="train (or resume) a model in --out")
@@ -209,8 +223,9 @@ def build_parser():
     p.add_argument("--runtime", default="keras", choices=["keras", "savedmodel", "tflite", "onnx"])
     p.add_argument("--variant", default="fp32", choices=["fp32", "fp16", "int8", "text"],
                    help="tflite: fp32/fp16/int8; onnx: fp32/int8, or text (SentencePiece inside the graph)")
-    p.add_argument("--beam", type=_positive(int), default=4, help="beam size (1 = greedy)")
-    p.add_argument("--alpha", type=_positive(float, zero_allowed=True), default=0.6, help="length penalty exponent")
+    p.add_argument("--beam", type=_positive(int), help="beam size (1 = greedy; default 4, or the export's)")
+    p.add_argument("--alpha", type=_positive(float, zero_allowed=True),
+                   help="length penalty exponent (default 0.6; keras runtime only)")
     p.add_argument("--max-len", type=_positive(int), help="maximum output tokens (default: the model's maximum)")
     p.add_argument("--batch-size", type=_positive(int), default=32)
     p.add_argument("text", nargs="*")
@@ -265,7 +280,7 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    _quiet_tensorflow()
+    _quiet_tensorflow(args)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("kformer: %(message)s"))
     log = logging.getLogger("kformer")
@@ -273,10 +288,13 @@ def main(argv=None):
     log.setLevel(logging.INFO)
     log.propagate = False
     logging.getLogger("tensorflow").setLevel(logging.ERROR)  # converters are chatty at INFO/WARNING
+    from export.runtime import ExportError
+
     try:
         args.run(args)
-    except (ValueError, TypeError, FileNotFoundError, FloatingPointError, RuntimeError) as e:
-        # CorpusError and ArtifactError are ValueErrors, ExportError a RuntimeError
+    except (ValueError, OSError, FloatingPointError, ExportError) as e:
+        # User errors (CorpusError and ArtifactError are ValueErrors; OSError: a path that is a folder,
+        # not writable or full; FloatingPointError: a NaN loss) are one line; a bug keeps its traceback.
         print(f"kformer {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0

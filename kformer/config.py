@@ -5,6 +5,7 @@ The config is saved as JSON beside the weights and the model is rebuilt from it.
 """
 
 import dataclasses
+import hashlib
 import json
 import os
 
@@ -44,9 +45,18 @@ class TransformerConfig:
     decay_fraction: float = 1.0
     ema_momentum: float = 0.0  # > 0: translate with an exponential moving average of the weights
     batch_tokens: int = 4096  # tokens per batch and side, padding included
+    # sha256 of the SentencePiece model this model was trained with ("" = not bound to one): a
+    # tokenizer from another run with the same vocabulary size would otherwise translate garbage.
+    tokenizer_sha256: str = ""
 
     def __post_init__(self):
         errors = []
+        for field in dataclasses.fields(self):
+            value, kind = getattr(self, field.name), type(field.default)
+            allowed = (int, float) if kind is float else kind  # 1 is a fine learning rate, True is not
+            if isinstance(value, bool) != (kind is bool) or not isinstance(value, allowed):
+                raise ValueError(f"Invalid TransformerConfig: {field.name} must be of type {kind.__name__}, "
+                                 f"got {value!r}")
         if self.d_model % self.num_heads:
             errors.append(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_encoder_layers",
@@ -78,6 +88,17 @@ class TransformerConfig:
         if errors:
             raise ValueError("Invalid TransformerConfig: " + "; ".join(errors))
 
+    def check_tokenizer(self, tokenizer, path="tokenizer"):
+        """The tokenizer must be the model's: same vocabulary, special ids and, when bound, digest."""
+        expected = (self.vocab_size, self.pad_id, self.unk_id, self.bos_id, self.eos_id)
+        found = (tokenizer.get_piece_size(), tokenizer.pad_id(), tokenizer.unk_id(), tokenizer.bos_id(),
+                 tokenizer.eos_id())
+        if found != expected:
+            raise ValueError(f"{path} does not match the model: (vocabulary, pad, unk, bos, eos) {found} vs {expected}")
+        if self.tokenizer_sha256 and tokenizer_digest(tokenizer) != self.tokenizer_sha256:
+            raise ValueError(f"{path} is not the tokenizer this model was trained with (its sha256 differs from "
+                             "the one in the model's config); use the run's own tokenizer.model")
+
     @property
     def head_size(self):
         return self.d_model // self.num_heads
@@ -94,7 +115,10 @@ class TransformerConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"{source}: unknown TransformerConfig keys {unknown}")
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
 
     def save(self, path):
         write_json(path, self.to_dict())
@@ -102,6 +126,11 @@ class TransformerConfig:
     @classmethod
     def load(cls, path):
         return cls.from_dict(read_json(path), source=path)
+
+
+def tokenizer_digest(tokenizer):
+    """sha256 of a SentencePiece model: what binds a model to its tokenizer."""
+    return hashlib.sha256(tokenizer.serialized_model_proto()).hexdigest()
 
 
 def write_json(path, value):

@@ -15,7 +15,6 @@ import numpy as np
 
 from kformer.config import TransformerConfig
 
-
 DEFAULT_CORPUS = "default"
 DEFAULT_DIRECTION = "zh-en"
 _TATOEBA_COLUMNS = {"zh": 1, "en": 3}  # zh_id, zh, en_id, en
@@ -77,10 +76,19 @@ def _read_bytes(path):
         raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
 
 
+def _split_lines(data):
+    """Lines of bytes split at \n only, "\r\n" endings and a leading BOM removed. A lone \r stays
+    inside its line: splitting there too would shift every later line against its partner."""
+    lines = _without_bom(data).split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
 def _decoded_lines(path, report):
-    """Yields (line_number, text) for every line of a UTF-8 file (BOM and CRLF tolerated);
-    text is None for a line that is not valid UTF-8 (counted as malformed)."""
-    for number, raw in enumerate(_without_bom(_read_bytes(path)).splitlines(), start=1):  # \n, \r\n or \r
+    """Yields (line_number, text) for every line of a UTF-8 file; text is None for a line that is
+    not valid UTF-8 (counted as malformed)."""
+    for number, raw in enumerate(_split_lines(_read_bytes(path)), start=1):
         report.lines += 1
         try:
             yield number, raw.decode("utf-8")
@@ -89,20 +97,24 @@ def _decoded_lines(path, report):
             yield number, None
 
 
-def text_lines(data, name):
-    """Lines of user text (bytes) for translation or scoring; invalid UTF-8 is an error naming
-    the line, because silently dropping or altering a sentence would misalign the output."""
-    lines = []
-    for number, raw in enumerate(_without_bom(data).splitlines(), start=1):
-        try:
-            lines.append(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise CorpusError(f"{name}:{number}: invalid UTF-8 at byte {e.start}") from None
-    return lines
+def decode_line(raw, name, number):
+    """One line of user text for translation or scoring; invalid UTF-8 is an error naming the line,
+    because silently dropping or altering a sentence would misalign the output."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CorpusError(f"{name}:{number}: invalid UTF-8 at byte {e.start}") from None
+
+
+def stream_lines(stream, name):
+    """Yields the decoded lines of a binary stream (stdin) as they arrive, split as `_split_lines` does."""
+    for number, raw in enumerate(stream, start=1):  # a binary stream splits at \n only
+        raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+        yield decode_line(_without_bom(raw) if number == 1 else raw, name, number)
 
 
 def read_text_file(path):
-    return text_lines(_read_bytes(path), path)
+    return [decode_line(raw, path, number) for number, raw in enumerate(_split_lines(_read_bytes(path)), start=1)]
 
 
 def read_tsv(path, source_column, target_column, columns, report):
@@ -149,7 +161,8 @@ def read_corpus(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION):
     elif data == DEFAULT_CORPUS:
         source, target = _parse_direction(direction)
         if {source, target} != set(_TATOEBA_COLUMNS):
-            raise CorpusError(f"the default corpus is Chinese-English: direction must be zh-en or en-zh, got {direction}")
+            raise CorpusError(f"the default corpus is Chinese-English: direction must be zh-en or en-zh, "
+                              f"got {direction}")
         name = default_corpus_path()
         raw = read_tsv(name, _TATOEBA_COLUMNS[source], _TATOEBA_COLUMNS[target], 4, report)
     else:
@@ -171,6 +184,33 @@ def read_corpus(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION):
     if not pairs:
         raise CorpusError(f"{name}: no usable sentence pairs ({report.summary()})")
     return pairs, report
+
+
+def corpus_record(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION):
+    """What a run records of its corpus: {"data": "default" | absolute path | [two absolute paths],
+    "direction", "sha256" of the file bytes}. The digest, not the path as typed, identifies the corpus:
+    a run can be resumed or evaluated from any working directory, and a changed file is noticed."""
+    files = ([default_corpus_path()] if data == DEFAULT_CORPUS else
+             list(data) if isinstance(data, (list, tuple)) else [data])
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(_read_bytes(file))
+    resolved = [os.path.abspath(f) for f in files]
+    return {"data": DEFAULT_CORPUS if data == DEFAULT_CORPUS else resolved[0] if len(resolved) == 1 else resolved,
+            "direction": direction, "sha256": digest.hexdigest()}
+
+
+def recorded_pairs(record, where="corpus.json"):
+    """The pairs of a recorded corpus, after checking they are the ones the run was trained on."""
+    data = record["data"] if isinstance(record["data"], str) else tuple(record["data"])
+    if "sha256" in record:  # runs from before the digest was recorded have none
+        for file in ([] if data == DEFAULT_CORPUS else [data] if isinstance(data, str) else data):
+            if not os.path.exists(file):
+                raise CorpusError(f"{file} (the corpus recorded in {where}) not found; it was moved or deleted")
+        if corpus_record(data, record["direction"])["sha256"] != record["sha256"]:
+            raise CorpusError(f"{data} changed since the run was trained (its sha256 differs from {where}): "
+                              "its held-out splits would no longer be held out")
+    return read_corpus(data, record["direction"])
 
 
 def _parse_direction(direction):
@@ -197,8 +237,9 @@ def split_pairs(pairs, dev_fraction=0.02, test_fraction=0.02):
 
 # --- tokenizer ---
 
-def train_tokenizer(texts, path, vocab_size):
-    """Trains one joint SentencePiece (unigram) model on `texts`; writes it to `path`.
+def train_tokenizer(texts, vocab_size):
+    """Trains one joint SentencePiece (unigram) model on `texts`, in memory (the run directory
+    writes it once training starts: checkpoint.create).
 
     Character coverage 0.9995 keeps rare Chinese characters out of the vocabulary only when
     truly rare. No normalization, so decode(encode(text)) == text for every covered text.
@@ -217,12 +258,8 @@ def train_tokenizer(texts, path, vocab_size):
             shuffle_input_sentence=True, num_threads=os.cpu_count() or 1, minloglevel=2,
             pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>", **ids)
     except RuntimeError as e:  # e.g. more distinct characters than vocab_size
-        raise ValueError(f"tokenizer training failed with vocab_size={vocab_size}: {e}") from None
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(model.getvalue())
-    os.replace(tmp, path)
-    return load_tokenizer(path)
+        raise ValueError(f"tokenizer training failed with --vocab-size {vocab_size}: {e}") from None
+    return spm.SentencePieceProcessor(model_proto=model.getvalue())
 
 
 def load_tokenizer(path):
@@ -234,15 +271,6 @@ def load_tokenizer(path):
         return spm.SentencePieceProcessor(model_file=path)
     except Exception as e:  # sentencepiece raises bare RuntimeError/OSError on corrupt files
         raise ValueError(f"{path}: not a valid SentencePiece model ({e})") from None
-
-
-def check_tokenizer(tokenizer, config, path="tokenizer"):
-    """The tokenizer and the model must agree on the vocabulary and the special ids."""
-    expected = {"pad": config.pad_id, "unk": config.unk_id, "bos": config.bos_id, "eos": config.eos_id}
-    found = {"pad": tokenizer.pad_id(), "unk": tokenizer.unk_id(), "bos": tokenizer.bos_id(), "eos": tokenizer.eos_id()}
-    if tokenizer.get_piece_size() != config.vocab_size or expected != found:
-        raise ValueError(f"{path} does not match the model: vocabulary {tokenizer.get_piece_size()} vs "
-                         f"{config.vocab_size}, special ids {found} vs {expected}")
 
 
 # --- tf.data ---

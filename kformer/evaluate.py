@@ -16,8 +16,7 @@ log = logging.getLogger("kformer")
 def split_references(model_dir, split="test"):
     """(sources, references) of a split of the corpus the model was trained on. All translations
     of one source sentence become its references (Tatoeba often has several)."""
-    corpus = checkpoint.read_corpus(model_dir)
-    pairs, _ = data_lib.read_corpus(corpus["data"], corpus["direction"])
+    pairs, _ = checkpoint.corpus_pairs(model_dir)
     grouped = collections.OrderedDict()
     for source, target in data_lib.split_pairs(pairs)[split]:
         grouped.setdefault(source, []).append(target)
@@ -35,6 +34,14 @@ def score(hypotheses, references, language="en"):
     return {"bleu": bleu_score.score, "chrf": chrf_score.score, "bleu_signature": str(bleu.get_signature()),
             "chrf_signature": str(chrf.get_signature()), "sentences": len(hypotheses),
             "bleu_detail": str(bleu_score)}
+
+
+def _check_writable(file_path):
+    folder = os.path.dirname(os.path.abspath(file_path))
+    if os.path.isdir(file_path):
+        raise ValueError(f"--output {file_path} is a folder; give a file name")
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ValueError(f"--output {file_path}: cannot write in {folder} (missing or not writable)")
 
 
 def evaluate(model_dir, split="test", source_file=None, reference_file=None, beam_size=4, alpha=0.6,
@@ -57,9 +64,10 @@ def evaluate(model_dir, split="test", source_file=None, reference_file=None, bea
         sources, references = sources[:limit], references[:limit]
     if not sources:
         raise ValueError(f"nothing to evaluate: {name} is empty")
+    output = output or os.path.join(model_dir, f"hypotheses.{name}.txt")
+    _check_writable(output)  # before the translation work, which a bad path would otherwise lose
     log.info("translating %d sentences of %s (beam %d)", len(sources), name, beam_size)
     hypotheses = Translator(model, tokenizer, beam_size=beam_size, alpha=alpha).translate(sources)
-    output = output or os.path.join(model_dir, f"hypotheses.{name}.txt")
     with open(output, "w", encoding="utf-8") as f:
         f.writelines(h + "\n" for h in hypotheses)
     result = score(hypotheses, references, corpus["direction"].split("-")[-1])

@@ -250,7 +250,8 @@ class DecoderBlock(_ResidualBlock):
         # Each sublayer returns (output, [cache], [weights]); _residual passes the extras on.
         x, *self_extras = _as_tuple(self._residual(
             x, self.self_attention_norm,
-            lambda h: self.self_attention(h, h, attention_mask=self_mask, cache=self_cache, cache_index=cache_index, **options),
+            lambda h: self.self_attention(h, h, attention_mask=self_mask, cache=self_cache, cache_index=cache_index,
+                                          **options),
             training))
         x, *cross_extras = _as_tuple(self._residual(
             x, self.cross_attention_norm,

@@ -82,8 +82,9 @@ class Transformer(keras.Model):
                                for i in range(c.num_decoder_layers)]
         # Pre-LN needs a final norm on each stack; post-LN (the paper) already ends normalized.
         pre = c.norm_position == "pre"
-        self.encoder_norm = keras.layers.LayerNormalization(epsilon=1e-6, dtype=dtype, name="encoder_norm") if pre else None
-        self.decoder_norm = keras.layers.LayerNormalization(epsilon=1e-6, dtype=dtype, name="decoder_norm") if pre else None
+        norm = dict(epsilon=1e-6, dtype=dtype)
+        self.encoder_norm = keras.layers.LayerNormalization(**norm, name="encoder_norm") if pre else None
+        self.decoder_norm = keras.layers.LayerNormalization(**norm, name="decoder_norm") if pre else None
         self.output_projection = None if c.tie_embeddings else keras.layers.Dense(
             c.vocab_size, dtype=dtype, name="output_projection")
         self.logits_float32 = keras.layers.Activation("linear", dtype="float32", name="logits")

@@ -14,7 +14,7 @@ from keras import ops
 
 from kformer import checkpoint
 from kformer import data as data_lib
-from kformer.config import TransformerConfig, preset
+from kformer.config import TransformerConfig, preset, tokenizer_digest
 from kformer.model import Transformer
 
 log = logging.getLogger("kformer")
@@ -256,7 +256,8 @@ def _requested_config(out_dir, config_name, overrides):
     if not os.path.exists(saved_path):
         return None
     saved = TransformerConfig.load(saved_path)
-    requested = preset(config_name, vocab_size=saved.vocab_size, **overrides)
+    requested = preset(config_name, vocab_size=saved.vocab_size, tokenizer_sha256=saved.tokenizer_sha256,
+                       **overrides)
     if requested != saved:
         diff = {k: (v, requested.to_dict()[k]) for k, v in saved.to_dict().items() if requested.to_dict()[k] != v}
         raise ValueError(f"{out_dir} holds a run with another config (saved vs requested: {diff}); "
@@ -265,17 +266,22 @@ def _requested_config(out_dir, config_name, overrides):
 
 
 def prepare(out_dir, config_name="small", data="default", direction="zh-en", vocab_size=8000, overrides=None):
-    """Reads and splits the corpus; trains (or reuses) the tokenizer; writes config.json.
-    Returns (config, tokenizer, splits)."""
+    """Reads and splits the corpus; trains the tokenizer of a new run (in memory) or loads a resumed
+    run's, checking the run was trained on this corpus. Writes nothing: `checkpoint.create` writes a
+    new run's files once training is known to start, so a failed start leaves no folder behind.
+    Returns (config, tokenizer, splits, corpus record)."""
     overrides = dict(overrides or {})
-    os.makedirs(out_dir, exist_ok=True)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"--out {out_dir} is a file, not a folder; choose a folder name")
     config = _requested_config(out_dir, config_name, overrides)
-    corpus_path = checkpoint.path(out_dir, checkpoint.CORPUS_FILE)
-    corpus = {"data": tuple(data) if isinstance(data, list) else data, "direction": direction}
-    if config is not None and os.path.exists(corpus_path):
-        saved_corpus = checkpoint.read_corpus(out_dir)
-        if saved_corpus != corpus:
-            raise ValueError(f"{out_dir} was trained on {saved_corpus}, not {corpus}; use a new --out directory.")
+    corpus = data_lib.corpus_record(data, direction)
+    if config is not None and os.path.exists(checkpoint.path(out_dir, checkpoint.CORPUS_FILE)):
+        saved = checkpoint.read_corpus(out_dir)
+        same = ((saved["sha256"], saved["direction"]) == (corpus["sha256"], corpus["direction"]) if "sha256" in saved
+                else (saved["data"], saved["direction"]) == (data, direction))  # a run from before digests
+        if not same:
+            raise ValueError(f"{out_dir} was trained on {saved['data']} ({saved['direction']}), not on {data} "
+                             f"({direction}) as it is now; use a new --out directory.")
 
     pairs, report = data_lib.read_corpus(data, direction)
     log.info("corpus: %s", report.summary())
@@ -285,15 +291,13 @@ def prepare(out_dir, config_name="small", data="default", direction="zh-en", voc
     tokenizer_path = checkpoint.path(out_dir, checkpoint.TOKENIZER_FILE)
     if config is None:
         log.info("training a joint SentencePiece tokenizer (%d pieces) on the train split", vocab_size)
-        texts = [text for pair in splits["train"] for text in pair]
-        tokenizer = data_lib.train_tokenizer(texts, tokenizer_path, vocab_size)
-        config = preset(config_name, vocab_size=tokenizer.get_piece_size(), **overrides)
-        config.save(checkpoint.path(out_dir, checkpoint.CONFIG_FILE))
-        checkpoint.write_json(corpus_path, corpus)
+        tokenizer = data_lib.train_tokenizer([text for pair in splits["train"] for text in pair], vocab_size)
+        config = preset(config_name, vocab_size=tokenizer.get_piece_size(),
+                        tokenizer_sha256=tokenizer_digest(tokenizer), **overrides)
     else:
         tokenizer = data_lib.load_tokenizer(tokenizer_path)
-    data_lib.check_tokenizer(tokenizer, config, tokenizer_path)
-    return config, tokenizer, splits
+        config.check_tokenizer(tokenizer, tokenizer_path)
+    return config, tokenizer, splits, corpus
 
 
 @dataclasses.dataclass
@@ -351,7 +355,7 @@ def start(out_dir, config_name="small", data="default", direction="zh-en", minut
     if batch_tokens is not None:
         overrides["batch_tokens"] = batch_tokens
     keras.utils.set_random_seed(seed)
-    config, tokenizer, splits = prepare(out_dir, config_name, data, direction, vocab_size, overrides)
+    config, tokenizer, splits, corpus = prepare(out_dir, config_name, data, direction, vocab_size, overrides)
 
     encoded = {name: data_lib.encode_pairs(tokenizer, pairs, config) for name, pairs in splits.items()}
     for name, split in encoded.items():
@@ -371,6 +375,7 @@ def start(out_dir, config_name="small", data="default", direction="zh-en", minut
                  out_dir, spent / 60, minutes, state.get("steps", 0))
         return Training(None, config, tokenizer, {}, "budget already spent", state.get("steps", 0))
 
+    checkpoint.create(out_dir, config, tokenizer, corpus)  # training starts: the run's files appear now
     strategy = strategy or tf.distribute.get_strategy()
     dtype = "mixed_float16" if mixed_precision else None
     model_path = checkpoint.path(out_dir, checkpoint.MODEL_FILE)
@@ -396,7 +401,8 @@ def start(out_dir, config_name="small", data="default", direction="zh-en", minut
 
     # The batch stream is seeded: a resumed run skips the batches it already trained on.
     train_ds = data_lib.make_dataset(encoded["train"], config, training=True, seed=seed, pad_to_bucket=xla).skip(done)
-    dev_ds = data_lib.make_dataset(encoded["dev"], config, training=False, pad_to_bucket=xla) if len(encoded["dev"]) else None
+    dev_ds = (data_lib.make_dataset(encoded["dev"], config, training=False, pad_to_bucket=xla)
+              if len(encoded["dev"]) else None)
     # With only a time budget, epochs are capped at a number no budget here reaches (for the display).
     total_epochs = math.ceil(max_steps / per_epoch) if max_steps is not None else 1000
     budget, nan_guard = Budget(schedule, max_steps, minutes, spent), StopOnNaN()

@@ -30,9 +30,8 @@ def corpus_tsv(tmp_path_factory, corpus_pairs):
 
 
 @pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory, corpus_pairs):
-    path = str(tmp_path_factory.mktemp("tok") / "tokenizer.model")
-    return data_lib.train_tokenizer([t for p in corpus_pairs for t in p], path, vocab_size=1200)
+def tokenizer(corpus_pairs):
+    return data_lib.train_tokenizer([t for p in corpus_pairs for t in p], vocab_size=1200)
 
 
 @pytest.fixture()

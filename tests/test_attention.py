@@ -1,10 +1,10 @@
 import keras
 import numpy as np
 import pytest
+from layer_test import run_layer_test
 
 from kformer import masks
 from kformer.attention import MultiHeadAttention
-from layer_test import run_layer_test
 
 HEADS, HEAD_SIZE, WIDTH = 2, 4, 8
 

@@ -4,10 +4,10 @@ numbers. No timing is asserted; the benchmarks themselves print ratios measured 
 import json
 
 import pytest
+from test_export import BEAM, artifacts, model_dir  # noqa: F401  (fixtures)
 
 from export.benchmark import worker
 from kformer.bench import bench_decode
-from test_export import BEAM, artifacts, model_dir  # noqa: F401  (fixtures)
 
 
 def test_bench_decode_reports_every_variant(model_dir):  # noqa: F811
@@ -31,8 +31,8 @@ def test_runtime_worker_measures_one_runtime(artifacts, tmp_path):  # noqa: F811
 
 def test_reference_model_trains_one_step():
     import numpy as np
-
     from conftest import random_ids
+
     from kformer.bench import reference_model
     from kformer.config import preset
     from kformer.train import compile_model

@@ -64,6 +64,16 @@ def test_evaluate_split_and_files(trained_dir, tmp_path, capsys):
      "/nonexistent.tsv: cannot read"),
     (["evaluate", "--model", "{trained}", "--source", "/nonexistent.txt"], "give both --source and --reference"),
     (["translate", "--model", "{trained}", "--max-len", "500", "x"], "max length must be"),
+    (["translate", "--model", "{tmp}", "--runtime", "savedmodel", "--variant", "int8", "x"],
+     "--variant int8 does not exist for savedmodel"),
+    (["translate", "--model", "{tmp}", "--runtime", "tflite", "--variant", "text", "x"],
+     "--variant text does not exist for tflite"),
+    (["translate", "--model", "{trained}", "--variant", "int8", "x"], "--variant int8 needs an exported runtime"),
+    (["translate", "--model", "{tmp}", "--runtime", "onnx", "--alpha", "1", "x"], "--alpha and --max-len are fixed"),
+    (["evaluate", "--model", "{trained}", "--split", "dev", "--output", "{tmp}"], "is a folder; give a file name"),
+    (["evaluate", "--model", "{trained}", "--split", "dev", "--output", "{tmp}/no/such/h.txt"], "cannot write in"),
+    (["export", "--model", "{trained}", "--out", "{trained}/config.json"], "is not an empty folder"),
+    (["train", "--config", "tiny", "--out", "{trained}/config.json", "--steps", "1"], "is a file, not a folder"),
 ])
 def test_errors_are_one_clear_line(argv, message, tmp_path, trained_dir, capsys):
     argv = [a.format(tmp=tmp_path, trained=trained_dir) for a in argv]
@@ -90,3 +100,31 @@ def test_bad_numbers_are_refused_before_any_work(tmp_path, capsys, monkeypatch, 
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert exit_info.value.code == 2 and f"argument {option}:" in err
     assert not os.path.exists("X")
+
+
+def test_the_installed_command_streams_translations_line_by_line(trained_dir):
+    """The console script, as a user runs it: each piped line's translation arrives before the next
+    line is sent (nothing is held back until the end of the input); errors are one line, exit 2."""
+    import select
+    import shutil
+    import subprocess
+
+    command = shutil.which("kformer", path=os.path.dirname(sys.executable))
+    process = subprocess.Popen([command, "translate", "--model", trained_dir, "--batch-size", "1"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    outputs = []
+    for line in ["我們試試看！", "", "好"]:
+        process.stdin.write((line + "\n").encode())
+        process.stdin.flush()
+        ready, _, _ = select.select([process.stdout], [], [], 120)  # this line's translation, before the next
+        if not ready:
+            process.kill()
+            pytest.fail(f"no translation of {line!r} within 120 s: the output is held back")
+        outputs.append(process.stdout.readline())
+    process.stdin.close()
+    assert process.wait(timeout=120) == 0 and process.stdout.read() == b""
+    assert len(outputs) == 3 and outputs[1] == b"\n" and all(o.endswith(b"\n") for o in outputs)
+    failed = subprocess.run([command, "translate", "--model", "/nonexistent", "x"], capture_output=True, text=True)
+    assert failed.returncode == 2 and failed.stdout == ""
+    assert failed.stderr.strip().splitlines() == [
+        "kformer translate: error: /nonexistent/config.json not found: is /nonexistent a kformer training directory?"]

@@ -22,12 +22,24 @@ def test_presets_are_valid_and_base_matches_paper():
     assert (big.d_model, big.d_ff, big.num_heads, big.dropout) == (1024, 4096, 16, 0.3)
 
 
-@pytest.mark.parametrize("name, paper_millions", [("base", 65), ("big", 213)])
-def test_parameter_counts_match_table_3(name, paper_millions):
-    # Table 3 counts with a shared 37,000-token vocabulary (tied embeddings).
-    model = Transformer(preset(name, vocab_size=37000))
-    millions = model.count_params() / 1e6
-    assert abs(millions - paper_millions) / paper_millions < 0.05, millions
+def expected_parameters(c):
+    """Counted by hand: tied embedding V*d; attention Q, K, V, O projections with biases; LayerNorm
+    scale and offset; feed-forward d->f->d with biases. Post-LN has no final LayerNorm."""
+    d, f = c.d_model, c.d_ff
+    attention, norm, feed_forward = 4 * (d * d + d), 2 * d, d * f + f + f * d + d
+    encoder_layer = attention + feed_forward + 2 * norm
+    decoder_layer = 2 * attention + feed_forward + 3 * norm
+    return c.vocab_size * d + c.num_encoder_layers * encoder_layer + c.num_decoder_layers * decoder_layer
+
+
+@pytest.mark.parametrize("name, paper_millions", [("base", 65), ("big", 213), ("tiny", None)])
+def test_parameter_counts_are_exact_and_match_table_3(name, paper_millions):
+    # A shared 37,000-token vocabulary (tied embeddings), as in the paper.
+    config = preset(name, vocab_size=37000)
+    count = Transformer(config).count_params()
+    assert count == expected_parameters(config)
+    if paper_millions:  # Table 3 rounds: base 63.08M is listed as 65M, big 214.2M as 213M
+        assert round(count / 1e6, 1) == {"base": 63.1, "big": 214.2}[name]
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -37,6 +49,9 @@ def test_parameter_counts_match_table_3(name, paper_millions):
     (dict(activation="tanh"), "activation"),
     (dict(vocab_size=3), "special ids"),
     (dict(pad_id=5), "pad_id"),
+    (dict(d_model="16"), "d_model must be of type int"),
+    (dict(tie_embeddings=1), "tie_embeddings must be of type bool"),
+    (dict(num_heads=2.0), "num_heads must be of type int"),
 ])
 def test_invalid_config_is_a_clear_error(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -47,6 +62,9 @@ def test_unknown_keys_and_bad_json_name_the_file(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**preset("tiny").to_dict(), "hidden_size": 3}))
     with pytest.raises(ValueError, match=r"config\.json.*hidden_size"):
+        TransformerConfig.load(str(path))
+    path.write_text(json.dumps({**preset("tiny").to_dict(), "d_model": "16"}))
+    with pytest.raises(ValueError, match=r"config\.json: Invalid TransformerConfig: d_model must be of type int"):
         TransformerConfig.load(str(path))
     path.write_text("{not json")
     with pytest.raises(ValueError, match=r"config\.json: not valid JSON"):

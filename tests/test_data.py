@@ -1,11 +1,13 @@
 import collections
+import io
+import os
 from importlib import metadata
 
 import numpy as np
 import pytest
 
 from kformer import data as data_lib
-from kformer.config import preset
+from kformer.config import preset, tokenizer_digest
 
 
 def write(path, text, encoding="utf-8"):
@@ -96,10 +98,47 @@ def test_tokenizer_round_trips_chinese_and_english(tokenizer):
     assert tokenizer.encode("🙂")[-1] == tokenizer.unk_id()  # unseen characters become <unk>
 
 
+def same_size_other_tokenizer(tokenizer):
+    """A tokenizer with the same vocabulary size and special ids but one piece scored differently."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto.FromString(tokenizer.serialized_model_proto())
+    proto.pieces[10].score -= 1.0
+    return spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
+
+
 def test_tokenizer_must_match_config(tokenizer):
-    data_lib.check_tokenizer(tokenizer, preset("tiny", vocab_size=tokenizer.get_piece_size()))
+    preset("tiny", vocab_size=tokenizer.get_piece_size()).check_tokenizer(tokenizer)
     with pytest.raises(ValueError, match="does not match the model"):
-        data_lib.check_tokenizer(tokenizer, preset("tiny", vocab_size=tokenizer.get_piece_size() + 1))
+        preset("tiny", vocab_size=tokenizer.get_piece_size() + 1).check_tokenizer(tokenizer)
+    bound = preset("tiny", vocab_size=tokenizer.get_piece_size(), tokenizer_sha256=tokenizer_digest(tokenizer))
+    bound.check_tokenizer(tokenizer)
+    with pytest.raises(ValueError, match="not the tokenizer this model was trained with"):
+        bound.check_tokenizer(same_size_other_tokenizer(tokenizer))
+
+
+def test_only_newline_ends_a_line(tmp_path):
+    path = write(tmp_path / "in.txt", "\ufeffa\rb\nc\r\n\nd")
+    assert data_lib.read_text_file(path) == ["a\rb", "c", "", "d"]
+    assert list(data_lib.stream_lines(open(path, "rb"), "in.txt")) == ["a\rb", "c", "", "d"]
+    with pytest.raises(data_lib.CorpusError, match="in.txt:2: invalid UTF-8"):
+        list(data_lib.stream_lines(io.BytesIO(b"ok\n\xff\n"), "in.txt"))
+
+
+def test_corpus_record_resolves_the_path_and_checks_the_content(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "c.tsv", "你好。\tHello.\n再见。\tGoodbye.\n")
+    record = data_lib.corpus_record("c.tsv", "zh-en")
+    assert record["data"] == str(tmp_path / "c.tsv") and len(record["sha256"]) == 64
+    monkeypatch.chdir("/")  # read back from anywhere
+    assert data_lib.recorded_pairs(record)[0] == [("你好。", "Hello."), ("再见。", "Goodbye.")]
+    write(tmp_path / "c.tsv", "你好。\tHi.\n再见。\tGoodbye.\n")
+    with pytest.raises(data_lib.CorpusError, match="changed since the run was trained"):
+        data_lib.recorded_pairs(record)
+    os.remove(tmp_path / "c.tsv")
+    with pytest.raises(data_lib.CorpusError, match="not found; it was moved or deleted"):
+        data_lib.recorded_pairs(record)
 
 
 def test_corrupt_tokenizer_file(tmp_path):

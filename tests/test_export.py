@@ -10,8 +10,8 @@ import keras
 import numpy as np
 import onnx
 import pytest
-
 from conftest import PYTHON
+
 from export import writers
 from export.exporter import export
 from export.run_onnx import OnnxRunner
@@ -41,7 +41,8 @@ def model_dir(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="session")
 def artifacts(model_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("export") / "art")
-    export(model_dir, out, quantize=("fp16", "int8"), beam_size=BEAM, max_length=MAX_LENGTH, progress=lambda *a, **k: None)
+    export(model_dir, out, quantize=("fp16", "int8"), beam_size=BEAM, max_length=MAX_LENGTH,
+           progress=lambda *a, **k: None)
     return out
 
 
@@ -159,17 +160,16 @@ def test_truncated_file(damaged):
         TfliteRunner(damaged, 1)
 
 
-def test_tokenizer_that_does_not_match(damaged, tmp_path):
-    from kformer.data import train_tokenizer
+def test_tokenizer_that_does_not_match(damaged):
     from export.runtime import sha256
-    other = str(tmp_path / "other.model")
-    train_tokenizer(["a b c d e f g", "h i j k l m n"] * 20, other, vocab_size=40)
-    shutil.copy(other, os.path.join(damaged, "tokenizer.model"))
+    from kformer.data import train_tokenizer
+    with open(os.path.join(damaged, "tokenizer.model"), "wb") as f:
+        f.write(train_tokenizer(["a b c d e f g", "h i j k l m n"] * 20, vocab_size=40).serialized_model_proto())
     manifest = load_manifest(damaged)
     manifest["tokenizer"]["sha256"] = sha256(os.path.join(damaged, "tokenizer.model"))  # intact, but wrong
     with open(os.path.join(damaged, "manifest.json"), "w") as f:
         json.dump(manifest, f)
-    with pytest.raises(ArtifactError, match="does not match the exported model"):
+    with pytest.raises(ArtifactError, match="does not match the model"):
         OnnxRunner(damaged, BEAM)
 
 
@@ -183,7 +183,7 @@ def test_wrong_input_dtype_and_beam_size(artifacts):
 
 def test_export_refuses_a_non_empty_folder_and_unknown_formats(model_dir, tmp_path):
     (tmp_path / "keep.txt").write_text("mine")
-    with pytest.raises(ValueError, match="not empty"):
+    with pytest.raises(ValueError, match="is not an empty folder"):
         export(model_dir, str(tmp_path), formats=("onnx",))
     assert (tmp_path / "keep.txt").read_text() == "mine"
     with pytest.raises(ValueError, match="unknown formats"):
@@ -217,3 +217,12 @@ def test_device_runners_need_no_tensorflow(artifacts, model_dir, beam):
     out = json.loads(result.stdout.strip().splitlines()[-1])
     expected = KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH).translate(texts)
     assert out["onnx"] == out["tflite"] == out["onnx_text"] == expected and out["loaded"] == []
+
+
+def test_a_killed_exports_work_folder_is_removed_by_the_next_export(tmp_path):
+    from export.exporter import WORK_PREFIX, _remove_abandoned_work
+    dead, alive = tmp_path / f"{WORK_PREFIX}999999999-x", tmp_path / f"{WORK_PREFIX}{os.getpid()}-y"
+    for folder in (dead, alive):
+        (folder / "onnx").mkdir(parents=True)
+    _remove_abandoned_work(str(tmp_path))
+    assert not dead.exists() and alive.exists()

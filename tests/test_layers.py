@@ -2,9 +2,9 @@ import math
 
 import numpy as np
 import pytest
+from layer_test import run_layer_test
 
 from kformer.layers import DecoderBlock, EncoderBlock, FeedForward, PositionalEncoding, TokenEmbedding, sinusoidal_table
-from layer_test import run_layer_test
 
 
 def test_sinusoidal_table_matches_the_paper_formula():

@@ -4,8 +4,8 @@ import subprocess
 import keras
 import numpy as np
 import pytest
-
 from conftest import PYTHON, random_ids
+
 from kformer.config import preset
 from kformer.model import Transformer
 from kformer.train import compile_model
@@ -113,7 +113,8 @@ def _hub_name(path):
     """keras-hub variable path -> the kformer path of the same weight."""
     import re
     path = re.sub(r"transformer_(encoder|decoder)_(\d+)/", r"\1_block_\2/", path)
-    for hub, ours in (("embedding/embeddings", "shared_embedding/embeddings"), ("self_attention_layer/", "self_attention/"),
+    for hub, ours in (("embedding/embeddings", "shared_embedding/embeddings"),
+                      ("self_attention_layer/", "self_attention/"),
                       ("attention_output", "output_projection"), ("_attention_layer_norm", "_attention_norm"),
                       ("feedforward_layer_norm", "feed_forward_norm"),
                       ("feedforward_intermediate_dense", "feed_forward/inner"),

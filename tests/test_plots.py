@@ -63,8 +63,8 @@ def test_beam_trace_history_and_bar_figures(tmp_path):
 
 
 def test_alignment_and_attention_command(trained_dir, tmp_path, capsys):
-    from kformer.cli import main
     from kformer import checkpoint
+    from kformer.cli import main
     from kformer.translate import Translator
 
     model, config, tokenizer, _ = checkpoint.load(trained_dir)

@@ -7,12 +7,18 @@ import subprocess
 import keras
 import numpy as np
 import pytest
-
 from conftest import PYTHON
+
 from kformer import checkpoint
 from kformer.config import preset
-from kformer.train import (BudgetSchedule, LabelSmoothedCrossEntropy, MaskedAccuracy, TransformerSchedule,
-                           budget_warmup, train)
+from kformer.train import (
+    BudgetSchedule,
+    LabelSmoothedCrossEntropy,
+    MaskedAccuracy,
+    TransformerSchedule,
+    budget_warmup,
+    train,
+)
 
 
 def test_schedule_follows_the_paper():
@@ -168,6 +174,61 @@ def test_mismatched_config_or_corpus_overwrites_nothing(trained_dir, corpus_tsv)
     assert before == {f: _sha(os.path.join(trained_dir, f)) for f in before}
 
 
+def test_a_failed_start_leaves_no_folder_and_its_advice_works(tmp_path, corpus_tsv):
+    out = str(tmp_path / "run")
+    args = dict(data=corpus_tsv, xla=False, verbose=0, checkpoint_seconds=10**6)
+    with pytest.raises(ValueError, match="lower --batch-tokens"):
+        train(out, "tiny", steps=1, vocab_size=1200, batch_tokens=10**7, **args)
+    with pytest.raises(ValueError, match="tokenizer training failed with --vocab-size 5"):
+        train(out, "tiny", steps=1, vocab_size=5, **args)
+    assert not os.path.exists(out)
+    assert train(out, "tiny", steps=1, vocab_size=1200, batch_tokens=256, **args)["steps"] == 1
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, corpus_tsv):
+    out = tmp_path / "notes.txt"
+    out.write_text("mine")
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        train(str(out), "tiny", data=corpus_tsv, steps=1, vocab_size=1200, verbose=0)
+    assert out.read_text() == "mine"
+
+
+def test_a_swapped_tokenizer_is_refused(tmp_path, trained_dir):
+    import shutil
+
+    from test_data import same_size_other_tokenizer
+    out = str(tmp_path / "copy")
+    shutil.copytree(trained_dir, out)
+    _, _, tokenizer, _ = checkpoint.load(out)
+    with open(os.path.join(out, "tokenizer.model"), "wb") as f:
+        f.write(same_size_other_tokenizer(tokenizer).serialized_model_proto())
+    with pytest.raises(ValueError, match="not the tokenizer this model was trained with"):
+        checkpoint.load(out)
+
+
+def test_the_corpus_is_recorded_by_content_not_by_the_path_typed(tmp_path, corpus_tsv, monkeypatch):
+    import shutil
+
+    from kformer.evaluate import split_references
+    shutil.copy(corpus_tsv, tmp_path / "pairs.tsv")
+    monkeypatch.chdir(tmp_path)
+    args = dict(vocab_size=1200, xla=False, verbose=0, checkpoint_seconds=10**6)
+    train("run", "tiny", data="pairs.tsv", steps=1, **args)  # relative to tmp_path
+    open("run/model.tmp.keras", "w").close()  # what a save killed midway leaves
+    monkeypatch.chdir("/")
+    run = str(tmp_path / "run")
+    assert train(run, "tiny", data=str(tmp_path / "pairs.tsv"), steps=2, **args)["steps"] == 2
+    assert not os.path.exists(os.path.join(run, "model.tmp.keras"))
+    sources, _ = split_references(run, "test")
+    assert sources
+    with open(tmp_path / "pairs.tsv", "a", encoding="utf-8") as f:
+        f.write("新的。\tNew.\n")
+    with pytest.raises(ValueError, match="changed since the run was trained"):
+        split_references(run, "test")
+    with pytest.raises(ValueError, match="was trained on"):
+        train(run, "tiny", data=str(tmp_path / "pairs.tsv"), steps=3, **args)
+
+
 def test_corrupted_checkpoint_is_a_clear_error(tmp_path, trained_dir):
     import shutil
     out = str(tmp_path / "copy")
@@ -264,7 +325,7 @@ from kformer import data as data_lib
 from kformer.train import train, prepare
 out, corpus, dump = sys.argv[1:4]
 train(out, "tiny", data=corpus, vocab_size=1200, epochs=3, xla=True, verbose=0, checkpoint_seconds=10**6)
-config, tokenizer, splits = prepare(out, "tiny", data=corpus)
+config, tokenizer, splits, _ = prepare(out, "tiny", data=corpus)
 encoded = data_lib.encode_pairs(tokenizer, splits["train"], config)
 train_shapes = {tuple(y.shape) for _, y in data_lib.make_dataset(encoded, config, training=True).take(300)}
 # Validation runs the same-named step on the dev split, whose last batch per bucket may be partial.

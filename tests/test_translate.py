@@ -4,12 +4,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import random_ids
+
+from kformer.batching import strip_special
 from kformer.config import preset
 from kformer.model import Transformer
 from kformer.search import beam_search, greedy_search, naive_cache, naive_step, output_limits
-from kformer.batching import strip_special
 from kformer.translate import Translator
 
 
