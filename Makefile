@@ -1,7 +1,7 @@
 # The two commands of the README. Each creates the virtual environment and installs everything.
 PYTHON ?= python3
 VENV ?= .venv
-MINUTES ?= 18
+MINUTES ?= 20
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
