@@ -76,19 +76,19 @@ def _read_bytes(path):
         raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
 
 
-def _split_lines(data):
-    """Lines of bytes split at \n only, "\r\n" endings and a leading BOM removed. A lone \r stays
-    inside its line: splitting there too would shift every later line against its partner."""
-    lines = _without_bom(data).split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
-    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+def _raw_lines(stream):
+    """Lines of a binary stream or file as bytes, split at \n only, "\r\n" endings and a leading BOM
+    removed. A lone \r stays inside its line: splitting there too would shift every later line
+    against its partner. Lazy: stdin is read as it arrives."""
+    for number, raw in enumerate(stream, start=1):  # binary streams split at \n only
+        raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+        yield number, _without_bom(raw) if number == 1 else raw
 
 
 def _decoded_lines(path, report):
     """Yields (line_number, text) for every line of a UTF-8 file; text is None for a line that is
     not valid UTF-8 (counted as malformed)."""
-    for number, raw in enumerate(_split_lines(_read_bytes(path)), start=1):
+    for number, raw in _raw_lines(io.BytesIO(_read_bytes(path))):
         report.lines += 1
         try:
             yield number, raw.decode("utf-8")
@@ -97,24 +97,19 @@ def _decoded_lines(path, report):
             yield number, None
 
 
-def decode_line(raw, name, number):
-    """One line of user text for translation or scoring; invalid UTF-8 is an error naming the line,
-    because silently dropping or altering a sentence would misalign the output."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise CorpusError(f"{name}:{number}: invalid UTF-8 at byte {e.start}") from None
-
-
 def stream_lines(stream, name):
-    """Yields the decoded lines of a binary stream (stdin) as they arrive, split as `_split_lines` does."""
-    for number, raw in enumerate(stream, start=1):  # a binary stream splits at \n only
-        raw = raw.removesuffix(b"\n").removesuffix(b"\r")
-        yield decode_line(_without_bom(raw) if number == 1 else raw, name, number)
+    """Yields the lines of user text (a binary stream, e.g. stdin) for translation or scoring as they
+    arrive; invalid UTF-8 is an error naming the line, because silently dropping or altering a
+    sentence would misalign the output."""
+    for number, raw in _raw_lines(stream):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CorpusError(f"{name}:{number}: invalid UTF-8 at byte {e.start}") from None
 
 
 def read_text_file(path):
-    return [decode_line(raw, path, number) for number, raw in enumerate(_split_lines(_read_bytes(path)), start=1)]
+    return list(stream_lines(io.BytesIO(_read_bytes(path)), path))
 
 
 def read_tsv(path, source_column, target_column, columns, report):
