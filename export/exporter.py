@@ -1,6 +1,7 @@
 """`kformer export`: build the translator once, write every format from it, verify each."""
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from export.runtime import MANIFEST, sha256
 
 FORMATS = ("savedmodel", "tflite", "onnx")
 QUANTIZATIONS = ("fp16", "int8")
+log = logging.getLogger("kformer")
 PACKAGES = ("tensorflow", "keras", "tensorflow-text", "tf2onnx", "onnx", "onnxruntime", "ai-edge-litert",
             "sentencepiece")
 
@@ -48,7 +50,8 @@ def _plan(formats, quantize, tokenizer_proto, config):
 def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=0.6, max_length=None,
            progress=print):
     """Writes the chosen formats of the model in `model_dir` to `out_dir` (which must not exist)
-    with the tokenizer and a manifest, then checks every fp32 artifact gives the Keras tokens."""
+    with the tokenizer and a manifest, then checks every artifact against Keras (`verify`).
+    Returns the manifest: its "artifacts" carry each one's "check" figures."""
     from kformer import checkpoint
 
     unknown = sorted(set(formats) - set(FORMATS)) + sorted(set(quantize) - set(QUANTIZATIONS))
@@ -97,17 +100,21 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=
             "trained_in": os.path.abspath(model_dir), "corpus": corpus}
         with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2)
-        progress("verifying: every artifact translates a probe batch; fp32 must match Keras token for token")
-        agreement = verify(work, model, config, tokenizer)
+        sources, references, checked_on = check_sentences(model_dir)
+        progress(f"verifying on {checked_on}: fp32 must match Keras token for token; fp16/int8 report agreement")
+        results = verify(work, model, config, tokenizer, sources, references, corpus["direction"].split("-")[-1])
+        for entry in artifacts:
+            entry["check"] = results[entry["file"]]
+        manifest["checked_on"] = checked_on
+        with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2)
         if os.path.exists(out_dir):
             os.rmdir(out_dir)  # empty, checked above
         os.replace(work, out_dir)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    for entry in artifacts:
-        entry["agreement"] = agreement.get((entry["format"], entry["search"], entry["variant"]))
-    return artifacts
+    return manifest
 
 
 WORK_PREFIX = ".kformer-export-"
@@ -140,16 +147,31 @@ def probe_batches(config, rng_seed=0):
     return [mixed, mixed[1:2, :4]]
 
 
+CHECK_SENTENCES = 100
 PROBE_TEXTS = ["我們試試看！", "", "Tom is here.", "   ", "他很高興，因為他的朋友們都來參加了他的生日聚會。"]
 
 
-def _text_translations(artifact_dir, beam):
-    """PROBE_TEXTS through the text ONNX file, in a process without TensorFlow: loading the
+def check_sentences(model_dir):
+    """(sources, references, name): the first CHECK_SENTENCES dev sentences of the model's corpus,
+    on which every artifact is compared with Keras; a few probe texts when the corpus is gone."""
+    from kformer.evaluate import split_references
+
+    try:
+        sources, references = split_references(model_dir, "dev")
+    except ValueError as e:
+        log.warning("checking exports on %d probe texts, without BLEU: %s", len(PROBE_TEXTS), e)
+        return PROBE_TEXTS, None, "probe texts"
+    sources, references = sources[:CHECK_SENTENCES], references[:CHECK_SENTENCES]
+    return sources, references, f"{len(sources)} dev sentences"
+
+
+def _text_translations(artifact_dir, beam, texts):
+    """`texts` through the text ONNX file, in a process without TensorFlow: loading the
     onnxruntime-extensions library next to TensorFlow/tensorflow-text crashes (both bundle
     SentencePiece and protobuf), and a device has no TensorFlow anyway."""
     code = ("import json, sys; from export.run_onnx import OnnxTextRunner; "
-            "print(json.dumps(OnnxTextRunner(sys.argv[1], int(sys.argv[2])).translate(json.loads(sys.argv[3]))))")
-    result = subprocess.run([sys.executable, "-c", code, artifact_dir, str(beam), json.dumps(PROBE_TEXTS)],
+            "print(json.dumps(OnnxTextRunner(sys.argv[1], int(sys.argv[2])).translate(json.load(sys.stdin))))")
+    result = subprocess.run([sys.executable, "-c", code, artifact_dir, str(beam)], input=json.dumps(texts),
                             capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if result.returncode:
@@ -157,39 +179,51 @@ def _text_translations(artifact_dir, beam):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def verify(artifact_dir, model, config, tokenizer):
-    """Runs every artifact on the probe batches. fp32 artifacts must give the Keras tokens
-    (else ExportError); quantized ones report the fraction of rows that agree. Text-in/text-out
-    files must give Keras' translation of the probe texts."""
+def verify(artifact_dir, model, config, tokenizer, sources, references=None, language="en"):
+    """Runs every artifact and compares it with the Keras model it came from.
+
+    fp32 artifacts must give the Keras tokens and scores' order on the probe batches (odd shapes)
+    and every artifact, quantized or not, translates `sources`: fp32 and text files must give
+    Keras' translations (else ExportError); quantized ones report how many they translate as Keras
+    does. Returns {file: {search: {"agreement": share of `sources` translated as Keras does,
+    "bleu_delta": its BLEU minus Keras' against `references` (None without references)}}}.
+    """
     from export.runtime import open_runner
+    from kformer.evaluate import score
     from kformer.translate import Translator
 
     with open(os.path.join(artifact_dir, MANIFEST), encoding="utf-8") as f:
         manifest = json.load(f)
-    reference = Translator(model, beam_size=manifest["beam_size"], alpha=manifest["alpha"],
-                           max_length=manifest["max_length"])
-    agreement = {}
+    beams = {"greedy": 1, "beam": manifest["beam_size"]}
+    keras = {search: Translator(model, tokenizer, beam_size=beam, alpha=manifest["alpha"],
+                                max_length=manifest["max_length"]) for search, beam in beams.items()}
+    expected = {search: translator.translate(sources) for search, translator in keras.items()}
+    bleu = {search: score(outputs, references, language)["bleu"] if references else None
+            for search, outputs in expected.items()}
+    results = {}
     for entry in manifest["artifacts"]:
-        if entry["variant"] == "text":
-            beam = manifest["beam_size"] if entry["search"] == "beam" else 1
-            expected = Translator(model, tokenizer, beam_size=beam, alpha=manifest["alpha"],
-                                  max_length=manifest["max_length"]).translate(PROBE_TEXTS)
-            if _text_translations(artifact_dir, beam) != expected:
-                raise writers.ExportError(f"{entry['file']} translates the probe texts differently from Keras")
-            agreement[(entry["format"], entry["search"], entry["variant"])] = 1.0
-            continue
-        searches = ("greedy", "beam") if entry["search"] == "all" else (entry["search"],)
+        searches = tuple(beams) if entry["search"] == "all" else (entry["search"],)
         for search in searches:
-            beam = manifest["beam_size"] if search == "beam" else 1
-            runner = open_runner(artifact_dir, entry["format"], entry["variant"], beam)
-            same, rows = 0, 0
-            for batch in probe_batches(config):
-                expected = getattr(reference, search)(batch)["tokens"].numpy()
-                tokens, _ = runner.search(batch)
-                same += int(np.sum(np.all(tokens.reshape(len(batch), -1) == expected.reshape(len(batch), -1), axis=1)))
-                rows += len(batch)
-            agreement[(entry["format"], entry["search"], entry["variant"])] = same / rows
-            if entry["variant"] == "fp32" and same != rows:
-                raise writers.ExportError(f"{entry['file']} ({search}) gives tokens different from Keras on "
-                                          f"{rows - same} of {rows} probe rows")
-    return agreement
+            where = f"{entry['file']} ({search})"
+            if entry["variant"] == "text":
+                outputs = _text_translations(artifact_dir, beams[search], sources)
+            else:
+                runner = open_runner(artifact_dir, entry["format"], entry["variant"], beams[search])
+                outputs = runner.translate(sources)
+                if entry["variant"] == "fp32":
+                    _check_tokens(runner, keras[search], search, config, where)
+            same = sum(a == b for a, b in zip(outputs, expected[search]))
+            if entry["variant"] in ("fp32", "text") and same != len(sources):
+                raise writers.ExportError(f"{where} translates {len(sources) - same} of {len(sources)} "
+                                          "check sentences differently from Keras")
+            delta = None if bleu[search] is None else score(outputs, references, language)["bleu"] - bleu[search]
+            results.setdefault(entry["file"], {})[search] = {"agreement": same / len(sources), "bleu_delta": delta}
+    return results
+
+
+def _check_tokens(runner, translator, search, config, where):
+    for batch in probe_batches(config):
+        expected = getattr(translator, search)(batch)["tokens"].numpy()
+        tokens, _ = runner.search(batch)
+        if not np.array_equal(tokens, expected):
+            raise writers.ExportError(f"{where} gives tokens different from Keras on a probe batch {batch.shape}")

@@ -6,6 +6,7 @@ import numpy as np
 import onnxruntime as ort
 
 from export.runtime import Runner, find_artifact, verified_path
+from kformer import batching
 
 
 class OnnxRunner(Runner):
@@ -44,11 +45,12 @@ class OnnxTextRunner(Runner):
                                             providers=["CPUExecutionProvider"])
 
     def translate(self, texts):
+        _, untranslated = batching.encode_texts(self.tokenizer, texts, self.config["max_source_length"])
         outputs = []
         for start in range(0, len(texts), self.batch_size):
             batch = np.array(texts[start: start + self.batch_size], dtype=object)
             outputs += [str(t) for t in self.session.run(["translation"], {"text": batch})[0]]
-        return outputs
+        return [untranslated.get(i, output) for i, output in enumerate(outputs)]
 
     def _search(self, search, batch):
         raise TypeError("the text ONNX file takes text; use OnnxRunner for token ids")

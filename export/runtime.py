@@ -143,6 +143,4 @@ class Runner:
         return batching.translate_ids(self.search, ids, self.batch_size, self.config["eos_id"], self.config["pad_id"])
 
     def translate(self, texts):
-        ids = batching.encode_texts(self.tokenizer, texts, self.config["max_source_length"])
-        outputs, _ = self.translate_ids(ids)
-        return [self.tokenizer.decode(row) for row in outputs]
+        return batching.translate_texts(self.tokenizer, texts, self.config["max_source_length"], self.translate_ids)

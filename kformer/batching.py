@@ -8,16 +8,48 @@ import numpy as np
 log = logging.getLogger("kformer")
 
 
+def _quoted(text, width=24):
+    return repr(text if len(text) <= width else text[: width - 1] + "…")
+
+
 def encode_texts(tokenizer, texts, max_source_length):
-    """SentencePiece ids per text; blank texts give []; over-long ones are truncated with a warning."""
-    ids = []
-    for number, text in enumerate(texts, start=1):
-        row = tokenizer.encode(text.strip()) if text.strip() else []
+    """SentencePiece ids per text, and the texts to output as they are.
+
+    Returns (ids, untranslated): blank texts get [] (an empty translation). A text none of whose
+    characters is in the vocabulary (emoji only, a script the corpus lacks) also gets [], and
+    `untranslated[index]` is the text, to be output unchanged with a warning: from <unk> pieces
+    alone the model would invent a sentence. A text mostly outside the vocabulary is translated,
+    with a warning. Over-long texts are truncated, with a warning.
+    """
+    ids, untranslated = [], {}
+    for index, text in enumerate(texts):
+        text = text.strip()
+        row = tokenizer.encode(text) if text else []
+        # Every character the tokenizer was trained to cover is one of its pieces (unigram models
+        # keep them all), so a character that is no piece is one that becomes <unk>.
+        characters = "".join(text.split())
+        unknown = sum(tokenizer.piece_to_id(c) == tokenizer.unk_id() for c in characters)
+        if characters and unknown == len(characters):
+            log.warning("input %s: none of its characters is in the model's vocabulary; output untranslated",
+                        _quoted(text))
+            untranslated[index] = text
+            row = []
+        elif unknown * 2 > len(characters):
+            log.warning("input %s: %d of its %d characters are not in the model's vocabulary; "
+                        "its translation may be invented", _quoted(text), unknown, len(characters))
         if len(row) > max_source_length:
-            log.warning("input %d has %d tokens; truncated to the model's maximum source length %d",
-                        number, len(row), max_source_length)
+            log.warning("input %s has %d tokens; truncated to the model's maximum source length %d",
+                        _quoted(text), len(row), max_source_length)
         ids.append(row[:max_source_length])
-    return ids
+    return ids, untranslated
+
+
+def translate_texts(tokenizer, texts, max_source_length, translate_ids):
+    """list[str] -> list[str] through `translate_ids(ids) -> (output ids, scores)`, with the
+    defined results of `encode_texts` for blank, unreadable and over-long texts."""
+    ids, untranslated = encode_texts(tokenizer, texts, max_source_length)
+    outputs, _ = translate_ids(ids)
+    return [untranslated.get(i, tokenizer.decode(row)) for i, row in enumerate(outputs)]
 
 
 def length_sorted_batches(ids, batch_size):

@@ -105,12 +105,15 @@ def _export(args):
 
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     quantize = [q.strip() for q in (args.quantize or "").split(",") if q.strip()]
-    artifacts = export(args.model, args.out, formats, quantize, beam_size=args.beam, alpha=args.alpha,
-                       max_length=args.max_len)
-    print(f"{'file':32} {'MB':>8} {'seconds':>8} {'agrees with keras':>18}")
-    for a in artifacts:
-        agree = "-" if a["agreement"] is None else f"{a['agreement']:.0%}"
-        print(f"{a['file']:32} {a['bytes'] / 1e6:8.2f} {a['seconds']:8.1f} {agree:>18}")
+    manifest = export(args.model, args.out, formats, quantize, beam_size=args.beam, alpha=args.alpha,
+                      max_length=args.max_len)
+    print(f"checked on {manifest['checked_on']}: translations the same as Keras', and BLEU minus Keras' BLEU")
+    print(f"{'file':28} {'MB':>7} {'seconds':>8} {'search':>7} {'same':>6} {'BLEU Δ':>7}")
+    for a in manifest["artifacts"]:
+        for search, check in a["check"].items():
+            delta = "-" if check["bleu_delta"] is None else f"{check['bleu_delta']:+.2f}"
+            print(f"{a['file']:28} {a['bytes'] / 1e6:7.2f} {a['seconds']:8.1f} {search:>7} "
+                  f"{check['agreement']:6.0%} {delta:>7}")
     print(f"wrote {args.out} (manifest.json, tokenizer.model and the files above)")
 
 

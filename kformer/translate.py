@@ -107,8 +107,8 @@ class Translator(tf.Module):
     # --- Python side: text <-> ids around the graph (shared with the device runners) ---
 
     def encode(self, texts):
-        """Token ids per text; over-long sources are truncated with a warning (never an error)."""
-        return batching.encode_texts(self.tokenizer, texts, self.config.max_source_length)
+        """Token ids per text (see `batching.encode_texts`: never an error)."""
+        return batching.encode_texts(self.tokenizer, texts, self.config.max_source_length)[0]
 
     def search(self, batch, beam_size=None):
         """(B, S) int32 source ids -> numpy (tokens, scores) of beam search, or greedy for beam 1."""
@@ -123,8 +123,9 @@ class Translator(tf.Module):
                                       self.config.eos_id, self.config.pad_id)
 
     def translate(self, texts, beam_size=None):
-        """Translates a list of strings; an empty or blank string gives an empty translation."""
+        """Translates a list of strings; an empty or blank string gives an empty translation, a
+        string with no character in the vocabulary is output as it is (`batching.encode_texts`)."""
         if self.tokenizer is None:
             raise ValueError("this Translator has no tokenizer; use translate_ids")
-        outputs, _ = self.translate_ids(self.encode(texts), beam_size)
-        return [self.tokenizer.decode(row) for row in outputs]
+        return batching.translate_texts(self.tokenizer, texts, self.config.max_source_length,
+                                        lambda ids: self.translate_ids(ids, beam_size))

@@ -79,14 +79,34 @@ def test_all_runtimes_give_identical_tokens(artifacts, model_dir, beam):
     assert hit_limit
 
 
-def test_int8_variants_run_and_report_agreement(artifacts, model_dir):
+def test_quantized_files_report_agreement_and_bleu_delta_from_their_translations(artifacts, model_dir):
+    from export.exporter import check_sentences, verify
+    from kformer import checkpoint
+    from kformer.evaluate import score
+
     manifest = load_manifest(artifacts)
-    variants = {(e["format"], e["variant"]) for e in manifest["artifacts"]}
-    assert {("tflite", "int8"), ("onnx", "int8"), ("tflite", "fp16"), ("onnx", "text")} <= variants
-    batch = batches(manifest["config"]["vocab_size"])["mixed"]
-    for runner in (TfliteRunner(artifacts, BEAM, "int8"), OnnxRunner(artifacts, BEAM, "int8")):
-        tokens, scores = runner.search(batch)
-        assert tokens.shape[:2] == (4, BEAM) and np.all(np.isfinite(scores))
+    assert manifest["checked_on"] == "100 dev sentences"
+    for entry in manifest["artifacts"]:  # fp32 and text files were checked to translate as Keras does
+        searches = {"all": ["greedy", "beam"]}.get(entry["search"], [entry["search"]])
+        assert sorted(entry["check"]) == sorted(searches)
+        assert entry["variant"] not in ("fp32", "text") or all(c["agreement"] == 1 for c in entry["check"].values())
+    # Recompute the figures of the quantized files from their translations, with references that
+    # make BLEU move: Keras' own beam translations (Keras scores 100 on them).
+    sources = check_sentences(model_dir)[0][:24]
+    model, config, tokenizer, _ = checkpoint.load(model_dir)
+    keras = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(sources)
+    results = verify(artifacts, model, config, tokenizer, sources, [[k] for k in keras])
+    agreements = []
+    for file, runner in [("tflite/beam.int8.tflite", TfliteRunner(artifacts, BEAM, "int8")),
+                         ("onnx/beam.int8.onnx", OnnxRunner(artifacts, BEAM, "int8")),
+                         ("tflite/beam.fp16.tflite", TfliteRunner(artifacts, BEAM, "fp16"))]:
+        outputs = runner.translate(sources)
+        agreement = np.mean([a == b for a, b in zip(outputs, keras)])
+        bleu = score(outputs, [[k] for k in keras])["bleu"]
+        assert results[file]["beam"] == pytest.approx({"agreement": agreement, "bleu_delta": bleu - 100}), file
+        agreements.append(agreement)
+    assert min(agreements) < 1  # int8 changes some translations of this random model: the figures are not constant
+    assert results["onnx/beam.fp32.onnx"]["beam"] == {"agreement": 1.0, "bleu_delta": pytest.approx(0)}
 
 
 def test_text_in_text_out(artifacts, model_dir):
@@ -217,6 +237,7 @@ def test_device_runners_need_no_tensorflow(artifacts, model_dir, beam):
     out = json.loads(result.stdout.strip().splitlines()[-1])
     expected = KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH).translate(texts)
     assert out["onnx"] == out["tflite"] == out["onnx_text"] == expected and out["loaded"] == []
+    assert expected[4] == "🙂"  # outside the vocabulary: output as it is, by every runner
 
 
 def test_a_killed_exports_work_folder_is_removed_by_the_next_export(tmp_path):

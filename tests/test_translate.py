@@ -141,13 +141,24 @@ def test_long_text_is_truncated_with_a_warning(text_translator, caplog):
     with caplog.at_level(logging.WARNING, logger="kformer"):
         (output,) = text_translator.translate([long_text])
     assert "truncated to the model's maximum source length 12" in caplog.text
-    assert output == text_translator.translate([text_translator.tokenizer.decode(
-        text_translator.tokenizer.encode(long_text)[:12])])[0]
+    first_12 = text_translator.tokenizer.encode(long_text)[:12]  # the ids path, not the text path again
+    (expected,), _ = text_translator.translate_ids([first_12])
+    assert output == text_translator.tokenizer.decode(expected)
 
 
-def test_unseen_characters_translate_without_error(text_translator):
-    outputs = text_translator.translate(["🙂🙃 ᚠᛇᚻ", "Привет 🙂 我們"])
-    assert len(outputs) == 2 and all(isinstance(o, str) for o in outputs)
+def test_text_outside_the_vocabulary_is_output_as_it_is(text_translator, caplog):
+    tokenizer = text_translator.tokenizer
+    assert all(tokenizer.encode(t) == [tokenizer.piece_to_id("▁"), tokenizer.unk_id()] for t in ("🙂🙃", "ᚠᛇᚻ"))
+    texts = ["🙂🙃 ᚠᛇᚻ", "  🙂  ", "Привет 🙂 我們", "我們試試看！"]
+    with caplog.at_level(logging.WARNING, logger="kformer"):
+        outputs = text_translator.translate(texts)
+    assert outputs[:2] == ["🙂🙃 ᚠᛇᚻ", "🙂"]  # untranslated, not an invented sentence
+    assert outputs[2:] == [text_translator.tokenizer.decode(row) for row in text_translator.translate_ids(
+        [tokenizer.encode(t) for t in texts[2:]])[0]]  # mostly unknown: still translated
+    warnings = [r.getMessage() for r in caplog.records]
+    assert sum("none of its characters is in the model's vocabulary" in w for w in warnings) == 2
+    assert any(w.startswith("input 'Привет 🙂 我們': 7 of its 9 characters") for w in warnings)
+    assert not any("我們試試看" in w for w in warnings)
 
 
 def test_mixed_batch_equals_one_by_one(text_translator):
