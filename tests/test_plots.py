@@ -5,7 +5,6 @@ import pytest
 matplotlib.use("Agg")
 
 from kformer import plots  # noqa: E402
-from kformer.layers import sinusoidal_table  # noqa: E402
 
 
 @pytest.fixture()
@@ -25,8 +24,10 @@ def test_token_labels_keep_characters_with_a_cjk_font(monkeypatch):
 def test_positional_encoding_figure_shows_both_layouts():
     fig = plots.positional_encoding_figure(length=20, width=8)
     interleaved, concatenated = [ax.images[0].get_array() for ax in fig.axes[:2]]
-    np.testing.assert_allclose(interleaved, sinusoidal_table(20, 8))
-    np.testing.assert_allclose(concatenated[:, :4], sinusoidal_table(20, 8)[:, 0::2])  # all sines first
+    angles = np.arange(20)[:, None] / 10000 ** (np.arange(0, 8, 2)[None, :] / 8)  # the paper's pos / 10000^(2i/d)
+    np.testing.assert_allclose(interleaved[:, 0::2], np.sin(angles), atol=1e-6)
+    np.testing.assert_allclose(interleaved[:, 1::2], np.cos(angles), atol=1e-6)
+    np.testing.assert_allclose(concatenated, np.concatenate([np.sin(angles), np.cos(angles)], 1), atol=1e-6)
     assert fig.axes[0].get_ylabel() == "position" and fig.axes[0].get_xlabel() == "dimension"
 
 
@@ -68,10 +69,20 @@ def test_alignment_and_attention_command(trained_dir, tmp_path, capsys):
     from kformer.translate import Translator
 
     model, config, tokenizer, _ = checkpoint.load(trained_dir)
-    result = Translator(model, tokenizer, beam_size=2).alignment("我們試試看！")
+    result = Translator(model, tokenizer, beam_size=2).alignment("我們試試看！", beam_size=1)
     assert result["weights"].shape == (len(result["target"]), len(result["source"]))
     np.testing.assert_allclose(result["weights"].sum(-1), 1, atol=1e-5)  # every row attends to the source
-    assert result["target"][-1] == "</s>" or len(result["target"]) > 1
+    # Row t must be the decoder position that produced target[t]: the full model, fed the same
+    # decoder input in one pass (no search, no cache), predicts exactly the target pieces.
+    source = [tokenizer.encode("我們試試看！")]
+    target = [tokenizer.piece_to_id(p) for p in result["target"]]
+    assert [tokenizer.id_to_piece(i) for i in source[0]] == result["source"]
+    decoder_input = [[config.bos_id] + target[:-1]]
+    assert [tokenizer.id_to_piece(i) for i in decoder_input[0]] == result["decoder_input"]
+    logits = model({"source_ids": np.array(source, "int32"), "target_ids": np.array(decoder_input, "int32")})
+    assert list(np.argmax(np.asarray(logits)[0], -1)) == target
+    cross = model.attention_weights(np.array(source, "int32"), np.array(decoder_input, "int32"))["cross"][-1]
+    np.testing.assert_allclose(result["weights"], np.asarray(cross)[0].mean(0), atol=1e-6)  # for that input
     out = tmp_path / "align.png"
     assert main(["attention", "--model", trained_dir, "--out", str(out), "--beam", "2", "我們試試看！"]) == 0
     assert out.stat().st_size > 1000 and "wrote" in capsys.readouterr().out
