@@ -25,6 +25,7 @@ TOKENIZER_FILE = "tokenizer.model"
 CORPUS_FILE = "corpus.json"
 MODEL_FILE = "model.keras"
 STATE_FILE = "training.json"
+PENDING_STATE_FILE = "training.pending.json"  # see `save`
 LOGS_DIR = "logs"
 
 Run = collections.namedtuple("Run", "model config tokenizer corpus")
@@ -78,17 +79,22 @@ def swap_average(model):
 
 
 def save(model, model_path, state=None):
-    """Writes model.keras (averaged weights as the model's, see the module doc) atomically,
-    then training.json with `state`."""
+    """Writes model.keras (averaged weights as the model's, see the module doc) atomically, and
+    training.json with `state` (its "steps" the optimizer's). Two files cannot be replaced at once:
+    the state is written first as training.pending.json, so a kill between the two renames leaves
+    the state that belongs to the new model.keras for `read_state` to find."""
     tmp = _temporary(model_path)
     swap_average(model)
     try:
         model.save(tmp)
     finally:
         swap_average(model)
+    run_dir = os.path.dirname(model_path)
+    if state is not None:
+        write_json(path(run_dir, PENDING_STATE_FILE), state)
     os.replace(tmp, model_path)
     if state is not None:
-        write_json(path(os.path.dirname(model_path), STATE_FILE), state)
+        os.replace(path(run_dir, PENDING_STATE_FILE), path(run_dir, STATE_FILE))
 
 
 def restore(model, model_path):
@@ -102,10 +108,17 @@ def restore(model, model_path):
     swap_average(model)
 
 
-def read_state(run_dir):
-    """training.json of a run, or {} for a new run."""
-    file_path = path(run_dir, STATE_FILE)
-    return read_json(file_path) if os.path.exists(file_path) else {}
+def read_state(run_dir, steps=None):
+    """training.json of a run, or {} for a new run. Given `steps` (the optimizer step restored
+    from model.keras), the state of a save killed between its two renames is used if it is the one
+    that belongs to those steps."""
+    file_path, pending = path(run_dir, STATE_FILE), path(run_dir, PENDING_STATE_FILE)
+    state = read_json(file_path) if os.path.exists(file_path) else {}
+    if steps is not None and state.get("steps") != steps and os.path.exists(pending):
+        candidate = read_json(pending)
+        if candidate.get("steps") == steps:
+            return candidate
+    return state
 
 
 def read_corpus(run_dir):

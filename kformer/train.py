@@ -386,6 +386,9 @@ def start(out_dir, config_name="small", data="default", direction="zh-en", minut
             model.optimizer.build(model.trainable_variables)
             checkpoint.restore(model, model_path)
     done = int(model.optimizer.iterations)
+    if done and state.get("steps") != done:  # a save killed between writing model.keras and training.json
+        state = checkpoint.read_state(out_dir, steps=done)
+        spent = float(state.get("seconds", spent))
     if done:
         log.info("resuming %s from step %d (%.1f min trained)", model_path, done, spent / 60)
         if isinstance(schedule, BudgetSchedule) and max_steps is None and state.get("schedule"):

@@ -56,3 +56,15 @@ def random_ids(rng, batch, length, vocab, pad_tail=0):
     if pad_tail:
         ids[1::2, length - pad_tail:] = 0
     return ids
+
+
+def saved_weights(model_path):
+    """{h5 path: array} of every weight in a .keras file, optimizer state included
+    ("optimizer/vars/0" is the step)."""
+    import zipfile
+
+    import h5py
+    with zipfile.ZipFile(model_path) as archive, h5py.File(archive.open("model.weights.h5")) as f:
+        found = []
+        f.visititems(lambda name, item: found.append((name, item[()])) if isinstance(item, h5py.Dataset) else None)
+        return dict(found)

@@ -7,7 +7,7 @@ import subprocess
 import keras
 import numpy as np
 import pytest
-from conftest import PYTHON
+from conftest import PYTHON, saved_weights
 
 from kformer import checkpoint
 from kformer.config import preset
@@ -51,16 +51,6 @@ def test_warmup_is_a_fraction_of_the_estimated_steps_capped_by_the_config():
     assert [budget_warmup(config, total) for total in (10, 1000, 4000, 10**6)] == [1, 50, 200, 300]
 
 
-def _weights(model_path):
-    import zipfile
-
-    import h5py
-    with zipfile.ZipFile(model_path) as archive, h5py.File(archive.open("model.weights.h5")) as f:
-        found = []
-        f.visititems(lambda name, item: found.append((name, item[()])) if isinstance(item, h5py.Dataset) else None)
-        return dict(found)
-
-
 def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, corpus_tsv):
     """model.keras holds the exponential moving average of the raw weights (computed here by hand
     from the raw weights after every step); a run stopped at step 4 and resumed to step 8 ends with
@@ -97,7 +87,7 @@ def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, c
         np.testing.assert_allclose(np.array(variable), expected, atol=1e-6, err_msg=variable.path)
     assert max(np.abs(a - r).max() for a, r in zip(average, record.raw[-1])) > 1e-3  # averaging did something
 
-    a, b = _weights(os.path.join(whole, "model.keras")), _weights(os.path.join(split, "model.keras"))
+    a, b = saved_weights(os.path.join(whole, "model.keras")), saved_weights(os.path.join(split, "model.keras"))
     assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_allclose(a[name], b[name], atol=1e-6, err_msg=name)

@@ -1,0 +1,105 @@
+"""Training killed with SIGKILL at random moments, inside checkpoint saves too, then resumed:
+nothing older than the last checkpoint is lost, model.keras and training.json always agree, and
+the weights equal those of a run that was never interrupted."""
+
+import os
+import random
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from conftest import PYTHON, saved_weights
+
+from kformer import checkpoint
+from kformer.train import train
+
+STEPS = 60
+TRAIN = """
+import sys
+from kformer.train import train
+train(sys.argv[1], "tiny", data=sys.argv[2], vocab_size=1200, steps=int(sys.argv[3]), xla=False, verbose=0,
+      checkpoint_seconds=0)  # a save after every step: most of the time is spent inside saves
+"""
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _saved_step(out):
+    model_path = checkpoint.path(out, checkpoint.MODEL_FILE)
+    return int(saved_weights(model_path)["optimizer/vars/0"]) if os.path.exists(model_path) else 0  # the step
+
+
+def _train_until_killed(out, corpus, moment, rng):
+    """Starts training in a subprocess, waits for it to save past where it started, kills it at
+    `moment` ("inside a save": while model.tmp.keras is being written; "random": after a random
+    delay); returns the step saved just before the kill."""
+    started_at = _saved_step(out)
+    process = subprocess.Popen([PYTHON, "-c", TRAIN, out, corpus, str(STEPS)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    deadline = time.monotonic() + 300
+    while checkpoint.read_state(out).get("steps", 0) <= started_at:
+        assert process.poll() is None and time.monotonic() < deadline, "training made no progress"
+        time.sleep(0.01)
+    if moment == "inside a save":
+        while not os.path.exists(checkpoint.path(out, "model.tmp.keras")) and process.poll() is None:
+            time.sleep(0.001)
+    else:
+        time.sleep(rng.uniform(0.0, 1.5))
+    seen = checkpoint.read_state(out)["steps"]
+    process.kill()
+    assert process.wait() != 0, f"training finished its {STEPS} steps before the kill; raise STEPS"
+    return seen
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_loses_nothing_and_resumes_exactly(tmp_path, corpus_tsv):
+    rng = random.Random(20261123)
+    out, whole, whole_at_kill = (str(tmp_path / name) for name in ("killed", "whole", "whole_at_kill"))
+    kept = []  # (step, copy of model.keras) after each kill
+    for number, moment in enumerate(["inside a save", "random", "inside a save", "random"]):
+        seen = _train_until_killed(out, corpus_tsv, moment, rng)
+        step = _saved_step(out)
+        assert step >= seen, f"kill {number} ({moment}): the checkpoint went back from step {seen} to {step}"
+        assert checkpoint.read_state(out, steps=step)["steps"] == step  # the state that belongs to the model
+        kept.append((step, shutil.copy(checkpoint.path(out, checkpoint.MODEL_FILE), tmp_path / f"kill{number}.keras")))
+    assert kept[-1][0] < STEPS
+
+    args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0)
+    train(out, "tiny", steps=STEPS, **args)  # resume to the end
+    step, killed_model = kept[0]
+    for reference, steps in ((whole_at_kill, step), (whole, STEPS)):  # fresh models, never killed or stopped
+        os.makedirs(reference)
+        for name in (checkpoint.CONFIG_FILE, checkpoint.TOKENIZER_FILE, checkpoint.CORPUS_FILE):
+            shutil.copy(checkpoint.path(out, name), reference)  # the same tokenizer
+        train(reference, "tiny", steps=steps, **args)
+    _assert_same_weights(killed_model, checkpoint.path(whole_at_kill, checkpoint.MODEL_FILE))
+    _assert_same_weights(checkpoint.path(out, checkpoint.MODEL_FILE), checkpoint.path(whole, checkpoint.MODEL_FILE))
+
+
+def _assert_same_weights(path_a, path_b):
+    a, b = saved_weights(path_a), saved_weights(path_b)  # model weights and optimizer state (step, moments)
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=1e-6, err_msg=name)
+
+
+def test_a_save_killed_between_its_two_renames_keeps_the_state_of_the_new_model(tmp_path, monkeypatch):
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model_path = str(tmp_path / checkpoint.MODEL_FILE)
+    checkpoint.save(model, model_path, {"steps": 1, "seconds": 10.0})
+    replace = os.replace
+
+    def killed_before_the_state(source, destination):
+        if destination.endswith(os.sep + checkpoint.STATE_FILE):
+            raise SystemExit("SIGKILL")
+        replace(source, destination)
+    monkeypatch.setattr(checkpoint.os, "replace", killed_before_the_state)
+    with pytest.raises(SystemExit):
+        checkpoint.save(model, model_path, {"steps": 2, "seconds": 20.0})  # model.keras now holds step 2
+    monkeypatch.undo()
+    assert checkpoint.read_state(str(tmp_path))["steps"] == 1  # training.json was not replaced
+    assert checkpoint.read_state(str(tmp_path), steps=2) == {"steps": 2, "seconds": 20.0}
+    assert checkpoint.read_state(str(tmp_path), steps=1) == {"steps": 1, "seconds": 10.0}
