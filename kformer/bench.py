@@ -6,6 +6,8 @@ import os
 import tempfile
 import time
 
+import numpy as np
+
 from kformer import batching
 
 log = logging.getLogger("kformer")
@@ -182,12 +184,11 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
     for batch_size in batch_sizes:
         _, batch = next(batching.length_sorted_batches(ids[:batch_size], batch_size))
         for beam_size in (1, 4):
-            timings = {}
+            timings, outputs = {}, {}
             for name, naive, jit, eager in (("cached", False, False, False), ("cached_xla", False, True, False),
                                             ("naive", True, False, False), ("naive_eager", True, False, True)):
                 fn = _search_function(model, beam_size, naive, jit, output_tokens, eager)
-                tokens = fn(batch)  # trace and compile
-                assert tokens.shape[-1] == output_tokens
+                outputs[name] = np.asarray(fn(batch))  # also traces and compiles
                 runs = 1 if eager else max(1, repeats if not naive else repeats // 2)
                 seconds = []
                 for _ in range(runs):
@@ -195,11 +196,16 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
                     fn(batch)
                     seconds.append(time.perf_counter() - start)
                 timings[name] = statistics.median(seconds)
+                best = outputs[name] if beam_size == 1 else outputs[name][:, 0]  # (B, T)
+                generated = int(np.sum(best != config.pad_id))  # every row runs to output_tokens: EOS is barred
                 rows.append({"batch": batch_size, "search": "greedy" if beam_size == 1 else f"beam{beam_size}",
-                             "variant": name, "seconds": timings[name],
-                             "sentences_per_s": batch_size / timings[name],
-                             "tokens_per_s": batch_size * output_tokens / timings[name]})
+                             "variant": name, "seconds": timings[name], "generated_tokens": generated,
+                             "sentences_per_s": batch_size / timings[name], "tokens_per_s": generated / timings[name]})
                 log.info("batch %d %s %s: %.3fs", batch_size, rows[-1]["search"], name, timings[name])
-            for row in rows[-4:]:
+            for row in rows[-4:]:  # the same tokens from every variant, or the timings compare different work
+                row["same_tokens_as_naive"] = bool(np.array_equal(outputs[row["variant"]], outputs["naive"]))
                 row["speedup_vs_naive"] = timings["naive"] / row["seconds"]
+                if not row["same_tokens_as_naive"]:
+                    log.warning("batch %d %s: %s decodes other tokens than the naive re-run", batch_size,
+                                row["search"], row["variant"])
     return {"model": model_dir, "output_tokens": output_tokens, "source_tokens": "~20", "rows": rows}

@@ -10,23 +10,28 @@ from export.benchmark import worker
 from kformer.bench import bench_decode
 
 
-def test_bench_decode_reports_every_variant(model_dir):  # noqa: F811
+def test_bench_decode_times_the_same_work_in_every_variant(model_dir):  # noqa: F811
     results = bench_decode(model_dir, batch_sizes=(1, 2), output_tokens=6, repeats=1)
     rows = results["rows"]
     assert len(rows) == 2 * 2 * 4  # batch sizes x searches x (cached, cached_xla, naive, naive_eager)
     assert {r["variant"] for r in rows} == {"cached", "cached_xla", "naive", "naive_eager"}
     for r in rows:
-        assert r["tokens_per_s"] == pytest.approx(r["batch"] * 6 / r["seconds"])
-        assert r["speedup_vs_naive"] > 0
-    assert all(r["speedup_vs_naive"] == 1.0 for r in rows if r["variant"] == "naive")
+        assert r["same_tokens_as_naive"], r  # cache, XLA and eager decode what the prefix re-run decodes
+        assert r["generated_tokens"] == r["batch"] * 6, r  # EOS barred: every row does all 6 steps
 
 
-def test_runtime_worker_measures_one_runtime(artifacts, tmp_path):  # noqa: F811
+def test_runtime_worker_measures_the_runtime_it_names(artifacts, tmp_path):  # noqa: F811
+    from export.run_onnx import OnnxRunner
+
+    sources = ["我們試試看！", "他很高興。", "好"]
     job = tmp_path / "job.json"
-    job.write_text(json.dumps({"sources": ["我們試試看！", "他很高興。", "好"], "latency_index": 1}))
+    job.write_text(json.dumps({"sources": sources, "latency_index": 1}))
     row = worker(artifacts, "tflite", "fp32", BEAM, str(job), repeats=2)
-    assert row["search"] == f"beam{BEAM}" and len(row["hypotheses"]) == 3
-    assert row["latency_ms"] > 0 and row["batch32_sentences_per_s"] > 0 and row["peak_rss_mb"] > 0
+    assert row["search"] == f"beam{BEAM}" and row["latency_ms"] > 0 and row["peak_rss_mb"] > 0
+    onnx = OnnxRunner(artifacts, BEAM)  # another runtime, which must give the same translations
+    assert row["hypotheses"] == onnx.translate(sources)
+    (latency_output,), _ = onnx.translate_ids([onnx.tokenizer.encode(sources[1])])
+    assert row["latency_output_tokens"] == len(latency_output)
 
 
 def test_reference_model_trains_one_step():
@@ -55,4 +60,3 @@ def test_bench_train_compares_same_size_models_on_the_same_pairs():
     kformer, xla, hub = results["kformer"], results["kformer_xla"], results["keras_hub"]
     assert kformer["parameters"] == hub["parameters"] == xla["parameters"]
     assert hub["padding"] == kformer["padding"] < xla["padding"]  # same batches; buckets pad more
-    assert results["vs_keras_hub"] == pytest.approx(kformer["real_tokens_per_s"] / hub["real_tokens_per_s"])
