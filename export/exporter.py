@@ -15,6 +15,7 @@ import numpy as np
 from export import writers
 from export.module import ExportModule
 from export.runtime import MANIFEST, sha256
+from kformer.config import BEAM_SIZE, LENGTH_PENALTY
 
 FORMATS = ("savedmodel", "tflite", "onnx")
 QUANTIZATIONS = ("fp16", "int8")
@@ -47,7 +48,7 @@ def _plan(formats, quantize, tokenizer_proto, config):
     return steps
 
 
-def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=4, alpha=0.6, max_length=None,
+def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_length=None,
            progress=print):
     """Writes the chosen formats of the model in `model_dir` to `out_dir` (which must not exist)
     with the tokenizer and a manifest, then checks every artifact against Keras (`verify`).

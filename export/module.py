@@ -3,6 +3,7 @@
 import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
+from kformer.config import BEAM_SIZE, LENGTH_PENALTY
 from kformer.translate import Translator
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
@@ -18,7 +19,7 @@ class ExportModule(tf.Module):
         greedy_text / beam_text: text string (B,) -> translation string (B,).
     """
 
-    def __init__(self, model, tokenizer_proto, beam_size=4, alpha=0.6, max_length=None):
+    def __init__(self, model, tokenizer_proto, beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_length=None):
         super().__init__(name="kformer_translator")
         import tensorflow_text as tf_text  # only the SavedModel text functions need it
 

@@ -4,6 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 from export.runtime import Runner, find_artifact, verified_path
+from kformer.config import BEAM_SIZE, LENGTH_PENALTY
 
 
 class SavedModelRunner(Runner):
@@ -27,7 +28,7 @@ class SavedModelRunner(Runner):
 class KerasRunner:
     """The training folder's Keras model behind the same interface (the reference runtime)."""
 
-    def __init__(self, model_dir, beam_size=4, alpha=0.6, max_length=None, batch_size=32):
+    def __init__(self, model_dir, beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_length=None, batch_size=32):
         from kformer import checkpoint
         from kformer.translate import Translator
 

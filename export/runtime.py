@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from kformer import batching
-from kformer.config import TransformerConfig
+from kformer.config import BEAM_SIZE, LENGTH_PENALTY, TransformerConfig
 
 MANIFEST = "manifest.json"
 
@@ -92,8 +92,8 @@ def open_runner(path, runtime="keras", variant="fp32", beam_size=None, batch_siz
         if variant != "fp32":
             raise ValueError(f"--variant {variant} needs an exported runtime; the keras runtime is fp32")
         from export.run_tf import KerasRunner
-        return KerasRunner(path, 4 if beam_size is None else beam_size, 0.6 if alpha is None else alpha,
-                           max_length, batch_size)
+        return KerasRunner(path, BEAM_SIZE if beam_size is None else beam_size,
+                           LENGTH_PENALTY if alpha is None else alpha, max_length, batch_size)
     if variant not in VARIANTS[runtime]:
         raise ValueError(f"--variant {variant} does not exist for {runtime}; choose one of {VARIANTS[runtime]}")
     if alpha is not None or max_length is not None:

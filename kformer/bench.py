@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from kformer import batching
+from kformer.config import DEFAULT_PRESET
 
 log = logging.getLogger("kformer")
 
@@ -73,7 +74,7 @@ def reference_model(config):
     return keras.Model(inputs, embedding(y, reverse=True), name="keras_hub_reference")
 
 
-def bench_train(config_name="small", steps=30, seed=0, mixed_precision=False, rounds=3, overrides=None):
+def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, mixed_precision=False, rounds=3, overrides=None):
     """Real (non-pad) source+target tokens/s of `train_on_batch` on the same batches, in interleaved
     rounds: kformer without XLA (batches padded to their longest row), kformer with XLA (padded to
     the bucket, so shapes are bounded), and the same-size keras-hub model (padded to the longest row).

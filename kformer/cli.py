@@ -8,6 +8,9 @@ import os
 import sys
 import tempfile
 
+from export.runtime import RUNTIMES, VARIANTS
+from kformer.config import BEAM_SIZE, DEFAULT_DIRECTION, DEFAULT_PRESET, LENGTH_PENALTY, PRESETS, TransformerConfig
+
 
 def _quiet_tensorflow(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # hides the CUDA probe noise on CPU machines
@@ -145,7 +148,7 @@ def _demo(args):
     print(f"trained {summary['steps']} steps ({summary['stopped']}); token accuracy "
           f"{summary.get('token_accuracy', float('nan')):.3f}, dev token accuracy "
           f"{summary.get('val_token_accuracy', float('nan')):.3f}")
-    result = evaluate(args.out, split="test", beam_size=4)
+    result = evaluate(args.out, split="test")
     _print_scores(result)
     print("examples from the held-out test split (source / reference / kformer):")
     for source, references, hypothesis in result["examples"][:: max(1, len(result["examples"]) // 8)][:8]:
@@ -200,10 +203,10 @@ def build_parser():
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("train", help="train (or resume) a model in --out")
-    p.add_argument("--config", default="small", choices=["tiny", "small", "base", "big"])
+    p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
     p.add_argument("--data", nargs="+", metavar="PATH",
                    help="'default' (Tatoeba zh-en), a TSV of source<TAB>target, or two aligned text files")
-    p.add_argument("--direction", default="zh-en",
+    p.add_argument("--direction", default=DEFAULT_DIRECTION,
                    help="language pair source-target; picks the columns of the default corpus (zh-en or en-zh)")
     p.add_argument("--out", required=True, help="training directory; re-running with it resumes")
     budget = p.add_mutually_exclusive_group()
@@ -215,7 +218,8 @@ def build_parser():
                         "compiles each batch shape for no measured gain)")
     p.add_argument("--mixed-precision", action="store_true", help="float16 compute (for GPUs)")
     p.add_argument("--batch-tokens", type=_positive(int), help="tokens per batch and side (default: the preset's)")
-    p.add_argument("--vocab-size", type=_positive(int), default=8000, help="SentencePiece vocabulary size")
+    p.add_argument("--vocab-size", type=_positive(int), default=TransformerConfig.vocab_size,
+                   help="SentencePiece vocabulary size")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--strategy", choices=["default", "mirrored"], default="default",
                    help="mirrored: data-parallel over the local accelerators")
@@ -223,12 +227,12 @@ def build_parser():
 
     p = commands.add_parser("translate", help="translate TEXT arguments, or stdin one sentence per line")
     p.add_argument("--model", required=True, help="training directory, or an export folder with --runtime")
-    p.add_argument("--runtime", default="keras", choices=["keras", "savedmodel", "tflite", "onnx"])
-    p.add_argument("--variant", default="fp32", choices=["fp32", "fp16", "int8", "text"],
+    p.add_argument("--runtime", default="keras", choices=RUNTIMES)
+    p.add_argument("--variant", default="fp32", choices=sorted({v for vs in VARIANTS.values() for v in vs}),
                    help="tflite: fp32/fp16/int8; onnx: fp32/int8, or text (SentencePiece inside the graph)")
-    p.add_argument("--beam", type=_positive(int), help="beam size (1 = greedy; default 4, or the export's)")
+    p.add_argument("--beam", type=_positive(int), help=f"beam size (1 = greedy; default {BEAM_SIZE}, or the export's)")
     p.add_argument("--alpha", type=_positive(float, zero_allowed=True),
-                   help="length penalty exponent (default 0.6; keras runtime only)")
+                   help=f"length penalty exponent (default {LENGTH_PENALTY}; keras runtime only)")
     p.add_argument("--max-len", type=_positive(int), help="maximum output tokens (default: the model's maximum)")
     p.add_argument("--batch-size", type=_positive(int), default=32)
     p.add_argument("text", nargs="*")
@@ -238,7 +242,7 @@ def build_parser():
     p.add_argument("--model", required=True, help="training directory")
     p.add_argument("--out", default="alignment.png")
     p.add_argument("--layer", type=int, default=-1, help="decoder layer (default: the last)")
-    p.add_argument("--beam", type=_positive(int), default=4)
+    p.add_argument("--beam", type=_positive(int), default=BEAM_SIZE)
     p.add_argument("text")
     p.set_defaults(run=_attention)
 
@@ -247,8 +251,8 @@ def build_parser():
     p.add_argument("--out", required=True, help="new folder for the artifacts")
     p.add_argument("--formats", default="savedmodel,tflite,onnx")
     p.add_argument("--quantize", default="", help="comma list of fp16,int8 (extra variants)")
-    p.add_argument("--beam", type=_positive(int), default=4, help="beam size of the exported beam search")
-    p.add_argument("--alpha", type=_positive(float, zero_allowed=True), default=0.6)
+    p.add_argument("--beam", type=_positive(int), default=BEAM_SIZE, help="beam size of the exported beam search")
+    p.add_argument("--alpha", type=_positive(float, zero_allowed=True), default=LENGTH_PENALTY)
     p.add_argument("--max-len", type=_positive(int), help="maximum output tokens (default: the model's maximum)")
     p.set_defaults(run=_export)
 
@@ -257,21 +261,21 @@ def build_parser():
     p.add_argument("--split", default="test", choices=["test", "dev"])
     p.add_argument("--source", help="source sentences, one per line (with --reference)")
     p.add_argument("--reference", help="reference translations, one per line")
-    p.add_argument("--beam", type=_positive(int), default=4)
-    p.add_argument("--alpha", type=_positive(float, zero_allowed=True), default=0.6)
+    p.add_argument("--beam", type=_positive(int), default=BEAM_SIZE)
+    p.add_argument("--alpha", type=_positive(float, zero_allowed=True), default=LENGTH_PENALTY)
     p.add_argument("--output", help="hypotheses file (default: MODEL/hypotheses.<split>.txt)")
     p.add_argument("--limit", type=_positive(int), help="only the first N sentences")
     p.set_defaults(run=_evaluate)
 
     p = commands.add_parser("demo", help="train on the default corpus, report BLEU, show translations")
     p.add_argument("--out", default="runs/demo")
-    p.add_argument("--config", default="small", choices=["tiny", "small", "base", "big"])
+    p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
     p.add_argument("--minutes", type=_positive(float), default=20)
     p.set_defaults(run=_demo)
 
     p = commands.add_parser("bench", help="benchmarks: ratios measured in one run")
     p.add_argument("what", choices=["train", "decode", "runtimes"])
-    p.add_argument("--config", default="small", choices=["tiny", "small", "base", "big"])
+    p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
     p.add_argument("--model", help="training directory (decode) or export folder (runtimes)")
     p.add_argument("--sentences", type=_positive(int), default=200, help="test sentences for BLEU (runtimes)")
     p.add_argument("--steps", type=_positive(int), default=30)

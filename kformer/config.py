@@ -9,6 +9,13 @@ import hashlib
 import json
 import os
 
+# Defaults that every entry point (Python API, CLI, export) shares.
+DEFAULT_PRESET = "small"
+DEFAULT_CORPUS = "default"  # Tatoeba zh-en, packaged
+DEFAULT_DIRECTION = "zh-en"
+BEAM_SIZE = 4  # the paper's beam width
+LENGTH_PENALTY = 0.6  # the paper's α (GNMT length penalty)
+
 NORM_POSITIONS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu")
 SCHEDULES = ("budget", "noam")

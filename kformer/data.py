@@ -13,10 +13,8 @@ from importlib import metadata
 
 import numpy as np
 
-from kformer.config import TransformerConfig
+from kformer.config import DEFAULT_CORPUS, DEFAULT_DIRECTION, TransformerConfig
 
-DEFAULT_CORPUS = "default"
-DEFAULT_DIRECTION = "zh-en"
 _TATOEBA_COLUMNS = {"zh": 1, "en": 3}  # zh_id, zh, en_id, en
 
 

@@ -8,6 +8,7 @@ import sacrebleu
 
 from kformer import checkpoint
 from kformer import data as data_lib
+from kformer.config import BEAM_SIZE, LENGTH_PENALTY
 from kformer.translate import Translator
 
 log = logging.getLogger("kformer")
@@ -44,7 +45,7 @@ def _check_writable(file_path):
         raise ValueError(f"--output {file_path}: cannot write in {folder} (missing or not writable)")
 
 
-def evaluate(model_dir, split="test", source_file=None, reference_file=None, beam_size=4, alpha=0.6,
+def evaluate(model_dir, split="test", source_file=None, reference_file=None, beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY,
              output=None, limit=None):
     """Translates a split (or a source file) and scores it against its references.
     Writes the hypotheses, one per line, to `output` (default: MODEL/hypotheses.<split>.txt)."""

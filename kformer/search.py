@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from kformer.config import LENGTH_PENALTY
+
 NEG_INF = -1.0e9  # finite: -inf would turn 0 * inf into NaN in the blends below
 EXTRA_OUTPUT_TOKENS = 50  # maximum output length = source length + 50 (the paper's rule)
 
@@ -113,7 +115,8 @@ def tile_beams(cache, beam_size):
     return tf.nest.map_structure(lambda t: tf.repeat(t, beam_size, axis=0), cache)
 
 
-def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alpha=0.6, pad_id=0, trace=False):
+def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alpha=LENGTH_PENALTY, pad_id=0,
+                trace=False):
     """Beam search with GNMT length penalty; alive and finished hypotheses are kept apart.
 
     Each step extends every alive beam, takes the top 2K candidates (so that K of them finishing

@@ -14,7 +14,14 @@ from keras import ops
 
 from kformer import checkpoint
 from kformer import data as data_lib
-from kformer.config import TransformerConfig, preset, tokenizer_digest
+from kformer.config import (
+    DEFAULT_CORPUS,
+    DEFAULT_DIRECTION,
+    DEFAULT_PRESET,
+    TransformerConfig,
+    preset,
+    tokenizer_digest,
+)
 from kformer.model import Transformer
 
 log = logging.getLogger("kformer")
@@ -265,7 +272,8 @@ def _requested_config(out_dir, config_name, overrides):
     return saved
 
 
-def prepare(out_dir, config_name="small", data="default", direction="zh-en", vocab_size=8000, overrides=None):
+def prepare(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION,
+            vocab_size=TransformerConfig.vocab_size, overrides=None):
     """Reads and splits the corpus; trains the tokenizer of a new run (in memory) or loads a resumed
     run's, checking the run was trained on this corpus. Writes nothing: `checkpoint.create` writes a
     new run's files once training is known to start, so a failed start leaves no folder behind.
@@ -330,7 +338,7 @@ class Training:
         return summary
 
 
-def train(out_dir, config_name="small", **options):
+def train(out_dir, config_name=DEFAULT_PRESET, **options):
     """Trains (or resumes) a model in `out_dir` (see `start` for the options). Returns a summary
     dict (steps, minutes, loss, token accuracy, why it stopped)."""
     run = start(out_dir, config_name, **options)
@@ -339,8 +347,9 @@ def train(out_dir, config_name="small", **options):
     return run.finish(run.model.fit(**run.fit_args))
 
 
-def start(out_dir, config_name="small", data="default", direction="zh-en", minutes=None, steps=None, epochs=None,
-          xla=None, mixed_precision=False, batch_tokens=None, seed=0, strategy=None, vocab_size=8000,
+def start(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION, minutes=None,
+          steps=None, epochs=None, xla=None, mixed_precision=False, batch_tokens=None, seed=0, strategy=None,
+          vocab_size=TransformerConfig.vocab_size,
           overrides=None, checkpoint_seconds=300, callbacks=(), verbose="auto"):
     """Prepares (or resumes) a run in `out_dir`: data, tokenizer, compiled model, callbacks.
     Training stops after `minutes` (in all, across resumes), `steps` (total) or `epochs` (total);

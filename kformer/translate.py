@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from kformer import batching, search
+from kformer.config import BEAM_SIZE, LENGTH_PENALTY
 
 SOURCE_SPEC = tf.TensorSpec([None, None], tf.int32, name="source_ids")
 
@@ -31,7 +32,7 @@ class Translator(tf.Module):
     than the config's max_source_length are truncated inside the graph.
     """
 
-    def __init__(self, model, tokenizer=None, beam_size=4, alpha=0.6, max_length=None, batch_size=32,
+    def __init__(self, model, tokenizer=None, beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_length=None, batch_size=32,
                  jit_compile=False):
         super().__init__(name="translator")
         config = model.config
