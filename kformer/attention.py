@@ -23,7 +23,6 @@ class MultiHeadAttention(keras.layers.Layer):
     Args:
         num_heads: number of heads H.
         key_dim: size D of each head (d_model / H in the paper).
-        dropout: dropout rate on the attention weights.
 
     Call args:
         query: (B, Tq, M) queries.
@@ -36,10 +35,10 @@ class MultiHeadAttention(keras.layers.Layer):
             returned. Without it (encoder-decoder attention): the cache holds precomputed
             keys/values of the encoder output and is used as is.
         cache_index: scalar int, position of the (single) query token in the cache.
-        return_attention_scores: also return the (B, H, Tq, Tk) attention weights.
 
-    Returns `output` (B, Tq, M), then the new cache if a cache was given, then the weights
-    if asked for.
+    Returns `(output, {"cache": (key, value), "weights": weights})`, always this structure:
+    output (B, Tq, M); the keys/values attended to, each (B, H, Tk, D) (with `cache_index`, the
+    updated cache); the (B, H, Tq, Tk) attention weights. Unused parts cost nothing in a graph.
 
     Example:
     >>> layer = MultiHeadAttention(num_heads=2, key_dim=4)
@@ -48,18 +47,16 @@ class MultiHeadAttention(keras.layers.Layer):
     (1, 3, 8)
     """
 
-    def __init__(self, num_heads, key_dim, dropout=0.0, **kwargs):
+    def __init__(self, num_heads, key_dim, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.key_dim = key_dim
-        self.dropout = dropout
         # Projections straight into heads, kernels (M, H, D), as keras.layers.MultiHeadAttention:
         # no reshape of a flattened matmul, which tf2onnx's optimizer mis-rewrites.
         heads = dict(output_shape=(None, num_heads, key_dim), bias_axes="de", dtype=self.dtype_policy)
         self.query = keras.layers.EinsumDense("abc,cde->abde", name="query", **heads)
         self.key = keras.layers.EinsumDense("abc,cde->abde", name="key", **heads)
         self.value = keras.layers.EinsumDense("abc,cde->abde", name="value", **heads)
-        self.attention_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy, name="attention_dropout")
         self.output_projection = None  # (H, D, M): built once the model width M is known
 
     def build(self, query_shape, value_shape=None, *args, **kwargs):
@@ -79,8 +76,7 @@ class MultiHeadAttention(keras.layers.Layer):
         """(B, Tk, M) -> (key, value), each (B, H, Tk, D): precompute once per source sentence."""
         return self._split_heads(self.key, value), self._split_heads(self.value, value)
 
-    def call(self, query, value=None, attention_mask=None, cache=None, cache_index=None,
-             return_attention_scores=False, training=None):
+    def call(self, query, value=None, attention_mask=None, cache=None, cache_index=None):
         q = self._split_heads(self.query, query)  # (B, H, Tq, D)
         if cache is None:
             k, v = self.key_value(query if value is None else value)  # (B, H, Tk, D)
@@ -94,7 +90,6 @@ class MultiHeadAttention(keras.layers.Layer):
             slot = ops.reshape(slot, (1, 1, -1, 1))
             k = ops.where(slot, new_k, cache[0])  # (B, H, T, D)
             v = ops.where(slot, new_v, cache[1])
-            cache = (k, v)
 
         scores = ops.einsum("bhqd,bhkd->bhqk", q, k) / ops.cast(math.sqrt(self.key_dim), q.dtype)
         if attention_mask is not None:
@@ -106,17 +101,11 @@ class MultiHeadAttention(keras.layers.Layer):
         # when a source has a single token, which is a valid input here.
         weights = tf.nn.softmax(ops.cast(scores, "float32"), axis=-1)
         weights = ops.cast(weights, q.dtype)
-        context = ops.einsum("bhqk,bhkd->bhqd", self.attention_dropout(weights, training=training), v)
+        context = ops.einsum("bhqk,bhkd->bhqd", weights, v)
         output = self.output_projection(ops.transpose(context, (0, 2, 1, 3)))  # (B, Tq, H, D) -> (B, Tq, M)
-
-        results = (output,)
-        if cache is not None:
-            results += (cache,)
-        if return_attention_scores:
-            results += (weights,)
-        return results[0] if len(results) == 1 else results
+        return output, {"cache": (k, v), "weights": weights}
 
     def get_config(self):
         config = super().get_config()
-        config.update(num_heads=self.num_heads, key_dim=self.key_dim, dropout=self.dropout)
+        config.update(num_heads=self.num_heads, key_dim=self.key_dim)
         return config

@@ -125,10 +125,6 @@ class FeedForward(keras.layers.Layer):
         return config
 
 
-def _as_tuple(result):
-    return result if isinstance(result, tuple) else (result,)
-
-
 class _ResidualBlock(keras.layers.Layer):
     """Shared constructor and residual wiring of the encoder and decoder blocks.
 
@@ -155,15 +151,16 @@ class _ResidualBlock(keras.layers.Layer):
         return keras.layers.LayerNormalization(epsilon=1e-6, dtype=self.dtype_policy, name=name)
 
     def _residual(self, x, norm, sublayer, training):
-        """Applies `sublayer` with its residual connection and norm; `sublayer` may return
-        (output, *extras), and the extras are passed through."""
-        inputs = norm(x) if self.norm_position == "pre" else x
-        result = sublayer(inputs)
-        output, extras = (result[0], result[1:]) if isinstance(result, tuple) else (result, ())
+        """Applies `sublayer(x) -> (output, extras)` with its residual connection and norm;
+        returns (x, extras)."""
+        output, extras = sublayer(norm(x) if self.norm_position == "pre" else x)
         x = x + self.sublayer_dropout(output, training=training)
         if self.norm_position == "post":
             x = norm(x)
-        return (x, *extras) if extras else x
+        return x, extras
+
+    def _feed_forward(self, x, training):
+        return self._residual(x, self.feed_forward_norm, lambda h: (self.feed_forward(h), None), training)[0]
 
     def get_config(self):
         config = super().get_config()
@@ -183,7 +180,8 @@ class EncoderBlock(_ResidualBlock):
     Call args:
         x: (B, S, M) source states.
         attention_mask: boolean (B, 1, S) or (B, S, S), True = may attend (source padding).
-        return_attention_scores: also return the (B, H, S, S) self-attention weights.
+
+    Returns (x (B, S, M), the (B, H, S, S) self-attention weights).
     """
 
     def __init__(self, width, num_heads, hidden_width, **kwargs):
@@ -198,14 +196,10 @@ class EncoderBlock(_ResidualBlock):
         self.feed_forward.build(input_shape)
         self.feed_forward_norm.build(input_shape)
 
-    def call(self, x, attention_mask=None, return_attention_scores=False, training=None):
-        x, *weights = _as_tuple(self._residual(
-            x, self.self_attention_norm,
-            lambda h: self.self_attention(h, h, attention_mask=attention_mask, training=training,
-                                          return_attention_scores=return_attention_scores),
-            training))
-        x = self._residual(x, self.feed_forward_norm, self.feed_forward, training)
-        return (x, weights[0]) if return_attention_scores else x
+    def call(self, x, attention_mask=None, training=None):
+        x, attention = self._residual(x, self.self_attention_norm,
+                                      lambda h: self.self_attention(h, h, attention_mask=attention_mask), training)
+        return self._feed_forward(x, training), attention["weights"]
 
 
 @keras.saving.register_keras_serializable(package="kformer")
@@ -221,8 +215,10 @@ class DecoderBlock(_ResidualBlock):
         cross_mask: boolean broadcastable to (B, T, S): the *source* padding mask.
         cache: optional dict with "self" = (key, value) buffers (B, H, Tmax, D) and "cross" =
             precomputed encoder (key, value) (B, H, S, D); then x is one step (B, 1, M) at
-            position `cache_index` and the updated cache is returned too.
-        return_attention_scores: also return {"self": (B, H, T, T'), "cross": (B, H, T, S)}.
+            position `cache_index`.
+
+    Returns (x (B, T, M), {"self": ..., "cross": ...}), each the attention's {"cache", "weights"}:
+    "self" "cache" is the updated buffers when decoding step by step.
     """
 
     def __init__(self, width, num_heads, hidden_width, **kwargs):
@@ -243,25 +239,14 @@ class DecoderBlock(_ResidualBlock):
         self.feed_forward_norm.build(x_shape)
 
     def call(self, x, encoder_output=None, self_mask=None, cross_mask=None, cache=None, cache_index=None,
-             return_attention_scores=False, training=None):
-        options = dict(training=training, return_attention_scores=return_attention_scores)
+             training=None):
         self_cache = None if cache is None else cache["self"]
         cross_cache = None if cache is None else cache["cross"]
-        # Each sublayer returns (output, [cache], [weights]); _residual passes the extras on.
-        x, *self_extras = _as_tuple(self._residual(
+        x, self_attention = self._residual(
             x, self.self_attention_norm,
-            lambda h: self.self_attention(h, h, attention_mask=self_mask, cache=self_cache, cache_index=cache_index,
-                                          **options),
-            training))
-        x, *cross_extras = _as_tuple(self._residual(
+            lambda h: self.self_attention(h, h, attention_mask=self_mask, cache=self_cache, cache_index=cache_index),
+            training)
+        x, cross_attention = self._residual(
             x, self.cross_attention_norm,
-            lambda h: self.cross_attention(h, encoder_output, attention_mask=cross_mask, cache=cross_cache, **options),
-            training))
-        x = self._residual(x, self.feed_forward_norm, self.feed_forward, training)
-
-        results = (x,)
-        if cache is not None:
-            results += ({"self": self_extras.pop(0), "cross": cross_extras.pop(0)},)
-        if return_attention_scores:
-            results += ({"self": self_extras.pop(0), "cross": cross_extras.pop(0)},)
-        return results[0] if len(results) == 1 else results
+            lambda h: self.cross_attention(h, encoder_output, attention_mask=cross_mask, cache=cross_cache), training)
+        return self._feed_forward(x, training), {"self": self_attention, "cross": cross_attention}

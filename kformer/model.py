@@ -100,30 +100,25 @@ class Transformer(keras.Model):
 
     # --- full-sequence passes (the functional graph and `attention_weights` share these) ---
 
-    def _encode(self, source_ids, mask, training=None, return_attention_scores=False):
+    def _encode(self, source_ids, mask, training=None):
+        """-> ((B, S, M) encoder output, per layer the (B, H, S, S) self-attention weights)."""
         x = self.source_positions(self.source_embedding(source_ids), training=training)  # (B, S, M)
         weights = []
         for block in self.encoder_blocks:
-            if return_attention_scores:
-                x, w = block(x, attention_mask=mask, return_attention_scores=True, training=training)
-                weights.append(w)  # (B, H, S, S)
-            else:
-                x = block(x, attention_mask=mask, training=training)
+            x, layer_weights = block(x, attention_mask=mask, training=training)
+            weights.append(layer_weights)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
         return x, weights
 
-    def _decode(self, target_ids, encoded, attention_masks, training=None, return_attention_scores=False):
+    def _decode(self, target_ids, encoded, attention_masks, training=None):
+        """-> ((B, T, V) logits, per layer {"self": (B, H, T, T), "cross": (B, H, T, S)} weights)."""
         x = self.target_positions(self.target_embedding(target_ids), training=training)  # (B, T, M)
         weights = []
         for block in self.decoder_blocks:
-            result = block(x, encoded, self_mask=attention_masks["decoder"], cross_mask=attention_masks["cross"],
-                           return_attention_scores=return_attention_scores, training=training)
-            if return_attention_scores:
-                x, w = result
-                weights.append(w)
-            else:
-                x = result
+            x, attention = block(x, encoded, self_mask=attention_masks["decoder"], cross_mask=attention_masks["cross"],
+                                 training=training)
+            weights.append({"self": attention["self"]["weights"], "cross": attention["cross"]["weights"]})
         return self._logits(x), weights
 
     def _logits(self, x):
@@ -140,10 +135,8 @@ class Transformer(keras.Model):
         source_ids = ops.convert_to_tensor(source_ids, "int32")
         target_ids = ops.convert_to_tensor(target_ids, "int32")
         attention_masks = self.masks(source_ids, target_ids)
-        encoded, encoder_weights = self._encode(source_ids, attention_masks["encoder"], training=False,
-                                                return_attention_scores=True)
-        _, decoder_weights = self._decode(target_ids, encoded, attention_masks, training=False,
-                                          return_attention_scores=True)
+        encoded, encoder_weights = self._encode(source_ids, attention_masks["encoder"], training=False)
+        _, decoder_weights = self._decode(target_ids, encoded, attention_masks, training=False)
         return {"encoder": encoder_weights,
                 "decoder": [w["self"] for w in decoder_weights],
                 "cross": [w["cross"] for w in decoder_weights]}
@@ -174,9 +167,9 @@ class Transformer(keras.Model):
         self_mask = masks.causal_mask(1, max_length, offset=index)  # (1, 1, Tmax): keys 0..index
         new_self = []
         for block, self_kv, cross_kv in zip(self.decoder_blocks, cache["self"], cache["cross"]):
-            x, layer_cache = block(x, self_mask=self_mask, cross_mask=cache["source_mask"],
-                                   cache={"self": self_kv, "cross": cross_kv}, cache_index=index, training=False)
-            new_self.append(layer_cache["self"])
+            x, attention = block(x, self_mask=self_mask, cross_mask=cache["source_mask"],
+                                 cache={"self": self_kv, "cross": cross_kv}, cache_index=index, training=False)
+            new_self.append(attention["self"]["cache"])
         logits = self._logits(x)[:, 0, :]
         return logits, {"source_mask": cache["source_mask"], "cross": cache["cross"], "self": new_self}
 

@@ -28,7 +28,8 @@ def test_matches_keras_multi_head_attention(cross):
     ids[1, -3:] = 0  # padded keys in row 1
     mask = np.broadcast_to(np.asarray(masks.padding_mask(ids)), (3, 5, value.shape[1]))
     ours = MultiHeadAttention(HEADS, HEAD_SIZE)
-    out, weights = ours(query, value, attention_mask=mask, return_attention_scores=True)
+    out, extras = ours(query, value, attention_mask=mask)
+    weights = extras["weights"]
     reference = copy_to_keras_mha(ours, query, value)
     expected, expected_weights = reference(query, value, attention_mask=mask, return_attention_scores=True)
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=1e-5)
@@ -38,7 +39,7 @@ def test_matches_keras_multi_head_attention(cross):
 
 def test_fully_masked_row_stays_finite():
     x = np.random.default_rng(0).normal(size=(1, 3, WIDTH)).astype("float32")
-    out = MultiHeadAttention(HEADS, HEAD_SIZE)(x, x, attention_mask=np.zeros((1, 3, 3), bool))
+    out, _ = MultiHeadAttention(HEADS, HEAD_SIZE)(x, x, attention_mask=np.zeros((1, 3, 3), bool))
     assert np.all(np.isfinite(np.asarray(out)))
 
 
@@ -46,12 +47,13 @@ def test_cached_steps_equal_full_causal_pass():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(2, 6, WIDTH)).astype("float32")
     layer = MultiHeadAttention(HEADS, HEAD_SIZE)
-    full = np.asarray(layer(x, x, attention_mask=masks.causal_mask(6)))
+    full = np.asarray(layer(x, x, attention_mask=masks.causal_mask(6))[0])
     buffer = np.zeros((2, HEADS, 8, HEAD_SIZE), "float32")  # longer than needed: unused slots masked
     cache = (buffer, buffer)
     for i in range(6):
-        step, cache = layer(x[:, i:i + 1], x[:, i:i + 1], attention_mask=masks.causal_mask(1, 8, offset=i),
-                            cache=cache, cache_index=i)
+        step, extras = layer(x[:, i:i + 1], x[:, i:i + 1], attention_mask=masks.causal_mask(1, 8, offset=i),
+                             cache=cache, cache_index=i)
+        cache = extras["cache"]
         np.testing.assert_allclose(np.asarray(step)[:, 0], full[:, i], atol=1e-5)
 
 
@@ -59,11 +61,11 @@ def test_static_cache_equals_recomputed_keys():
     rng = np.random.default_rng(2)
     q, memory = rng.normal(size=(2, 3, WIDTH)).astype("float32"), rng.normal(size=(2, 5, WIDTH)).astype("float32")
     layer = MultiHeadAttention(HEADS, HEAD_SIZE)
-    expected = np.asarray(layer(q, memory))
+    expected = np.asarray(layer(q, memory)[0])
     out, _ = layer(q, cache=layer.key_value(memory))
     np.testing.assert_allclose(np.asarray(out), expected, atol=1e-6)
 
 
 def test_layer_contract(tmp_path):
     x = np.random.default_rng(0).normal(size=(2, 3, WIDTH)).astype("float32")
-    run_layer_test(MultiHeadAttention, dict(num_heads=HEADS, key_dim=HEAD_SIZE, dropout=0.1), [x, x], tmp_path=tmp_path)
+    run_layer_test(MultiHeadAttention, dict(num_heads=HEADS, key_dim=HEAD_SIZE), [x, x], tmp_path=tmp_path)

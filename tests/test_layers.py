@@ -62,6 +62,6 @@ def test_decoder_block(tmp_path, norm_position):
 
 def test_post_ln_output_is_normalized():
     x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32") * 10
-    out = np.asarray(EncoderBlock(width=8, num_heads=2, hidden_width=16, dropout=0.0)(x))
+    out = np.asarray(EncoderBlock(width=8, num_heads=2, hidden_width=16, dropout=0.0)(x)[0])
     np.testing.assert_allclose(out.mean(-1), 0, atol=1e-4)
     np.testing.assert_allclose(out.std(-1), 1, atol=1e-2)
