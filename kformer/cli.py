@@ -94,7 +94,7 @@ def _attention(args):
     from kformer.translate import Translator
 
     model, _, tokenizer, _ = checkpoint.load(args.model)
-    result = Translator(model, tokenizer, beam_size=args.beam).alignment(args.text, layer=args.layer)
+    result = plots.alignment(Translator(model, tokenizer, beam_size=args.beam), args.text, layer=args.layer)
     layer = args.layer if args.layer >= 0 else model.config.num_decoder_layers + args.layer
     figure = plots.alignment_figure(result["weights"], result["source"], result["target"],
                                     title=f"encoder-decoder attention, layer {layer + 1}, mean of heads")

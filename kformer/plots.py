@@ -1,5 +1,6 @@
-"""Pictures of the Transformer for the notebooks and `kformer attention`: each function
-returns a matplotlib Figure with labelled axes; none computes anything the package does not.
+"""Pictures of the Transformer for the notebooks and `kformer attention`: `alignment` and
+`beam_trace` run a Translator to get what a picture shows; each `*_figure` function returns a
+matplotlib Figure with labelled axes and computes nothing the package does not.
 
 Chinese token labels need a CJK font. Without one, labels show code points (U+6211) and the
 figure says so (Debian/Ubuntu: `apt-get install fonts-noto-cjk`)."""
@@ -57,6 +58,51 @@ def _figure(*args, **kwargs):
 
 def _needs_note(labels):
     return cjk_font() is None and any("U+" in label for label in labels)
+
+
+def alignment(translator, text, layer=-1, beam_size=None):
+    """Translates one sentence, then returns what the decoder looked at for each generated
+    token: {"source": pieces, "target": pieces (ending with </s> unless cut at the length limit),
+    "decoder_input": <s> + target[:-1], "translation": text,
+    "weights": (T, S) cross-attention of `layer` averaged over heads,
+    "attention": every layer's weights (see `Transformer.attention_weights`)}."""
+    from kformer.batching import strip_special
+
+    config, tokenizer = translator.config, translator.tokenizer
+    (ids,) = translator.encode([text])
+    if not ids:
+        raise ValueError("nothing to align: the text is blank or outside the model's vocabulary")
+    tokens, _ = translator.search(np.array([ids], np.int32), beam_size)
+    best = (tokens[0] if tokens.ndim == 2 else tokens[0, 0]).tolist()  # the search's own output, EOS and all
+    generated = best[: best.index(config.eos_id) + 1] if config.eos_id in best else strip_special(best, -1)
+    # Row t is the decoder position that produced generated[t]: its input is BOS + generated[:t].
+    decoder_input = [config.bos_id] + generated[:-1]
+    attention = translator.model.attention_weights(np.array([ids], np.int32), np.array([decoder_input], np.int32))
+    weights = np.asarray(attention["cross"][layer])[0].mean(axis=0)  # (T, S)
+    return {"source": [tokenizer.id_to_piece(i) for i in ids], "target": [tokenizer.id_to_piece(i) for i in generated],
+            "decoder_input": [tokenizer.id_to_piece(i) for i in decoder_input],
+            "translation": tokenizer.decode(strip_special(generated, config.eos_id)), "weights": weights,
+            "attention": attention}
+
+
+def beam_trace(translator, text):
+    """The beam search of one sentence step by step: a list with, per step, the K alive
+    hypotheses as (pieces, log-probability), best first (dead beams left out). It runs the real
+    search loop with trace buffers in its state (`beam_search(trace=True)`): a re-implementation
+    outside the loop could show a search that is not the one translating."""
+    import tensorflow as tf
+
+    from kformer import search
+
+    config, tokenizer, k = translator.config, translator.tokenizer, translator.beam_size
+    (ids,) = translator.encode([text])
+    limits, length, cache = translator.prepare(tf.constant([ids or [config.pad_id]], tf.int32))
+    _, _, trace = search.beam_search(translator.model.decode_step, cache, limits, length, k, config.bos_id,
+                                     config.eos_id, translator.alpha, config.pad_id, trace=True)
+    tokens, log_probs = trace["tokens"].numpy()[0], trace["log_probs"].numpy()[0]
+    return [[([tokenizer.id_to_piece(int(t)) for t in tokens[step, beam, : step + 1]], float(log_probs[step, beam]))
+             for beam in range(k) if log_probs[step, beam] > search.NEG_INF / 2]
+            for step in range(int(trace["steps"]))]
 
 
 def positional_encoding_figure(length=100, width=128):
@@ -129,7 +175,7 @@ def alignment_figure(weights, source_pieces, target_pieces, title="encoder-decod
 
 
 def beam_trace_figure(steps, title="beam search"):
-    """The alive hypotheses after each step (from `Translator.beam_trace`), best on top, with
+    """The alive hypotheses after each step (from `beam_trace`), best on top, with
     their log-probabilities."""
     width = max(len(alive) for alive in steps) if steps else 1
     fig, ax = _figure(figsize=(2.2 * max(len(steps), 1), 0.6 * width + 1.2))

@@ -4,7 +4,6 @@
 `translate` only tokenizes, batches and detokenizes around the graph.
 """
 
-import numpy as np
 import tensorflow as tf
 
 from kformer import batching, search
@@ -46,64 +45,26 @@ class Translator(tf.Module):
         self.greedy = tf.function(self._greedy, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
         self.beam = tf.function(self._beam, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
 
-    def _prepare(self, source_ids):
-        # Ids beyond the positional table would be out of range (an error in TF and ONNX, an
-        # unchecked read in TFLite): the graph keeps the first max_source_length, in every runtime.
+    def prepare(self, source_ids):
+        """(B, S) source ids -> (per-row output limits, buffer length, decoder cache) for a search.
+        Ids beyond the positional table would be out of range (an error in TF and ONNX, an
+        unchecked read in TFLite): the graph keeps the first max_source_length, in every runtime."""
         source_ids = source_ids[:, : self.config.max_source_length]
         limits, length = search.output_limits(source_ids, self.config.pad_id, self.max_length)
         cache = self.model.init_cache(source_ids, length)
         return limits, length, cache
 
     def _greedy(self, source_ids):
-        limits, length, cache = self._prepare(source_ids)
+        limits, length, cache = self.prepare(source_ids)
         tokens, scores = search.greedy_search(self.model.decode_step, cache, limits, length,
                                               self.config.bos_id, self.config.eos_id, self.config.pad_id)
         return {"tokens": tokens, "scores": scores}
 
     def _beam(self, source_ids):
-        limits, length, cache = self._prepare(source_ids)
+        limits, length, cache = self.prepare(source_ids)
         tokens, scores = search.beam_search(self.model.decode_step, cache, limits, length, self.beam_size,
                                             self.config.bos_id, self.config.eos_id, self.alpha, self.config.pad_id)
         return {"tokens": tokens, "scores": scores}
-
-    def beam_trace(self, text):
-        """The beam search of one sentence step by step, for pictures: a list with, per step,
-        the K alive hypotheses as (pieces, log-probability), best first (dead beams left out).
-        Runs the same loop as `beam`, with trace buffers in its state."""
-        (ids,) = self.encode([text])
-        source = tf.constant([ids or [self.config.pad_id]], tf.int32)
-        limits, length, cache = self._prepare(source)
-        _, _, trace = search.beam_search(self.model.decode_step, cache, limits, length, self.beam_size,
-                                         self.config.bos_id, self.config.eos_id, self.alpha, self.config.pad_id,
-                                         trace=True)
-        tokens, log_probs = trace["tokens"].numpy()[0], trace["log_probs"].numpy()[0]
-        steps = []
-        for step in range(int(trace["steps"])):
-            alive = [([self.tokenizer.id_to_piece(int(t)) for t in tokens[step, beam, : step + 1]],
-                      float(log_probs[step, beam]))
-                     for beam in range(self.beam_size) if log_probs[step, beam] > search.NEG_INF / 2]
-            steps.append(alive)
-        return steps
-
-    def alignment(self, text, layer=-1, beam_size=None):
-        """Translates one sentence, then returns what the decoder looked at for each generated
-        token: {"source": pieces, "target": pieces (ending with </s> unless cut at the length limit),
-        "decoder_input": <s> + target[:-1],
-        "translation": text, "weights": (T, S) cross-attention of `layer` averaged over heads,
-        "attention": every layer's weights (see `Transformer.attention_weights`)}."""
-        (ids,) = self.encode([text])
-        (output,), _ = self.translate_ids([ids], beam_size)
-        limit = min(len(ids) + search.EXTRA_OUTPUT_TOKENS, self.max_length)  # as search.output_limits
-        generated = output + [self.config.eos_id] if len(output) < limit else output  # EOS, or cut at the limit
-        # Row t is the decoder position that produced generated[t]: its input is BOS + generated[:t].
-        attention = self.model.attention_weights(np.array([ids or [self.config.pad_id]], np.int32),
-                                                 np.array([[self.config.bos_id] + generated[:-1]], np.int32))
-        weights = np.asarray(attention["cross"][layer])[0].mean(axis=0)  # (T, S)
-        return {"source": [self.tokenizer.id_to_piece(i) for i in ids],
-                "target": [self.tokenizer.id_to_piece(i) for i in generated],
-                "decoder_input": [self.tokenizer.id_to_piece(i) for i in [self.config.bos_id] + generated[:-1]],
-                "translation": self.tokenizer.decode(output), "weights": weights[:, : len(ids)],
-                "attention": attention}
 
     # --- Python side: text <-> ids around the graph (shared with the device runners) ---
 

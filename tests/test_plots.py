@@ -69,7 +69,7 @@ def test_alignment_and_attention_command(trained_dir, tmp_path, capsys):
     from kformer.translate import Translator
 
     model, config, tokenizer, _ = checkpoint.load(trained_dir)
-    result = Translator(model, tokenizer, beam_size=2).alignment("我們試試看！", beam_size=1)
+    result = plots.alignment(Translator(model, tokenizer, beam_size=2), "我們試試看！", beam_size=1)
     assert result["weights"].shape == (len(result["target"]), len(result["source"]))
     np.testing.assert_allclose(result["weights"].sum(-1), 1, atol=1e-5)  # every row attends to the source
     # Row t must be the decoder position that produced target[t]: the full model, fed the same
@@ -86,3 +86,22 @@ def test_alignment_and_attention_command(trained_dir, tmp_path, capsys):
     out = tmp_path / "align.png"
     assert main(["attention", "--model", trained_dir, "--out", str(out), "--beam", "2", "我們試試看！"]) == 0
     assert out.stat().st_size > 1000 and "wrote" in capsys.readouterr().out
+
+
+def test_beam_trace_starts_from_the_models_own_top_first_tokens(trained_dir):
+    from kformer import checkpoint
+    from kformer.translate import Translator
+
+    model, config, tokenizer, _ = checkpoint.load(trained_dir)
+    steps = plots.beam_trace(Translator(model, tokenizer, beam_size=3), "我們試試看！")
+    assert steps and all(len(pieces) == step + 1 for step, alive in enumerate(steps) for pieces, _ in alive)
+    assert all(len(alive) <= 3 and [p for _, p in alive] == sorted((p for _, p in alive), reverse=True)
+               for alive in steps)
+    # Step 0, computed here in one pass of the full model: the 3 most probable first tokens other than EOS.
+    logits = model({"source_ids": np.array([tokenizer.encode("我們試試看！")], "int32"),
+                    "target_ids": np.array([[config.bos_id]], "int32")})
+    log_probs = np.asarray(logits)[0, 0] - np.log(np.exp(np.asarray(logits)[0, 0]).sum())
+    log_probs[config.eos_id] = -np.inf
+    top = np.argsort(-log_probs)[:3]
+    assert [pieces[0] for pieces, _ in steps[0]] == [tokenizer.id_to_piece(int(i)) for i in top]
+    np.testing.assert_allclose([p for _, p in steps[0]], log_probs[top], atol=1e-4)
