@@ -21,6 +21,14 @@ def xla_dump_flags(directory):
     return f"--xla_dump_to={directory} --xla_dump_hlo_as_text"
 
 
+def count_xla_compilations_from_here():
+    """Makes XLA dump what it compiles from now on, so `bench_train` can count its compilations.
+    XLA reads its flags once, when TensorFlow starts: call this before importing it."""
+    dump = tempfile.mkdtemp(prefix="kformer-xla-")
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_dump_flags(dump)).strip()
+    os.environ[XLA_DUMP_ENV] = dump
+
+
 def count_xla_compilations(directory, function="one_step_on_data"):
     """Number of XLA compilations of Keras' train step recorded in an XLA dump folder."""
     return len(glob.glob(os.path.join(directory, f"*{function}*before_optimizations.txt")))
@@ -210,3 +218,25 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
                     log.warning("batch %d %s: %s decodes other tokens than the naive re-run", batch_size,
                                 row["search"], row["variant"])
     return {"model": model_dir, "output_tokens": output_tokens, "source_tokens": "~20", "rows": rows}
+
+
+def print_train_table(results):
+    print(f"train bench, config {results['config']}: {results['steps']} batches ({results['pairs_per_step']:.0f} "
+          f"pairs each, {results['real_tokens']} real source+target tokens), median of {results['rounds']} "
+          "interleaved rounds")
+    print(f"{'':12} {'steps/s':>8} {'real tokens/s':>14} {'padding':>8} {'warm-up s':>10} {'parameters':>11}")
+    for name in ("kformer", "kformer_xla", "keras_hub"):
+        r = results[name]
+        print(f"{name:12} {r['steps_per_s']:8.2f} {r['real_tokens_per_s']:14.0f} {r['padding']:8.0%} "
+              f"{r['warmup_s']:10.1f} {r['parameters']:11,}")
+    print(f"kformer vs keras-hub (real tokens/s): {results['vs_keras_hub']:.2f}x; XLA vs no XLA: "
+          f"{results['xla_speedup']:.2f}x; XLA compilations of the train step: "
+          f"{results.get('xla_compilations', 'not counted')} (bucket shapes: {results['distinct_bucket_shapes']})")
+
+
+def print_decode_table(results):
+    print(f"decode bench, {results['model']}: every row generates exactly {results['output_tokens']} tokens")
+    print(f"{'batch':>5} {'search':>7} {'variant':>11} {'seconds':>9} {'sent/s':>9} {'tokens/s':>9} {'vs naive':>9}")
+    for r in results["rows"]:
+        print(f"{r['batch']:>5} {r['search']:>7} {r['variant']:>11} {r['seconds']:9.3f} "
+              f"{r['sentences_per_s']:9.1f} {r['tokens_per_s']:9.0f} {r['speedup_vs_naive']:8.1f}x")

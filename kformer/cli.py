@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 
 from export.runtime import RUNTIMES, VARIANTS
 from kformer.config import BEAM_SIZE, DEFAULT_DIRECTION, DEFAULT_PRESET, LENGTH_PENALTY, PRESETS, TransformerConfig
@@ -157,41 +156,23 @@ def _demo(args):
 
 
 def _bench(args):
-    if args.what == "train":
-        # XLA reads its flags once, when TensorFlow starts: set them before importing it.
-        from kformer import bench
-        dump = tempfile.mkdtemp(prefix="kformer-xla-")
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + bench.xla_dump_flags(dump)).strip()
-        os.environ[bench.XLA_DUMP_ENV] = dump
-        results = bench.bench_train(args.config, steps=args.steps, mixed_precision=args.mixed_precision)
-        print(f"train bench, config {results['config']}: {results['steps']} batches ({results['pairs_per_step']:.0f} "
-              f"pairs each, {results['real_tokens']} real source+target tokens), median of {results['rounds']} "
-              "interleaved rounds")
-        print(f"{'':12} {'steps/s':>8} {'real tokens/s':>14} {'padding':>8} {'warm-up s':>10} {'parameters':>11}")
-        for name in ("kformer", "kformer_xla", "keras_hub"):
-            r = results[name]
-            print(f"{name:12} {r['steps_per_s']:8.2f} {r['real_tokens_per_s']:14.0f} {r['padding']:8.0%} "
-                  f"{r['warmup_s']:10.1f} {r['parameters']:11,}")
-        print(f"kformer vs keras-hub (real tokens/s): {results['vs_keras_hub']:.2f}x; XLA vs no XLA: "
-              f"{results['xla_speedup']:.2f}x; XLA compilations of the train step: "
-              f"{results.get('xla_compilations', 'not counted')} (bucket shapes: {results['distinct_bucket_shapes']})")
-    elif args.what == "runtimes":
+    if args.what == "runtimes":
         from export.benchmark import bench_runtimes, print_table
         if not args.model:
             raise ValueError("bench runtimes needs --model ART (a `kformer export` folder)")
         results = bench_runtimes(args.model, sentences=args.sentences)
-        print_table(results)
+    elif args.what == "train":
+        from kformer import bench
+        bench.count_xla_compilations_from_here()  # before TensorFlow starts
+        results = bench.bench_train(args.config, steps=args.steps, mixed_precision=args.mixed_precision)
+        print_table = bench.print_train_table
     else:
         from kformer import bench
         if not args.model:
             raise ValueError("bench decode needs --model DIR (a training directory)")
         results = bench.bench_decode(args.model)
-        print(f"decode bench, {args.model}: every row generates exactly {results['output_tokens']} tokens")
-        print(f"{'batch':>5} {'search':>7} {'variant':>11} {'seconds':>9} {'sent/s':>9} {'tokens/s':>9} "
-              f"{'vs naive':>9}")
-        for r in results["rows"]:
-            print(f"{r['batch']:>5} {r['search']:>7} {r['variant']:>11} {r['seconds']:9.3f} "
-                  f"{r['sentences_per_s']:9.1f} {r['tokens_per_s']:9.0f} {r['speedup_vs_naive']:8.1f}x")
+        print_table = bench.print_decode_table
+    print_table(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -7,10 +7,10 @@ import pytest
 from test_export import BEAM, artifacts, model_dir  # noqa: F401  (fixtures)
 
 from export.benchmark import worker
-from kformer.bench import bench_decode
+from kformer.bench import bench_decode, print_decode_table, print_train_table
 
 
-def test_bench_decode_times_the_same_work_in_every_variant(model_dir):  # noqa: F811
+def test_bench_decode_times_the_same_work_in_every_variant(model_dir, capsys):  # noqa: F811
     results = bench_decode(model_dir, batch_sizes=(1, 2), output_tokens=6, repeats=1)
     rows = results["rows"]
     assert len(rows) == 2 * 2 * 4  # batch sizes x searches x (cached, cached_xla, naive, naive_eager)
@@ -18,6 +18,9 @@ def test_bench_decode_times_the_same_work_in_every_variant(model_dir):  # noqa: 
     for r in rows:
         assert r["same_tokens_as_naive"], r  # cache, XLA and eager decode what the prefix re-run decodes
         assert r["generated_tokens"] == r["batch"] * 6, r  # EOS barred: every row does all 6 steps
+    print_decode_table(results)
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 2 + len(rows) and table[-1].split()[:3] == ["2", "beam4", "naive_eager"]
 
 
 def test_runtime_worker_measures_the_runtime_it_names(artifacts, tmp_path):  # noqa: F811
@@ -53,10 +56,13 @@ def test_reference_model_trains_one_step():
 
 
 @pytest.mark.slow
-def test_bench_train_compares_same_size_models_on_the_same_pairs():
+def test_bench_train_compares_same_size_models_on_the_same_pairs(capsys):
     from kformer.bench import bench_train
 
     results = bench_train("tiny", steps=3, rounds=1, overrides={"batch_tokens": 128})
     kformer, xla, hub = results["kformer"], results["kformer_xla"], results["keras_hub"]
     assert kformer["parameters"] == hub["parameters"] == xla["parameters"]
     assert hub["padding"] == kformer["padding"] < xla["padding"]  # same batches; buckets pad more
+    print_train_table(results)
+    table = capsys.readouterr().out
+    assert f"kformer vs keras-hub (real tokens/s): {results['vs_keras_hub']:.2f}x" in table
