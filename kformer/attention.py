@@ -22,7 +22,7 @@ class MultiHeadAttention(keras.layers.Layer):
 
     Args:
         num_heads: number of heads H.
-        key_dim: size D of each head (d_model / H in the paper).
+        head_size: size D of each head (d_model / H in the paper).
 
     Call args:
         query: (B, Tq, M) queries.
@@ -41,19 +41,19 @@ class MultiHeadAttention(keras.layers.Layer):
     updated cache); the (B, H, Tq, Tk) attention weights. Unused parts cost nothing in a graph.
 
     Example:
-    >>> layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    >>> layer = MultiHeadAttention(num_heads=2, head_size=4)
     >>> x = keras.random.normal((1, 3, 8))
     >>> layer(x, x).shape
     (1, 3, 8)
     """
 
-    def __init__(self, num_heads, key_dim, **kwargs):
+    def __init__(self, num_heads, head_size, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
-        self.key_dim = key_dim
+        self.head_size = head_size
         # Projections straight into heads, kernels (M, H, D), as keras.layers.MultiHeadAttention:
         # no reshape of a flattened matmul, which tf2onnx's optimizer mis-rewrites.
-        heads = dict(output_shape=(None, num_heads, key_dim), bias_axes="de", dtype=self.dtype_policy)
+        heads = dict(output_shape=(None, num_heads, head_size), bias_axes="de", dtype=self.dtype_policy)
         self.query = keras.layers.EinsumDense("abc,cde->abde", name="query", **heads)
         self.key = keras.layers.EinsumDense("abc,cde->abde", name="key", **heads)
         self.value = keras.layers.EinsumDense("abc,cde->abde", name="value", **heads)
@@ -67,7 +67,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_projection = keras.layers.EinsumDense(
             "abcd,cde->abe", output_shape=(None, query_shape[-1]), bias_axes="e", dtype=self.dtype_policy,
             name="output_projection")
-        self.output_projection.build((*query_shape[:-1], self.num_heads, self.key_dim))
+        self.output_projection.build((*query_shape[:-1], self.num_heads, self.head_size))
 
     def _split_heads(self, projection, x):
         return ops.transpose(projection(x), (0, 2, 1, 3))  # (B, L, H, D) -> (B, H, L, D)
@@ -91,7 +91,7 @@ class MultiHeadAttention(keras.layers.Layer):
             k = ops.where(slot, new_k, cache[0])  # (B, H, T, D)
             v = ops.where(slot, new_v, cache[1])
 
-        scores = ops.einsum("bhqd,bhkd->bhqk", q, k) / ops.cast(math.sqrt(self.key_dim), q.dtype)
+        scores = ops.einsum("bhqd,bhkd->bhqk", q, k) / ops.cast(math.sqrt(self.head_size), q.dtype)
         if attention_mask is not None:
             mask = ops.expand_dims(attention_mask, axis=1)  # (B, 1, Tq, Tk): same mask for every head
             # A large finite negative (not -inf) keeps a fully masked row finite.
@@ -107,5 +107,5 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(num_heads=self.num_heads, key_dim=self.key_dim)
+        config.update(num_heads=self.num_heads, head_size=self.head_size)
         return config

@@ -8,18 +8,18 @@ from keras import ops
 
 from kformer.attention import MultiHeadAttention
 
-# Shape letters: B batch, S source length, T target length, M model width, V vocabulary.
+# Shape letters: B batch, S source length, T target length, M model width (d_model), V vocabulary.
 
 
-def sinusoidal_table(length, width):
-    """(length, width) positional encoding, interleaved as the paper writes it:
-    PE(pos, 2i) = sin(pos / 10000^(2i/width)), PE(pos, 2i+1) = cos(pos / 10000^(2i/width))."""
+def sinusoidal_table(length, d_model):
+    """(length, d_model) positional encoding, interleaved as the paper writes it:
+    PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))."""
     positions = np.arange(length, dtype=np.float64)[:, None]
-    rates = 1.0 / np.power(10000.0, np.arange(0, width, 2, dtype=np.float64) / width)
-    angles = positions * rates  # (length, ceil(width/2))
-    table = np.zeros((length, width), dtype=np.float64)
+    rates = 1.0 / np.power(10000.0, np.arange(0, d_model, 2, dtype=np.float64) / d_model)
+    angles = positions * rates  # (length, ceil(d_model/2))
+    table = np.zeros((length, d_model), dtype=np.float64)
     table[:, 0::2] = np.sin(angles)
-    table[:, 1::2] = np.cos(angles[:, : width // 2])
+    table[:, 1::2] = np.cos(angles[:, : d_model // 2])
     return table.astype(np.float32)
 
 
@@ -32,31 +32,31 @@ class TokenEmbedding(keras.layers.Layer):
 
     Args:
         vocab_size: V.
-        width: M (d_model).
+        d_model: M, the model width.
 
     Call args:
         inputs: int ids (B, L) -> (B, L, M); or with `reverse=True`, states (B, L, M) -> logits (B, L, V).
     """
 
-    def __init__(self, vocab_size, width, **kwargs):
+    def __init__(self, vocab_size, d_model, **kwargs):
         super().__init__(**kwargs)
         self.vocab_size = vocab_size
-        self.width = width
+        self.d_model = d_model
 
     def build(self, input_shape=None):
         # N(0, M^-0.5) so that E * sqrt(M) starts at unit scale and E^T gives unit-scale logits.
         self.embeddings = self.add_weight(
-            name="embeddings", shape=(self.vocab_size, self.width),
-            initializer=keras.initializers.RandomNormal(stddev=self.width**-0.5))
+            name="embeddings", shape=(self.vocab_size, self.d_model),
+            initializer=keras.initializers.RandomNormal(stddev=self.d_model**-0.5))
 
     def call(self, inputs, reverse=False):
         if reverse:
             return ops.matmul(inputs, ops.transpose(ops.cast(self.embeddings, inputs.dtype)))
-        return ops.take(self.embeddings, inputs, axis=0) * ops.cast(math.sqrt(self.width), self.compute_dtype)
+        return ops.take(self.embeddings, inputs, axis=0) * ops.cast(math.sqrt(self.d_model), self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()
-        config.update(vocab_size=self.vocab_size, width=self.width)
+        config.update(vocab_size=self.vocab_size, d_model=self.d_model)
         return config
 
 
@@ -99,29 +99,29 @@ class FeedForward(keras.layers.Layer):
     """Position-wise feed-forward network: Dense(d_ff, activation) then Dense(d_model).
 
     Args:
-        width: output size M (d_model).
-        hidden_width: inner size (d_ff).
+        d_model: output size M.
+        d_ff: inner size.
         activation: "relu" (the paper) or "gelu".
     """
 
-    def __init__(self, width, hidden_width, activation="relu", **kwargs):
+    def __init__(self, d_model, d_ff, activation="relu", **kwargs):
         super().__init__(**kwargs)
-        self.width = width
-        self.hidden_width = hidden_width
+        self.d_model = d_model
+        self.d_ff = d_ff
         self.activation = activation
-        self.inner = keras.layers.Dense(hidden_width, activation=activation, dtype=self.dtype_policy, name="inner")
-        self.outer = keras.layers.Dense(width, dtype=self.dtype_policy, name="outer")
+        self.inner = keras.layers.Dense(d_ff, activation=activation, dtype=self.dtype_policy, name="inner")
+        self.outer = keras.layers.Dense(d_model, dtype=self.dtype_policy, name="outer")
 
     def build(self, input_shape):
         self.inner.build(input_shape)
-        self.outer.build((*input_shape[:-1], self.hidden_width))
+        self.outer.build((*input_shape[:-1], self.d_ff))
 
     def call(self, inputs):
         return self.outer(self.inner(inputs))
 
     def get_config(self):
         config = super().get_config()
-        config.update(width=self.width, hidden_width=self.hidden_width, activation=self.activation)
+        config.update(d_model=self.d_model, d_ff=self.d_ff, activation=self.activation)
         return config
 
 
@@ -132,20 +132,20 @@ class _ResidualBlock(keras.layers.Layer):
     pre-LN:              x = x + Dropout(sublayer(LayerNorm(x))).
     """
 
-    def __init__(self, width, num_heads, hidden_width, dropout=0.1, activation="relu",
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, activation="relu",
                  norm_position="post", **kwargs):
         super().__init__(**kwargs)
-        self.width = width
+        self.d_model = d_model
         self.num_heads = num_heads
-        self.hidden_width = hidden_width
+        self.d_ff = d_ff
         self.dropout = dropout
         self.activation = activation
         self.norm_position = norm_position
-        self.feed_forward = FeedForward(width, hidden_width, activation, dtype=self.dtype_policy, name="feed_forward")
+        self.feed_forward = FeedForward(d_model, d_ff, activation, dtype=self.dtype_policy, name="feed_forward")
         self.sublayer_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy, name="sublayer_dropout")
 
     def _attention(self, name):
-        return MultiHeadAttention(self.num_heads, self.width // self.num_heads, dtype=self.dtype_policy, name=name)
+        return MultiHeadAttention(self.num_heads, self.d_model // self.num_heads, dtype=self.dtype_policy, name=name)
 
     def _norm(self, name):
         return keras.layers.LayerNormalization(epsilon=1e-6, dtype=self.dtype_policy, name=name)
@@ -164,7 +164,7 @@ class _ResidualBlock(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(width=self.width, num_heads=self.num_heads, hidden_width=self.hidden_width,
+        config.update(d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff,
                       dropout=self.dropout, activation=self.activation, norm_position=self.norm_position)
         return config
 
@@ -174,7 +174,7 @@ class EncoderBlock(_ResidualBlock):
     """One encoder layer: self-attention, then feed-forward, each with residual + LayerNorm.
 
     Args:
-        width: d_model. num_heads: heads. hidden_width: d_ff. dropout: residual dropout.
+        d_model, num_heads, d_ff: as the config. dropout: residual dropout.
         activation: feed-forward activation. norm_position: "post" (paper) or "pre".
 
     Call args:
@@ -184,8 +184,8 @@ class EncoderBlock(_ResidualBlock):
     Returns (x (B, S, M), the (B, H, S, S) self-attention weights).
     """
 
-    def __init__(self, width, num_heads, hidden_width, **kwargs):
-        super().__init__(width, num_heads, hidden_width, **kwargs)
+    def __init__(self, d_model, num_heads, d_ff, **kwargs):
+        super().__init__(d_model, num_heads, d_ff, **kwargs)
         self.self_attention = self._attention("self_attention")
         self.self_attention_norm = self._norm("self_attention_norm")
         self.feed_forward_norm = self._norm("feed_forward_norm")
@@ -221,8 +221,8 @@ class DecoderBlock(_ResidualBlock):
     "self" "cache" is the updated buffers when decoding step by step.
     """
 
-    def __init__(self, width, num_heads, hidden_width, **kwargs):
-        super().__init__(width, num_heads, hidden_width, **kwargs)
+    def __init__(self, d_model, num_heads, d_ff, **kwargs):
+        super().__init__(d_model, num_heads, d_ff, **kwargs)
         self.self_attention = self._attention("self_attention")
         self.self_attention_norm = self._norm("self_attention_norm")
         self.cross_attention = self._attention("cross_attention")

@@ -50,7 +50,7 @@ class Transformer(keras.Model):
         config: a `TransformerConfig` (or its dict).
 
     Beyond the functional call, the same layers serve step-wise decoding:
-    `init_cache(source_ids, max_length)` encodes once and preallocates the key/value buffers,
+    `init_cache(source_ids, buffer_length)` encodes once and preallocates the key/value buffers,
     `decode_step(tokens, cache, index)` feeds one token per row and returns (logits, cache),
     and `attention_weights(source_ids, target_ids)` returns every layer's attention per head.
 
@@ -74,7 +74,7 @@ class Transformer(keras.Model):
             c.vocab_size, c.d_model, dtype=dtype, name="target_embedding")
         self.source_positions = PositionalEncoding(c.max_source_length, c.dropout, dtype=dtype, name="source_positions")
         self.target_positions = PositionalEncoding(c.max_target_length, c.dropout, dtype=dtype, name="target_positions")
-        block_args = dict(width=c.d_model, num_heads=c.num_heads, hidden_width=c.d_ff, dropout=c.dropout,
+        block_args = dict(d_model=c.d_model, num_heads=c.num_heads, d_ff=c.d_ff, dropout=c.dropout,
                           activation=c.activation, norm_position=c.norm_position, dtype=dtype)
         self.encoder_blocks = [EncoderBlock(**block_args, name=f"encoder_block_{i}")
                                for i in range(c.num_encoder_layers)]
@@ -143,8 +143,8 @@ class Transformer(keras.Model):
 
     # --- step-wise decoding with a fixed-shape key/value cache ---
 
-    def init_cache(self, source_ids, max_length):
-        """Encodes (B, S) source ids once; returns the decoder cache for `max_length` steps.
+    def init_cache(self, source_ids, buffer_length):
+        """Encodes (B, S) source ids once; returns the decoder cache for `buffer_length` steps.
 
         {"source_mask": (B, 1, S) bool,
          "cross": L x (key, value) each (B, H, S, D), computed once per sentence,
@@ -154,7 +154,7 @@ class Transformer(keras.Model):
         source_mask = masks.padding_mask(source_ids, self.config.pad_id)
         encoded, _ = self._encode(source_ids, source_mask, training=False)
         batch = ops.shape(source_ids)[0]
-        empty = ops.zeros((batch, self.config.num_heads, max_length, self.config.head_size), encoded.dtype)
+        empty = ops.zeros((batch, self.config.num_heads, buffer_length, self.config.head_size), encoded.dtype)
         return {"source_mask": source_mask,
                 "cross": [block.cross_attention.key_value(encoded) for block in self.decoder_blocks],
                 "self": [(empty, empty) for _ in self.decoder_blocks]}
@@ -163,8 +163,8 @@ class Transformer(keras.Model):
         """Feeds (B,) tokens at position `index`; returns ((B, V) float32 logits, updated cache)."""
         x = self.target_embedding(ops.expand_dims(tokens, 1))  # (B, 1, M)
         x = self.target_positions(x, start_index=index, training=False)
-        max_length = ops.shape(cache["self"][0][0])[2]
-        self_mask = masks.causal_mask(1, max_length, offset=index)  # (1, 1, Tmax): keys 0..index
+        buffer_length = ops.shape(cache["self"][0][0])[2]
+        self_mask = masks.causal_mask(1, buffer_length, offset=index)  # (1, 1, Tmax): keys 0..index
         new_self = []
         for block, self_kv, cross_kv in zip(self.decoder_blocks, cache["self"], cache["cross"]):
             x, attention = block(x, self_mask=self_mask, cross_mask=cache["source_mask"],

@@ -105,12 +105,12 @@ def beam_trace(translator, text):
             for step in range(int(trace["steps"]))]
 
 
-def positional_encoding_figure(length=100, width=128):
+def positional_encoding_figure(length=100, d_model=128):
     """The paper's interleaved sin/cos encoding beside the concatenated sin|cos layout of early
     implementations (the same numbers, columns reordered)."""
     from kformer.layers import sinusoidal_table
 
-    table = sinusoidal_table(length, width)
+    table = sinusoidal_table(length, d_model)
     concatenated = np.concatenate([table[:, 0::2], table[:, 1::2]], axis=1)
     fig, axes = _figure(1, 2, figsize=(12, 4), sharey=True)
     for ax, data, title in ((axes[0], table, "interleaved: PE(pos, 2i) = sin, PE(pos, 2i+1) = cos (the paper)"),

@@ -54,24 +54,24 @@ class GreedyState(NamedTuple):
     cache: object  # the step function's cache, batch-first tensors
 
 
-def greedy_search(step, cache, limits, max_length, bos_id, eos_id, pad_id=0):
+def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0):
     """Picks the most probable token at every step; each row stops at EOS or at its limit.
 
     Args:
         step: `(tokens (B,), cache, index) -> (logits (B, V), cache)`.
         cache: initial cache (nested batch-first tensors).
         limits: (B,) int32 maximum output length per row (0 = empty output).
-        max_length: scalar int32 T >= max(limits), the buffer length.
+        buffer_length: scalar int32 T >= max(limits), the length of the output buffers.
     Returns (tokens (B, T) int32 with EOS kept and pad after, scores (B,) float32 log-probability).
     """
     batch = tf.shape(limits)[0]
     state = GreedyState(
         index=tf.constant(0), last=tf.fill([batch], bos_id),
-        tokens=tf.fill([batch, max_length], pad_id), scores=tf.zeros([batch]),
+        tokens=tf.fill([batch, buffer_length], pad_id), scores=tf.zeros([batch]),
         finished=tf.less_equal(limits, 0), cache=cache)
 
     def cond(s):
-        return tf.logical_and(s.index < max_length, tf.logical_not(tf.reduce_all(s.finished)))
+        return tf.logical_and(s.index < buffer_length, tf.logical_not(tf.reduce_all(s.finished)))
 
     def body(s):
         logits, cache = step(s.last, s.cache, s.index)
@@ -83,7 +83,7 @@ def greedy_search(step, cache, limits, max_length, bos_id, eos_id, pad_id=0):
         finished = s.finished | tf.equal(token, eos_id) | (s.index + 1 >= limits)
         return [GreedyState(s.index + 1, token, _write(s.tokens, s.index, token), scores, finished, cache)]
 
-    (final,) = tf.while_loop(cond, body, [state], maximum_iterations=max_length)
+    (final,) = tf.while_loop(cond, body, [state], maximum_iterations=buffer_length)
     return final.tokens, final.scores
 
 
@@ -115,7 +115,7 @@ def tile_beams(cache, beam_size):
     return tf.nest.map_structure(lambda t: tf.repeat(t, beam_size, axis=0), cache)
 
 
-def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alpha=LENGTH_PENALTY, pad_id=0,
+def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, alpha=LENGTH_PENALTY, pad_id=0,
                 trace=False):
     """Beam search with GNMT length penalty; alive and finished hypotheses are kept apart.
 
@@ -126,7 +126,7 @@ def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alph
     its worst finished one; the loop ends when every row is done.
 
     Args:
-        step, limits, max_length: as in `greedy_search`; `cache` has batch B (tiled here).
+        step, limits, buffer_length: as in `greedy_search`; `cache` has batch B (tiled here).
         beam_size: K.
         trace: also return the alive hypotheses after every step, for pictures:
             {"tokens": (B, T, K, T), "log_probs": (B, T, K), "steps": ()}.
@@ -136,13 +136,13 @@ def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alph
     batch, k = tf.shape(limits)[0], beam_size
     # Only beam 0 is alive at first, so the first step does not pick K copies of one token.
     first = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG_INF)], axis=1)
-    empty = tf.fill([batch, k, max_length], pad_id)
+    empty = tf.fill([batch, k, buffer_length], pad_id)
     state = BeamState(
         index=tf.constant(0),
         alive_tokens=empty, alive_log_probs=first,
         finished_tokens=empty, finished_scores=tf.fill([batch, k], NEG_INF),
         finished_flags=tf.zeros([batch, k], tf.bool), cache=tile_beams(cache, k),
-        trace=(tf.fill([batch, max_length, k, max_length], pad_id), tf.fill([batch, max_length, k], NEG_INF))
+        trace=(tf.fill([batch, buffer_length, k, buffer_length], pad_id), tf.fill([batch, buffer_length, k], NEG_INF))
         if trace else ())
     max_penalty = length_penalty(limits, alpha)  # (B,) largest penalty a row can still get
 
@@ -155,7 +155,7 @@ def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alph
         return complete | (s.index >= limits)
 
     def cond(s):
-        return tf.logical_and(s.index < max_length, tf.logical_not(tf.reduce_all(row_done(s))))
+        return tf.logical_and(s.index < buffer_length, tf.logical_not(tf.reduce_all(row_done(s))))
 
     def body(s):
         last = tf.reshape(tf.gather(s.alive_tokens, tf.maximum(s.index - 1, 0), axis=2), [-1])
@@ -187,13 +187,13 @@ def beam_search(step, cache, limits, max_length, beam_size, bos_id, eos_id, alph
         finished_scores, pick = tf.math.top_k(scores, k=k)
         history = s.trace
         if trace:  # row `index` of the history = the alive beams after this step
-            slot = tf.equal(tf.range(max_length), s.index)  # (T,)
+            slot = tf.equal(tf.range(buffer_length), s.index)  # (T,)
             history = (tf.where(slot[None, :, None, None], alive_tokens[:, None], history[0]),
                        tf.where(slot[None, :, None], alive_log_probs[:, None], history[1]))
         return [BeamState(length, alive_tokens, alive_log_probs, _gather_beams(seqs, pick), finished_scores,
                           _gather_beams(flags, pick), cache, history)]
 
-    (final,) = tf.while_loop(cond, body, [state], maximum_iterations=max_length)
+    (final,) = tf.while_loop(cond, body, [state], maximum_iterations=buffer_length)
     # Every row with limit >= 1 has finished hypotheses (all finish at the limit); an empty
     # source (limit 0) gives empty outputs with score 0, like greedy search.
     has_output = limits > 0
@@ -216,5 +216,5 @@ def naive_step(forward):
     return step
 
 
-def naive_cache(source_ids, max_length, pad_id=0):
-    return {"source_ids": source_ids, "prefix": tf.fill([tf.shape(source_ids)[0], max_length], pad_id)}
+def naive_cache(source_ids, buffer_length, pad_id=0):
+    return {"source_ids": source_ids, "prefix": tf.fill([tf.shape(source_ids)[0], buffer_length], pad_id)}

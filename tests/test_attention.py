@@ -68,4 +68,4 @@ def test_static_cache_equals_recomputed_keys():
 
 def test_layer_contract(tmp_path):
     x = np.random.default_rng(0).normal(size=(2, 3, WIDTH)).astype("float32")
-    run_layer_test(MultiHeadAttention, dict(num_heads=HEADS, key_dim=HEAD_SIZE), [x, x], tmp_path=tmp_path)
+    run_layer_test(MultiHeadAttention, dict(num_heads=HEADS, head_size=HEAD_SIZE), [x, x], tmp_path=tmp_path)

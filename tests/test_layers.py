@@ -23,29 +23,29 @@ def test_positional_encoding_adds_table_from_start_index():
 
 
 def test_token_embedding_scales_and_ties(tmp_path):
-    layer = TokenEmbedding(vocab_size=20, width=8)
+    layer = TokenEmbedding(vocab_size=20, d_model=8)
     ids = np.array([[1, 2, 3]], "int32")
     emb = np.asarray(layer(ids))
     table = np.asarray(layer.embeddings)
     np.testing.assert_allclose(emb[0], table[[1, 2, 3]] * math.sqrt(8), rtol=1e-6)
     states = np.random.default_rng(0).normal(size=(1, 2, 8)).astype("float32")
     np.testing.assert_allclose(np.asarray(layer(states, reverse=True)), states @ table.T, rtol=1e-5, atol=1e-5)
-    run_layer_test(TokenEmbedding, dict(vocab_size=20, width=8), [ids], tmp_path=tmp_path)
+    run_layer_test(TokenEmbedding, dict(vocab_size=20, d_model=8), [ids], tmp_path=tmp_path)
 
 
 def test_feed_forward(tmp_path):
     x = np.random.default_rng(0).normal(size=(2, 3, 8)).astype("float32")
-    layer = FeedForward(width=8, hidden_width=16)
+    layer = FeedForward(d_model=8, d_ff=16)
     out = np.asarray(layer(x))
     w1, b1, w2, b2 = [np.asarray(w) for w in layer.get_weights()]
     np.testing.assert_allclose(out, np.maximum(x @ w1 + b1, 0) @ w2 + b2, rtol=1e-5, atol=1e-5)
-    run_layer_test(FeedForward, dict(width=8, hidden_width=16, activation="gelu"), [x], tmp_path=tmp_path)
+    run_layer_test(FeedForward, dict(d_model=8, d_ff=16, activation="gelu"), [x], tmp_path=tmp_path)
 
 
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
 def test_encoder_block(tmp_path, norm_position):
     x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
-    kwargs = dict(width=8, num_heads=2, hidden_width=16, dropout=0.0, norm_position=norm_position)
+    kwargs = dict(d_model=8, num_heads=2, d_ff=16, dropout=0.0, norm_position=norm_position)
     out = run_layer_test(EncoderBlock, kwargs, [x], tmp_path=tmp_path)
     assert out.shape == (2, 5, 8)
 
@@ -55,13 +55,13 @@ def test_decoder_block(tmp_path, norm_position):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2, 4, 8)).astype("float32")
     memory = rng.normal(size=(2, 6, 8)).astype("float32")
-    kwargs = dict(width=8, num_heads=2, hidden_width=16, dropout=0.0, norm_position=norm_position)
+    kwargs = dict(d_model=8, num_heads=2, d_ff=16, dropout=0.0, norm_position=norm_position)
     out = run_layer_test(DecoderBlock, kwargs, [x, memory], tmp_path=tmp_path)
     assert out.shape == (2, 4, 8)
 
 
 def test_post_ln_output_is_normalized():
     x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32") * 10
-    out = np.asarray(EncoderBlock(width=8, num_heads=2, hidden_width=16, dropout=0.0)(x)[0])
+    out = np.asarray(EncoderBlock(d_model=8, num_heads=2, d_ff=16, dropout=0.0)(x)[0])
     np.testing.assert_allclose(out.mean(-1), 0, atol=1e-4)
     np.testing.assert_allclose(out.std(-1), 1, atol=1e-2)

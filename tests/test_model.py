@@ -61,7 +61,7 @@ def test_attention_weights_per_layer_and_head():
 def test_cached_decode_steps_equal_full_pass(changes):
     model, x = make(**changes), inputs(np.random.default_rng(4))
     full = np.asarray(model(x))
-    cache = model.init_cache(x["source_ids"], max_length=9)
+    cache = model.init_cache(x["source_ids"], buffer_length=9)
     for i in range(6):
         logits, cache = model.decode_step(x["target_ids"][:, i], cache, i)
         real = x["target_ids"][:, i] != 0  # rows past their padding differ (by design)

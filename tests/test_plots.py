@@ -22,7 +22,7 @@ def test_token_labels_keep_characters_with_a_cjk_font(monkeypatch):
 
 
 def test_positional_encoding_figure_shows_both_layouts():
-    fig = plots.positional_encoding_figure(length=20, width=8)
+    fig = plots.positional_encoding_figure(length=20, d_model=8)
     interleaved, concatenated = [ax.images[0].get_array() for ax in fig.axes[:2]]
     angles = np.arange(20)[:, None] / 10000 ** (np.arange(0, 8, 2)[None, :] / 8)  # the paper's pos / 10000^(2i/d)
     np.testing.assert_allclose(interleaved[:, 0::2], np.sin(angles), atol=1e-6)
