@@ -99,16 +99,14 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=BEAM_SIZE
                                       "greedy_text": "text -> translation", "beam_text": "text -> translation"},
             "onnx_opset": writers.ONNX_OPSET, "artifacts": artifacts, "versions": _versions(),
             "trained_in": os.path.abspath(model_dir), "corpus": corpus}
-        with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2)
+        _write_manifest(work, manifest)  # the runners read it during the check
         sources, references, checked_on = check_sentences(model_dir)
         progress(f"verifying on {checked_on}: fp32 must match Keras token for token; fp16/int8 report agreement")
         results = verify(work, model, config, tokenizer, sources, references, corpus["direction"].split("-")[-1])
         for entry in artifacts:
             entry["check"] = results[entry["file"]]
         manifest["checked_on"] = checked_on
-        with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2)
+        _write_manifest(work, manifest)
         if os.path.exists(out_dir):
             os.rmdir(out_dir)  # empty, checked above
         os.replace(work, out_dir)
@@ -116,6 +114,11 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=BEAM_SIZE
         shutil.rmtree(work, ignore_errors=True)
         raise
     return manifest
+
+
+def _write_manifest(folder, manifest):
+    with open(os.path.join(folder, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
 
 
 WORK_PREFIX = ".kformer-export-"
@@ -183,8 +186,8 @@ def _text_translations(artifact_dir, beam, texts):
 def verify(artifact_dir, model, config, tokenizer, sources, references=None, language="en"):
     """Runs every artifact and compares it with the Keras model it came from.
 
-    fp32 artifacts must give the Keras tokens and scores' order on the probe batches (odd shapes)
-    and every artifact, quantized or not, translates `sources`: fp32 and text files must give
+    fp32 artifacts must give the Keras tokens on the probe batches (odd shapes), and every
+    artifact, quantized or not, translates `sources`: fp32 and text files must give
     Keras' translations (else ExportError); quantized ones report how many they translate as Keras
     does. Returns {file: {search: {"agreement": share of `sources` translated as Keras does,
     "bleu_delta": its BLEU minus Keras' against `references` (None without references)}}}.

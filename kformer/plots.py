@@ -74,14 +74,15 @@ def alignment(translator, text, layer=-1, beam_size=None):
         raise ValueError("nothing to align: the text is blank or outside the model's vocabulary")
     tokens, _ = translator.search(np.array([ids], np.int32), beam_size)
     best = (tokens[0] if tokens.ndim == 2 else tokens[0, 0]).tolist()  # the search's own output, EOS and all
-    generated = best[: best.index(config.eos_id) + 1] if config.eos_id in best else strip_special(best, -1)
+    output = strip_special(best, config.eos_id, config.pad_id)
+    generated = output + [config.eos_id] if config.eos_id in best else output  # EOS, or cut at the limit
     # Row t is the decoder position that produced generated[t]: its input is BOS + generated[:t].
     decoder_input = [config.bos_id] + generated[:-1]
     attention = translator.model.attention_weights(np.array([ids], np.int32), np.array([decoder_input], np.int32))
     weights = np.asarray(attention["cross"][layer])[0].mean(axis=0)  # (T, S)
     return {"source": [tokenizer.id_to_piece(i) for i in ids], "target": [tokenizer.id_to_piece(i) for i in generated],
             "decoder_input": [tokenizer.id_to_piece(i) for i in decoder_input],
-            "translation": tokenizer.decode(strip_special(generated, config.eos_id)), "weights": weights,
+            "translation": tokenizer.decode(output), "weights": weights,
             "attention": attention}
 
 

@@ -395,7 +395,7 @@ def start(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=DE
             model.optimizer.build(model.trainable_variables)
             checkpoint.restore(model, model_path)
     done = int(model.optimizer.iterations)
-    if done and state.get("steps") != done:  # a save killed between writing model.keras and training.json
+    if done:  # the state that belongs to the restored model (see checkpoint.save)
         state = checkpoint.read_state(out_dir, steps=done)
         spent = float(state.get("seconds", spent))
     if done:
