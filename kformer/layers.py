@@ -198,7 +198,7 @@ class EncoderBlock(_ResidualBlock):
 
     def call(self, x, attention_mask=None, training=None):
         x, attention = self._residual(x, self.self_attention_norm,
-                                      lambda h: self.self_attention(h, h, attention_mask=attention_mask), training)
+                                      lambda h: self.self_attention(h, attention_mask=attention_mask), training)
         return self._feed_forward(x, training), attention["weights"]
 
 
@@ -244,7 +244,7 @@ class DecoderBlock(_ResidualBlock):
         cross_cache = None if cache is None else cache["cross"]
         x, self_attention = self._residual(
             x, self.self_attention_norm,
-            lambda h: self.self_attention(h, h, attention_mask=self_mask, cache=self_cache, cache_index=cache_index),
+            lambda h: self.self_attention(h, attention_mask=self_mask, cache=self_cache, cache_index=cache_index),
             training)
         x, cross_attention = self._residual(
             x, self.cross_attention_norm,

@@ -28,7 +28,7 @@ def test_matches_keras_multi_head_attention(cross):
     ids[1, -3:] = 0  # padded keys in row 1
     mask = np.broadcast_to(np.asarray(masks.padding_mask(ids)), (3, 5, value.shape[1]))
     ours = MultiHeadAttention(HEADS, HEAD_SIZE)
-    out, extras = ours(query, value, attention_mask=mask)
+    out, extras = ours(query, value if cross else None, attention_mask=mask)  # None: self-attention
     weights = extras["weights"]
     reference = copy_to_keras_mha(ours, query, value)
     expected, expected_weights = reference(query, value, attention_mask=mask, return_attention_scores=True)
@@ -39,7 +39,7 @@ def test_matches_keras_multi_head_attention(cross):
 
 def test_fully_masked_row_stays_finite():
     x = np.random.default_rng(0).normal(size=(1, 3, WIDTH)).astype("float32")
-    out, _ = MultiHeadAttention(HEADS, HEAD_SIZE)(x, x, attention_mask=np.zeros((1, 3, 3), bool))
+    out, _ = MultiHeadAttention(HEADS, HEAD_SIZE)(x, attention_mask=np.zeros((1, 3, 3), bool))
     assert np.all(np.isfinite(np.asarray(out)))
 
 
@@ -47,11 +47,11 @@ def test_cached_steps_equal_full_causal_pass():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(2, 6, WIDTH)).astype("float32")
     layer = MultiHeadAttention(HEADS, HEAD_SIZE)
-    full = np.asarray(layer(x, x, attention_mask=masks.causal_mask(6))[0])
+    full = np.asarray(layer(x, attention_mask=masks.causal_mask(6))[0])
     buffer = np.zeros((2, HEADS, 8, HEAD_SIZE), "float32")  # longer than needed: unused slots masked
     cache = (buffer, buffer)
     for i in range(6):
-        step, extras = layer(x[:, i:i + 1], x[:, i:i + 1], attention_mask=masks.causal_mask(1, 8, offset=i),
+        step, extras = layer(x[:, i:i + 1], attention_mask=masks.causal_mask(1, 8, offset=i),
                              cache=cache, cache_index=i)
         cache = extras["cache"]
         np.testing.assert_allclose(np.asarray(step)[:, 0], full[:, i], atol=1e-5)
