@@ -84,8 +84,9 @@ def bench_runtimes(artifact_dir, sentences=200, progress=print):
     lengths = [len(ids) for ids in load_tokenizer(artifact_dir, manifest).encode(sources)]
     latency_index = min(range(len(sources)), key=lambda i: abs(lengths[i] - 20))  # one ~20-token sentence
     language = (manifest.get("corpus") or {}).get("direction", "x-en").split("-")[-1]
+    light = ("tflite", "onnx", "ctranslate2")
     jobs = [("keras", "fp32"), ("savedmodel", "fp32")] + sorted(
-        {(a["format"], a["variant"]) for a in manifest["artifacts"] if a["format"] in ("tflite", "onnx")})
+        {(a["format"], a["variant"]) for a in manifest["artifacts"] if a["format"] in light})
     sizes = {(a["format"], a["search"], a["variant"]): a["bytes"] for a in manifest["artifacts"]}
     rows = []
     with tempfile.TemporaryDirectory() as work:
@@ -107,20 +108,32 @@ def bench_runtimes(artifact_dir, sentences=200, progress=print):
                     row = json.load(f)
                 row["bleu"] = score(row.pop("hypotheses"), references, language)["bleu"]
                 fmt = {"keras": None, "savedmodel": "savedmodel"}.get(runtime, runtime)
-                row["bytes"] = sizes.get((fmt, "all" if fmt == "savedmodel" else ("greedy" if beam == 1 else "beam"),
-                                          variant))
+                whole = fmt in ("savedmodel", "ctranslate2")  # one artifact serves both searches
+                row["bytes"] = sizes.get((fmt, "all" if whole else ("greedy" if beam == 1 else "beam"), variant))
                 rows.append(row)
                 progress(f"{row['latency_ms']:.0f} ms, BLEU {row['bleu']:.2f}")
+    _against_ctranslate2(rows)
     return {"artifact": artifact_dir, "sentences": len(sources), "rows": rows}
+
+
+def _against_ctranslate2(rows):
+    """Adds each row's time divided by CTranslate2's for the same search and precision (int8 with
+    int8, every other variant with fp32), at batch 1 and 32, when the export has CTranslate2."""
+    reference = {(r["search"], r["variant"]): r for r in rows if r["runtime"] == "ctranslate2"}
+    for r in rows:
+        ct2 = reference.get((r["search"], "int8" if r["variant"] == "int8" else "fp32"))
+        r["time_vs_ct2"] = None if ct2 is None else (
+            r["latency_ms"] / ct2["latency_ms"], ct2["batch32_sentences_per_s"] / r["batch32_sentences_per_s"])
 
 
 def print_table(results):
     print(f"BLEU on {results['sentences']} test sentences; latency: one ~20-token sentence at batch 1 (median of 5); "
           "throughput: 32 sentences in one call")
     print(f"{'runtime':>10} {'variant':>7} {'search':>6} {'latency ms':>10} {'out tok':>7} {'sent/s@32':>9} "
-          f"{'tok/s@32':>8} {'MB':>6} {'peak MB':>7} {'BLEU':>6}")
+          f"{'tok/s@32':>8} {'MB':>6} {'peak MB':>7} {'BLEU':>6} {'time/CT2 b1,b32':>15}")
     for r in results["rows"]:
         size = "-" if r["bytes"] is None else f"{r['bytes'] / 1e6:.1f}"
+        ratio = "-" if not r.get("time_vs_ct2") else "{:.2f}, {:.2f}".format(*r["time_vs_ct2"])
         print(f"{r['runtime']:>10} {r['variant']:>7} {r['search']:>6} {r['latency_ms']:10.1f} "
               f"{r['latency_output_tokens']:7d} {r['batch32_sentences_per_s']:9.1f} {r['batch32_tokens_per_s']:8.0f} "
-              f"{size:>6} {r['peak_rss_mb']:7.0f} {r['bleu']:6.2f}")
+              f"{size:>6} {r['peak_rss_mb']:7.0f} {r['bleu']:6.2f} {ratio:>15}")

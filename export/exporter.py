@@ -8,20 +8,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
+from importlib import metadata, util
 
 import numpy as np
 
 from export import writers
 from export.module import ExportModule
-from export.runtime import MANIFEST, sha256
+from export.runtime import DEFAULT_FORMATS, FORMATS, MANIFEST, sha256
 from kformer.config import BEAM_SIZE, LENGTH_PENALTY
 
-FORMATS = ("savedmodel", "tflite", "onnx")
 QUANTIZATIONS = ("fp16", "int8")
 log = logging.getLogger("kformer")
 PACKAGES = ("tensorflow", "keras", "tensorflow-text", "tf2onnx", "onnx", "onnxruntime", "ai-edge-litert",
-            "sentencepiece")
+            "sentencepiece", "ctranslate2")
 
 
 def _plan(formats, quantize, tokenizer_proto, config):
@@ -45,11 +44,15 @@ def _plan(formats, quantize, tokenizer_proto, config):
                 steps.append((f"onnx/{search}.int8.onnx", "onnx", search, "int8",
                               lambda m, p, s=search: writers.quantize_onnx(
                                   os.path.join(os.path.dirname(p), f"{s}.fp32.onnx"), p)))
+    if "ctranslate2" in formats:  # one model folder serves both searches
+        for variant in ("fp32", *[q for q in writers.CTRANSLATE2_VARIANTS[1:] if q in quantize]):
+            steps.append((f"ctranslate2/{variant}", "ctranslate2", "all", variant,
+                          lambda m, p, v=variant: writers.write_ctranslate2(m, tokenizer_proto, p, v)))
     return steps
 
 
-def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_length=None,
-           progress=print):
+def export(model_dir, out_dir, formats=DEFAULT_FORMATS, quantize=(), beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY,
+           max_length=None, progress=print):
     """Writes the chosen formats of the model in `model_dir` to `out_dir` (which must not exist)
     with the tokenizer and a manifest, then checks every artifact against Keras (`verify`).
     Returns the manifest: its "artifacts" carry each one's "check" figures."""
@@ -58,6 +61,8 @@ def export(model_dir, out_dir, formats=FORMATS, quantize=(), beam_size=BEAM_SIZE
     unknown = sorted(set(formats) - set(FORMATS)) + sorted(set(quantize) - set(QUANTIZATIONS))
     if unknown:
         raise ValueError(f"unknown formats/quantizations {unknown}; formats: {FORMATS}, quantize: {QUANTIZATIONS}")
+    if "ctranslate2" in formats and util.find_spec("ctranslate2") is None:
+        raise ValueError("--formats ctranslate2 needs the optional extra: pip install 'kformer[ctranslate2]'")
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise ValueError(f"--out {out_dir} exists and is not an empty folder; choose a new --out (nothing was written)")
     parent = os.path.dirname(os.path.abspath(out_dir))
@@ -188,8 +193,9 @@ def verify(artifact_dir, model, config, tokenizer, sources, references=None, lan
 
     fp32 artifacts must give the Keras tokens on the probe batches (odd shapes), and every
     artifact, quantized or not, translates `sources`: fp32 and text files must give
-    Keras' translations (else ExportError); quantized ones report how many they translate as Keras
-    does. Returns {file: {search: {"agreement": share of `sources` translated as Keras does,
+    Keras' translations (else ExportError); quantized ones, and CTranslate2's beam search (another
+    length normalization), report how many they translate as Keras does. Returns {file: {search:
+    {"agreement": share of `sources` translated as Keras does,
     "bleu_delta": its BLEU minus Keras' against `references` (None without references)}}}.
     """
     from export.runtime import open_runner
@@ -209,15 +215,16 @@ def verify(artifact_dir, model, config, tokenizer, sources, references=None, lan
         searches = tuple(beams) if entry["search"] == "all" else (entry["search"],)
         for search in searches:
             where = f"{entry['file']} ({search})"
+            exact = entry["variant"] in ("fp32", "text") and (entry["format"], search) != ("ctranslate2", "beam")
             if entry["variant"] == "text":
                 outputs = _text_translations(artifact_dir, beams[search], sources)
             else:
                 runner = open_runner(artifact_dir, entry["format"], entry["variant"], beams[search])
                 outputs = runner.translate(sources)
-                if entry["variant"] == "fp32":
+                if exact and entry["variant"] == "fp32":
                     _check_tokens(runner, keras[search], search, config, where)
             same = sum(a == b for a, b in zip(outputs, expected[search]))
-            if entry["variant"] in ("fp32", "text") and same != len(sources):
+            if exact and same != len(sources):
                 raise writers.ExportError(f"{where} translates {len(sources) - same} of {len(sources)} "
                                           "check sentences differently from Keras")
             delta = None if bleu[search] is None else score(outputs, references, language)["bleu"] - bleu[search]

@@ -77,8 +77,11 @@ def load_tokenizer(artifact_dir, manifest):
     return tokenizer
 
 
-RUNTIMES = ("keras", "savedmodel", "tflite", "onnx")
-VARIANTS = {"savedmodel": ("fp32",), "tflite": ("fp32", "fp16", "int8"), "onnx": ("fp32", "int8", "text")}
+FORMATS = ("savedmodel", "tflite", "onnx", "ctranslate2")
+DEFAULT_FORMATS = ("savedmodel", "tflite", "onnx")  # ctranslate2 is an optional extra
+RUNTIMES = ("keras", *FORMATS)
+VARIANTS = {"savedmodel": ("fp32",), "tflite": ("fp32", "fp16", "int8"), "onnx": ("fp32", "int8", "text"),
+            "ctranslate2": ("fp32", "int8")}
 
 
 def open_runner(path, runtime="keras", variant="fp32", beam_size=None, batch_size=32, threads=None,
@@ -104,6 +107,9 @@ def open_runner(path, runtime="keras", variant="fp32", beam_size=None, batch_siz
     if runtime == "tflite":
         from export.run_tflite import TfliteRunner
         return TfliteRunner(path, beam_size, variant, threads, batch_size)
+    if runtime == "ctranslate2":
+        from export.run_ctranslate2 import Ctranslate2Runner
+        return Ctranslate2Runner(path, beam_size, variant, threads, batch_size)
     if variant == "text":
         from export.run_onnx import OnnxTextRunner
         return OnnxTextRunner(path, beam_size, threads, batch_size)

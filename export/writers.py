@@ -177,3 +177,88 @@ def file_size(path):
     if os.path.isdir(path):
         return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
     return os.path.getsize(path)
+
+
+# --- CTranslate2 (optional extra `ctranslate2`) ---
+
+CTRANSLATE2_VARIANTS = ("fp32", "int8")
+
+
+def write_ctranslate2(module, tokenizer_proto, path, variant="fp32"):
+    """The same weights as a CTranslate2 TransformerSpec (post- or pre-LN as trained), written to
+    the folder `path`. Set explicitly where CTranslate2's defaults differ from kformer: the
+    interleaved sinusoid table, epsilon 1e-6, the tied output projection, the SentencePiece pieces
+    as vocabulary. int8: CTranslate2's own weight quantization. Its greedy search gives Keras'
+    tokens (checked by the exporter); its beam search normalizes length differently from GNMT's
+    ((5 + len) / 6)^alpha, so beam outputs may differ."""
+    import numpy as np
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    model, c = module.translator.model, module.config
+
+    def weights(layer):
+        return [np.asarray(w) for w in layer.get_weights()]
+
+    def linear(spec, kernel, bias):  # kernel (inputs..., outputs) -> CTranslate2's (outputs, inputs)
+        spec.weight = kernel.reshape(-1, kernel.shape[-1]).T.copy()
+        spec.bias = bias
+
+    def fused(spec, layers):  # projections of one input, kernels (M, H, D), stacked as CTranslate2 stores them
+        pairs = [weights(layer) for layer in layers]
+        spec.weight = np.concatenate([k.reshape(k.shape[0], -1).T for k, _ in pairs])
+        spec.bias = np.concatenate([b.reshape(-1) for _, b in pairs])
+
+    def attention(spec, layer, norm, self_attention):
+        projections = [layer.query, layer.key, layer.value]
+        if self_attention:
+            fused(spec.linear[0], projections)
+        else:
+            fused(spec.linear[0], projections[:1])
+            fused(spec.linear[1], projections[1:])
+        linear(spec.linear[-1], *weights(layer.output_projection))
+        spec.layer_norm.gamma, spec.layer_norm.beta = weights(norm)
+
+    def feed_forward(spec, block):
+        linear(spec.linear_0, *weights(block.feed_forward.inner))
+        linear(spec.linear_1, *weights(block.feed_forward.outer))
+        spec.layer_norm.gamma, spec.layer_norm.beta = weights(block.feed_forward_norm)
+
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[c.activation]
+    spec = transformer_spec.TransformerSpec.from_config(
+        (c.num_encoder_layers, c.num_decoder_layers), c.num_heads, pre_norm=c.norm_position == "pre",
+        activation=activation)
+    source_embedding, target_embedding = weights(model.source_embedding)[0], weights(model.target_embedding)[0]
+    spec.encoder.embeddings[0].weight = source_embedding
+    spec.decoder.embeddings.weight = target_embedding
+    spec.encoder.position_encodings.encodings = np.asarray(model.source_positions.table)
+    spec.decoder.position_encodings.encodings = np.asarray(model.target_positions.table)
+    if model.output_projection is None:
+        spec.decoder.projection.weight = target_embedding  # tied: logits = x E^T
+    else:
+        linear(spec.decoder.projection, *weights(model.output_projection))
+    for stack, norm in ((spec.encoder, model.encoder_norm), (spec.decoder, model.decoder_norm)):
+        if norm is not None:
+            stack.layer_norm.gamma, stack.layer_norm.beta = weights(norm)
+    for layer_spec, block in zip(spec.encoder.layer, model.encoder_blocks):
+        attention(layer_spec.self_attention, block.self_attention, block.self_attention_norm, True)
+        feed_forward(layer_spec.ffn, block)
+    for layer_spec, block in zip(spec.decoder.layer, model.decoder_blocks):
+        attention(layer_spec.self_attention, block.self_attention, block.self_attention_norm, True)
+        attention(layer_spec.attention, block.cross_attention, block.cross_attention_norm, False)
+        feed_forward(layer_spec.ffn, block)
+
+    import sentencepiece as spm
+
+    tokenizer = spm.SentencePieceProcessor(model_proto=tokenizer_proto)
+    pieces = [tokenizer.id_to_piece(i) for i in range(c.vocab_size)]
+    spec.register_source_vocabulary(pieces)
+    spec.register_target_vocabulary(pieces)
+    special = {name: tokenizer.id_to_piece(getattr(c, f"{name}_id")) for name in ("unk", "bos", "eos")}
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = special["unk"], special["bos"], special["eos"]
+    spec.config.decoder_start_token = special["bos"]
+    spec.config.layer_norm_epsilon = 1e-6
+    spec.validate()
+    spec.optimize(quantization=None if variant == "fp32" else "int8")
+    os.makedirs(path)
+    spec.save(path)
+    return path

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from export.runtime import RUNTIMES, VARIANTS
+from export.runtime import DEFAULT_FORMATS, FORMATS, RUNTIMES, VARIANTS
 from kformer.config import BEAM_SIZE, DEFAULT_DIRECTION, DEFAULT_PRESET, LENGTH_PENALTY, PRESETS, TransformerConfig
 
 
@@ -227,10 +227,11 @@ def build_parser():
     p.add_argument("text")
     p.set_defaults(run=_attention)
 
-    p = commands.add_parser("export", help="write SavedModel, TFLite and ONNX translators, verified")
+    p = commands.add_parser("export", help="write SavedModel, TFLite and ONNX (and CTranslate2) translators, verified")
     p.add_argument("--model", required=True, help="training directory")
     p.add_argument("--out", required=True, help="new folder for the artifacts")
-    p.add_argument("--formats", default="savedmodel,tflite,onnx")
+    p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
+                   help=f"comma list of {','.join(FORMATS)} (ctranslate2: pip install 'kformer[ctranslate2]')")
     p.add_argument("--quantize", default="", help="comma list of fp16,int8 (extra variants)")
     p.add_argument("--beam", type=_positive(int), default=BEAM_SIZE, help="beam size of the exported beam search")
     p.add_argument("--alpha", type=_positive(float, zero_allowed=True), default=LENGTH_PENALTY)

@@ -15,6 +15,7 @@ DEFAULT_CORPUS = "default"  # Tatoeba zh-en, packaged
 DEFAULT_DIRECTION = "zh-en"
 BEAM_SIZE = 4  # the paper's beam width
 LENGTH_PENALTY = 0.6  # the paper's α (GNMT length penalty)
+EXTRA_OUTPUT_TOKENS = 50  # maximum output length = source length + 50 (the paper's rule)
 
 NORM_POSITIONS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu")

@@ -12,10 +12,9 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from kformer.config import LENGTH_PENALTY
+from kformer.config import EXTRA_OUTPUT_TOKENS, LENGTH_PENALTY
 
 NEG_INF = -1.0e9  # finite: -inf would turn 0 * inf into NaN in the blends below
-EXTRA_OUTPUT_TOKENS = 50  # maximum output length = source length + 50 (the paper's rule)
 
 
 def output_limits(source_ids, pad_id, cap, extra=EXTRA_OUTPUT_TOKENS):

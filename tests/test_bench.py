@@ -66,3 +66,16 @@ def test_bench_train_compares_same_size_models_on_the_same_pairs(capsys):
     print_train_table(results)
     table = capsys.readouterr().out
     assert f"kformer vs keras-hub (real tokens/s): {results['vs_keras_hub']:.2f}x" in table
+
+
+def test_runtimes_are_set_against_ctranslate2_of_the_same_search_and_precision():
+    from export.benchmark import _against_ctranslate2
+
+    def row(runtime, variant, search, latency, per_s):
+        return {"runtime": runtime, "variant": variant, "search": search, "latency_ms": latency,
+                "batch32_sentences_per_s": per_s}
+    rows = [row("ctranslate2", "fp32", "greedy", 10, 100), row("ctranslate2", "int8", "greedy", 5, 200),
+            row("onnx", "fp32", "greedy", 15, 50), row("onnx", "int8", "greedy", 10, 100),
+            row("tflite", "fp16", "greedy", 20, 25), row("onnx", "fp32", "beam4", 30, 10)]
+    _against_ctranslate2(rows)
+    assert [r["time_vs_ct2"] for r in rows] == [(1, 1), (1, 1), (1.5, 2), (2, 2), (2, 4), None]

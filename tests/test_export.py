@@ -14,10 +14,11 @@ from conftest import PYTHON
 
 from export import writers
 from export.exporter import export
+from export.run_ctranslate2 import Ctranslate2Runner
 from export.run_onnx import OnnxRunner
 from export.run_tf import KerasRunner, SavedModelRunner
 from export.run_tflite import TfliteRunner
-from export.runtime import ArtifactError, load_manifest
+from export.runtime import FORMATS, ArtifactError, load_manifest
 from kformer.config import preset
 from kformer.model import Transformer
 
@@ -41,17 +42,20 @@ def model_dir(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="session")
 def artifacts(model_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("export") / "art")
-    export(model_dir, out, quantize=("fp16", "int8"), beam_size=BEAM, max_length=MAX_LENGTH,
+    export(model_dir, out, formats=FORMATS, quantize=("fp16", "int8"), beam_size=BEAM, max_length=MAX_LENGTH,
            progress=lambda *a, **k: None)
     return out
 
 
 def runners(artifacts, model_dir, beam):
-    return {"keras": KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH),
-            "savedmodel": SavedModelRunner(artifacts, beam),
-            "tflite": TfliteRunner(artifacts, beam),
-            "tflite_fp16": TfliteRunner(artifacts, beam, variant="fp16"),
-            "onnx": OnnxRunner(artifacts, beam)}
+    found = {"keras": KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH),
+             "savedmodel": SavedModelRunner(artifacts, beam),
+             "tflite": TfliteRunner(artifacts, beam),
+             "tflite_fp16": TfliteRunner(artifacts, beam, variant="fp16"),
+             "onnx": OnnxRunner(artifacts, beam)}
+    if beam == 1:  # CTranslate2's beam normalizes length its own way: see test_ctranslate2_beam
+        found["ctranslate2"] = Ctranslate2Runner(artifacts, beam)
+    return found
 
 
 def batches(vocab):
@@ -127,6 +131,24 @@ def test_quantized_files_report_agreement_and_bleu_delta_from_their_translations
         agreements.append(agreement)
     assert min(agreements) < 1  # int8 changes some translations of this random model: the figures are not constant
     assert results["onnx/beam.fp32.onnx"]["beam"] == {"agreement": 1.0, "bleu_delta": pytest.approx(0)}
+
+
+def test_ctranslate2_beam_is_reported_not_required_to_match(artifacts, model_dir):
+    """CTranslate2 divides by length^alpha, not GNMT's ((5 + length) / 6)^alpha: its beam outputs
+    are a translation of their own, checked for form here and reported by the export check."""
+    entry = next(e for e in load_manifest(artifacts)["artifacts"] if e["file"] == "ctranslate2/fp32")
+    assert entry["check"]["greedy"]["agreement"] == 1 and 0 <= entry["check"]["beam"]["agreement"] <= 1
+    runner = Ctranslate2Runner(artifacts, BEAM)
+    reference = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH)
+    for name, batch in batches(runner.config["vocab_size"]).items():
+        tokens, scores = runner.search(batch)
+        expected = reference.search(batch)[0]
+        assert tokens.shape == expected.shape[::2] and scores.shape == (len(batch),), name  # (B, T): best beam
+        for row, source in zip(tokens, batch):
+            length = np.sum(row != 0)
+            limit = min(np.sum(source[:16] != 0) + 50, MAX_LENGTH)  # the output-length rule
+            assert 0 < length <= limit and (row[length - 1] == 3 or length == limit), name  # ends at EOS or limit
+            assert np.all(row[length:] == 0)
 
 
 def test_text_in_text_out(artifacts, model_dir):
@@ -221,13 +243,19 @@ def test_wrong_input_dtype_and_beam_size(artifacts):
         TfliteRunner(artifacts, 5)
 
 
-def test_export_refuses_a_non_empty_folder_and_unknown_formats(model_dir, tmp_path):
+def test_export_refuses_a_non_empty_folder_and_unknown_formats(model_dir, tmp_path, monkeypatch):
     (tmp_path / "keep.txt").write_text("mine")
     with pytest.raises(ValueError, match="is not an empty folder"):
         export(model_dir, str(tmp_path), formats=("onnx",))
     assert (tmp_path / "keep.txt").read_text() == "mine"
     with pytest.raises(ValueError, match="unknown formats"):
         export(model_dir, str(tmp_path / "new"), formats=("coreml",))
+    from export import exporter
+
+    monkeypatch.setattr(exporter.util, "find_spec", lambda name: None)  # the optional extra not installed
+    with pytest.raises(ValueError, match=r"pip install 'kformer\[ctranslate2\]'"):
+        export(model_dir, str(tmp_path / "new"), formats=("onnx", "ctranslate2"))
+    assert not (tmp_path / "new").exists()
 
 
 NO_TENSORFLOW = r"""
@@ -240,9 +268,11 @@ sys.meta_path.insert(0, Block())
 from export.run_onnx import OnnxRunner
 from export.run_onnx import OnnxTextRunner
 from export.run_tflite import TfliteRunner
+from export.run_ctranslate2 import Ctranslate2Runner
 art, beam, texts = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 out = {"onnx": OnnxRunner(art, beam).translate(texts), "tflite": TfliteRunner(art, beam).translate(texts),
        "onnx_text": OnnxTextRunner(art, beam).translate(texts),
+       "ctranslate2": Ctranslate2Runner(art, beam).translate(texts),
        "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras"))}
 print(json.dumps(out))
 """
@@ -258,6 +288,8 @@ def test_device_runners_need_no_tensorflow(artifacts, model_dir, beam):
     expected = KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH).translate(texts)
     assert out["onnx"] == out["tflite"] == out["onnx_text"] == expected and out["loaded"] == []
     assert expected[4] == "🙂"  # outside the vocabulary: output as it is, by every runner
+    ct2 = out["ctranslate2"]  # its beam search may differ from Keras' (another length normalization)
+    assert ct2 == expected if beam == 1 else [ct2[1], ct2[3], ct2[4]] == ["", "", "🙂"]
 
 
 def test_a_killed_exports_work_folder_is_removed_by_the_next_export(tmp_path):
