@@ -72,9 +72,11 @@ def peak_memory_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def bench_runtimes(artifact_dir, sentences=200, progress=print):
-    """Runs every runtime/variant/search of an export in a subprocess; adds BLEU per variant on
-    the first `sentences` of the held-out test split of the corpus the model was trained on."""
+def bench_runtimes(artifact_dir, sentences=200, rounds=3, progress=print):
+    """Runs every runtime/variant/search of an export in a subprocess, in `rounds` interleaved
+    rounds (every job once per round, so a change in the machine's speed hits all alike); reports
+    the median of each timing, the peak memory, and BLEU on the first `sentences` of the held-out
+    test split of the corpus the model was trained on."""
     from export.runtime import load_manifest, load_tokenizer
     from kformer.evaluate import score, split_references
 
@@ -88,32 +90,44 @@ def bench_runtimes(artifact_dir, sentences=200, progress=print):
     jobs = [("keras", "fp32"), ("savedmodel", "fp32")] + sorted(
         {(a["format"], a["variant"]) for a in manifest["artifacts"] if a["format"] in light})
     sizes = {(a["format"], a["search"], a["variant"]): a["bytes"] for a in manifest["artifacts"]}
-    rows = []
+    runs = {}  # (runtime, variant, beam) -> one result per round
     with tempfile.TemporaryDirectory() as work:
         job_file = os.path.join(work, "job.json")
         with open(job_file, "w", encoding="utf-8") as f:
             json.dump({"sources": sources, "latency_index": latency_index}, f)
-        for runtime, variant in jobs:
-            for beam in (1, manifest["beam_size"]):
-                progress(f"bench {runtime} {variant} beam {beam} ...", end=" ", flush=True)
-                out = os.path.join(work, "out.json")
-                code = ("import json, sys; from export.benchmark import worker; "
-                        f"json.dump(worker(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5]), open({out!r}, 'w'))")
-                argv = [sys.executable, "-c", code, artifact_dir, runtime, variant, str(beam), job_file]
-                result = subprocess.run(argv,
-                                        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
-                if result.returncode:
-                    raise RuntimeError(f"bench of {runtime} {variant} failed:\n{result.stderr[-2000:]}")
-                with open(out, encoding="utf-8") as f:
-                    row = json.load(f)
-                row["bleu"] = score(row.pop("hypotheses"), references, language)["bleu"]
-                fmt = {"keras": None, "savedmodel": "savedmodel"}.get(runtime, runtime)
-                whole = fmt in ("savedmodel", "ctranslate2")  # one artifact serves both searches
-                row["bytes"] = sizes.get((fmt, "all" if whole else ("greedy" if beam == 1 else "beam"), variant))
-                rows.append(row)
-                progress(f"{row['latency_ms']:.0f} ms, BLEU {row['bleu']:.2f}")
+        for number, (runtime, variant, beam) in enumerate(
+                [(r, v, b) for _ in range(rounds) for r, v in jobs for b in (1, manifest["beam_size"])]):
+            progress(f"round {number // (2 * len(jobs)) + 1}/{rounds}: {runtime} {variant} beam {beam} ...",
+                     end=" ", flush=True)
+            out = os.path.join(work, "out.json")
+            code = ("import json, sys; from export.benchmark import worker; "
+                    f"json.dump(worker(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5]), open({out!r}, 'w'))")
+            argv = [sys.executable, "-c", code, artifact_dir, runtime, variant, str(beam), job_file]
+            result = subprocess.run(argv, capture_output=True, text=True,
+                                    cwd=os.path.dirname(os.path.dirname(__file__)))
+            if result.returncode:
+                raise RuntimeError(f"bench of {runtime} {variant} failed:\n{result.stderr[-2000:]}")
+            with open(out, encoding="utf-8") as f:
+                row = json.load(f)
+            row["bleu"] = score(row.pop("hypotheses"), references, language)["bleu"]
+            fmt = {"keras": None, "savedmodel": "savedmodel"}.get(runtime, runtime)
+            whole = fmt in ("savedmodel", "ctranslate2")  # one artifact serves both searches
+            row["bytes"] = sizes.get((fmt, "all" if whole else ("greedy" if beam == 1 else "beam"), variant))
+            runs.setdefault((runtime, variant, beam), []).append(row)
+            progress(f"{row['latency_ms']:.0f} ms, BLEU {row['bleu']:.2f}")
+    rows = [_median_row(results) for results in runs.values()]
     _against_ctranslate2(rows)
-    return {"artifact": artifact_dir, "sentences": len(sources), "rows": rows}
+    return {"artifact": artifact_dir, "sentences": len(sources), "rounds": rounds, "rows": rows}
+
+
+def _median_row(results):
+    """One row from a job's rounds: median timings, the highest peak memory, the rest as measured."""
+    row = dict(results[0])
+    for key in ("load_s", "latency_ms", "batch32_sentences_per_s", "batch32_tokens_per_s"):
+        row[key] = statistics.median(r[key] for r in results)
+    row["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
+    row["rounds"] = len(results)
+    return row
 
 
 def _against_ctranslate2(rows):
@@ -128,7 +142,7 @@ def _against_ctranslate2(rows):
 
 def print_table(results):
     print(f"BLEU on {results['sentences']} test sentences; latency: one ~20-token sentence at batch 1 (median of 5); "
-          "throughput: 32 sentences in one call")
+          f"throughput: 32 sentences in one call; timings: median of {results['rounds']} interleaved rounds")
     print(f"{'runtime':>10} {'variant':>7} {'search':>6} {'latency ms':>10} {'out tok':>7} {'sent/s@32':>9} "
           f"{'tok/s@32':>8} {'MB':>6} {'peak MB':>7} {'BLEU':>6} {'time/CT2 b1,b32':>15}")
     for r in results["rows"]:

@@ -160,7 +160,7 @@ def _bench(args):
         from export.benchmark import bench_runtimes, print_table
         if not args.model:
             raise ValueError("bench runtimes needs --model ART (a `kformer export` folder)")
-        results = bench_runtimes(args.model, sentences=args.sentences)
+        results = bench_runtimes(args.model, sentences=args.sentences, rounds=args.rounds)
     elif args.what == "train":
         from kformer import bench
         bench.count_xla_compilations_from_here()  # before TensorFlow starts
@@ -261,6 +261,7 @@ def build_parser():
     p.add_argument("--model", help="training directory (decode) or export folder (runtimes)")
     p.add_argument("--sentences", type=_positive(int), default=200, help="test sentences for BLEU (runtimes)")
     p.add_argument("--steps", type=_positive(int), default=30)
+    p.add_argument("--rounds", type=_positive(int), default=3, help="interleaved rounds (runtimes)")
     p.add_argument("--mixed-precision", action="store_true")
     p.add_argument("--json", help="also write the results to this file")
     p.set_defaults(run=_bench)

@@ -79,3 +79,14 @@ def test_runtimes_are_set_against_ctranslate2_of_the_same_search_and_precision()
             row("tflite", "fp16", "greedy", 20, 25), row("onnx", "fp32", "beam4", 30, 10)]
     _against_ctranslate2(rows)
     assert [r["time_vs_ct2"] for r in rows] == [(1, 1), (1, 1), (1.5, 2), (2, 2), (2, 4), None]
+
+
+def test_runtime_rounds_are_reduced_to_medians_and_the_highest_peak_memory():
+    from export.benchmark import _median_row
+
+    rounds = [{"load_s": s, "latency_ms": 10 * s, "batch32_sentences_per_s": 100 / s, "batch32_tokens_per_s": 1000 / s,
+               "peak_rss_mb": 50 + s, "bleu": 17.0, "runtime": "onnx"} for s in (1, 4, 2)]
+    row = _median_row(rounds)
+    assert (row["load_s"], row["latency_ms"], row["batch32_sentences_per_s"], row["batch32_tokens_per_s"]) == (
+        2, 20, 50, 500)
+    assert row["peak_rss_mb"] == 54 and row["rounds"] == 3 and row["bleu"] == 17.0 and row["runtime"] == "onnx"
