@@ -87,22 +87,21 @@ class MultiHeadAttention(keras.layers.Layer):
         return tuple(self._project(value, self.key, self.value))
 
     def call(self, query, value=None, attention_mask=None, cache=None, cache_index=None):
-        if value is None:  # self-attention: queries, keys and values in one product
-            q, new_k, new_v = self._project(query, self.query, self.key, self.value)  # (B, H, Tq, D)
+        if cache is not None and cache_index is None:  # encoder-decoder attention, keys/values precomputed
+            (q,) = self._project(query, self.query)
+            k, v = cache
+        elif value is None:  # self-attention: queries, keys and values in one product
+            q, k, v = self._project(query, self.query, self.key, self.value)  # (B, H, Tq, D)
         else:
             (q,) = self._project(query, self.query)
-            new_k, new_v = (None, None) if cache is not None and cache_index is None else self.key_value(value)
-        if cache is None:
-            k, v = new_k, new_v  # (B, H, Tk, D)
-        elif cache_index is None:
-            k, v = cache  # precomputed encoder keys/values
-        else:
+            k, v = self.key_value(value)  # (B, H, Tk, D)
+        if cache_index is not None:
             # Write the new token's key/value (B, H, 1, D) into slot `cache_index` with a one-hot
             # blend: fixed shapes, no dynamic-update-slice, so the loop exports to TFLite and ONNX.
             slot = ops.arange(ops.shape(cache[0])[2]) == cache_index  # (T,)
             slot = ops.reshape(slot, (1, 1, -1, 1))
-            k = ops.where(slot, new_k, cache[0])  # (B, H, T, D)
-            v = ops.where(slot, new_v, cache[1])
+            k = ops.where(slot, k, cache[0])  # (B, H, T, D)
+            v = ops.where(slot, v, cache[1])
 
         scores = ops.einsum("bhqd,bhkd->bhqk", q, k) / ops.cast(math.sqrt(self.head_size), q.dtype)
         if attention_mask is not None:
