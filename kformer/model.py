@@ -144,34 +144,37 @@ class Transformer(keras.Model):
     # --- step-wise decoding with a fixed-shape key/value cache ---
 
     def init_cache(self, source_ids, buffer_length):
-        """Encodes (B, S) source ids once; returns the decoder cache for `buffer_length` steps.
+        """Encodes (B, S) source ids once; returns the decoder cache for `buffer_length` steps,
+        split as the searches expect (`kformer.search`): what stays fixed for a source sentence,
+        and what each hypothesis extends.
 
-        {"source_mask": (B, 1, S) bool,
-         "cross": L x (key, value) each (B, H, S, D), computed once per sentence,
-         "self":  L x (key, value) each (B, H, Tmax, D), zeros, filled one step at a time}.
+        {"static": {"source_mask": (B, 1, S) bool,
+                    "cross": L x (key, value) each (B, H, S, D), computed once per sentence},
+         "state":  {"self": L x (key, value) each (B, H, Tmax, D), zeros, filled one step at a time}}.
         """
         source_ids = ops.convert_to_tensor(source_ids, "int32")
         source_mask = masks.padding_mask(source_ids, self.config.pad_id)
         encoded, _ = self._encode(source_ids, source_mask, training=False)
         batch = ops.shape(source_ids)[0]
         empty = ops.zeros((batch, self.config.num_heads, buffer_length, self.config.head_size), encoded.dtype)
-        return {"source_mask": source_mask,
-                "cross": [block.cross_attention.key_value(encoded) for block in self.decoder_blocks],
-                "self": [(empty, empty) for _ in self.decoder_blocks]}
+        return {"static": {"source_mask": source_mask,
+                           "cross": [block.cross_attention.key_value(encoded) for block in self.decoder_blocks]},
+                "state": {"self": [(empty, empty) for _ in self.decoder_blocks]}}
 
     def decode_step(self, tokens, cache, index):
         """Feeds (B,) tokens at position `index`; returns ((B, V) float32 logits, updated cache)."""
+        static, state = cache["static"], cache["state"]
         x = self.target_embedding(ops.expand_dims(tokens, 1))  # (B, 1, M)
         x = self.target_positions(x, start_index=index, training=False)
-        buffer_length = ops.shape(cache["self"][0][0])[2]
+        buffer_length = ops.shape(state["self"][0][0])[2]
         self_mask = masks.causal_mask(1, buffer_length, offset=index)  # (1, 1, Tmax): keys 0..index
         new_self = []
-        for block, self_kv, cross_kv in zip(self.decoder_blocks, cache["self"], cache["cross"]):
-            x, attention = block(x, self_mask=self_mask, cross_mask=cache["source_mask"],
+        for block, self_kv, cross_kv in zip(self.decoder_blocks, state["self"], static["cross"]):
+            x, attention = block(x, self_mask=self_mask, cross_mask=static["source_mask"],
                                  cache={"self": self_kv, "cross": cross_kv}, cache_index=index, training=False)
             new_self.append(attention["self"]["cache"])
         logits = self._logits(x)[:, 0, :]
-        return logits, {"source_mask": cache["source_mask"], "cross": cache["cross"], "self": new_self}
+        return logits, {"static": static, "state": {"self": new_self}}
 
     def get_config(self):
         return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from kformer.search import beam_search, greedy_search, length_penalty
+from kformer.search import NEG_INF, beam_search, greedy_search, length_penalty
 
 BOS, EOS, A, B = 2, 3, 4, 5
 V = 6
@@ -28,22 +28,27 @@ def table_from(rows):
 
 
 def markov_step(table):
-    def step(tokens, row_ids, index):
-        return tf.gather_nd(table, tf.stack([row_ids, tokens], axis=1)), row_ids
+    """The row id is static (fixed per source row); the toy has no per-hypothesis state."""
+    def step(tokens, cache, index):
+        return tf.gather_nd(table, tf.stack([cache["static"], tokens], axis=1)), cache
     return step
+
+
+def row_cache(rows):
+    return {"static": tf.range(len(rows)), "state": ()}
 
 
 def run_beam(rows, limits, k, alpha):
     table = table_from(rows)
     limits = tf.constant(limits, tf.int32)
-    tokens, scores = beam_search(markov_step(table), tf.range(len(rows)), limits, tf.reduce_max(limits), k,
+    tokens, scores = beam_search(markov_step(table), row_cache(rows), limits, tf.reduce_max(limits), k,
                                  BOS, EOS, alpha=alpha)
     return tokens.numpy(), scores.numpy()
 
 
 def run_greedy(rows, limits):
     limits = tf.constant(limits, tf.int32)
-    tokens, scores = greedy_search(markov_step(table_from(rows)), tf.range(len(rows)), limits,
+    tokens, scores = greedy_search(markov_step(table_from(rows)), row_cache(rows), limits,
                                    tf.reduce_max(limits), BOS, EOS)
     return tokens.numpy(), scores.numpy()
 
@@ -169,9 +174,9 @@ def test_beam_trace_records_alive_hypotheses_per_step():
     rows = [{BOS: {EOS: 0.3, A: 0.4, B: 0.3}, A: {EOS: 0.8, B: 0.2}, B: {B: 0.5, EOS: 0.5}}]
     table = table_from(rows)
     limits = tf.constant([4])
-    tokens, scores, trace = beam_search(markov_step(table), tf.range(1), limits, 4, 2, BOS, EOS, alpha=0.6,
+    tokens, scores, trace = beam_search(markov_step(table), row_cache(rows), limits, 4, 2, BOS, EOS, alpha=0.6,
                                         trace=True)
-    plain_tokens, plain_scores = beam_search(markov_step(table), tf.range(1), limits, 4, 2, BOS, EOS, alpha=0.6)
+    plain_tokens, plain_scores = beam_search(markov_step(table), row_cache(rows), limits, 4, 2, BOS, EOS, alpha=0.6)
     np.testing.assert_array_equal(tokens.numpy(), plain_tokens.numpy())  # tracing changes nothing
     history, log_probs = trace["tokens"].numpy()[0], trace["log_probs"].numpy()[0]
     # After step 0 the alive beams are "a" (0.4) and "b" (0.3); EOS (0.3) went to finished.
@@ -181,3 +186,16 @@ def test_beam_trace_records_alive_hypotheses_per_step():
     assert [list(h[:2]) for h in history[1]] == [[B, B], [A, B]]
     np.testing.assert_allclose(log_probs[1], [math.log(0.15), math.log(0.08)], rtol=1e-5)
     assert int(trace["steps"]) >= 2
+
+
+def test_beam_stops_once_the_best_hypothesis_is_settled():
+    # "EOS" at once (0.9) beats anything the alive beams ("a"/"b" at 0.05, never ending) could
+    # still reach at the row's largest length penalty: the search stops after one step, with
+    # the second n-best slot left empty, instead of running the alive beams to the limit.
+    rows = [{BOS: {EOS: 0.9, A: 0.05, B: 0.05}, A: {A: 0.5, B: 0.5}, B: {A: 0.5, B: 0.5}}]
+    tokens, scores, trace = beam_search(markov_step(table_from(rows)), row_cache(rows), tf.constant([6]), 6, 2,
+                                        BOS, EOS, alpha=0.6, trace=True)
+    tokens, scores = tokens.numpy(), scores.numpy()
+    assert int(trace["steps"]) == 1
+    assert tokens[0, 0, 0] == EOS and scores[0, 0] == pytest.approx(math.log(0.9), rel=1e-5)
+    assert scores[0, 1] < NEG_INF / 2 and not tokens[0, 1].any()
