@@ -68,9 +68,10 @@ def batches(vocab):
             "source_length_one": mixed[3:4, :1], "too_long": too_long}
 
 
-def uncached_search(model_dir, batch, beam):
+def uncached_search(model_dir, batch, beam, extra=50):
     """The reference for every runtime, Keras included: the search loop over the whole model
-    re-run on each prefix (no KV cache, no Translator, no export module)."""
+    re-run on each prefix (no KV cache, no Translator, no export module); outputs of at most
+    source length + `extra` tokens (the paper's rule), capped at MAX_LENGTH."""
     import tensorflow as tf
 
     from kformer import checkpoint
@@ -78,7 +79,7 @@ def uncached_search(model_dir, batch, beam):
 
     model, config = checkpoint.load(model_dir)[:2]
     source = tf.constant(batch[:, : config.max_source_length])
-    limits, length = output_limits(source, config.pad_id, MAX_LENGTH)
+    limits, length = output_limits(source, config.pad_id, MAX_LENGTH, extra)
     step = naive_step(lambda s, t: model({"source_ids": s, "target_ids": t}, training=False))
     ids = config.bos_id, config.eos_id
     if beam == 1:
@@ -149,6 +150,21 @@ def test_ctranslate2_beam_is_reported_not_required_to_match(artifacts, model_dir
             limit = min(np.sum(source[:16] != 0) + 50, MAX_LENGTH)  # the output-length rule
             assert 0 < length <= limit and (row[length - 1] == 3 or length == limit), name  # ends at EOS or limit
             assert np.all(row[length:] == 0)
+
+
+def test_ctranslate2_keeps_each_rows_output_limit(artifacts, model_dir, monkeypatch):
+    """CTranslate2 takes one length limit per call, so its runner groups rows by limit. The tests'
+    cap (12 tokens) is below every source length + 50; with 2 extra tokens instead, the rows of
+    one batch get limits 3 to 12 and greedy output must still equal the uncached reference."""
+    import export.run_ctranslate2
+
+    monkeypatch.setattr(export.run_ctranslate2, "EXTRA_OUTPUT_TOKENS", 2)
+    batch = batches(load_manifest(artifacts)["config"]["vocab_size"])["mixed"]  # sources of 10, 3, 7, 1 tokens
+    tokens, scores = Ctranslate2Runner(artifacts, 1).search(batch)
+    expected_tokens, expected_scores = uncached_search(model_dir, batch, 1, extra=2)
+    assert len({int(np.sum(row != 0)) for row in expected_tokens}) > 1  # the rows did stop at different lengths
+    np.testing.assert_array_equal(tokens, expected_tokens)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-4)
 
 
 def test_text_in_text_out(artifacts, model_dir):
