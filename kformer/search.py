@@ -178,7 +178,8 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
         last = tf.where(s.index > 0, last, bos_id)
         logits, cache = step(last, s.cache, s.index)  # (B * K, V)
         # The 2K best of all K * V extensions are among the N = min(2K, V) best of each beam.
-        per_beam = min(2 * k, logits.shape[-1])
+        vocab = logits.shape[-1]  # static for a Keras model; 2K when unknown (then V >= 2K is assumed)
+        per_beam = 2 * k if vocab is None else min(2 * k, vocab)
         log_probs, tokens = _top_log_probs(logits, per_beam)  # (B * K, N)
         candidates = tf.reshape(s.alive_log_probs[:, :, None] + tf.reshape(log_probs, [batch, k, per_beam]),
                                 [batch, k * per_beam])  # (B, K * N)
