@@ -3,6 +3,8 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
+import types
 
 import keras
 import numpy as np
@@ -93,26 +95,46 @@ def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, c
         np.testing.assert_allclose(a[name], b[name], atol=1e-6, err_msg=name)
 
 
-def test_time_budget_sizes_the_schedule_and_a_spent_budget_changes_nothing(tmp_path, corpus_tsv):
+class StepClock(keras.callbacks.Callback):
+    """A clock for `kformer.train` that advances `seconds_per_step` at each training step (listed
+    before kformer's callbacks, it ticks before they read it): the budget logic sees a machine of
+    exactly known speed, whatever this machine's speed or stalls are today."""
+
+    def __init__(self, seconds_per_step):
+        super().__init__()
+        self.now, self.seconds_per_step = 1000.0, seconds_per_step
+
+    def monotonic(self):
+        return self.now
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.now += self.seconds_per_step
+
+
+def test_time_budget_sizes_the_schedule_and_a_spent_budget_changes_nothing(tmp_path, corpus_tsv, monkeypatch):
+    clock = StepClock(0.25)  # 4 steps/s: a 30 s budget holds 120 steps, 48 s hold 192
+    monkeypatch.setattr(sys.modules["kformer.train"], "time", types.SimpleNamespace(monotonic=clock.monotonic))
     out = str(tmp_path / "run")
-    args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0, overrides={"schedule": "budget"})
+    args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0, overrides={"schedule": "budget"},
+                callbacks=[clock])
     summary = train(out, "tiny", minutes=0.5, **args)
     state = checkpoint.read_state(out)
-    assert summary["steps"] == state["steps"] > 30
+    assert summary["steps"] == state["steps"] == 120 and summary["steps_per_s"] == pytest.approx(4)
+    assert state["seconds"] == pytest.approx(30)
     # The decay was sized from the measured speed to end with the budget, not at the initial guess.
-    assert state["schedule"]["total_steps"] == pytest.approx(state["steps"], rel=0.25)
-    assert state["seconds"] >= 30
+    assert state["schedule"]["total_steps"] == pytest.approx(120)
+    assert state["schedule"]["warmup_steps"] == budget_warmup(preset("tiny"), 120)
     before = _sha(os.path.join(out, "model.keras"))
     again = train(out, "tiny", minutes=0.5, **args)
-    assert again == {"steps": state["steps"], "stopped": "budget already spent"}
+    assert again == {"steps": 120, "stopped": "budget already spent"}
     assert _sha(os.path.join(out, "model.keras")) == before
     # A larger budget resumes the same schedule: the warm-up is not repeated, the decay is stretched.
     more = train(out, "tiny", minutes=0.8, **args)
     resumed = checkpoint.read_state(out)
-    assert more["steps"] == resumed["steps"] > state["steps"]
+    assert more["steps"] == resumed["steps"] == 192
     assert resumed["schedule"]["warmup_steps"] == state["schedule"]["warmup_steps"]
-    assert resumed["schedule"]["total_steps"] == pytest.approx(resumed["steps"], rel=0.25)
-    assert 0.8 * 60 <= resumed["seconds"] < 0.8 * 60 + 15
+    assert resumed["schedule"]["total_steps"] == pytest.approx(192)
+    assert resumed["seconds"] == pytest.approx(48)
 
 
 def test_label_smoothed_loss_against_numpy():
