@@ -9,6 +9,7 @@ import sys
 
 from export.runtime import DEFAULT_FORMATS, FORMATS, RUNTIMES, VARIANTS
 from kformer.config import BEAM_SIZE, DEFAULT_DIRECTION, DEFAULT_PRESET, LENGTH_PENALTY, PRESETS, TransformerConfig
+from kformer.distributed import CONNECT_TIMEOUT_SECONDS, STRATEGIES
 
 
 def _quiet_tensorflow(args):
@@ -51,17 +52,13 @@ def _data_spec(values):
 
 
 def _train(args):
+    from kformer.distributed import make_strategy
     from kformer.train import train
 
-    if args.strategy == "mirrored":
-        import tensorflow as tf
-        strategy = tf.distribute.MirroredStrategy()
-    else:
-        strategy = None
     summary = train(args.out, args.config, data=_data_spec(args.data), direction=args.direction,
                     minutes=args.minutes, steps=args.steps, epochs=args.epochs, xla=args.xla,
                     mixed_precision=args.mixed_precision, batch_tokens=args.batch_tokens, seed=args.seed,
-                    strategy=strategy, vocab_size=args.vocab_size)
+                    strategy=make_strategy(args.strategy, args.connect_timeout), vocab_size=args.vocab_size)
     print(json.dumps(summary, indent=2))
 
 
@@ -202,8 +199,11 @@ def build_parser():
     p.add_argument("--vocab-size", type=_positive(int), default=TransformerConfig.vocab_size,
                    help="SentencePiece vocabulary size")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--strategy", choices=["default", "mirrored"], default="default",
-                   help="mirrored: data-parallel over the local accelerators")
+    p.add_argument("--strategy", choices=STRATEGIES, default="default",
+                   help="mirrored: data-parallel over the local accelerators; multi-worker: over the "
+                        "workers of TF_CONFIG (run the same command on each; README: several machines)")
+    p.add_argument("--connect-timeout", type=_positive(float), default=CONNECT_TIMEOUT_SECONDS, metavar="SECONDS",
+                   help="multi-worker: give up if the other workers are not all reachable by then")
     p.set_defaults(run=_train)
 
     p = commands.add_parser("translate", help="translate TEXT arguments, or stdin one sentence per line")

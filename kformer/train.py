@@ -12,7 +12,7 @@ import time
 import keras
 from keras import ops
 
-from kformer import checkpoint
+from kformer import checkpoint, distributed
 from kformer import data as data_lib
 from kformer.config import (
     DEFAULT_CORPUS,
@@ -53,6 +53,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         loss = ops.sum(per_token * weights) / ops.maximum(ops.sum(weights), 1.0)
         # Keras sums gradients over replicas and scales only its own mean reductions by
         # 1/replicas; this loss reduces itself, so it scales itself (Keras unscales it for logs).
+        # With several replicas the step follows the mean of their token means: the global token
+        # mean when replicas get equal token counts. (Dividing by the all-reduced token count
+        # instead makes it exact, but Keras then logs row-weighted replica values: a wrong loss.)
         return loss / tf.distribute.get_strategy().num_replicas_in_sync
 
     def get_config(self):
@@ -167,6 +170,11 @@ def compile_model(model, config, xla=True, schedule=None):
 
 # --- callbacks ---
 
+def steps_done(model):
+    """The optimizer's step count (`int(variable)` fails on a multi-worker MirroredVariable)."""
+    return int(ops.convert_to_numpy(model.optimizer.iterations))
+
+
 class Budget(keras.callbacks.Callback):
     """Stops cleanly after `max_steps` optimizer steps in total or when the time budget is spent
     (`minutes` in all, of which `spent_seconds` were used by earlier runs of this directory).
@@ -174,11 +182,15 @@ class Budget(keras.callbacks.Callback):
     With a time budget and a `BudgetSchedule`, the steps the rest of the budget allows are
     re-estimated every `every` steps from the speed measured in this run (the first step, which
     compiles, is not counted), so warm-up and decay fit the budget whatever the machine's speed.
+
+    With several workers (`strategy`), every time decision is agreed on (the first clock to run out stops all,
+    the schedule is sized from the mean estimate), so the workers stop at the same step and train
+    on the same learning rate.
     """
 
-    def __init__(self, schedule, max_steps=None, minutes=None, spent_seconds=0.0, every=25):
+    def __init__(self, schedule, max_steps=None, minutes=None, spent_seconds=0.0, every=25, strategy=None):
         super().__init__()
-        self.schedule, self.max_steps, self.every = schedule, max_steps, every
+        self.schedule, self.max_steps, self.every, self.strategy = schedule, max_steps, every, strategy
         self.seconds = None if minutes is None else minutes * 60.0
         self.spent_seconds = spent_seconds
         self.reason = None
@@ -194,17 +206,17 @@ class Budget(keras.callbacks.Callback):
         """Speed of this run after its first step (which traces/compiles)."""
         if self.first is None:
             return float("nan")
-        return (int(self.model.optimizer.iterations) - self.first[0]) / max(time.monotonic() - self.first[1], 1e-9)
+        return (steps_done(self.model) - self.first[0]) / max(time.monotonic() - self.first[1], 1e-9)
 
     def on_train_batch_end(self, batch, logs=None):
-        step = int(self.model.optimizer.iterations)
+        step = steps_done(self.model)
         if self.first is None:
             self.first = (step, time.monotonic())
         elif self.seconds is not None and (step - self.first[0]) % self.every == 0:
             self._estimate(step)
         if self.max_steps is not None and step >= self.max_steps:
             self.reason, self.model.stop_training = f"reached {self.max_steps} steps", True
-        elif self.seconds is not None and self.elapsed() >= self.seconds:
+        elif self.seconds is not None and distributed.agree(self.strategy, self.elapsed() >= self.seconds) > 0:
             self.reason, self.model.stop_training = f"time budget of {self.seconds / 60:g} min used", True
 
     def _estimate(self, step):
@@ -212,7 +224,7 @@ class Budget(keras.callbacks.Callback):
         if not isinstance(schedule, BudgetSchedule):
             return
         rate = self.steps_per_second()
-        total = step + max(self.seconds - self.elapsed(), 0.0) * rate
+        total = distributed.agree(self.strategy, step + max(self.seconds - self.elapsed(), 0.0) * rate, "MEAN")
         warmup = float(schedule.warmup_steps)
         first_estimate = step - self.first[0] == self.every
         if first_estimate and step < warmup:  # size the warm-up too
@@ -232,7 +244,7 @@ class StopOnNaN(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(float(loss)):
-            self.failed_at = int(self.model.optimizer.iterations)
+            self.failed_at = steps_done(self.model)
             self.model.stop_training = True
 
 
@@ -249,8 +261,9 @@ class Checkpoint(keras.callbacks.Callback):
     def save(self):
         if self.nan_guard is not None and self.nan_guard.failed_at is not None:
             return
-        state = {"steps": int(self.model.optimizer.iterations), "seconds": self.budget.elapsed(),
-                 "schedule": self.budget.schedule.get_config()}
+        state = {"steps": steps_done(self.model), "seconds": self.budget.elapsed(),
+                 "schedule": self.budget.schedule.get_config(),
+                 "replicas": self.model.distribute_strategy.num_replicas_in_sync}
         checkpoint.save(self.model, self.path, state)
         self.last = time.monotonic()
 
@@ -328,6 +341,7 @@ class Training:
     budget: object = None
     nan_guard: object = None
     real_tokens_per_step: float = 0.0  # non-pad source + target tokens of an average batch
+    writes: bool = True  # False on a worker other than the chief
 
     def finish(self, history):
         """Raises if the loss went NaN; returns the summary (steps, minutes, last metrics, why it stopped)."""
@@ -337,11 +351,12 @@ class Training:
                                      "or disable --mixed-precision.")
         # The last epoch's end saved model.keras; fit then put the averaged weights in `model`.
         speed = self.budget.steps_per_second()
-        summary = {"steps": int(self.model.optimizer.iterations), "stopped": self.budget.reason or "finished",
+        summary = {"steps": steps_done(self.model), "stopped": self.budget.reason or "finished",
                    "minutes": self.budget.elapsed() / 60, "steps_per_s": speed,
                    "real_tokens_per_s": speed * self.real_tokens_per_step,
                    **{k: float(v[-1]) for k, v in history.history.items()}}
-        log.info("saved model.keras after %d steps (%s)", summary["steps"], summary["stopped"])
+        log.info("%s after %d steps (%s)", "saved model.keras" if self.writes else "trained (the chief saves)",
+                 summary["steps"], summary["stopped"])
         return summary
 
 
@@ -351,7 +366,9 @@ def train(out_dir, config_name=DEFAULT_PRESET, **options):
     run = start(out_dir, config_name, **options)
     if run.done:
         return {"steps": run.steps, "stopped": run.done}
-    return run.finish(run.model.fit(**run.fit_args))
+    with distributed.worker_failures():
+        history = run.model.fit(**run.fit_args)
+    return run.finish(history)
 
 
 def start(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION, minutes=None,
@@ -367,31 +384,38 @@ def start(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=DE
     if xla is None:
         xla = bool(tf.config.list_physical_devices("GPU"))
 
-    overrides = dict(overrides or {})
-    if batch_tokens is not None:
-        overrides["batch_tokens"] = batch_tokens
-    keras.utils.set_random_seed(seed)
-    config, tokenizer, splits, corpus = prepare(out_dir, config_name, data, direction, vocab_size, overrides)
+    if isinstance(strategy, str):
+        strategy = distributed.make_strategy(strategy)
+    with distributed.chief_first(strategy) as chief:  # only the chief writes the run directory
+        if not chief and not os.path.exists(checkpoint.path(out_dir, checkpoint.CONFIG_FILE)):
+            raise ValueError(f"{checkpoint.path(out_dir, checkpoint.CONFIG_FILE)} not found after the chief started: "
+                             "the chief failed (see its log), or --out is not on storage every worker reads")
+        overrides = dict(overrides or {})
+        if batch_tokens is not None:
+            overrides["batch_tokens"] = batch_tokens
+        keras.utils.set_random_seed(seed)
+        config, tokenizer, splits, corpus = prepare(out_dir, config_name, data, direction, vocab_size, overrides)
 
-    encoded = {name: data_lib.encode_pairs(tokenizer, pairs, config) for name, pairs in splits.items()}
-    for name, split in encoded.items():
-        if split.dropped_too_long:
-            log.warning("%s: dropped %d pairs longer than max lengths (%d source, %d target tokens)",
-                        name, split.dropped_too_long, config.max_source_length, config.max_target_length)
-    per_epoch = data_lib.steps_per_epoch(encoded["train"], config)
-    if per_epoch < 1:
-        raise ValueError(f"the train split ({len(encoded['train'])} pairs) fills no batch of "
-                         f"batch_tokens={config.batch_tokens}; lower --batch-tokens")
-    max_steps = steps if steps is not None else (epochs * per_epoch if epochs is not None else
-                                                 None if minutes is not None else per_epoch)
-    state = checkpoint.read_state(out_dir)
-    spent = float(state.get("seconds", 0.0))
-    if minutes is not None and spent >= minutes * 60:
-        log.info("%s has already used its budget (%.1f of %g min, %d steps); give a larger --minutes to train on",
-                 out_dir, spent / 60, minutes, state.get("steps", 0))
-        return Training(None, config, tokenizer, {}, "budget already spent", state.get("steps", 0))
+        encoded = {name: data_lib.encode_pairs(tokenizer, pairs, config) for name, pairs in splits.items()}
+        for name, split in encoded.items():
+            if split.dropped_too_long:
+                log.warning("%s: dropped %d pairs longer than max lengths (%d source, %d target tokens)",
+                            name, split.dropped_too_long, config.max_source_length, config.max_target_length)
+        per_epoch = data_lib.steps_per_epoch(encoded["train"], config)
+        if per_epoch < 1:
+            raise ValueError(f"the train split ({len(encoded['train'])} pairs) fills no batch of "
+                             f"batch_tokens={config.batch_tokens}; lower --batch-tokens")
+        max_steps = steps if steps is not None else (epochs * per_epoch if epochs is not None else
+                                                     None if minutes is not None else per_epoch)
+        state = checkpoint.read_state(out_dir)
+        spent = float(state.get("seconds", 0.0))
+        if minutes is not None and spent >= minutes * 60:
+            log.info("%s has already used its budget (%.1f of %g min, %d steps); give a larger --minutes to "
+                     "train on", out_dir, spent / 60, minutes, state.get("steps", 0))
+            return Training(None, config, tokenizer, {}, "budget already spent", state.get("steps", 0))
 
-    checkpoint.create(out_dir, config, tokenizer, corpus)  # training starts: the run's files appear now
+        if chief:
+            checkpoint.create(out_dir, config, tokenizer, corpus)  # training starts: the run's files appear now
     strategy = strategy or tf.distribute.get_strategy()
     dtype = "mixed_float16" if mixed_precision else None
     model_path = checkpoint.path(out_dir, checkpoint.MODEL_FILE)
@@ -401,12 +425,18 @@ def start(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=DE
         if os.path.exists(model_path):
             model.optimizer.build(model.trainable_variables)
             checkpoint.restore(model, model_path)
-    done = int(model.optimizer.iterations)
+    done = steps_done(model)
     if done:  # the state that belongs to the restored model (see checkpoint.save)
         state = checkpoint.read_state(out_dir, steps=done)
         spent = float(state.get("seconds", spent))
+    if distributed.agree(strategy, done, "MEAN") != done:
+        raise ValueError(f"the workers restored different steps from {model_path}; it must be one file that "
+                         "every worker reads (shared storage)")
     if done:
         log.info("resuming %s from step %d (%.1f min trained)", model_path, done, spent / 60)
+        if state.get("replicas", 1) != strategy.num_replicas_in_sync:
+            log.info("%d replicas now, %d before: each global batch is split among them as before, so the "
+                     "training continues unchanged", strategy.num_replicas_in_sync, state.get("replicas", 1))
         if isinstance(schedule, BudgetSchedule) and max_steps is None and state.get("schedule"):
             schedule.set(state["schedule"]["warmup_steps"], state["schedule"]["total_steps"])  # the same schedule
     if max_steps is not None and done >= max_steps:
@@ -424,12 +454,14 @@ def start(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=DE
               if len(encoded["dev"]) else None)
     # With only a time budget, epochs are capped at a number no budget here reaches (for the display).
     total_epochs = math.ceil(max_steps / per_epoch) if max_steps is not None else 1000
-    budget, nan_guard = Budget(schedule, max_steps, minutes, spent), StopOnNaN()
-    logs_dir = checkpoint.path(out_dir, checkpoint.LOGS_DIR)
-    os.makedirs(logs_dir, exist_ok=True)
-    callbacks = [*callbacks, budget, nan_guard, Checkpoint(model_path, budget, checkpoint_seconds, nan_guard),
-                 keras.callbacks.CSVLogger(os.path.join(logs_dir, "history.csv"), append=True),
-                 keras.callbacks.TensorBoard(logs_dir, write_graph=False)]
+    budget, nan_guard = Budget(schedule, max_steps, minutes, spent, strategy=strategy), StopOnNaN()
+    callbacks = [*callbacks, budget, nan_guard]
+    if chief:  # other workers compute the same weights and logs, and write nothing
+        logs_dir = checkpoint.path(out_dir, checkpoint.LOGS_DIR)
+        os.makedirs(logs_dir, exist_ok=True)
+        callbacks += [Checkpoint(model_path, budget, checkpoint_seconds, nan_guard),
+                      keras.callbacks.CSVLogger(os.path.join(logs_dir, "history.csv"), append=True),
+                      keras.callbacks.TensorBoard(logs_dir, write_graph=False)]
     # validation_steps: a finite dev set without it makes Keras warn "ran out of data" each epoch.
     dev_steps = None if dev_ds is None else sum(1 for _ in dev_ds)
     fit_args = dict(x=train_ds, validation_data=dev_ds, validation_steps=dev_steps, epochs=total_epochs,
@@ -437,4 +469,4 @@ def start(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=DE
                     callbacks=callbacks, verbose=verbose)
     real = sum(len(s) + len(t) + 1 for s, t in zip(encoded["train"].source, encoded["train"].target))  # + EOS
     return Training(model, config, tokenizer, fit_args, steps=done, budget=budget, nan_guard=nan_guard,
-                    real_tokens_per_step=real / per_epoch)
+                    real_tokens_per_step=real / per_epoch, writes=chief)
