@@ -183,9 +183,9 @@ class Budget(keras.callbacks.Callback):
     re-estimated every `every` steps from the speed measured in this run (the first step, which
     compiles, is not counted), so warm-up and decay fit the budget whatever the machine's speed.
 
-    With several workers (`strategy`), every time decision is agreed on (the first clock to run out stops all,
-    the schedule is sized from the mean estimate), so the workers stop at the same step and train
-    on the same learning rate.
+    With several workers (`strategy`), every time decision is agreed on (the first clock to run
+    out stops all, the schedule is sized from the mean estimate), so the workers stop at the same
+    step and train on the same learning rate.
     """
 
     def __init__(self, schedule, max_steps=None, minutes=None, spent_seconds=0.0, every=25, strategy=None):
