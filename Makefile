@@ -2,17 +2,30 @@
 PYTHON ?= python3
 VENV ?= .venv
 MINUTES ?= 20
+WEB := export/web
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(WEB)/package-lock.json
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e ".[test]"
+	@# the page's JavaScript packages (`kformer web`), pinned by the lock file
+	npm ci --prefix $(WEB) --no-audit --no-fund --loglevel=error || \
+	echo "note: npm ci failed; kformer web and the browser tests need it"
 	touch $@
+
+# Debian's Chromium for the browser tests (Playwright's own browser download is not reachable here),
+# and a Chinese font for the page's screenshot.
+BROWSER_PACKAGES := chromium fonts-wqy-microhei
+.PHONY: chromium
+chromium:
+	@dpkg -s $(BROWSER_PACKAGES) >/dev/null 2>&1 || apt-get install -y -q $(BROWSER_PACKAGES) >/dev/null || \
+	{ apt-get update -q >/dev/null && apt-get install -y -q $(BROWSER_PACKAGES) >/dev/null; } || \
+	echo "note: could not install Debian's chromium (root needed); the browser tests will skip (fail if CI=true)"
 
 .PHONY: demo test
 demo: $(VENV)/.installed  ## train on Tatoeba zh-en for MINUTES, report BLEU, show translations
 	$(VENV)/bin/kformer demo --out runs/demo --config small --minutes $(MINUTES)
 
-test: $(VENV)/.installed  ## lint, then the whole test suite (tiny configs)
+test: $(VENV)/.installed chromium  ## lint, then the whole test suite (tiny configs)
 	$(VENV)/bin/ruff check kformer export tests notebooks
 	$(VENV)/bin/python -m pytest -q

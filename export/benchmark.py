@@ -1,6 +1,8 @@
 """`kformer bench runtimes`: latency, throughput, size, peak memory and BLEU of every exported
-runtime and variant, each measured in its own process on the same sentences. Not a test."""
+runtime and variant, each measured in its own process on the same sentences; `kformer bench web`:
+the web page against onnxruntime in Python. Not tests."""
 
+import contextlib
 import json
 import os
 import resource
@@ -151,3 +153,82 @@ def print_table(results):
         print(f"{r['runtime']:>10} {r['variant']:>7} {r['search']:>6} {r['latency_ms']:10.1f} "
               f"{r['latency_output_tokens']:7d} {r['batch32_sentences_per_s']:9.1f} {r['batch32_tokens_per_s']:8.0f} "
               f"{size:>6} {r['peak_rss_mb']:7.0f} {r['bleu']:6.2f} {ratio:>15}")
+
+
+# `kformer bench web`: the page of export/web/ against onnxruntime in Python, same export, same sentences.
+TIME_EACH_SENTENCE_JS = """async ([lines, beam]) => {
+  const ms = [];
+  for (const line of lines) {
+    const start = performance.now();
+    await window.kformer.translate([line], {beam});
+    ms.push(performance.now() - start);
+  }
+  return ms;
+}"""
+PAGE_BYTES_JS = """() => performance.getEntriesByType("navigation").concat(performance.getEntriesByType("resource"))
+  .reduce((total, entry) => total + entry.encodedBodySize, 0)"""
+
+
+def bench_web(artifact_dir, sentences=50, rounds=2, screenshot=None, browser=None, progress=print):
+    """Per-sentence latency (batch 1, greedy and beam) of the page in headless Chromium (WASM, one
+    thread and all cores) and of onnxruntime in Python with as many threads, on the first
+    `sentences` test sentences, interleaved over `rounds`; page load time and bytes per variant.
+    `browser`: a Playwright browser to use (default: start web.chromium())."""
+    from export import web
+    from export.runtime import load_manifest, open_runner
+    from kformer.evaluate import split_references
+
+    manifest = load_manifest(artifact_dir)
+    sources = split_references(manifest["trained_in"], "test")[0][:sentences]
+    variants = [v for v in web.VARIANTS if any(a["format"] == "onnx" and a["variant"] == v
+                                               for a in manifest["artifacts"])]
+    beams = (1, manifest["beam_size"])
+    runs = {}  # (variant, threads, beam, "page"|"python") -> per-sentence ms of every round
+    loads = {}  # (variant, threads) -> [(seconds, bytes)]
+    jobs = [(number, variant, threads) for number in range(rounds) for variant in variants
+            for threads in sorted({1, os.cpu_count() or 1})]
+    with contextlib.nullcontext(browser) if browser else web.chromium() as browser:
+        for number, variant, threads in jobs:
+            progress(f"round {number + 1}/{rounds}: {variant}, {threads} thread(s) ...", end=" ", flush=True)
+            with web.serving(artifact_dir, variant) as url:
+                context = browser.new_context()  # an empty cache: the load is a first visit
+                page = context.new_page()
+                page.goto(f"{url}&threads={threads}")
+                seconds = page.evaluate("window.kformer.ready.then(() => performance.now() / 1000)")
+                loads.setdefault((variant, threads), []).append((seconds, page.evaluate(PAGE_BYTES_JS)))
+                for beam in beams:
+                    runner = open_runner(artifact_dir, "onnx", variant, beam, threads=threads)
+                    runner.translate(sources[:1])  # warm-up, as the page's first call below
+                    page.evaluate(TIME_EACH_SENTENCE_JS, [sources[:1], beam])
+                    runs.setdefault((variant, threads, beam, "page"), []).extend(
+                        page.evaluate(TIME_EACH_SENTENCE_JS, [sources, beam]))
+                    python = runs.setdefault((variant, threads, beam, "python"), [])
+                    for line in sources:
+                        start = time.perf_counter()
+                        runner.translate([line])
+                        python.append(1000 * (time.perf_counter() - start))
+                if screenshot and number == 0 and threads > 1 and variant == variants[0]:
+                    page.click("#translate")
+                    page.wait_for_function("document.getElementById('output').textContent.length > 0")
+                    page.screenshot(path=screenshot)
+                context.close()
+            progress(f"loaded in {seconds:.1f} s")
+    rows = []
+    for (variant, threads), measured in loads.items():
+        for beam in beams:
+            page_ms = statistics.median(runs[(variant, threads, beam, "page")])
+            python_ms = statistics.median(runs[(variant, threads, beam, "python")])
+            rows.append({"variant": variant, "threads": threads, "search": "greedy" if beam == 1 else f"beam{beam}",
+                         "page_ms": page_ms, "python_ms": python_ms, "ratio": page_ms / python_ms,
+                         "load_s": statistics.median(s for s, _ in measured), "page_bytes": measured[0][1]})
+    return {"artifact": artifact_dir, "sentences": len(sources), "rounds": rounds, "rows": rows}
+
+
+def print_web_table(results):
+    print(f"median ms per sentence (batch 1) over {results['sentences']} test sentences x {results['rounds']} "
+          "interleaved rounds; page: onnxruntime-web WASM in headless Chromium; python: onnxruntime")
+    print(f"{'variant':>7} {'threads':>7} {'search':>6} {'page ms':>8} {'python ms':>9} {'page/python':>11} "
+          f"{'load s':>6} {'MB loaded':>9}")
+    for r in results["rows"]:
+        print(f"{r['variant']:>7} {r['threads']:7d} {r['search']:>6} {r['page_ms']:8.1f} {r['python_ms']:9.1f} "
+              f"{r['ratio']:11.2f} {r['load_s']:6.1f} {r['page_bytes'] / 1e6:9.1f}")

@@ -15,7 +15,7 @@ from kformer.distributed import CONNECT_TIMEOUT_SECONDS, STRATEGIES
 def _quiet_tensorflow(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # hides the CUDA probe noise on CPU machines
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    if getattr(args, "runtime", "keras") != "keras" or args.command == "bench":
+    if getattr(args, "runtime", "keras") != "keras" or args.command in ("bench", "web"):
         return  # exported runtimes run without TensorFlow; bench sets XLA flags before it starts
     # TensorFlow's C++ start-up notes (oneDNN, "Could not find cuda drivers") ignore the log level
     # (abseil logs before InitializeLog; abseil-cpp PR 1718): import it once with stderr muted.
@@ -158,6 +158,12 @@ def _bench(args):
         if not args.model:
             raise ValueError("bench runtimes needs --model ART (a `kformer export` folder)")
         results = bench_runtimes(args.model, sentences=args.sentences, rounds=args.rounds)
+    elif args.what == "web":
+        from export.benchmark import bench_web
+        from export.benchmark import print_web_table as print_table
+        if not args.model:
+            raise ValueError("bench web needs --model ART (a `kformer export` folder with ONNX files)")
+        results = bench_web(args.model, sentences=args.sentences, rounds=args.rounds, screenshot=args.screenshot)
     elif args.what == "train":
         from kformer import bench
         bench.count_xla_compilations_from_here()  # before TensorFlow starts
@@ -173,6 +179,19 @@ def _bench(args):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
+
+
+def _web(args):
+    from export import web
+
+    server, url = web.serve(args.model, args.port, args.variant)
+    print(f"serving {args.model} ({args.variant}) on 127.0.0.1 only; open {url}  (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
 
 
 def build_parser():
@@ -255,13 +274,21 @@ def build_parser():
     p.add_argument("--minutes", type=_positive(float), default=20)
     p.set_defaults(run=_demo)
 
+    p = commands.add_parser("web", help="serve a page that translates in the browser with the exported ONNX files")
+    p.add_argument("--model", required=True, help="export folder (with ONNX files)")
+    p.add_argument("--port", type=_positive(int, zero_allowed=True), default=8000, help="0: any free port")
+    p.add_argument("--variant", default="fp32", choices=["fp32", "int8"])
+    p.set_defaults(run=_web)
+
     p = commands.add_parser("bench", help="benchmarks: ratios measured in one run")
-    p.add_argument("what", choices=["train", "decode", "runtimes"])
+    p.add_argument("what", choices=["train", "decode", "runtimes", "web"])
     p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
-    p.add_argument("--model", help="training directory (decode) or export folder (runtimes)")
-    p.add_argument("--sentences", type=_positive(int), default=200, help="test sentences for BLEU (runtimes)")
+    p.add_argument("--model", help="training directory (decode) or export folder (runtimes, web)")
+    p.add_argument("--sentences", type=_positive(int), default=200,
+                   help="test sentences (runtimes: for BLEU; web: timed one by one)")
     p.add_argument("--steps", type=_positive(int), default=30)
-    p.add_argument("--rounds", type=_positive(int), default=3, help="interleaved rounds (runtimes)")
+    p.add_argument("--rounds", type=_positive(int), default=3, help="interleaved rounds (runtimes, web)")
+    p.add_argument("--screenshot", help="web: save a picture of the page here (PNG)")
     p.add_argument("--mixed-precision", action="store_true")
     p.add_argument("--json", help="also write the results to this file")
     p.set_defaults(run=_bench)

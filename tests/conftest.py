@@ -3,14 +3,19 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+import json  # noqa: E402
 import sys  # noqa: E402
 
+import keras  # noqa: E402
 import pytest  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from export.exporter import export  # noqa: E402
+from export.runtime import FORMATS  # noqa: E402
 from kformer import data as data_lib  # noqa: E402
 from kformer.config import preset  # noqa: E402
+from kformer.model import Transformer  # noqa: E402
 
 PYTHON = sys.executable
 
@@ -48,6 +53,35 @@ def trained_dir(tmp_path_factory, corpus_tsv):
     train(out, "tiny", data=corpus_tsv, direction="zh-en", steps=12, vocab_size=1200, xla=False,
           verbose=0, checkpoint_seconds=10**6)
     return out
+
+
+BEAM = 3  # the exported beam size of `artifacts`
+MAX_LENGTH = 12
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory, tokenizer):
+    """A random (untrained) tiny model: its outputs are long and varied, so token equality across
+    runtimes means something."""
+    out = tmp_path_factory.mktemp("random_model")
+    tokenizer_path = out / "tokenizer.model"
+    tokenizer_path.write_bytes(tokenizer.serialized_model_proto())
+    config = preset("tiny", vocab_size=tokenizer.get_piece_size(), max_source_length=16, max_target_length=20)
+    keras.utils.set_random_seed(3)
+    Transformer(config).save(str(out / "model.keras"))
+    config.save(str(out / "config.json"))
+    (out / "corpus.json").write_text(json.dumps({"data": "default", "direction": "zh-en"}))
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def artifacts(model_dir, tmp_path_factory):
+    """Every format and variant of `model_dir`, exported once for the export, bench and web tests."""
+    out = str(tmp_path_factory.mktemp("export") / "art")
+    export(model_dir, out, formats=FORMATS, quantize=("fp16", "int8"), beam_size=BEAM, max_length=MAX_LENGTH,
+           progress=lambda *a, **k: None)
+    return out
+
 
 
 def random_ids(rng, batch, length, vocab, pad_tail=0):

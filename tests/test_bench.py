@@ -4,7 +4,7 @@ numbers. No timing is asserted; the benchmarks themselves print ratios measured 
 import json
 
 import pytest
-from test_export import BEAM, artifacts, model_dir  # noqa: F401  (fixtures)
+from conftest import BEAM
 
 from export.benchmark import worker
 from kformer.bench import bench_decode, print_decode_table, print_train_table

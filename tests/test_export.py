@@ -6,11 +6,10 @@ import os
 import shutil
 import subprocess
 
-import keras
 import numpy as np
 import onnx
 import pytest
-from conftest import PYTHON
+from conftest import BEAM, MAX_LENGTH, PYTHON
 
 from export import writers
 from export.exporter import export
@@ -18,33 +17,7 @@ from export.run_ctranslate2 import Ctranslate2Runner
 from export.run_onnx import OnnxRunner
 from export.run_tf import KerasRunner, SavedModelRunner
 from export.run_tflite import TfliteRunner
-from export.runtime import FORMATS, ArtifactError, load_manifest
-from kformer.config import preset
-from kformer.model import Transformer
-
-BEAM = 3
-MAX_LENGTH = 12
-
-
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory, tokenizer):
-    out = tmp_path_factory.mktemp("random_model")
-    tokenizer_path = out / "tokenizer.model"
-    tokenizer_path.write_bytes(tokenizer.serialized_model_proto())
-    config = preset("tiny", vocab_size=tokenizer.get_piece_size(), max_source_length=16, max_target_length=20)
-    keras.utils.set_random_seed(3)
-    Transformer(config).save(str(out / "model.keras"))
-    config.save(str(out / "config.json"))
-    (out / "corpus.json").write_text(json.dumps({"data": "default", "direction": "zh-en"}))
-    return str(out)
-
-
-@pytest.fixture(scope="session")
-def artifacts(model_dir, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("export") / "art")
-    export(model_dir, out, formats=FORMATS, quantize=("fp16", "int8"), beam_size=BEAM, max_length=MAX_LENGTH,
-           progress=lambda *a, **k: None)
-    return out
+from export.runtime import ArtifactError, load_manifest
 
 
 def runners(artifacts, model_dir, beam):

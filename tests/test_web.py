@@ -1,0 +1,201 @@
+"""The page of export/web/: its tokenizer against sentencepiece (in Node), its server, and its
+translations in a real browser (Debian's Chromium, driven by Playwright) against onnxruntime in
+Python on the same export. Without Node or Chromium these tests skip, saying why; in CI
+(CI=true) a missing tool fails them instead."""
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+
+import pytest
+from conftest import BEAM, PYTHON
+
+from export import web
+from export.runtime import open_runner
+from kformer import data
+
+NODE = shutil.which("node")
+TOKENIZER_JS = os.path.join(web.WEB_DIR, "sentencepiece.js")
+
+
+def need(available, reason):
+    if not available:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason} (CI must run this test)")
+        pytest.skip(reason)
+
+
+def split_sentences():
+    pairs, _ = data.read_corpus()
+    return data.split_pairs(pairs)["test"]
+
+
+def node_tokenize(model_path, texts, ids, tmp_path):
+    """(ids of each text, text of each id list) from export/web/sentencepiece.js, run by Node."""
+    need(NODE, "node not found: the page's tokenizer is checked with Node")
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"texts": texts, "ids": ids}), encoding="utf-8")
+    script = (f"import {{ readFileSync }} from 'node:fs'; import {{ SentencePiece }} from {json.dumps(TOKENIZER_JS)};"
+              "const [model, input] = process.argv.slice(1);"
+              "const sp = new SentencePiece(new Uint8Array(readFileSync(model)));"
+              "const job = JSON.parse(readFileSync(input, 'utf8'));"
+              "console.log(JSON.stringify([job.texts.map((t) => sp.encode(t)), job.ids.map((i) => sp.decode(i))]));")
+    result = subprocess.run([NODE, "--input-type=module", "-e", script, model_path, str(job)],
+                            capture_output=True, text=True, check=True)
+    return json.loads(result.stdout)
+
+
+def test_tokenizer_matches_sentencepiece_on_the_test_split(tokenizer, tmp_path):
+    """Ids identical on every sentence of the test split (both languages; this small vocabulary
+    leaves many characters unknown), on odd spacing and unknown runs; decoding identical on random ids."""
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(tokenizer.serialized_model_proto())
+    texts = [text for pair in split_sentences() for text in pair]
+    texts += ["", "  Tom   is  here ", "😀😀 x 😀", "\u2581abc", "tab\there", "中文 😀😀 中"]
+    rng = random.Random(0)
+    ids = [[rng.randrange(tokenizer.get_piece_size()) for _ in range(rng.randrange(12))] for _ in range(3000)]
+    ids += [[1], [1, 1, 5], [2, 3, 0], []]
+    encoded, decoded = node_tokenize(str(model), texts, ids, tmp_path)
+    assert len(texts) > 2000
+    assert [t for t, e in zip(texts, encoded) if tokenizer.encode(t) != e] == []
+    assert sum(tokenizer.unk_id() in e for e in encoded) > 100  # the unknown-character path is exercised
+    assert [i for i, d in zip(ids, decoded) if tokenizer.decode(i) != d] == []
+
+
+def test_tokenizer_refuses_what_it_cannot_read(tmp_path):
+    import sentencepiece as spm
+
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f"] * 50), model_prefix=str(tmp_path / "bpe"),
+                                   vocab_size=12, model_type="bpe", minloglevel=2)
+    with pytest.raises(subprocess.CalledProcessError) as failure:
+        node_tokenize(str(tmp_path / "bpe.model"), ["a"], [], tmp_path)
+    assert "model type 2 is not unigram" in failure.value.stderr
+
+
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, b""
+
+
+def test_server_serves_the_page_model_and_runtime_only(artifacts):
+    need(os.path.isdir(web.ORT_DIR), f"{web.ORT_DIR} not found: run `npm ci --prefix {web.WEB_DIR}`")
+    with web.serving(artifacts) as url:
+        root = url.split("?")[0]
+        status, headers, body = fetch(url)
+        assert status == 200 and b"kformer.js" in body
+        assert headers["Cross-Origin-Opener-Policy"] == "same-origin"
+        assert headers["Cross-Origin-Embedder-Policy"] == "require-corp"
+        assert fetch(root + "model/manifest.json")[0] == 200
+        status, headers, _ = fetch(root + "ort/ort-wasm-simd-threaded.wasm")
+        assert status == 200 and headers["Content-Type"] == "application/wasm"
+        for outside in ("model/../../etc/passwd", "package.json", "node_modules/onnxruntime-web/package.json",
+                        "model/"):
+            assert fetch(root + outside)[0] == 404, outside
+
+
+def test_web_command_errors_are_one_line(artifacts, tmp_path):
+    partial = tmp_path / "onnx-fp32-only"
+    shutil.copytree(artifacts, partial)
+    for case, expected in [(["--model", str(tmp_path)], "manifest.json not found"),
+                           (["--model", str(partial), "--variant", "int8"], None),
+                           (["--model", artifacts, "--variant", "fp16"], "invalid choice")]:
+        if expected is None:  # an export without the int8 ONNX files
+            manifest = json.loads((partial / "manifest.json").read_text())
+            manifest["artifacts"] = [a for a in manifest["artifacts"] if a["variant"] != "int8"]
+            (partial / "manifest.json").write_text(json.dumps(manifest))
+            expected = "no onnx greedy int8 artifact"
+        result = subprocess.run([PYTHON, "-m", "kformer.cli", "web", *case], capture_output=True, text=True)
+        assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, case
+
+
+def need_browser():
+    need(os.path.exists(web.CHROMIUM), f"{web.CHROMIUM} not found: install Debian's chromium (make test does)")
+    need(os.path.isdir(web.ORT_DIR), f"{web.ORT_DIR} not found: run `npm ci --prefix {web.WEB_DIR}`")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    need_browser()
+    with web.chromium() as browser:
+        yield browser
+
+
+def open_page(browser, url, requests):
+    page = browser.new_page()
+    page.on("request", lambda request: requests.append(request.url))
+    page.goto(url)
+    return page
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["fp32", "int8"])
+def test_page_translates_as_onnxruntime_in_python(browser, artifacts, variant, tmp_path):
+    """50 test-split sentences and the odd inputs, greedy and beam: the page's strings equal
+    `kformer translate --runtime onnx`'s (the same runner, in this process); no request leaves 127.0.0.1."""
+    lines = [source for source, _ in split_sentences()[:50]]
+    lines += ["", "   ", "😀😀", "我" * 40, "Tom is here."]  # blank, untranslatable, truncated, other script
+    requests = []
+    with web.serving(artifacts, variant) as url:
+        page = open_page(browser, url, requests)
+        info = page.evaluate("window.kformer.ready")
+        assert (info["variant"], info["beamSize"]) == (variant, BEAM)
+        for beam in (1, BEAM):
+            expected = open_runner(artifacts, "onnx", variant, beam).translate(lines)
+            got = page.evaluate("([lines, beam]) => window.kformer.translate(lines, {beam})", [lines, beam])
+            assert got == expected, f"beam {beam}: {sum(a != b for a, b in zip(got, expected))} differ"
+        page.click("#translate")
+        page.wait_for_function("document.getElementById('output').textContent.length > 0")
+        assert "ms per sentence" in page.text_content("#timing")
+        page.screenshot(path=str(tmp_path / "page.png"))
+        assert (tmp_path / "page.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        origin = url.split("?")[0]
+    assert requests and all(r.startswith(origin) for r in requests), requests
+
+
+@pytest.mark.slow
+def test_page_shows_a_corrupted_artifact(browser, artifacts, tmp_path):
+    damaged = tmp_path / "art"
+    shutil.copytree(artifacts, damaged)
+    with open(damaged / "onnx" / "beam.fp32.onnx", "r+b") as f:
+        f.seek(1000)
+        f.write(b"\0" * 16)
+    with web.serving(str(damaged)) as url:
+        page = open_page(browser, url, [])
+        page.wait_for_selector("#status.error")
+        assert "onnx/beam.fp32.onnx is corrupted or truncated" in page.text_content("#status")
+        assert page.is_disabled("#translate")
+
+
+def test_web_command_serves_until_stopped(artifacts):
+    need(os.path.isdir(web.ORT_DIR), f"{web.ORT_DIR} not found: run `npm ci --prefix {web.WEB_DIR}`")
+    process = subprocess.Popen([PYTHON, "-m", "kformer.cli", "web", "--model", artifacts, "--port", "0",
+                                "--variant", "int8"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert "127.0.0.1 only" in line and "variant=int8" in line, line
+        url = line.split("open ")[1].split()[0]
+        assert fetch(url.split("?")[0] + "model/manifest.json")[0] == 200
+    finally:
+        process.send_signal(subprocess.signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+
+
+@pytest.mark.slow
+def test_bench_web_measures_page_and_python(browser, artifacts, tmp_path):
+    from export.benchmark import bench_web, print_web_table
+
+    results = bench_web(artifacts, sentences=3, rounds=1, screenshot=str(tmp_path / "shot.png"),
+                        browser=browser, progress=lambda *a, **k: None)
+    rows = results["rows"]
+    assert {(r["variant"], r["search"]) for r in rows} == {(v, s) for v in ("fp32", "int8")
+                                                           for s in ("greedy", f"beam{BEAM}")}
+    assert all(r["page_ms"] > 0 and r["python_ms"] > 0 and r["page_bytes"] > 1e6 for r in rows)
+    assert (tmp_path / "shot.png").stat().st_size > 1000
+    print_web_table(results)
