@@ -18,9 +18,11 @@ $(VENV)/.installed: pyproject.toml $(WEB)/package-lock.json
 BROWSER_PACKAGES := chromium fonts-wqy-microhei
 .PHONY: chromium
 chromium:
-	@dpkg -s $(BROWSER_PACKAGES) >/dev/null 2>&1 || apt-get install -y -q $(BROWSER_PACKAGES) >/dev/null || \
-	{ apt-get update -q >/dev/null && apt-get install -y -q $(BROWSER_PACKAGES) >/dev/null; } || \
-	echo "note: could not install Debian's chromium (root needed); the browser tests will skip (fail if CI=true)"
+	@missing=$$(for p in $(BROWSER_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | \
+	grep -q "ok installed" || echo $$p; done); [ -z "$$missing" ] || \
+	apt-get install -y -q $$missing >/dev/null || \
+	{ apt-get update -q >/dev/null && apt-get install -y -q $$missing >/dev/null; } || \
+	echo "note: could not install $$missing (root needed); the browser tests will skip (fail if CI=true)"
 
 .PHONY: demo test
 demo: $(VENV)/.installed  ## train on Tatoeba zh-en for MINUTES, report BLEU, show translations

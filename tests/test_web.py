@@ -7,6 +7,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -113,6 +114,13 @@ def test_web_command_errors_are_one_line(artifacts, tmp_path):
             expected = "no onnx greedy int8 artifact"
         result = subprocess.run([PYTHON, "-m", "kformer.cli", "web", *case], capture_output=True, text=True)
         assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, case
+    with socket.socket() as taken:  # a port another program holds
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = subprocess.run([PYTHON, "-m", "kformer.cli", "web", "--model", artifacts, "--port", port],
+                                capture_output=True, text=True)
+    assert result.returncode == 2 and "choose another --port" in result.stderr, result.stderr
 
 
 def need_browser():
@@ -138,7 +146,8 @@ def open_page(browser, url, requests):
 @pytest.mark.parametrize("variant", ["fp32", "int8"])
 def test_page_translates_as_onnxruntime_in_python(browser, artifacts, variant, tmp_path):
     """50 test-split sentences and the odd inputs, greedy and beam: the page's strings equal
-    `kformer translate --runtime onnx`'s (the same runner, in this process); no request leaves 127.0.0.1."""
+    `kformer translate --runtime onnx`'s (the same runner, in this process); no request leaves
+    127.0.0.1, and once loaded the page works offline."""
     lines = [source for source, _ in split_sentences()[:50]]
     lines += ["", "   ", "😀😀", "我" * 40, "Tom is here."]  # blank, untranslatable, truncated, other script
     requests = []
@@ -146,6 +155,8 @@ def test_page_translates_as_onnxruntime_in_python(browser, artifacts, variant, t
         page = open_page(browser, url, requests)
         info = page.evaluate("window.kformer.ready")
         assert (info["variant"], info["beamSize"]) == (variant, BEAM)
+        page.context.set_offline(True)  # once loaded, the page translates with no network at all
+        assert page.evaluate("fetch('/model/manifest.json').then(() => 'online', () => 'offline')") == "offline"
         for beam in (1, BEAM):
             expected = open_runner(artifacts, "onnx", variant, beam).translate(lines)
             got = page.evaluate("([lines, beam]) => window.kformer.translate(lines, {beam})", [lines, beam])
