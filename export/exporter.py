@@ -30,7 +30,7 @@ def _plan(formats, quantize, tokenizer_proto, config):
         steps.append(("savedmodel", "savedmodel", "all", "fp32", writers.write_savedmodel))
     for search in ("greedy", "beam"):
         if "tflite" in formats:
-            for variant in ("fp32", *[q for q in QUANTIZATIONS if q in quantize]):
+            for variant in ("fp32", *[q for q in QUANTIZATIONS if q in quantize], "fixed"):
                 steps.append((f"tflite/{search}.{variant}.tflite", "tflite", search, variant,
                               lambda m, p, s=search, v=variant: writers.write_tflite(m, s, p, v)))
         if "onnx" in formats:

@@ -46,8 +46,13 @@ class ExportModule(tf.Module):
         kept = tf.ragged.boolean_mask(tokens, before_eos & tf.not_equal(tokens, c.pad_id))
         return {"translation": self.tokenizer.detokenize(kept)}
 
-    def frozen(self, search):
+    def frozen(self, search, fixed_shape=False):
         """The ids function of `search` with variables folded into constants: what TFLite and
-        tf2onnx need (an unfrozen loop converts, then fails at invoke with READ_VARIABLE)."""
+        tf2onnx need (an unfrozen loop converts, then fails at invoke with READ_VARIABLE).
+        fixed_shape: input (1, max_source_length) instead of (batch, length), for runtimes that
+        cannot resize inputs (LiteRT.js)."""
         fn = getattr(self, f"{search}_ids")
+        if fixed_shape:
+            spec = tf.TensorSpec([1, self.config.max_source_length], tf.int32, name="source_ids")
+            fn = tf.function(lambda source_ids, search=fn: search(source_ids), input_signature=[spec])
         return convert_variables_to_constants_v2(fn.get_concrete_function())

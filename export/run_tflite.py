@@ -10,7 +10,8 @@ from export.runtime import Runner, find_artifact, verified_path
 
 class TfliteRunner(Runner):
     """Args: artifact_dir (from `kformer export`), beam_size (1 or the exported K),
-    variant ("fp32", "fp16" or "int8"), threads."""
+    variant ("fp32", "fp16", "int8", or "fixed": fp32 with input shape (1, max_source_length),
+    the web page's file, run here one padded row at a time), threads."""
 
     def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
         super().__init__(artifact_dir, beam_size, batch_size)
@@ -24,6 +25,13 @@ class TfliteRunner(Runner):
         self.shape = None
 
     def _search(self, search, batch):
+        fixed = tuple(self.input["shape_signature"])
+        if -1 not in fixed:  # the "fixed" file: each row alone, padded to the fixed length
+            rows = [self._invoke(np.pad(row[None], [(0, 0), (0, fixed[1] - len(row))])) for row in batch]
+            return tuple(np.concatenate(parts) for parts in zip(*rows))
+        return self._invoke(batch)
+
+    def _invoke(self, batch):
         if self.shape != batch.shape:  # dynamic batch and length
             self.interpreter.resize_tensor_input(self.input["index"], batch.shape, strict=False)
             self.interpreter.allocate_tensors()

@@ -80,7 +80,7 @@ def load_tokenizer(artifact_dir, manifest):
 FORMATS = ("savedmodel", "tflite", "onnx", "ctranslate2")
 DEFAULT_FORMATS = ("savedmodel", "tflite", "onnx")  # ctranslate2 is an optional extra
 RUNTIMES = ("keras", *FORMATS)
-VARIANTS = {"savedmodel": ("fp32",), "tflite": ("fp32", "fp16", "int8"), "onnx": ("fp32", "int8", "text"),
+VARIANTS = {"savedmodel": ("fp32",), "tflite": ("fp32", "fp16", "int8", "fixed"), "onnx": ("fp32", "int8", "text"),
             "ctranslate2": ("fp32", "int8")}
 
 

@@ -1,7 +1,8 @@
 """`kformer web`: serves the page of export/web/ and one export folder on 127.0.0.1.
 
-The page runs the exported ONNX search graph with onnxruntime-web (WASM); see export/web/kformer.js.
-Routes: / (the page), /ort/ (onnxruntime-web's files from npm), /model/ (the export folder). Every
+The page runs the exported search graphs with onnxruntime-web (ONNX files) or LiteRT.js (the
+fixed-shape TFLite files), both WASM; see export/web/kformer.js. Routes: / (the page), /ort/ and
+/litert/, /litert-utils/ (the runtimes' files from npm), /model/ (the export folder). Every
 response carries the cross-origin isolation headers that WASM threads need."""
 
 import contextlib
@@ -14,9 +15,13 @@ import urllib.parse
 from export.runtime import find_artifact, load_manifest
 
 WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
-ORT_DIR = os.path.join(WEB_DIR, "node_modules", "onnxruntime-web", "dist")
+NODE_MODULES = os.path.join(WEB_DIR, "node_modules")
+ROUTES = {"/ort/": os.path.join(NODE_MODULES, "onnxruntime-web", "dist"),
+          "/litert/": os.path.join(NODE_MODULES, "@litertjs", "core"),
+          "/litert-utils/": os.path.join(NODE_MODULES, "@litertjs", "wasm-utils", "dist")}
 PAGE_FILES = ("index.html", "kformer.js", "sentencepiece.js")
-VARIANTS = ("fp32", "int8")
+# runtime in the page -> (export format, variants it can run)
+RUNTIMES = {"onnx": ("onnx", ("fp32", "int8")), "litert": ("tflite", ("fixed",))}
 CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright's own browser download is not reachable here
 # Headless, as root, on a machine with a closed network: without the last four flags Chromium keeps
 # trying to reach Google's hosts.
@@ -24,16 +29,21 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-b
                  "--disable-component-update", "--disable-sync", "--disable-quic"]
 
 
-def check(artifact_dir, variant):
-    """One-line errors for what would make the page fail: no onnxruntime-web, no ONNX files."""
-    if variant not in VARIANTS:
-        raise ValueError(f"--variant {variant}: the page runs {' or '.join(VARIANTS)}")
-    if not os.path.isdir(ORT_DIR):
-        raise ValueError(f"{ORT_DIR} not found: install the page's packages with `npm ci --prefix {WEB_DIR}` "
+def check(artifact_dir, runtime="onnx", variant="fp32"):
+    """One-line errors for what would make the page fail: no JavaScript packages, no files for
+    the runtime and variant."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"--runtime {runtime}: the page runs {' or '.join(RUNTIMES)}")
+    fmt, variants = RUNTIMES[runtime]
+    if variant not in variants:
+        raise ValueError(f"--variant {variant}: the page runs {runtime} with {' or '.join(variants)}")
+    missing = [folder for folder in ROUTES.values() if not os.path.isdir(folder)]
+    if missing:
+        raise ValueError(f"{missing[0]} not found: install the page's packages with `npm ci --prefix {WEB_DIR}` "
                          "(the README's commands do it)")
     manifest = load_manifest(artifact_dir)
     for search in ("greedy", "beam"):
-        find_artifact(manifest, "onnx", search, variant)
+        find_artifact(manifest, fmt, search, variant)
     return manifest
 
 
@@ -50,7 +60,7 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 
     def translate_path(self, path):
         path = posixpath.normpath(urllib.parse.unquote(urllib.parse.urlsplit(path).path))
-        for prefix, root in (("/ort/", ORT_DIR), ("/model/", self.model_dir)):
+        for prefix, root in (*ROUTES.items(), ("/model/", self.model_dir)):
             if path.startswith(prefix):
                 return os.path.join(root, *path[len(prefix):].split("/"))
         name = path.lstrip("/") or "index.html"
@@ -70,24 +80,26 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         pass  # one line per file would bury the URL
 
 
-def serve(artifact_dir, port=8000, variant="fp32"):
+def serve(artifact_dir, port=8000, runtime="onnx", variant=None):
     """Starts the server (call `serve_forever()` on it); port 0 picks a free one. Returns
-    (server, url of the page)."""
-    check(artifact_dir, variant)
+    (server, url of the page). variant: default fp32 for onnx, fixed for litert."""
+    if variant is None and runtime in RUNTIMES:
+        variant = RUNTIMES[runtime][1][0]
+    check(artifact_dir, runtime, variant)
     handler = functools.partial(_Handler, model_dir=os.path.abspath(artifact_dir))
     try:
         server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
     except OSError as e:
         raise OSError(f"cannot serve on 127.0.0.1:{port} ({e.strerror}); choose another --port") from None
-    return server, f"http://127.0.0.1:{server.server_address[1]}/?variant={variant}"
+    return server, f"http://127.0.0.1:{server.server_address[1]}/?runtime={runtime}&variant={variant}"
 
 
 @contextlib.contextmanager
-def serving(artifact_dir, variant="fp32"):
+def serving(artifact_dir, runtime="onnx", variant=None):
     """The server on a free port, in a thread, for as long as the block runs; yields the page's URL."""
     import threading
 
-    server, url = serve(artifact_dir, 0, variant)
+    server, url = serve(artifact_dir, 0, runtime, variant)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield url

@@ -26,20 +26,21 @@ def write_savedmodel(module, path):
 
 # --- TFLite ---
 
-TFLITE_VARIANTS = ("fp32", "fp16", "int8")
+TFLITE_VARIANTS = ("fp32", "fp16", "int8", "fixed")
 
 
 def write_tflite(module, search, path, variant="fp32"):
     """Frozen graph -> TFLite with builtin ops only. fp16: float16 weights; int8: dynamic-range
-    quantized weights (activations stay float)."""
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.frozen(search)], module)
+    quantized weights (activations stay float); fixed: fp32 with the input shape fixed to
+    (1, max_source_length), for LiteRT.js in the web page, which cannot resize inputs."""
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.frozen(search, variant == "fixed")], module)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex fallback
     if variant == "fp16":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         converter.target_spec.supported_types = [tf.float16]
     elif variant == "int8":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    elif variant != "fp32":
+    elif variant not in ("fp32", "fixed"):
         raise ValueError(f"unknown TFLite variant {variant!r}; choose from {TFLITE_VARIANTS}")
     try:
         flatbuffer = converter.convert()

@@ -184,8 +184,8 @@ def _bench(args):
 def _web(args):
     from export import web
 
-    server, url = web.serve(args.model, args.port, args.variant)
-    print(f"serving {args.model} ({args.variant}) on 127.0.0.1 only; open {url}  (Ctrl-C stops)", flush=True)
+    server, url = web.serve(args.model, args.port, args.runtime, args.variant)
+    print(f"serving {args.model} on 127.0.0.1 only; open {url}  (Ctrl-C stops)", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -277,7 +277,9 @@ def build_parser():
     p = commands.add_parser("web", help="serve a page that translates in the browser with the exported ONNX files")
     p.add_argument("--model", required=True, help="export folder (with ONNX files)")
     p.add_argument("--port", type=_positive(int, zero_allowed=True), default=8000, help="0: any free port")
-    p.add_argument("--variant", default="fp32", choices=["fp32", "int8"])
+    p.add_argument("--runtime", default="onnx", choices=["onnx", "litert"],
+                   help="onnx: onnxruntime-web; litert: LiteRT.js with the fixed-shape TFLite files")
+    p.add_argument("--variant", choices=["fp32", "int8", "fixed"], help="default: fp32 (onnx), fixed (litert)")
     p.set_defaults(run=_web)
 
     p = commands.add_parser("bench", help="benchmarks: ratios measured in one run")

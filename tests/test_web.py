@@ -77,6 +77,11 @@ def test_tokenizer_refuses_what_it_cannot_read(tmp_path):
     assert "model type 2 is not unigram" in failure.value.stderr
 
 
+def need_packages():
+    need(all(os.path.isdir(folder) for folder in web.ROUTES.values()),
+         f"the page's JavaScript packages are missing: run `npm ci --prefix {web.WEB_DIR}`")
+
+
 def fetch(url):
     try:
         with urllib.request.urlopen(url) as response:
@@ -86,7 +91,7 @@ def fetch(url):
 
 
 def test_server_serves_the_page_model_and_runtime_only(artifacts):
-    need(os.path.isdir(web.ORT_DIR), f"{web.ORT_DIR} not found: run `npm ci --prefix {web.WEB_DIR}`")
+    need_packages()
     with web.serving(artifacts) as url:
         root = url.split("?")[0]
         status, headers, body = fetch(url)
@@ -94,8 +99,9 @@ def test_server_serves_the_page_model_and_runtime_only(artifacts):
         assert headers["Cross-Origin-Opener-Policy"] == "same-origin"
         assert headers["Cross-Origin-Embedder-Policy"] == "require-corp"
         assert fetch(root + "model/manifest.json")[0] == 200
-        status, headers, _ = fetch(root + "ort/ort-wasm-simd-threaded.wasm")
-        assert status == 200 and headers["Content-Type"] == "application/wasm"
+        for runtime_file in ("ort/ort-wasm-simd-threaded.wasm", "litert/wasm/litert_wasm_internal.wasm"):
+            status, headers, _ = fetch(root + runtime_file)
+            assert status == 200 and headers["Content-Type"] == "application/wasm", runtime_file
         for outside in ("model/../../etc/passwd", "package.json", "node_modules/onnxruntime-web/package.json",
                         "model/"):
             assert fetch(root + outside)[0] == 404, outside
@@ -106,7 +112,9 @@ def test_web_command_errors_are_one_line(artifacts, tmp_path):
     shutil.copytree(artifacts, partial)
     for case, expected in [(["--model", str(tmp_path)], "manifest.json not found"),
                            (["--model", str(partial), "--variant", "int8"], None),
-                           (["--model", artifacts, "--variant", "fp16"], "invalid choice")]:
+                           (["--model", artifacts, "--variant", "fp16"], "invalid choice"),
+                           (["--model", artifacts, "--runtime", "litert", "--variant", "int8"],
+                            "the page runs litert with fixed")]:
         if expected is None:  # an export without the int8 ONNX files
             manifest = json.loads((partial / "manifest.json").read_text())
             manifest["artifacts"] = [a for a in manifest["artifacts"] if a["variant"] != "int8"]
@@ -125,7 +133,7 @@ def test_web_command_errors_are_one_line(artifacts, tmp_path):
 
 def need_browser():
     need(os.path.exists(web.CHROMIUM), f"{web.CHROMIUM} not found: install Debian's chromium (make test does)")
-    need(os.path.isdir(web.ORT_DIR), f"{web.ORT_DIR} not found: run `npm ci --prefix {web.WEB_DIR}`")
+    need_packages()
 
 
 @pytest.fixture(scope="module")
@@ -143,22 +151,22 @@ def open_page(browser, url, requests):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["fp32", "int8"])
-def test_page_translates_as_onnxruntime_in_python(browser, artifacts, variant, tmp_path):
+@pytest.mark.parametrize("runtime, variant", [("onnx", "fp32"), ("onnx", "int8"), ("litert", "fixed")])
+def test_page_translates_as_the_python_runner(browser, artifacts, runtime, variant, tmp_path):
     """50 test-split sentences and the odd inputs, greedy and beam: the page's strings equal
-    `kformer translate --runtime onnx`'s (the same runner, in this process); no request leaves
-    127.0.0.1, and once loaded the page works offline."""
+    `kformer translate --runtime onnx`'s (or tflite's, for LiteRT.js; the same runner, in this
+    process) on the same file; no request leaves 127.0.0.1; once loaded the page works offline."""
     lines = [source for source, _ in split_sentences()[:50]]
     lines += ["", "   ", "😀😀", "我" * 40, "Tom is here."]  # blank, untranslatable, truncated, other script
     requests = []
-    with web.serving(artifacts, variant) as url:
+    with web.serving(artifacts, runtime, variant) as url:
         page = open_page(browser, url, requests)
         info = page.evaluate("window.kformer.ready")
         assert (info["variant"], info["beamSize"]) == (variant, BEAM)
         page.context.set_offline(True)  # once loaded, the page translates with no network at all
         assert page.evaluate("fetch('/model/manifest.json').then(() => 'online', () => 'offline')") == "offline"
         for beam in (1, BEAM):
-            expected = open_runner(artifacts, "onnx", variant, beam).translate(lines)
+            expected = open_runner(artifacts, web.RUNTIMES[runtime][0], variant, beam).translate(lines)
             got = page.evaluate("([lines, beam]) => window.kformer.translate(lines, {beam})", [lines, beam])
             assert got == expected, f"beam {beam}: {sum(a != b for a, b in zip(got, expected))} differ"
         page.click("#translate")
@@ -185,12 +193,12 @@ def test_page_shows_a_corrupted_artifact(browser, artifacts, tmp_path):
 
 
 def test_web_command_serves_until_stopped(artifacts):
-    need(os.path.isdir(web.ORT_DIR), f"{web.ORT_DIR} not found: run `npm ci --prefix {web.WEB_DIR}`")
+    need_packages()
     process = subprocess.Popen([PYTHON, "-m", "kformer.cli", "web", "--model", artifacts, "--port", "0",
                                 "--variant", "int8"], stdout=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()
-        assert "127.0.0.1 only" in line and "variant=int8" in line, line
+        assert "127.0.0.1 only" in line and "runtime=onnx&variant=int8" in line, line
         url = line.split("open ")[1].split()[0]
         assert fetch(url.split("?")[0] + "model/manifest.json")[0] == 200
     finally:
@@ -205,8 +213,9 @@ def test_bench_web_measures_page_and_python(browser, artifacts, tmp_path):
     results = bench_web(artifacts, sentences=3, rounds=1, screenshot=str(tmp_path / "shot.png"),
                         browser=browser, progress=lambda *a, **k: None)
     rows = results["rows"]
-    assert {(r["variant"], r["search"]) for r in rows} == {(v, s) for v in ("fp32", "int8")
-                                                           for s in ("greedy", f"beam{BEAM}")}
+    assert {(r["runtime"], r["variant"], r["search"]) for r in rows} == {
+        (r, v, s) for r, v in [("onnx", "fp32"), ("onnx", "int8"), ("litert", "fixed")]
+        for s in ("greedy", f"beam{BEAM}")}
     assert all(r["page_ms"] > 0 and r["python_ms"] > 0 and r["page_bytes"] > 1e6 for r in rows)
     assert (tmp_path / "shot.png").stat().st_size > 1000
     print_web_table(results)

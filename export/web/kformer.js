@@ -1,9 +1,11 @@
-// The translator in the page: the exported ONNX search graph (greedy and beam, one Loop each) run
-// by onnxruntime-web (WASM), with tokenization in JavaScript. Text in and out follows
-// kformer/batching.py line for line, so the page translates as `kformer translate --runtime onnx`.
+// The translator in the page: the exported search graphs (greedy and beam, the whole loop in each)
+// run by onnxruntime-web (ONNX files) or LiteRT.js (the fixed-shape TFLite files), both WASM, with
+// tokenization in JavaScript. Text in and out follows kformer/batching.py line for line, so the
+// page translates as `kformer translate --runtime onnx` (or `--runtime tflite --variant fixed`).
 //
-// URL parameters: variant=fp32|int8 (default fp32), threads=N (default: all cores when the page is
-// cross-origin isolated, else 1), model=URL of the export folder (default /model/).
+// URL parameters: runtime=onnx|litert (default onnx), variant=fp32|int8 (onnx; default fp32),
+// threads=N (default: all cores when the page is cross-origin isolated, else 1), model=URL of the
+// export folder (default /model/).
 // For automation: window.kformer.ready (a Promise of the info below) and
 // window.kformer.translate(lines, {beam}) -> Promise<string[]>.
 
@@ -17,8 +19,10 @@ const STRIP = new RegExp(`^[${WHITESPACE}]+|[${WHITESPACE}]+$`, "g");
 const SPACES = new RegExp(`[${WHITESPACE}]+`, "g");
 
 const params = new URLSearchParams(location.search);
-const variant = params.get("variant") || "fp32";
+const runtime = params.get("runtime") || "onnx";
+const variant = runtime === "litert" ? "fixed" : params.get("variant") || "fp32";
 const modelUrl = params.get("model") || "/model/";
+const threads = Number(params.get("threads")) || (crossOriginIsolated ? navigator.hardwareConcurrency : 1);
 
 class ArtifactError extends Error {}
 
@@ -39,15 +43,68 @@ async function verifiedBytes(entry) {
   return bytes;
 }
 
-function findArtifact(manifest, search) {
-  const entry = manifest.artifacts.find((a) => a.format === "onnx" && a.search === search && a.variant === variant);
+function findArtifact(manifest, format, search) {
+  const entry = manifest.artifacts.find((a) => a.format === format && a.search === search && a.variant === variant);
   if (!entry) {
-    const have = manifest.artifacts.filter((a) => a.format === "onnx").map((a) => `${a.search}/${a.variant}`);
-    throw new ArtifactError(`no ONNX ${search} ${variant} file in this export (it has ${have.join(", ")}); ` +
-                            "re-export with --formats onnx (and --quantize int8 for int8)");
+    const have = manifest.artifacts.filter((a) => a.format === format).map((a) => `${a.search}/${a.variant}`);
+    throw new ArtifactError(`no ${format} ${search} ${variant} file in this export (it has ${have.join(", ") || "none"});` +
+                            ` re-export with --formats ${format}` + (variant === "int8" ? " --quantize int8" : ""));
   }
   return entry;
 }
+
+// Each runtime: load(bytes) -> a search; search(batch Int32Array, rows, width) -> tokens {data, dims}.
+const RUNTIMES = {
+  onnx: {
+    format: "onnx",
+    async start() {
+      ort.env.wasm.numThreads = threads;
+      ort.env.wasm.wasmPaths = "/ort/";
+      return `onnxruntime-web ${ort.env.versions.web} (WASM)`;
+    },
+    async load(bytes) {
+      const session = await ort.InferenceSession.create(bytes, {
+        executionProviders: ["wasm"], graphOptimizationLevel: "all" });
+      return async (batch, rows, width) => {
+        const result = await session.run({ source_ids: new ort.Tensor("int32", batch, [rows, width]) });
+        return result.tokens; // greedy (B, T); beam (B, K, T), best first
+      };
+    },
+  },
+  litert: {
+    format: "tflite",
+    async start() {
+      this.lrt = await import("/litert/dist/index.js");
+      await this.lrt.loadLiteRt("/litert/wasm/", { threads: threads > 1 });
+      return "LiteRT.js 2.5.3 (WASM, XNNPack)";
+    },
+    async load(bytes) {
+      const { lrt } = this;
+      const model = await lrt.loadAndCompile(bytes, { accelerator: "wasm", cpuOptions: { numThreads: threads } });
+      const length = model.getInputDetails()[0].shape[1]; // the file's fixed (1, max_source_length) input
+      // LiteRT.js cannot resize inputs: one row at a time, padded to the fixed length (as
+      // export/run_tflite.py does for this file).
+      return async (batch, rows, width) => {
+        const parts = [];
+        let dims;
+        for (let row = 0; row < rows; row++) {
+          const padded = new Int32Array(length);
+          padded.set(batch.subarray(row * width, (row + 1) * width));
+          const input = new lrt.Tensor(padded, [1, length]);
+          const outputs = await model.run([input]);
+          input.delete();
+          const tokens = outputs.find((t) => t.type.dtype === "int32"); // the other output is the scores
+          dims = Array.from(tokens.type.layout.dimensions);
+          parts.push(tokens.toTypedArray().slice());
+          outputs.forEach((t) => t.delete());
+        }
+        const data = new Int32Array(parts.reduce((n, p) => n + p.length, 0));
+        parts.reduce((offset, p) => (data.set(p, offset), offset + p.length), 0);
+        return { data, dims: [rows, ...dims.slice(1)] };
+      };
+    },
+  },
+};
 
 async function load() {
   const started = performance.now();
@@ -63,16 +120,14 @@ async function load() {
   if (tokenizer.size !== manifest.config.vocab_size) {
     throw new ArtifactError(`tokenizer.model has ${tokenizer.size} pieces, the model ${manifest.config.vocab_size}`);
   }
-  const threads = Number(params.get("threads")) || (crossOriginIsolated ? navigator.hardwareConcurrency : 1);
-  ort.env.wasm.numThreads = threads;
-  ort.env.wasm.wasmPaths = "/ort/";
-  const sessions = {};
+  const backend = RUNTIMES[runtime];
+  if (!backend) throw new Error(`unknown runtime ${JSON.stringify(runtime)}; choose onnx or litert`);
+  const name = await backend.start();
+  const searches = {};
   for (const search of ["greedy", "beam"]) {
-    const bytes = await verifiedBytes(findArtifact(manifest, search));
-    sessions[search] = await ort.InferenceSession.create(bytes, {
-      executionProviders: ["wasm"], graphOptimizationLevel: "all" });
+    searches[search] = await backend.load(await verifiedBytes(findArtifact(manifest, backend.format, search)));
   }
-  return { manifest, tokenizer, sessions, threads, loadMs: performance.now() - started };
+  return { manifest, tokenizer, searches, name, loadMs: performance.now() - started };
 }
 
 /** As batching.encode_texts: ids per text, and texts to output unchanged (none of their
@@ -96,7 +151,7 @@ function encodeTexts(tokenizer, texts, maxSourceLength) {
 }
 
 /** As batching.translate_ids: length-sorted batches of BATCH_SIZE, padded with pad_id. */
-async function translateIds(session, ids, eosId, padId) {
+async function translateIds(search, ids, eosId, padId) {
   const order = ids.map((_, i) => i).sort((a, b) => ids[a].length - ids[b].length); // stable, as Python's
   const outputs = new Array(ids.length);
   for (let start = 0; start < order.length; start += BATCH_SIZE) {
@@ -104,8 +159,7 @@ async function translateIds(session, ids, eosId, padId) {
     const width = Math.max(1, ...chunk.map((i) => ids[i].length));
     const batch = new Int32Array(chunk.length * width).fill(padId);
     chunk.forEach((i, row) => batch.set(ids[i], row * width));
-    const result = await session.run({ source_ids: new ort.Tensor("int32", batch, [chunk.length, width]) });
-    const { data, dims } = result.tokens; // greedy (B, T); beam (B, K, T), best first
+    const { data, dims } = await search(batch, chunk.length, width); // (B, T) or (B, K, T), best first
     const length = dims.at(-1), stride = dims.length === 3 ? dims[1] * length : length;
     chunk.forEach((i, row) => {
       const tokens = Array.from(data.subarray(row * stride, row * stride + length));
@@ -119,19 +173,19 @@ async function translateIds(session, ids, eosId, padId) {
 const ready = load();
 
 async function translate(lines, { beam = 1 } = {}) {
-  const { manifest, tokenizer, sessions } = await ready;
+  const { manifest, tokenizer, searches } = await ready;
   if (beam !== 1 && beam !== manifest.beam_size) {
     throw new Error(`this export has greedy search and beam size ${manifest.beam_size}, not ${beam}`);
   }
   const { eos_id: eosId, pad_id: padId, max_source_length: maxSourceLength } = manifest.config;
   const { ids, untranslated } = encodeTexts(tokenizer, lines, maxSourceLength);
-  const outputs = await translateIds(sessions[beam === 1 ? "greedy" : "beam"], ids, eosId, padId);
+  const outputs = await translateIds(searches[beam === 1 ? "greedy" : "beam"], ids, eosId, padId);
   return outputs.map((row, i) => untranslated.get(i) ?? tokenizer.decode(row));
 }
 
 window.kformer = {
-  ready: ready.then(({ manifest, threads, loadMs }) => ({
-    runtime: `onnxruntime-web ${ort.env.versions.web} (WASM)`, variant, threads, loadMs,
+  ready: ready.then(({ manifest, name, loadMs }) => ({
+    runtime: name, variant, threads, loadMs,
     beamSize: manifest.beam_size, direction: manifest.corpus?.direction })),
   translate,
 };
