@@ -229,7 +229,8 @@ def build_parser():
     p.add_argument("--model", required=True, help="training directory, or an export folder with --runtime")
     p.add_argument("--runtime", default="keras", choices=RUNTIMES)
     p.add_argument("--variant", default="fp32", choices=sorted({v for vs in VARIANTS.values() for v in vs}),
-                   help="tflite: fp32/fp16/int8; onnx: fp32/int8, or text (SentencePiece inside the graph)")
+                   help="tflite: fp32/fp16/int8, or fixed (input shape fixed, for LiteRT.js); "
+                        "onnx: fp32/int8, or text (SentencePiece inside the graph)")
     p.add_argument("--beam", type=_positive(int), help=f"beam size (1 = greedy; default {BEAM_SIZE}, or the export's)")
     p.add_argument("--alpha", type=_positive(float, zero_allowed=True),
                    help=f"length penalty exponent (default {LENGTH_PENALTY}; keras runtime only)")
