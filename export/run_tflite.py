@@ -25,9 +25,10 @@ class TfliteRunner(Runner):
         self.shape = None
 
     def _search(self, search, batch):
-        fixed = tuple(self.input["shape_signature"])
-        if -1 not in fixed:  # the "fixed" file: each row alone, padded to the fixed length
-            rows = [self._invoke(np.pad(row[None], [(0, 0), (0, fixed[1] - len(row))])) for row in batch]
+        _, length = self.input["shape_signature"]
+        if length != -1:  # the "fixed" file: each row alone, cut or padded to the fixed length
+            rows = [self._invoke(np.pad(row[None, :length], [(0, 0), (0, length - len(row[:length]))]))
+                    for row in batch]
             return tuple(np.concatenate(parts) for parts in zip(*rows))
         return self._invoke(batch)
 

@@ -25,6 +25,7 @@ def runners(artifacts, model_dir, beam):
              "savedmodel": SavedModelRunner(artifacts, beam),
              "tflite": TfliteRunner(artifacts, beam),
              "tflite_fp16": TfliteRunner(artifacts, beam, variant="fp16"),
+             "tflite_fixed": TfliteRunner(artifacts, beam, variant="fixed"),  # one padded row at a time
              "onnx": OnnxRunner(artifacts, beam)}
     if beam == 1:  # CTranslate2's beam normalizes length its own way: see test_ctranslate2_beam
         found["ctranslate2"] = Ctranslate2Runner(artifacts, beam)
