@@ -182,7 +182,7 @@ def bench_web(artifact_dir, sentences=50, rounds=2, screenshot=None, browser=Non
     manifest = load_manifest(artifact_dir)
     sources = split_references(manifest["trained_in"], "test")[0][:sentences]
     present = {(a["format"], a["variant"]) for a in manifest["artifacts"]}
-    variants = [(runtime, variant) for runtime, (fmt, names) in web.RUNTIMES.items() for variant in names
+    variants = [(runtime, variant) for runtime, (fmt, names) in web.PAGE_RUNTIMES.items() for variant in names
                 if (fmt, variant) in present]
     beams = (1, manifest["beam_size"])
     runs = {}  # (runtime, variant, threads, beam, "page"|"python") -> per-sentence ms of every round
@@ -199,7 +199,7 @@ def bench_web(artifact_dir, sentences=50, rounds=2, screenshot=None, browser=Non
                 seconds = page.evaluate("window.kformer.ready.then(() => performance.now() / 1000)")
                 loads.setdefault((runtime, variant, threads), []).append((seconds, page.evaluate(PAGE_BYTES_JS)))
                 for beam in beams:
-                    runner = open_runner(artifact_dir, web.RUNTIMES[runtime][0], variant, beam, threads=threads)
+                    runner = open_runner(artifact_dir, web.PAGE_RUNTIMES[runtime][0], variant, beam, threads=threads)
                     runner.translate(sources[:1])  # warm-up, as the page's first call below
                     page.evaluate(TIME_EACH_SENTENCE_JS, [sources[:1], beam])
                     runs.setdefault((runtime, variant, threads, beam, "page"), []).extend(

@@ -26,9 +26,9 @@ class TfliteRunner(Runner):
 
     def _search(self, search, batch):
         _, length = self.input["shape_signature"]
-        if length != -1:  # the "fixed" file: each row alone, cut or padded to the fixed length
-            rows = [self._invoke(np.pad(row[None, :length], [(0, 0), (0, length - len(row[:length]))]))
-                    for row in batch]
+        if length != -1:  # the "fixed" file: rows cut or padded to the fixed length, run one at a time
+            batch = np.pad(batch[:, :length], [(0, 0), (0, length - min(batch.shape[1], length))])
+            rows = [self._invoke(batch[row: row + 1]) for row in range(len(batch))]
             return tuple(np.concatenate(parts) for parts in zip(*rows))
         return self._invoke(batch)
 

@@ -21,7 +21,7 @@ ROUTES = {"/ort/": os.path.join(NODE_MODULES, "onnxruntime-web", "dist"),
           "/litert-utils/": os.path.join(NODE_MODULES, "@litertjs", "wasm-utils", "dist")}
 PAGE_FILES = ("index.html", "kformer.js", "sentencepiece.js")
 # runtime in the page -> (export format, variants it can run)
-RUNTIMES = {"onnx": ("onnx", ("fp32", "int8")), "litert": ("tflite", ("fixed",))}
+PAGE_RUNTIMES = {"onnx": ("onnx", ("fp32", "int8")), "litert": ("tflite", ("fixed",))}
 CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright's own browser download is not reachable here
 # Headless, as root, on a machine with a closed network: without the last four flags Chromium keeps
 # trying to reach Google's hosts.
@@ -32,9 +32,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-b
 def check(artifact_dir, runtime="onnx", variant="fp32"):
     """One-line errors for what would make the page fail: no JavaScript packages, no files for
     the runtime and variant."""
-    if runtime not in RUNTIMES:
-        raise ValueError(f"--runtime {runtime}: the page runs {' or '.join(RUNTIMES)}")
-    fmt, variants = RUNTIMES[runtime]
+    if runtime not in PAGE_RUNTIMES:
+        raise ValueError(f"--runtime {runtime}: the page runs {' or '.join(PAGE_RUNTIMES)}")
+    fmt, variants = PAGE_RUNTIMES[runtime]
     if variant not in variants:
         raise ValueError(f"--variant {variant}: the page runs {runtime} with {' or '.join(variants)}")
     missing = [folder for folder in ROUTES.values() if not os.path.isdir(folder)]
@@ -83,8 +83,8 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 def serve(artifact_dir, port=8000, runtime="onnx", variant=None):
     """Starts the server (call `serve_forever()` on it); port 0 picks a free one. Returns
     (server, url of the page). variant: default fp32 for onnx, fixed for litert."""
-    if variant is None and runtime in RUNTIMES:
-        variant = RUNTIMES[runtime][1][0]
+    if variant is None and runtime in PAGE_RUNTIMES:
+        variant = PAGE_RUNTIMES[runtime][1][0]
     check(artifact_dir, runtime, variant)
     handler = functools.partial(_Handler, model_dir=os.path.abspath(artifact_dir))
     try:

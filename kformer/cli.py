@@ -8,6 +8,7 @@ import os
 import sys
 
 from export.runtime import DEFAULT_FORMATS, FORMATS, RUNTIMES, VARIANTS
+from export.web import PAGE_RUNTIMES
 from kformer.config import BEAM_SIZE, DEFAULT_DIRECTION, DEFAULT_PRESET, LENGTH_PENALTY, PRESETS, TransformerConfig
 from kformer.distributed import CONNECT_TIMEOUT_SECONDS, STRATEGIES
 
@@ -275,12 +276,13 @@ def build_parser():
     p.add_argument("--minutes", type=_positive(float), default=20)
     p.set_defaults(run=_demo)
 
-    p = commands.add_parser("web", help="serve a page that translates in the browser with the exported ONNX files")
-    p.add_argument("--model", required=True, help="export folder (with ONNX files)")
+    p = commands.add_parser("web", help="serve a page that translates in the browser with an export")
+    p.add_argument("--model", required=True, help="export folder")
     p.add_argument("--port", type=_positive(int, zero_allowed=True), default=8000, help="0: any free port")
-    p.add_argument("--runtime", default="onnx", choices=["onnx", "litert"],
+    p.add_argument("--runtime", default="onnx", choices=PAGE_RUNTIMES,
                    help="onnx: onnxruntime-web; litert: LiteRT.js with the fixed-shape TFLite files")
-    p.add_argument("--variant", choices=["fp32", "int8", "fixed"], help="default: fp32 (onnx), fixed (litert)")
+    p.add_argument("--variant", choices=sorted({v for _, names in PAGE_RUNTIMES.values() for v in names}),
+                   help="default: fp32 (onnx), fixed (litert)")
     p.set_defaults(run=_web)
 
     p = commands.add_parser("bench", help="benchmarks: ratios measured in one run")

@@ -166,7 +166,7 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
         page.context.set_offline(True)  # once loaded, the page translates with no network at all
         assert page.evaluate("fetch('/model/manifest.json').then(() => 'online', () => 'offline')") == "offline"
         for beam in (1, BEAM):
-            expected = open_runner(artifacts, web.RUNTIMES[runtime][0], variant, beam).translate(lines)
+            expected = open_runner(artifacts, web.PAGE_RUNTIMES[runtime][0], variant, beam).translate(lines)
             got = page.evaluate("([lines, beam]) => window.kformer.translate(lines, {beam})", [lines, beam])
             assert got == expected, f"beam {beam}: {sum(a != b for a, b in zip(got, expected))} differ"
         page.click("#translate")
