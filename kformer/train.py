@@ -23,6 +23,7 @@ from kformer.config import (
     tokenizer_digest,
 )
 from kformer.model import Transformer
+from kformer.optimizer import FusedAdam
 
 log = logging.getLogger("kformer")
 
@@ -156,13 +157,14 @@ def budget_warmup(config, total_steps):
     return max(1, min(config.warmup_steps, round(config.warmup_fraction * total_steps)))
 
 
-def compile_model(model, config, xla=True, schedule=None):
+def compile_model(model, config, xla=True, schedule=None, fused=True):
     """Adam(0.9, 0.98, 1e-9) on `schedule` (default: the config's, sized for 10 x warmup_steps),
     label-smoothed loss, token accuracy; with `ema_momentum`, the optimizer keeps a moving average
-    of the weights (see kformer.checkpoint)."""
+    of the weights (see kformer.checkpoint). `fused=False`: Keras' own Adam (same arithmetic)."""
     schedule = schedule or make_schedule(config, config.warmup_steps * 10)
     averaging = dict(use_ema=True, ema_momentum=config.ema_momentum) if config.ema_momentum else {}
-    optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9, **averaging)
+    adam = FusedAdam if fused else keras.optimizers.Adam
+    optimizer = adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9, **averaging)
     model.compile(optimizer=optimizer, loss=LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id),
                   metrics=[MaskedAccuracy(config.pad_id)], jit_compile=xla)
     return model

@@ -1,0 +1,51 @@
+"""Adam whose update is one TensorFlow kernel per variable instead of ~10 element-wise ops.
+
+Keras' Adam writes its update as separate ops (m, v, the step), each a full pass over the
+weights; on a CPU those passes cost ~4x TensorFlow's fused `ResourceApplyAdam` (the small preset:
+35 vs 9 ms a step). The arithmetic is the same: m += (g - m)(1 - beta1), v += (g^2 - v)(1 - beta2),
+w -= lr sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + epsilon). The moving average of the
+weights (use_ema) is fused the same way. Under a tf.distribute strategy, with sparse gradients or
+amsgrad, Keras' own update runs.
+"""
+
+import keras
+import tensorflow as tf
+
+
+@keras.saving.register_keras_serializable(package="kformer")
+class FusedAdam(keras.optimizers.Adam):
+    """keras.optimizers.Adam (same arguments, same slots, same checkpoints), fused updates."""
+
+    def _fused(self, *tensors):
+        return not (self.amsgrad or tf.distribute.has_strategy()
+                    or any(isinstance(t, tf.IndexedSlices) for t in tensors))
+
+    def update_step(self, gradient, variable, learning_rate):
+        if not self._fused(gradient):
+            return super().update_step(gradient, variable, learning_rate)
+        dtype = variable.dtype
+        step = tf.cast(self.iterations + 1, dtype)
+        index = self._get_variable_index(variable)
+        tf.raw_ops.ResourceApplyAdam(
+            var=_handle(variable), m=_handle(self._momentums[index]), v=_handle(self._velocities[index]),
+            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
+            beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
+            lr=tf.cast(learning_rate, dtype), beta1=tf.cast(self.beta_1, dtype),
+            beta2=tf.cast(self.beta_2, dtype), epsilon=tf.cast(self.epsilon, dtype),
+            grad=tf.cast(gradient, dtype))
+
+    def _update_model_variables_moving_average(self, trainable_variables):
+        if not self._fused():
+            return super()._update_model_variables_moving_average(trainable_variables)
+        for variable, average in zip(trainable_variables, self._model_variables_moving_average):
+            if average is None:
+                continue
+            # average -= (1 - momentum) * (average - variable); the first step copies (momentum 0).
+            momentum = tf.cast(self.iterations != 0, average.dtype) * self.ema_momentum
+            delta = tf.convert_to_tensor(average) - tf.cast(variable, average.dtype)
+            tf.raw_ops.ResourceApplyGradientDescent(var=_handle(average), alpha=1 - momentum, delta=delta)
+
+
+def _handle(variable):
+    """The resource handle of a Keras or TensorFlow variable."""
+    return (variable.value if isinstance(variable, keras.Variable) else variable).handle
