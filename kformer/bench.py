@@ -35,8 +35,9 @@ def count_xla_compilations(directory, function="one_step_on_data"):
 
 
 def _fixed_batches(config_name, count, seed, overrides=None):
-    """`count` training batches of the default corpus (all bucket shapes mixed), twice: padded to
-    the longest row (training without XLA) and to the bucket (with XLA); the same pairs in both."""
+    """`count` training batches of the default corpus (all bucket shapes mixed), twice: as training
+    without XLA batches them (grouped by both lengths, padded to the longest row) and with XLA
+    (padded to the bucket)."""
     from kformer import data as data_lib
     from kformer.train import prepare
 
@@ -100,7 +101,6 @@ def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, mixed_precision=Fa
     from kformer.train import compile_model
 
     config, dynamic, bucketed = _fixed_batches(config_name, steps, seed, overrides)
-    real = sum(int((x["source_ids"] != config.pad_id).sum() + (y != config.pad_id).sum()) for x, y in dynamic)
     dtype = "mixed_float16" if mixed_precision else None
     variants = {}
     for name, xla, batches in (("kformer", False, dynamic), ("kformer_xla", True, bucketed),
@@ -111,8 +111,9 @@ def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, mixed_precision=Fa
         start = time.perf_counter()
         for x, y in {(x["source_ids"].shape, y.shape): (x, y) for x, y in batches}.values():
             model.train_on_batch(x, y)
+        real = sum(int((x["source_ids"] != config.pad_id).sum() + (y != config.pad_id).sum()) for x, y in batches)
         padded = sum(x["source_ids"].size + y.size for x, y in batches)
-        variants[name] = {"model": model, "batches": batches, "warmup_s": time.perf_counter() - start,
+        variants[name] = {"model": model, "batches": batches, "warmup_s": time.perf_counter() - start, "real": real,
                           "padding": 1 - real / padded, "parameters": model.count_params(), "seconds": []}
     for _ in range(rounds):  # interleaved batch by batch, so a change in the machine's speed hits all alike
         for v in variants.values():
@@ -123,16 +124,17 @@ def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, mixed_precision=Fa
                 start = time.perf_counter()
                 v["model"].train_on_batch(x, y)
                 v["seconds"][-1] += time.perf_counter() - start
-    results = {"config": config_name, "steps": steps, "rounds": rounds, "real_tokens": real,
+    results = {"config": config_name, "steps": steps, "rounds": rounds, "real_tokens": variants["kformer"]["real"],
                "pairs_per_step": sum(len(y) for _, y in dynamic) / steps,
                "distinct_bucket_shapes": len({y.shape for _, y in bucketed})}
     for name, v in variants.items():
-        seconds = statistics.median(v["seconds"])
+        seconds, real = statistics.median(v["seconds"]), v["real"]
         results[name] = {"steps_per_s": steps / seconds, "real_tokens_per_s": real / seconds,
                          "padding": v["padding"], "warmup_s": v["warmup_s"], "parameters": v["parameters"]}
         log.info("%s: %.2f steps/s, %.0f real tokens/s", name, steps / seconds, real / seconds)
-    results["xla_speedup"] = results["kformer_xla"]["steps_per_s"] / results["kformer"]["steps_per_s"]
-    results["vs_keras_hub"] = results["kformer"]["real_tokens_per_s"] / results["keras_hub"]["real_tokens_per_s"]
+    speed = {name: results[name]["real_tokens_per_s"] for name in variants}
+    results["xla_speedup"] = speed["kformer_xla"] / speed["kformer"]
+    results["vs_keras_hub"] = speed["kformer"] / speed["keras_hub"]
     dump = os.environ.get(XLA_DUMP_ENV)
     if dump:
         results["xla_compilations"] = count_xla_compilations(dump)

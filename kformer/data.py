@@ -303,17 +303,35 @@ def bucket_plan(config):
     return boundaries, sizes
 
 
-def _bucket_length(source_length, target_length):
-    return max(source_length, target_length + 1)  # decoder sequences carry BOS (input) / EOS (labels)
+def length_groups(config):
+    """Edges for grouping rows by length without XLA: every length up to 16 apart, then groups
+    ~12% wide. Rows batched together share the group of their source and of their target."""
+    edges, length = [], 2
+    while length <= max(config.max_source_length, config.max_target_length):
+        edges.append(length)
+        length = length + 1 if length < 17 else round(length * 1.125)
+    return edges
 
 
-def steps_per_epoch(encoded, config):
+def _batch_keys(source_length, target_length, config, pad_to_bucket):
+    """(bucket of the longer side, source group, target group): rows that share it are batched
+    together, `bucket_plan`'s size for that bucket at a time. pad_to_bucket: the bucket alone, so
+    batch shapes are the buckets. The decoder's sequences carry BOS/EOS, hence + 1."""
+    boundaries = bucket_plan(config)[0]
+    target_length += 1
+    bucket = int(np.searchsorted(boundaries, max(source_length, target_length), side="right"))
+    if pad_to_bucket:
+        return bucket, 0, 0
+    groups = length_groups(config)
+    return bucket, *(int(np.searchsorted(groups, n, side="right")) for n in (source_length, target_length))
+
+
+def steps_per_epoch(encoded, config, pad_to_bucket=True):
     """Number of full batches one pass over `encoded` yields (remainders are dropped)."""
-    boundaries, sizes = bucket_plan(config)
-    counts = collections.Counter(
-        int(np.searchsorted(boundaries, _bucket_length(len(s), len(t)), side="right"))
-        for s, t in zip(encoded.source, encoded.target))
-    return sum(n // sizes[b] for b, n in counts.items())
+    sizes = bucket_plan(config)[1]
+    counts = collections.Counter(_batch_keys(len(s), len(t), config, pad_to_bucket)
+                                 for s, t in zip(encoded.source, encoded.target))
+    return sum(n // sizes[key[0]] for key, n in counts.items())
 
 
 def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_index=0, pad_to_bucket=True):
@@ -321,9 +339,12 @@ def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_ind
 
     target_ids = BOS + target (the decoder input, shifted right); labels = target + EOS.
     training=True: shuffled each pass (seeded), repeated forever, full batches only.
-    pad_to_bucket=True: both sides padded to the bucket's length, so the batch shapes are exactly
-    the buckets (this bounds XLA compilations); False: each side padded only to its longest row
-    in the batch (least padding; for training without XLA).
+    A batch holds `bucket_plan`'s number of pairs for the bucket of its longer side.
+    pad_to_bucket=True: rows grouped by that bucket and padded to its length, so the batch shapes
+    are exactly the buckets (this bounds XLA compilations); False: rows grouped also by the
+    `length_groups` of each side and padded only to the batch's longest row: hardly any padding
+    (Tatoeba zh-en, small preset: 21% of tokens were padding with one key per bucket, 0.3% this
+    way; for training without XLA).
     `num_shards`/`shard_index` split the examples between input workers.
     """
     import tensorflow as tf
@@ -347,11 +368,30 @@ def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_ind
         return {"source_ids": source, "target_ids": tf.concat([bos, target], 0), "labels": tf.concat([target, eos], 0)}
 
     boundaries, sizes = bucket_plan(config)
+    groups = tf.constant(length_groups(config), tf.int64)
+    boundaries, sizes = tf.constant(boundaries, tf.int64), tf.constant(sizes, tf.int64)
+    radix = len(length_groups(config)) + 1
+
+    def index(length, edges):  # np.searchsorted(edges, length, side="right")
+        return tf.reduce_sum(tf.cast(tf.cast(length, tf.int64) >= edges, tf.int64))
+
+    def key(e):  # _batch_keys as one number
+        source, target = tf.size(e["source_ids"]), tf.size(e["target_ids"])
+        bucket = index(tf.maximum(source, target), boundaries)
+        if pad_to_bucket:
+            return bucket
+        return (bucket * radix + index(source, groups)) * radix + index(target, groups)
+
+    def batch_size(key):
+        return sizes[key if pad_to_bucket else key // radix**2]
+
+    def batch(key, rows):
+        shape = tf.reshape(boundaries[key] - 1, [1]) if pad_to_bucket else [None]
+        return rows.padded_batch(batch_size(key), padded_shapes={name: shape for name in rows.element_spec},
+                                 drop_remainder=training)
+
     ds = ds.map(to_example, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.bucket_by_sequence_length(
-        lambda e: tf.maximum(tf.shape(e["source_ids"])[0], tf.shape(e["target_ids"])[0]),
-        bucket_boundaries=boundaries, bucket_batch_sizes=sizes + [1], pad_to_bucket_boundary=pad_to_bucket,
-        drop_remainder=training)
+    ds = ds.group_by_window(key, batch, window_size_func=batch_size)
     ds = ds.map(lambda e: ({"source_ids": e["source_ids"], "target_ids": e["target_ids"]}, e["labels"]))
     options = tf.data.Options()
     options.deterministic = True

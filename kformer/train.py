@@ -403,7 +403,7 @@ def start(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=DE
             if split.dropped_too_long:
                 log.warning("%s: dropped %d pairs longer than max lengths (%d source, %d target tokens)",
                             name, split.dropped_too_long, config.max_source_length, config.max_target_length)
-        per_epoch = data_lib.steps_per_epoch(encoded["train"], config)
+        per_epoch = data_lib.steps_per_epoch(encoded["train"], config, pad_to_bucket=xla)
         if per_epoch < 1:
             raise ValueError(f"the train split ({len(encoded['train'])} pairs) fills no batch of "
                              f"batch_tokens={config.batch_tokens}; lower --batch-tokens")

@@ -169,17 +169,46 @@ def test_dataset_shift_right_padding_and_bucket_shapes(tokenizer, corpus_pairs, 
     assert set(shapes) <= allowed and len(shapes) > 1
 
 
-def test_steps_per_epoch_counts_full_batches(tokenizer, corpus_pairs, tiny_config):
+def test_without_bucket_padding_rows_are_grouped_by_both_lengths(tokenizer, corpus_pairs, tiny_config):
+    """pad_to_bucket=False: a batch's rows share the length group of their source and of their
+    target (so short sources are not padded to long targets), each side is padded to its longest
+    row only, and the batch holds the bucket's number of pairs: less padding than bucket keys alone."""
+    config = tiny_config.replace(max_source_length=30, max_target_length=30, batch_tokens=64)
+    encoded = data_lib.encode_pairs(tokenizer, corpus_pairs, config)
+    boundaries, sizes = data_lib.bucket_plan(config)
+    groups = data_lib.length_groups(config)
+    padding = {}
+    for pad_to_bucket in (True, False):
+        real = total = 0
+        for x, labels in data_lib.make_dataset(encoded, config, training=True, seed=2,
+                                               pad_to_bucket=pad_to_bucket).take(60):
+            source, labels = (x["source_ids"].numpy() != 0).sum(1), (labels.numpy() != 0).sum(1)  # row lengths
+            real, total = real + source.sum() + labels.sum(), total + x["source_ids"].shape[0] * (
+                x["source_ids"].shape[1] + x["target_ids"].shape[1])
+            if pad_to_bucket:
+                continue
+            assert (x["source_ids"].shape[1], x["target_ids"].shape[1]) == (source.max(), labels.max())
+            for lengths in (source, labels):
+                assert len(set(np.searchsorted(groups, lengths, side="right"))) == 1, lengths
+            bucket = np.searchsorted(boundaries, max(source.max(), labels.max()), side="right")
+            assert len(labels) == sizes[bucket]
+        padding[pad_to_bucket] = 1 - real / total
+    assert padding[False] < padding[True] / 4, padding
+
+
+@pytest.mark.parametrize("pad_to_bucket", [True, False])
+def test_steps_per_epoch_counts_full_batches(tokenizer, corpus_pairs, tiny_config, pad_to_bucket):
     config = tiny_config.replace(batch_tokens=128)
     encoded = data_lib.encode_pairs(tokenizer, corpus_pairs, config)
-    assert data_lib.steps_per_epoch(encoded, config) == _count_one_pass(encoded, config) > 0
+    expected = _count_one_pass(encoded, config, pad_to_bucket)
+    assert data_lib.steps_per_epoch(encoded, config, pad_to_bucket) == expected > 0
 
 
-def _count_one_pass(encoded, config):
-    ds = data_lib.make_dataset(encoded, config, training=False)
+def _count_one_pass(encoded, config, pad_to_bucket=True):
+    ds = data_lib.make_dataset(encoded, config, training=False, pad_to_bucket=pad_to_bucket)
     boundaries, sizes = data_lib.bucket_plan(config)
-    full = {boundary - 1: size for boundary, size in zip(boundaries, sizes)}
-    return sum(1 for _, y in ds if y.shape[0] == full[y.shape[1]])
+    longest = lambda x, y: max((x["source_ids"].numpy() != 0).sum(1).max(), (y.numpy() != 0).sum(1).max())  # noqa: E731
+    return sum(1 for x, y in ds if y.shape[0] == sizes[np.searchsorted(boundaries, longest(x, y), side="right")])
 
 
 def test_shards_are_disjoint(tokenizer, corpus_pairs, tiny_config):
