@@ -12,7 +12,9 @@ import pytest
 from conftest import PYTHON
 
 from kformer import checkpoint
+from kformer import data as data_lib
 from kformer.distributed import cluster_from_env
+from kformer.train import prepare
 
 
 def _tf_config(ports, index):
@@ -152,7 +154,7 @@ def _summary(log_text):
 def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_tsv):
     out, logs = str(tmp_path / "run"), str(tmp_path)
     ports = _free_ports(2)
-    # 1. Train until the chief has saved a checkpoint (each epoch of 10 steps saves), then kill worker 1.
+    # 1. Train until the chief has saved a checkpoint (each epoch saves), then kill worker 1.
     workers = _start_workers(ports, _train_command(corpus_tsv, out, "--steps", "2000"), str(tmp_path), logs, "a")
     state_file = checkpoint.path(out, checkpoint.STATE_FILE)
     deadline = time.monotonic() + 240
@@ -165,7 +167,10 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
     survivor = _log(logs, "a0.log")
     assert "a worker stopped during training" in survivor and "Traceback" not in survivor, survivor[-3000:]
     saved = checkpoint.read_state(out)["steps"]
-    assert saved >= 20 and saved % 10 == 0
+    config, tokenizer, splits, _ = prepare(out, "tiny", data=corpus_tsv, vocab_size=1200)  # writes nothing
+    per_epoch = data_lib.steps_per_epoch(data_lib.encode_pairs(tokenizer, splits["train"], config), config,
+                                         pad_to_bucket=False)
+    assert saved >= 20 and saved % per_epoch == 0, (saved, per_epoch)  # an epoch's end: a saved checkpoint
 
     # 2. Restart both: training resumes from the chief's last checkpoint and reaches the target.
     workers = _start_workers(ports, _train_command(corpus_tsv, out, "--steps", str(saved + 20)), str(tmp_path),
