@@ -313,17 +313,17 @@ def length_groups(config):
     return edges
 
 
-def _batch_keys(source_length, target_length, config, pad_to_bucket):
-    """(bucket of the longer side, source group, target group): rows that share it are batched
-    together, `bucket_plan`'s size for that bucket at a time. pad_to_bucket: the bucket alone, so
-    batch shapes are the buckets. The decoder's sequences carry BOS/EOS, hence + 1."""
-    boundaries = bucket_plan(config)[0]
-    target_length += 1
-    bucket = int(np.searchsorted(boundaries, max(source_length, target_length), side="right"))
+def _batch_keys(source_lengths, target_lengths, config, pad_to_bucket):
+    """Per pair, (bucket of the longer side, source group, target group): pairs that share it are
+    batched together, `bucket_plan`'s size for that bucket at a time. pad_to_bucket: the bucket
+    alone, so batch shapes are the buckets. The decoder's sequences carry BOS/EOS, hence + 1."""
+    source, target = np.asarray(source_lengths), np.asarray(target_lengths) + 1
+    bucket = np.searchsorted(bucket_plan(config)[0], np.maximum(source, target), side="right")
     if pad_to_bucket:
-        return bucket, 0, 0
+        return [(b, 0, 0) for b in bucket.tolist()]
     groups = length_groups(config)
-    return bucket, *(int(np.searchsorted(groups, n, side="right")) for n in (source_length, target_length))
+    return list(zip(bucket.tolist(), np.searchsorted(groups, source, side="right").tolist(),
+                    np.searchsorted(groups, target, side="right").tolist()))
 
 
 def steps_per_epoch(encoded, config, pad_to_bucket=True):
@@ -331,8 +331,8 @@ def steps_per_epoch(encoded, config, pad_to_bucket=True):
     over its batch size, summed (a key's partial batch fills in the next pass, so this is the mean;
     counting full batches of one pass would undercount the grouped batches by ~20%)."""
     sizes = bucket_plan(config)[1]
-    counts = collections.Counter(_batch_keys(len(s), len(t), config, pad_to_bucket)
-                                 for s, t in zip(encoded.source, encoded.target))
+    counts = collections.Counter(_batch_keys([len(s) for s in encoded.source], [len(t) for t in encoded.target],
+                                             config, pad_to_bucket))
     return round(sum(n / sizes[key[0]] for key, n in counts.items()))
 
 
@@ -370,9 +370,9 @@ def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_ind
         return {"source_ids": source, "target_ids": tf.concat([bos, target], 0), "labels": tf.concat([target, eos], 0)}
 
     boundaries, sizes = bucket_plan(config)
-    groups = tf.constant(length_groups(config), tf.int64)
-    boundaries, sizes = tf.constant(boundaries, tf.int64), tf.constant(sizes, tf.int64)
-    radix = len(length_groups(config)) + 1
+    groups = length_groups(config)
+    radix = len(groups) + 1
+    groups, boundaries, sizes = (tf.constant(v, tf.int64) for v in (groups, boundaries, sizes))
 
     def index(length, edges):  # np.searchsorted(edges, length, side="right")
         return tf.reduce_sum(tf.cast(tf.cast(length, tf.int64) >= edges, tf.int64))
