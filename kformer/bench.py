@@ -98,7 +98,7 @@ def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, mixed_precision=Fa
     import keras
 
     from kformer.model import Transformer
-    from kformer.train import compile_model
+    from kformer.train import compile_model, onednn_state
 
     config, dynamic, bucketed = _fixed_batches(config_name, steps, seed, overrides)
     dtype = "mixed_float16" if mixed_precision else None
@@ -126,7 +126,7 @@ def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, mixed_precision=Fa
                 v["seconds"][-1] += time.perf_counter() - start
     results = {"config": config_name, "steps": steps, "rounds": rounds, "real_tokens": variants["kformer"]["real"],
                "pairs_per_step": sum(len(y) for _, y in dynamic) / steps,
-               "distinct_bucket_shapes": len({y.shape for _, y in bucketed})}
+               "distinct_bucket_shapes": len({y.shape for _, y in bucketed}), "onednn": onednn_state()}
     for name, v in variants.items():
         seconds, real = statistics.median(v["seconds"]), v["real"]
         results[name] = {"steps_per_s": steps / seconds, "real_tokens_per_s": real / seconds,
@@ -230,7 +230,7 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
 def print_train_table(results):
     print(f"train bench, config {results['config']}: {results['steps']} batches ({results['pairs_per_step']:.0f} "
           f"pairs each, {results['real_tokens']} real source+target tokens), median of {results['rounds']} "
-          "rounds interleaved batch by batch")
+          f"rounds interleaved batch by batch; oneDNN CPU kernels {results['onednn']}")
     print(f"{'':12} {'steps/s':>8} {'real tokens/s':>14} {'padding':>8} {'warm-up s':>10} {'parameters':>11}")
     for name in ("kformer", "kformer_xla", "keras_hub"):
         r = results[name]

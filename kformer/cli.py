@@ -13,9 +13,14 @@ from kformer.config import BEAM_SIZE, DEFAULT_DIRECTION, DEFAULT_PRESET, LENGTH_
 from kformer.distributed import CONNECT_TIMEOUT_SECONDS, STRATEGIES
 
 
-def _quiet_tensorflow(args):
+def _start_tensorflow(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # hides the CUDA probe noise on CPU machines
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    if args.command in ("train", "demo") or (args.command == "bench" and args.what == "train"):
+        # oneDNN's CPU kernels, which TensorFlow turns on by default only on some CPUs: kformer's
+        # training step 4-7% faster on this project's AMD EPYC machine (same batches, interleaved
+        # runs). TensorFlow reads this when it starts; an explicit TF_ENABLE_ONEDNN_OPTS=0 wins.
+        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     if getattr(args, "runtime", "keras") != "keras" or args.command in ("bench", "web"):
         return  # exported runtimes run without TensorFlow; bench sets XLA flags before it starts
     # TensorFlow's C++ start-up notes (oneDNN, "Could not find cuda drivers") ignore the log level
@@ -141,7 +146,7 @@ def _demo(args):
     summary = train(args.out, args.config, minutes=args.minutes)
     if "steps_per_s" in summary:
         print(f"training speed: {summary['steps_per_s']:.2f} steps/s, {summary['real_tokens_per_s']:.0f} real "
-              "(non-pad) source+target tokens/s")
+              f"(non-pad) source+target tokens/s (oneDNN CPU kernels {summary['onednn']})")
     print(f"trained {summary['steps']} steps ({summary['stopped']}); token accuracy "
           f"{summary.get('token_accuracy', float('nan')):.3f}, dev token accuracy "
           f"{summary.get('val_token_accuracy', float('nan')):.3f}")
@@ -302,7 +307,7 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    _quiet_tensorflow(args)
+    _start_tensorflow(args)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("kformer: %(message)s"))
     log = logging.getLogger("kformer")

@@ -172,6 +172,17 @@ def compile_model(model, config, xla=True, schedule=None, fused=True):
 
 # --- callbacks ---
 
+def onednn_state():
+    """"on" or "off": whether TensorFlow runs its oneDNN CPU kernels (TF_ENABLE_ONEDNN_OPTS, read
+    when it starts; `kformer train` turns them on); "unknown" if this TensorFlow cannot tell."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port  # no public API says it
+
+        return "on" if _pywrap_util_port.IsMklEnabled() else "off"
+    except (ImportError, AttributeError):
+        return "unknown"
+
+
 def steps_done(model):
     """The optimizer's step count (`int(variable)` fails on a multi-worker MirroredVariable)."""
     return int(ops.convert_to_numpy(model.optimizer.iterations))
@@ -355,7 +366,7 @@ class Training:
         speed = self.budget.steps_per_second()
         summary = {"steps": steps_done(self.model), "stopped": self.budget.reason or "finished",
                    "minutes": self.budget.elapsed() / 60, "steps_per_s": speed,
-                   "real_tokens_per_s": speed * self.real_tokens_per_step,
+                   "real_tokens_per_s": speed * self.real_tokens_per_step, "onednn": onednn_state(),
                    **{k: float(v[-1]) for k, v in history.history.items()}}
         log.info("%s after %d steps (%s)", "saved model.keras" if self.writes else "trained (the chief saves)",
                  summary["steps"], summary["stopped"])

@@ -190,6 +190,7 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
     chief, other = (_summary(_log(logs, f"c{index}.log")) for index in range(2))
     assert chief["stopped"].startswith("time budget") and chief["steps"] == other["steps"] > saved + 20
     assert chief["loss"] == other["loss"]  # the same logged (all-reduced) loss
+    assert chief["onednn"] == other["onednn"] == "on"  # `kformer train` turns on oneDNN's CPU kernels
     assert checkpoint.read_state(out)["steps"] == chief["steps"]
     assert "saved model.keras" in _log(logs, "c0.log") and "the chief saves" in _log(logs, "c1.log")
     # Only the chief wrote, and only the run's own files.
