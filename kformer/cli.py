@@ -16,10 +16,12 @@ from kformer.distributed import CONNECT_TIMEOUT_SECONDS, STRATEGIES
 def _start_tensorflow(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # hides the CUDA probe noise on CPU machines
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    if args.command in ("train", "demo") or (args.command == "bench" and args.what == "train"):
+    training = args.command in ("train", "demo") or (args.command == "bench" and args.what == "train")
+    if training and "tensorflow" not in sys.modules:
         # oneDNN's CPU kernels, which TensorFlow turns on by default only on some CPUs: kformer's
         # training step 4-7% faster on this project's AMD EPYC machine (same batches, interleaved
-        # runs). TensorFlow reads this when it starts; an explicit TF_ENABLE_ONEDNN_OPTS=0 wins.
+        # runs). TensorFlow reads this when it starts (a `main` called after it started, as in
+        # the tests, changes nothing: its subprocesses would inherit it); an explicit 0 wins.
         os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     if getattr(args, "runtime", "keras") != "keras" or args.command in ("bench", "web"):
         return  # exported runtimes run without TensorFlow; bench sets XLA flags before it starts

@@ -104,8 +104,11 @@ def test_tiny_model_overfits_a_small_batch():
     source = random_ids(rng, 8, 6, VOCAB)
     labels = np.concatenate([source[:, ::-1], np.full((8, 1), config.eos_id, "int32")], 1)  # reverse + EOS
     target_in = np.concatenate([np.full((8, 1), config.bos_id, "int32"), labels[:, :-1]], 1)
-    history = model.fit({"source_ids": source, "target_ids": target_in}, labels, epochs=300, batch_size=8, verbose=0)
-    assert history.history["token_accuracy"][-1] > 0.99
+    history = model.fit({"source_ids": source, "target_ids": target_in}, labels, epochs=150, batch_size=8, verbose=0)
+    # Every token of the batch fitted. Not "in the last epoch": once fitted, Adam's steps on the
+    # vanishing gradients can cost a token or three for an epoch (seen on an AMD CPU: 1.0 from
+    # epoch 43, dips to 0.946 later).
+    assert max(history.history["token_accuracy"]) == 1.0
     assert history.history["loss"][-1] < history.history["loss"][0] / 3
 
 
