@@ -20,16 +20,6 @@ from kformer.model import Transformer  # noqa: E402
 PYTHON = sys.executable
 
 
-@pytest.fixture(autouse=True)
-def environment_restored():
-    """Tests that call `kformer.cli.main` in this process let it set variables (e.g.
-    TF_ENABLE_ONEDNN_OPTS for `train`) that the subprocesses of later tests would inherit."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-
-
 @pytest.fixture(scope="session")
 def corpus_pairs():
     """A few hundred real Tatoeba zh-en pairs (a fixed slice of the default corpus)."""
