@@ -2,8 +2,9 @@
 search graph. Needs onnxruntime-extensions at run time."""
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from export.onnx_rewrite import subgraphs
 
 CONTRIB = "ai.onnx.contrib"
 IR_VERSION = 10  # explicit: onnxruntime 1.31 rejects the IR 14 that newer onnx may default to
@@ -99,9 +100,8 @@ def _detokenize_graph(tokenizer_proto, eos_id, pad_id, beam):
 def _graphs(graph):
     yield graph
     for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
+        for subgraph in subgraphs(node):
+            yield from _graphs(subgraph)
 
 
 def _prefixed(graph, prefix, keep):

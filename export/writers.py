@@ -8,6 +8,7 @@ import os
 
 import tensorflow as tf
 
+from export import onnx_rewrite
 from export.runtime import ExportError
 
 ONNX_OPSET = 17
@@ -92,6 +93,7 @@ def write_onnx(module, search, path):
     except Exception as e:
         raise ExportError(f"ONNX conversion of the {search} search failed: {e}") from None
     _rename_io(proto, frozen.inputs[0].name, by_name)
+    onnx_rewrite.simplify(proto.graph)  # fewer nodes per decoding step
     check_onnx(proto, path)
     onnx.save(proto, path)
     return path
@@ -129,11 +131,8 @@ def onnx_nodes(graph):
     """Every node of a graph, including the bodies of Loop/If/Scan."""
     for node in graph.node:
         yield node
-        for attribute in node.attribute:
-            if attribute.g is not None and attribute.g.node:
-                yield from onnx_nodes(attribute.g)
-            for subgraph in attribute.graphs:
-                yield from onnx_nodes(subgraph)
+        for subgraph in onnx_rewrite.subgraphs(node):
+            yield from onnx_nodes(subgraph)
 
 
 def check_onnx(proto, path, extra_domains=(), top_level_loops=1):

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from conftest import BEAM, MAX_LENGTH, PYTHON
 
-from export import writers
+from export import onnx_rewrite, writers
 from export.exporter import export
 from export.run_ctranslate2 import Ctranslate2Runner
 from export.run_onnx import OnnxRunner
@@ -187,6 +187,13 @@ def test_manifest_and_operator_lists(artifacts):
             writers.check_onnx(proto, path)  # standard domains, one Loop, onnx.checker
             assert [i.name for i in proto.graph.input] == ["source_ids"]
             assert sorted(o.name for o in proto.graph.output) == ["scores", "tokens"]
+            # tf2onnx's spelled-out LayerNorm is one node; a second pass finds nothing to do.
+            nodes = [n.op_type for n in writers.onnx_nodes(proto.graph)]
+            assert onnx_rewrite.simplify(proto.graph) == {"LayerNormalization": 0}
+            assert [n.op_type for n in writers.onnx_nodes(proto.graph)] == nodes
+            config = load_manifest(artifacts)["config"]
+            layer_norms = 2 * config["num_encoder_layers"] + 3 * config["num_decoder_layers"]
+            assert nodes.count("LayerNormalization") == layer_norms, nodes.count("LayerNormalization")
 
 
 def test_checks_reject_custom_ops(tmp_path):
