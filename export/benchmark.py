@@ -113,8 +113,8 @@ def bench_runtimes(artifact_dir, sentences=200, rounds=3, progress=print):
                 row = json.load(f)
             row["bleu"] = score(row.pop("hypotheses"), references, language)["bleu"]
             fmt = {"keras": None, "savedmodel": "savedmodel"}.get(runtime, runtime)
-            whole = fmt in ("savedmodel", "ctranslate2")  # one artifact serves both searches
-            row["bytes"] = sizes.get((fmt, "all" if whole else ("greedy" if beam == 1 else "beam"), variant))
+            search = "greedy" if beam == 1 else "beam"  # or one artifact of search "all" serves both
+            row["bytes"] = sizes.get((fmt, search, variant), sizes.get((fmt, "all", variant)))
             runs.setdefault((runtime, variant, beam), []).append(row)
             progress(f"{row['latency_ms']:.0f} ms, BLEU {row['bleu']:.2f}")
     rows = [_median_row(results) for results in runs.values()]

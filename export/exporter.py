@@ -28,11 +28,14 @@ def _plan(formats, quantize, tokenizer_proto, config):
     steps = []
     if "savedmodel" in formats:
         steps.append(("savedmodel", "savedmodel", "all", "fp32", writers.write_savedmodel))
+    if "tflite" in formats:  # one file per precision serves both searches; "fixed" is one per search
+        for variant in ("fp32", *[q for q in QUANTIZATIONS if q in quantize]):
+            steps.append((f"tflite/{variant}.tflite", "tflite", "all", variant,
+                          lambda m, p, v=variant: writers.write_tflite(m, "all", p, v)))
     for search in ("greedy", "beam"):
         if "tflite" in formats:
-            for variant in ("fp32", *[q for q in QUANTIZATIONS if q in quantize], "fixed"):
-                steps.append((f"tflite/{search}.{variant}.tflite", "tflite", search, variant,
-                              lambda m, p, s=search, v=variant: writers.write_tflite(m, s, p, v)))
+            steps.append((f"tflite/{search}.fixed.tflite", "tflite", search, "fixed",
+                          lambda m, p, s=search: writers.write_tflite(m, s, p, "fixed")))
         if "onnx" in formats:
             steps.append((f"onnx/{search}.fp32.onnx", "onnx", search, "fp32",
                           lambda m, p, s=search: writers.write_onnx(m, s, p)))

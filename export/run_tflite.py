@@ -16,13 +16,16 @@ class TfliteRunner(Runner):
     def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
         super().__init__(artifact_dir, beam_size, batch_size)
         entry = find_artifact(self.manifest, "tflite", self.search_name, variant)
-        self.interpreter = Interpreter(model_path=verified_path(artifact_dir, self.manifest, entry),
-                                       num_threads=threads or os.cpu_count() or 1)
-        (self.input,) = self.interpreter.get_input_details()
+        interpreter = Interpreter(model_path=verified_path(artifact_dir, self.manifest, entry),
+                                  num_threads=threads or os.cpu_count() or 1)
+        # A file of both searches has the signatures "greedy" and "beam"; a one-search file has one.
+        signatures = interpreter.get_signature_list()
+        self.signature = interpreter.get_signature_runner(
+            self.search_name if self.search_name in signatures else next(iter(signatures)))
+        ((self.input_name, self.input),) = self.signature.get_input_details().items()
         # Outputs by dtype: tokens are the int32 output, scores the float32 one.
-        outputs = {np.dtype(d["dtype"]): d["index"] for d in self.interpreter.get_output_details()}
+        outputs = {np.dtype(d["dtype"]): name for name, d in self.signature.get_output_details().items()}
         self.outputs = outputs[np.dtype(np.int32)], outputs[np.dtype(np.float32)]
-        self.shape = None
 
     def _search(self, search, batch):
         _, length = self.input["shape_signature"]
@@ -33,10 +36,5 @@ class TfliteRunner(Runner):
         return self._invoke(batch)
 
     def _invoke(self, batch):
-        if self.shape != batch.shape:  # dynamic batch and length
-            self.interpreter.resize_tensor_input(self.input["index"], batch.shape, strict=False)
-            self.interpreter.allocate_tensors()
-            self.shape = batch.shape
-        self.interpreter.set_tensor(self.input["index"], batch)
-        self.interpreter.invoke()
-        return tuple(self.interpreter.get_tensor(index) for index in self.outputs)
+        results = self.signature(**{self.input_name: batch})  # resizes to the batch's shape (dynamic batch, length)
+        return tuple(results[name] for name in self.outputs)

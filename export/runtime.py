@@ -57,8 +57,9 @@ def verified_path(artifact_dir, manifest, entry):
 
 
 def find_artifact(manifest, fmt, search, variant="fp32"):
+    """The manifest entry of that format, search and variant; a file of search "all" serves both."""
     for entry in manifest["artifacts"]:
-        if (entry["format"], entry["search"], entry["variant"]) == (fmt, search, variant):
+        if (entry["format"], entry["variant"]) == (fmt, variant) and entry["search"] in (search, "all"):
             return entry
     have = sorted({f"{e['format']}/{e['search']}/{e['variant']}" for e in manifest["artifacts"]})
     raise ArtifactError(f"no {fmt} {search} {variant} artifact in this export (it has {have}); "

@@ -30,10 +30,17 @@ TFLITE_VARIANTS = ("fp32", "fp16", "int8", "fixed")
 
 
 def write_tflite(module, search, path, variant="fp32"):
-    """Frozen graph -> TFLite with builtin ops only. fp16: float16 weights; int8: dynamic-range
-    quantized weights (activations stay float); fixed: fp32 with the input shape fixed to
-    (1, max_source_length), for LiteRT.js in the web page, which cannot resize inputs."""
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.frozen(search, variant == "fixed")], module)
+    """Frozen graph -> TFLite with builtin ops only. search "all": both searches in one file, as
+    the signatures "greedy" and "beam", which share one copy of the weights (the converter stores
+    equal constants once). fp16: float16 weights; int8: dynamic-range quantized weights
+    (activations stay float); fixed: fp32 with the input shape fixed to (1, max_source_length), for
+    LiteRT.js in the web page, which cannot resize inputs."""
+    functions = []
+    for name in ("greedy", "beam") if search == "all" else (search,):
+        function = module.frozen(name, variant == "fixed")
+        function.graph.name = name  # the signature's name when there are several
+        functions.append(function)
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(functions, module)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex fallback
     if variant == "fp16":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]

@@ -96,9 +96,9 @@ def test_quantized_files_report_agreement_and_bleu_delta_from_their_translations
     keras = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(sources)
     results = verify(artifacts, model, config, tokenizer, sources, [[k] for k in keras])
     agreements = []
-    for file, runner in [("tflite/beam.int8.tflite", TfliteRunner(artifacts, BEAM, "int8")),
+    for file, runner in [("tflite/int8.tflite", TfliteRunner(artifacts, BEAM, "int8")),
                          ("onnx/beam.int8.onnx", OnnxRunner(artifacts, BEAM, "int8")),
-                         ("tflite/beam.fp16.tflite", TfliteRunner(artifacts, BEAM, "fp16"))]:
+                         ("tflite/fp16.tflite", TfliteRunner(artifacts, BEAM, "fp16"))]:
         outputs = runner.translate(sources)
         agreement = np.mean([a == b for a, b in zip(outputs, keras)])
         bleu = score(outputs, [[k] for k in keras])["bleu"]
@@ -179,6 +179,13 @@ def test_manifest_and_operator_lists(artifacts):
         if entry["format"] == "tflite":
             ops = writers.tflite_operators(open(path, "rb").read())
             assert "WHILE" in ops and not any(op.startswith("CUSTOM") for op in ops), ops
+        if entry["format"] == "tflite" and entry["search"] == "all":  # both searches, one copy of the weights
+            from ai_edge_litert.interpreter import Interpreter
+
+            assert sorted(Interpreter(model_path=path).get_signature_list()) == ["beam", "greedy"]
+            one_search = os.path.join(artifacts, "tflite", "greedy.fixed.tflite")
+            if entry["variant"] == "fp32":
+                assert _constant_bytes(path) < 1.2 * _constant_bytes(one_search)
         if entry["format"] == "onnx" and entry["variant"] == "text":
             ops = {(n.domain, n.op_type) for n in writers.onnx_nodes(onnx.load(path).graph)}
             assert ("ai.onnx.contrib", "SentencepieceTokenizer") in ops and ("", "Loop") in ops
@@ -194,6 +201,14 @@ def test_manifest_and_operator_lists(artifacts):
             config = load_manifest(artifacts)["config"]
             layer_norms = 2 * config["num_encoder_layers"] + 3 * config["num_decoder_layers"]
             assert nodes.count("LayerNormalization") == layer_norms, nodes.count("LayerNormalization")
+
+
+def _constant_bytes(tflite_path):
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    with open(tflite_path, "rb") as f:
+        model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(f.read(), 0))
+    return sum(len(b.data) for b in model.buffers if b.data is not None)
 
 
 def test_checks_reject_custom_ops(tmp_path):
@@ -228,7 +243,7 @@ def test_missing_file(damaged):
 
 
 def test_truncated_file(damaged):
-    path = os.path.join(damaged, "tflite", "greedy.fp32.tflite")
+    path = os.path.join(damaged, "tflite", "fp32.tflite")
     with open(path, "r+b") as f:
         f.truncate(100)
     with pytest.raises(ArtifactError, match="corrupted or truncated"):
