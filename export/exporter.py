@@ -32,10 +32,10 @@ def _plan(formats, quantize, tokenizer_proto, config):
         for variant in ("fp32", *[q for q in QUANTIZATIONS if q in quantize]):
             steps.append((f"tflite/{variant}.tflite", "tflite", "all", variant,
                           lambda m, p, v=variant: writers.write_tflite(m, "all", p, v)))
-    for search in ("greedy", "beam"):
-        if "tflite" in formats:
+        for search in ("greedy", "beam"):
             steps.append((f"tflite/{search}.fixed.tflite", "tflite", search, "fixed",
                           lambda m, p, s=search: writers.write_tflite(m, s, p, "fixed")))
+    for search in ("greedy", "beam"):
         if "onnx" in formats:
             steps.append((f"onnx/{search}.fp32.onnx", "onnx", search, "fp32",
                           lambda m, p, s=search: writers.write_onnx(m, s, p)))
