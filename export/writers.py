@@ -12,6 +12,7 @@ from export import onnx_rewrite
 from export.runtime import ExportError
 
 ONNX_OPSET = 17
+SEARCH_LOOPS = 2  # a search runs in two passes, each one ONNX Loop (kformer.search._in_two_passes)
 ID_INPUT = "source_ids"
 
 
@@ -84,7 +85,7 @@ def check_tflite_ops(flatbuffer, path):
 # --- ONNX ---
 
 def write_onnx(module, search, path):
-    """Frozen graph -> one ONNX file whose search loop is one ONNX Loop; standard ops only."""
+    """Frozen graph -> one ONNX file whose search passes are ONNX Loops; standard ops only."""
     import onnx
     import tf2onnx
 
@@ -128,8 +129,8 @@ def write_onnx_text(core_path, tokenizer_proto, config, search, path):
     from export.onnx_text import build_text_model
 
     proto = build_text_model(onnx.load(core_path), tokenizer_proto, config, search == "beam", ONNX_OPSET)
-    # Two loops: the search, and the per-row SentencepieceDecoder loop of the text graph.
-    check_onnx(proto, path, extra_domains=("ai.onnx.contrib",), top_level_loops=2)
+    # The search's loops, and the per-row SentencepieceDecoder loop of the text graph.
+    check_onnx(proto, path, extra_domains=("ai.onnx.contrib",), top_level_loops=SEARCH_LOOPS + 1)
     onnx.save(proto, path)
     return path
 
@@ -142,7 +143,7 @@ def onnx_nodes(graph):
             yield from onnx_nodes(subgraph)
 
 
-def check_onnx(proto, path, extra_domains=(), top_level_loops=1):
+def check_onnx(proto, path, extra_domains=(), top_level_loops=SEARCH_LOOPS):
     import onnx
 
     allowed = ("", "ai.onnx", *extra_domains)
@@ -151,7 +152,7 @@ def check_onnx(proto, path, extra_domains=(), top_level_loops=1):
         raise ExportError(f"{path}: non-standard ONNX ops {bad} (tf2onnx exits 0 even when it leaves these)")
     loops = sum(1 for n in proto.graph.node if n.op_type == "Loop")
     if loops != top_level_loops:
-        raise ExportError(f"{path}: expected {top_level_loops} top-level ONNX Loop(s) (the search as one), "
+        raise ExportError(f"{path}: expected {top_level_loops} top-level ONNX Loop(s) (one per search pass), "
                           f"found {loops}")
     try:
         onnx.checker.check_model(proto, full_check=True)

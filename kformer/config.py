@@ -16,6 +16,10 @@ DEFAULT_DIRECTION = "zh-en"
 BEAM_SIZE = 4  # the paper's beam width
 LENGTH_PENALTY = 0.6  # the paper's α (GNMT length penalty)
 EXTRA_OUTPUT_TOKENS = 50  # maximum output length = source length + 50 (the paper's rule)
+# Searches run first with buffers of source length + 8, then only the rows not done by then, in
+# buffers of the full length. On Tatoeba zh-en, 90% of training targets are within 6 tokens of their
+# source's length, 99% within 12; +8 was faster than +16 (0.87x ONNX, 0.93x TFLite, beam, batch 32).
+FIRST_PASS_EXTRA_TOKENS = 8
 
 NORM_POSITIONS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu")

@@ -5,6 +5,7 @@ H heads, D head size, V vocabulary, L layers.
 """
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from kformer import masks
@@ -160,6 +161,13 @@ class Transformer(keras.Model):
         return {"static": {"source_mask": source_mask,
                            "cross": [block.cross_attention.key_value(encoded) for block in self.decoder_blocks]},
                 "state": {"self": [(empty, empty) for _ in self.decoder_blocks]}}
+
+    def grow_cache(self, state, buffer_length):
+        """The "state" part of a cache (`init_cache`) with its key/value buffers extended with zeros
+        to `buffer_length` steps (the second pass of a two-pass search)."""
+        def grow(t):  # (B, H, T1, D) -> (B, H, T, D)
+            return tf.pad(t, [[0, 0], [0, 0], [0, buffer_length - tf.shape(t)[2]], [0, 0]])
+        return {"self": [(grow(key), grow(value)) for key, value in state["self"]]}
 
     def decode_step(self, tokens, cache, index):
         """Feeds (B,) tokens at position `index`; returns ((B, V) float32 logits, updated cache)."""

@@ -97,7 +97,7 @@ def beam_trace(translator, text):
 
     config, tokenizer, k = translator.config, translator.tokenizer, translator.beam_size
     (ids,) = translator.encode([text])
-    limits, length, cache = translator.prepare(tf.constant([ids or [config.pad_id]], tf.int32))
+    limits, length, cache, _ = translator.prepare(tf.constant([ids or [config.pad_id]], tf.int32), two_passes=False)
     _, _, trace = search.beam_search(translator.model.decode_step, cache, limits, length, k, config.bos_id,
                                      config.eos_id, translator.alpha, config.pad_id, trace=True)
     tokens, log_probs = trace["tokens"].numpy()[0], trace["log_probs"].numpy()[0]

@@ -5,10 +5,11 @@ batch-first tensors; either part may be `()`): static entries are fixed for a so
 keys/values, masks), state entries belong to one hypothesis (self-attention keys/values). Beam
 search tiles both to K beams once, and reorders only the state as beams are re-ranked.
 
-Every loop is one `tf.while_loop` over fixed-shape state:
+Every loop is a `tf.while_loop` over fixed-shape state:
 preallocated token buffers written with one-hot blends, tokens chosen with `top_k` (never
 argmax), no TensorArray, no Python loop over steps, so the same graph exports to SavedModel,
-TFLite and ONNX.
+TFLite and ONNX. With `first_pass`, a search runs two such loops: short buffers for all rows,
+then full-length buffers for the few rows not done by then (`_in_two_passes`).
 
 Shape letters: B batch, K beam size, T buffer length (longest output), V vocabulary.
 """
@@ -66,7 +67,7 @@ class GreedyState(NamedTuple):
     cache: object  # the step function's cache, batch-first tensors
 
 
-def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0):
+def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, first_pass=None):
     """Picks the most probable token at every step; each row stops at EOS or at its limit.
 
     Args:
@@ -74,27 +75,97 @@ def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0):
         cache: initial cache (nested batch-first tensors).
         limits: (B,) int32 maximum output length per row (0 = empty output).
         buffer_length: scalar int32 T >= max(limits), the length of the output buffers.
+        first_pass: None (one pass), or `(T1, grow)` to search in two passes (see `_in_two_passes`).
     Returns (tokens (B, T) int32 with EOS kept and pad after, scores (B,) float32 log-probability).
     """
+    def run(state, limits, length):
+        def cond(s):
+            return tf.logical_and(s.index < length, tf.logical_not(tf.reduce_all(s.finished)))
+
+        def body(s):
+            logits, cache = step(s.last, s.cache, s.index)  # (B, V)
+            token_log_prob, token = (t[:, 0] for t in _top_log_probs(logits, 1))  # (B,)
+            token = tf.where(s.finished, pad_id, token)
+            scores = s.scores + tf.where(s.finished, 0.0, token_log_prob)
+            finished = s.finished | tf.equal(token, eos_id) | (s.index + 1 >= limits)
+            return [GreedyState(s.index + 1, token, _write(s.tokens, s.index, token), scores, finished, cache)]
+
+        return tf.while_loop(cond, body, [state], maximum_iterations=length)[0]
+
     batch = tf.shape(limits)[0]
+    first_length = buffer_length if first_pass is None else first_pass[0]
     state = GreedyState(
         index=tf.constant(0), last=tf.fill([batch], bos_id),
-        tokens=tf.fill([batch, buffer_length], pad_id), scores=tf.zeros([batch]),
+        tokens=tf.fill([batch, first_length], pad_id), scores=tf.zeros([batch]),
         finished=tf.less_equal(limits, 0), cache=cache)
-
-    def cond(s):
-        return tf.logical_and(s.index < buffer_length, tf.logical_not(tf.reduce_all(s.finished)))
-
-    def body(s):
-        logits, cache = step(s.last, s.cache, s.index)  # (B, V)
-        token_log_prob, token = (t[:, 0] for t in _top_log_probs(logits, 1))  # (B,)
-        token = tf.where(s.finished, pad_id, token)
-        scores = s.scores + tf.where(s.finished, 0.0, token_log_prob)
-        finished = s.finished | tf.equal(token, eos_id) | (s.index + 1 >= limits)
-        return [GreedyState(s.index + 1, token, _write(s.tokens, s.index, token), scores, finished, cache)]
-
-    (final,) = tf.while_loop(cond, body, [state], maximum_iterations=buffer_length)
+    if first_pass is None:
+        final = run(state, limits, buffer_length)
+    else:
+        final = _in_two_passes(run, state, limits, lambda s, limits: s.finished, first_length, buffer_length,
+                               first_pass[1], pad_id)
     return final.tokens, final.scores
+
+
+def _take_rows(state, rows, buffer_length, grow, beam_size, pad_id):
+    """The search state of the source rows `rows` (R,) only (all rows if None), with its output
+    buffers padded and its cache grown (`grow(cache_state, length)`) to `buffer_length`.
+    Batch-first fields are (B, ...); the cache is (B * beam_size, ...), beams of a row adjacent."""
+    def take(t, k=1):
+        if rows is None:
+            return t
+        flat = tf.reshape(rows[:, None] * k + tf.range(k)[None, :], [-1])  # (R * k,)
+        return tf.gather(t, flat, axis=0)
+
+    def pad(t):  # (..., T1) -> (..., T)
+        padding = buffer_length - tf.shape(t)[-1]
+        return tf.pad(t, [[0, 0]] * (t.shape.rank - 1) + [[0, padding]], constant_values=pad_id)
+
+    fields = {}
+    for name, value in state._asdict().items():
+        if name == "index" or name == "trace":
+            fields[name] = value
+        elif name == "cache" and value is None:
+            fields[name] = None
+        elif name == "cache":
+            taken = tf.nest.map_structure(lambda t: take(t, beam_size), value)
+            fields[name] = {"static": taken["static"], "state": grow(taken["state"], buffer_length)}
+        elif name.endswith("tokens"):  # the output buffers, (B, [K,] T1)
+            fields[name] = pad(take(value))
+        else:
+            fields[name] = take(value)
+    return type(state)(**fields)
+
+
+def _in_two_passes(run, state, limits, done, first_length, buffer_length, grow, pad_id, beam_size=1):
+    """Runs a search loop `run(state, limits, length) -> state` in two passes: all rows, with output
+    and key/value buffers of `first_length` T1 (the state's); then only the rows not yet
+    `done(state, limits)`, in buffers of the full `buffer_length` T. Returns the final state of all
+    rows with buffers of T, without its cache.
+
+    Why: each step reads and rewrites the whole fixed-shape buffers, and a batch steps until its
+    last row is done. Most outputs end within a few tokens of their source's length; the few that
+    run on (often repeating themselves to the limit) now continue alone, in the longer buffers,
+    instead of holding the whole batch. The tokens are those of one pass: a row's result does not
+    depend on its batch or its buffer length.
+    """
+    first = run(state, limits, first_length)
+    left = tf.logical_not(done(first, limits))  # (B,)
+    rows = tf.cast(tf.reshape(tf.where(left), [-1]), tf.int32)  # (R,) the rows left
+    second = run(_take_rows(first, rows, buffer_length, grow, beam_size, pad_id), tf.gather(limits, rows),
+                 buffer_length)
+    first = _take_rows(first._replace(cache=None), None, buffer_length, None, beam_size, pad_id)
+
+    # Row b of the result: row position[b] of the second pass if it was left, else the first pass's row.
+    position = tf.where(left, tf.cumsum(tf.cast(left, tf.int32)) - 1, tf.shape(rows)[0])
+
+    def merge(ours, theirs):
+        # A zero row after the second pass's rows, so that the gather has a row to read when R = 0.
+        theirs = tf.concat([theirs, tf.zeros(tf.concat([[1], tf.shape(theirs)[1:]], 0), theirs.dtype)], 0)
+        taken = tf.gather(theirs, position)
+        return tf.where(tf.reshape(left, [-1] + [1] * (ours.shape.rank - 1)), taken, ours)
+
+    return first._replace(**{name: merge(value, getattr(second, name)) for name, value in first._asdict().items()
+                             if name not in ("index", "cache", "trace")})
 
 
 class BeamState(NamedTuple):
@@ -128,7 +199,7 @@ def tile_beams(cache, beam_size):
 
 
 def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, alpha=LENGTH_PENALTY, pad_id=0,
-                trace=False):
+                trace=False, first_pass=None):
     """Beam search with GNMT length penalty; alive and finished hypotheses are kept apart.
 
     Each step extends every alive beam, takes the top 2K candidates (so that K of them finishing
@@ -142,18 +213,78 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
     translations. The loop ends when every row is done.
 
     Args:
-        step, limits, buffer_length: as in `greedy_search`; `cache` ({"static", "state"}) has batch B
-            (tiled here).
+        step, limits, buffer_length, first_pass: as in `greedy_search`; `cache` ({"static", "state"})
+            has batch B (tiled here).
         beam_size: K.
-        trace: also return the alive hypotheses after every step, for pictures:
+        trace: also return the alive hypotheses after every step, for pictures (one pass only):
             {"tokens": (B, T, K, T), "log_probs": (B, T, K), "steps": ()}.
     Returns (tokens (B, K, T) int32 best first, scores (B, K) float32 penalized log-probability)
     [, trace].
     """
-    batch, k = tf.shape(limits)[0], beam_size
+    k = beam_size
+
+    def row_done(s, limits, max_penalty):
+        # Log-probabilities only fall as hypotheses grow, so the best any alive beam can reach is
+        # its current log-probability over the largest penalty. Finished slots are sorted, best first.
+        best_alive = s.alive_log_probs[:, 0] / max_penalty
+        settled = s.finished_flags[:, 0] & (s.finished_scores[:, 0] > best_alive)
+        return settled | (s.index >= limits)
+
+    def run(state, limits, length):
+        batch = tf.shape(limits)[0]
+        max_penalty = length_penalty(limits, alpha)  # (B,) largest penalty a row can still get
+
+        def cond(s):
+            return tf.logical_and(s.index < length, tf.logical_not(tf.reduce_all(row_done(s, limits, max_penalty))))
+
+        def body(s):
+            last = tf.reshape(tf.gather(s.alive_tokens, tf.maximum(s.index - 1, 0), axis=2), [-1])
+            last = tf.where(s.index > 0, last, bos_id)
+            logits, cache = step(last, s.cache, s.index)  # (B * K, V)
+            # The 2K best of all K * V extensions are among the N = min(2K, V) best of each beam.
+            vocab = logits.shape[-1]  # static for a Keras model; 2K when unknown (then V >= 2K is assumed)
+            per_beam = 2 * k if vocab is None else min(2 * k, vocab)
+            log_probs, tokens = _top_log_probs(logits, per_beam)  # (B * K, N)
+            candidates = tf.reshape(s.alive_log_probs[:, :, None] + tf.reshape(log_probs, [batch, k, per_beam]),
+                                    [batch, k * per_beam])  # (B, K * N)
+            top_log_probs, top_indices = tf.math.top_k(candidates, k=2 * k)  # (B, 2K)
+            top_beams = top_indices // per_beam
+            top_tokens = tf.gather(tf.reshape(tokens, [batch, k * per_beam]), top_indices, batch_dims=1)
+            top_seqs = _write(_gather_beams(s.alive_tokens, top_beams), s.index, top_tokens)  # (B, 2K, T)
+            length = s.index + 1
+            finishing = tf.equal(top_tokens, eos_id) | (length >= limits)[:, None]  # (B, 2K)
+            valid = top_log_probs > NEG_INF / 2  # candidates of dead beams stay dead
+
+            # Alive: the K best candidates that do not finish.
+            alive_candidates = tf.where(finishing | ~valid, NEG_INF, top_log_probs)
+            alive_log_probs, alive_pick = tf.math.top_k(alive_candidates, k=k)  # (B, K) into 2K
+            alive_tokens = _gather_beams(top_seqs, alive_pick)
+            cache = _reorder_state(cache, _gather_beams(top_beams, alive_pick), k)
+
+            # Finished: merge the old K with the finishing candidates; keep the K best.
+            new_scores = tf.where(finishing & valid, top_log_probs / length_penalty(length, alpha), NEG_INF)
+            new_scores = tf.where(row_done(s, limits, max_penalty)[:, None], NEG_INF, new_scores)  # done: no more
+            scores = tf.concat([s.finished_scores, new_scores], axis=1)  # (B, 3K)
+            flags = tf.concat([s.finished_flags, finishing & valid & (new_scores > NEG_INF / 2)], axis=1)
+            seqs = tf.concat([s.finished_tokens, top_seqs], axis=1)
+            finished_scores, pick = tf.math.top_k(scores, k=k)
+            history = s.trace
+            if trace:  # row `index` of the history = the alive beams after this step
+                slot = tf.equal(tf.range(buffer_length), s.index)  # (T,)
+                history = (tf.where(slot[None, :, None, None], alive_tokens[:, None], history[0]),
+                           tf.where(slot[None, :, None], alive_log_probs[:, None], history[1]))
+            return [BeamState(length, alive_tokens, alive_log_probs, _gather_beams(seqs, pick), finished_scores,
+                              _gather_beams(flags, pick), cache, history)]
+
+        return tf.while_loop(cond, body, [state], maximum_iterations=length)[0]
+
+    if trace and first_pass is not None:
+        raise ValueError("a traced beam search runs in one pass (first_pass=None)")
+    batch = tf.shape(limits)[0]
+    first_length = buffer_length if first_pass is None else first_pass[0]
     # Only beam 0 is alive at first, so the first step does not pick K copies of one token.
     first = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG_INF)], axis=1)
-    empty = tf.fill([batch, k, buffer_length], pad_id)
+    empty = tf.fill([batch, k, first_length], pad_id)
     state = BeamState(
         index=tf.constant(0),
         alive_tokens=empty, alive_log_probs=first,
@@ -161,58 +292,11 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
         finished_flags=tf.zeros([batch, k], tf.bool), cache=tile_beams(cache, k),
         trace=(tf.fill([batch, buffer_length, k, buffer_length], pad_id), tf.fill([batch, buffer_length, k], NEG_INF))
         if trace else ())
-    max_penalty = length_penalty(limits, alpha)  # (B,) largest penalty a row can still get
-
-    def row_done(s):
-        # Log-probabilities only fall as hypotheses grow, so the best any alive beam can reach is
-        # its current log-probability over the largest penalty. Finished slots are sorted, best first.
-        best_alive = s.alive_log_probs[:, 0] / max_penalty
-        settled = s.finished_flags[:, 0] & (s.finished_scores[:, 0] > best_alive)
-        return settled | (s.index >= limits)
-
-    def cond(s):
-        return tf.logical_and(s.index < buffer_length, tf.logical_not(tf.reduce_all(row_done(s))))
-
-    def body(s):
-        last = tf.reshape(tf.gather(s.alive_tokens, tf.maximum(s.index - 1, 0), axis=2), [-1])
-        last = tf.where(s.index > 0, last, bos_id)
-        logits, cache = step(last, s.cache, s.index)  # (B * K, V)
-        # The 2K best of all K * V extensions are among the N = min(2K, V) best of each beam.
-        vocab = logits.shape[-1]  # static for a Keras model; 2K when unknown (then V >= 2K is assumed)
-        per_beam = 2 * k if vocab is None else min(2 * k, vocab)
-        log_probs, tokens = _top_log_probs(logits, per_beam)  # (B * K, N)
-        candidates = tf.reshape(s.alive_log_probs[:, :, None] + tf.reshape(log_probs, [batch, k, per_beam]),
-                                [batch, k * per_beam])  # (B, K * N)
-        top_log_probs, top_indices = tf.math.top_k(candidates, k=2 * k)  # (B, 2K)
-        top_beams = top_indices // per_beam
-        top_tokens = tf.gather(tf.reshape(tokens, [batch, k * per_beam]), top_indices, batch_dims=1)
-        top_seqs = _write(_gather_beams(s.alive_tokens, top_beams), s.index, top_tokens)  # (B, 2K, T)
-        length = s.index + 1
-        finishing = tf.equal(top_tokens, eos_id) | (length >= limits)[:, None]  # (B, 2K)
-        valid = top_log_probs > NEG_INF / 2  # candidates of dead beams stay dead
-
-        # Alive: the K best candidates that do not finish.
-        alive_candidates = tf.where(finishing | ~valid, NEG_INF, top_log_probs)
-        alive_log_probs, alive_pick = tf.math.top_k(alive_candidates, k=k)  # (B, K) into 2K
-        alive_tokens = _gather_beams(top_seqs, alive_pick)
-        cache = _reorder_state(cache, _gather_beams(top_beams, alive_pick), k)
-
-        # Finished: merge the old K with the finishing candidates; keep the K best.
-        new_scores = tf.where(finishing & valid, top_log_probs / length_penalty(length, alpha), NEG_INF)
-        new_scores = tf.where(row_done(s)[:, None], NEG_INF, new_scores)  # a done row takes no more
-        scores = tf.concat([s.finished_scores, new_scores], axis=1)  # (B, 3K)
-        flags = tf.concat([s.finished_flags, finishing & valid & (new_scores > NEG_INF / 2)], axis=1)
-        seqs = tf.concat([s.finished_tokens, top_seqs], axis=1)
-        finished_scores, pick = tf.math.top_k(scores, k=k)
-        history = s.trace
-        if trace:  # row `index` of the history = the alive beams after this step
-            slot = tf.equal(tf.range(buffer_length), s.index)  # (T,)
-            history = (tf.where(slot[None, :, None, None], alive_tokens[:, None], history[0]),
-                       tf.where(slot[None, :, None], alive_log_probs[:, None], history[1]))
-        return [BeamState(length, alive_tokens, alive_log_probs, _gather_beams(seqs, pick), finished_scores,
-                          _gather_beams(flags, pick), cache, history)]
-
-    (final,) = tf.while_loop(cond, body, [state], maximum_iterations=buffer_length)
+    if first_pass is None:
+        final = run(state, limits, buffer_length)
+    else:
+        final = _in_two_passes(run, state, limits, lambda s, limits: row_done(s, limits, length_penalty(limits, alpha)),
+                               first_length, buffer_length, first_pass[1], pad_id, beam_size=k)
     # Every row with limit >= 1 has finished hypotheses (all finish at the limit); an empty
     # source (limit 0) gives empty outputs with score 0, like greedy search.
     has_output = limits > 0

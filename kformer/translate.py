@@ -7,7 +7,7 @@
 import tensorflow as tf
 
 from kformer import batching, search
-from kformer.config import BEAM_SIZE, LENGTH_PENALTY
+from kformer.config import BEAM_SIZE, FIRST_PASS_EXTRA_TOKENS, LENGTH_PENALTY
 
 SOURCE_SPEC = tf.TensorSpec([None, None], tf.int32, name="source_ids")
 
@@ -42,28 +42,36 @@ class Translator(tf.Module):
             raise ValueError(f"max length must be in [1, {config.max_target_length}] for this model, got {max_length}")
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.beam_size, self.alpha, self.max_length, self.batch_size = beam_size, float(alpha), cap, batch_size
+        self.two_passes = not jit_compile  # XLA needs static shapes; the second pass takes only the rows left
         self.greedy = tf.function(self._greedy, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
         self.beam = tf.function(self._beam, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
 
-    def prepare(self, source_ids):
-        """(B, S) source ids -> (per-row output limits, buffer length, decoder cache) for a search.
+    def prepare(self, source_ids, two_passes=None):
+        """(B, S) source ids -> (per-row output limits, buffer length, decoder cache, first pass)
+        for a search (first pass: `search.greedy_search`'s argument; None for one pass, which
+        `two_passes=False` asks for; the default is the translator's).
         Ids beyond the positional table would be out of range (an error in TF and ONNX, an
         unchecked read in TFLite): the graph keeps the first max_source_length, in every runtime."""
         source_ids = source_ids[:, : self.config.max_source_length]
         limits, length = search.output_limits(source_ids, self.config.pad_id, self.max_length)
-        cache = self.model.init_cache(source_ids, length)
-        return limits, length, cache
+        first_pass = None
+        if self.two_passes if two_passes is None else two_passes:
+            first_length = tf.minimum(length, tf.shape(source_ids)[1] + FIRST_PASS_EXTRA_TOKENS)
+            first_pass = (first_length, self.model.grow_cache)
+        cache = self.model.init_cache(source_ids, length if first_pass is None else first_pass[0])
+        return limits, length, cache, first_pass
 
     def _greedy(self, source_ids):
-        limits, length, cache = self.prepare(source_ids)
-        tokens, scores = search.greedy_search(self.model.decode_step, cache, limits, length,
-                                              self.config.bos_id, self.config.eos_id, self.config.pad_id)
+        limits, length, cache, first_pass = self.prepare(source_ids)
+        tokens, scores = search.greedy_search(self.model.decode_step, cache, limits, length, self.config.bos_id,
+                                              self.config.eos_id, self.config.pad_id, first_pass)
         return {"tokens": tokens, "scores": scores}
 
     def _beam(self, source_ids):
-        limits, length, cache = self.prepare(source_ids)
+        limits, length, cache, first_pass = self.prepare(source_ids)
         tokens, scores = search.beam_search(self.model.decode_step, cache, limits, length, self.beam_size,
-                                            self.config.bos_id, self.config.eos_id, self.alpha, self.config.pad_id)
+                                            self.config.bos_id, self.config.eos_id, self.alpha, self.config.pad_id,
+                                            first_pass=first_pass)
         return {"tokens": tokens, "scores": scores}
 
     # --- Python side: text <-> ids around the graph (shared with the device runners) ---

@@ -191,7 +191,7 @@ def test_manifest_and_operator_lists(artifacts):
             assert ("ai.onnx.contrib", "SentencepieceTokenizer") in ops and ("", "Loop") in ops
         if entry["format"] == "onnx" and entry["variant"] == "fp32":
             proto = onnx.load(path)
-            writers.check_onnx(proto, path)  # standard domains, one Loop, onnx.checker
+            writers.check_onnx(proto, path)  # standard domains, a Loop per search pass, onnx.checker
             assert [i.name for i in proto.graph.input] == ["source_ids"]
             assert sorted(o.name for o in proto.graph.output) == ["scores", "tokens"]
             # tf2onnx's spelled-out LayerNorm is one node; a second pass finds nothing to do.
@@ -199,7 +199,8 @@ def test_manifest_and_operator_lists(artifacts):
             assert onnx_rewrite.simplify(proto.graph) == {"LayerNormalization": 0}
             assert [n.op_type for n in writers.onnx_nodes(proto.graph)] == nodes
             config = load_manifest(artifacts)["config"]
-            layer_norms = 2 * config["num_encoder_layers"] + 3 * config["num_decoder_layers"]
+            # The decoder's in each search pass's Loop body.
+            layer_norms = 2 * config["num_encoder_layers"] + 3 * config["num_decoder_layers"] * writers.SEARCH_LOOPS
             assert nodes.count("LayerNormalization") == layer_norms, nodes.count("LayerNormalization")
 
 

@@ -199,3 +199,43 @@ def test_beam_stops_once_the_best_hypothesis_is_settled():
     assert int(trace["steps"]) == 1
     assert tokens[0, 0, 0] == EOS and scores[0, 0] == pytest.approx(math.log(0.9), rel=1e-5)
     assert scores[0, 1] < NEG_INF / 2 and not tokens[0, 1].any()
+
+
+def counting_step(table):
+    """A toy with per-hypothesis state: the state is the (B, T) buffer of tokens fed so far, and
+    every "a" fed so far makes "b" likelier. A wrong row, beam or position after the second pass's
+    gather or growth changes the outputs."""
+    def step(tokens, cache, index):
+        fed = tf.where(tf.equal(tf.range(tf.shape(cache["state"])[1]), index), tokens[:, None], cache["state"])
+        count_a = tf.reduce_sum(tf.cast(tf.equal(fed, A), tf.float32), axis=1)  # (B,)
+        logits = tf.gather_nd(table, tf.stack([cache["static"], tokens], axis=1))
+        logits += tf.one_hot(tf.fill(tf.shape(tokens), B), V) * count_a[:, None]
+        return logits, {"static": cache["static"], "state": fed}
+    return step
+
+
+def grow_fed(state, length):  # (B, T1) -> (B, T), as Transformer.grow_cache does for its keys/values
+    return tf.pad(state, [[0, 0], [0, length - tf.shape(state)[1]]])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_two_passes_give_the_results_of_one(seed):
+    rng = np.random.default_rng(seed)
+    rows = 6
+    table = tf.constant(rng.normal(size=(rows, V, V)).astype(np.float32) * 2)
+    limits = tf.constant(rng.integers(0, 10, rows), tf.int32)  # some rows end in the first pass, some do not
+    length = int(tf.reduce_max(limits))
+    for first_length in (1, 3, length):  # with `length`, no row is left for the second pass
+
+        def cache(length):
+            return {"static": tf.range(rows), "state": tf.zeros([rows, length], tf.int32)}
+
+        first_pass = (tf.constant(first_length), grow_fed)
+        one = greedy_search(counting_step(table), cache(length), limits, length, BOS, EOS)
+        two = greedy_search(counting_step(table), cache(first_length), limits, length, BOS, EOS, first_pass=first_pass)
+        np.testing.assert_array_equal(one[0], two[0])
+        np.testing.assert_allclose(one[1], two[1], rtol=1e-6)
+        one = beam_search(counting_step(table), cache(length), limits, length, 3, BOS, EOS)
+        two = beam_search(counting_step(table), cache(first_length), limits, length, 3, BOS, EOS, first_pass=first_pass)
+        np.testing.assert_array_equal(one[0], two[0])
+        np.testing.assert_allclose(one[1], two[1], rtol=1e-6)
