@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import BEAM, MAX_LENGTH, PYTHON
+from onnx import numpy_helper
 
 from export import onnx_rewrite, writers
 from export.exporter import export
@@ -196,7 +197,12 @@ def test_manifest_and_operator_lists(artifacts):
             assert sorted(o.name for o in proto.graph.output) == ["scores", "tokens"]
             # tf2onnx's spelled-out LayerNorm is one node; a second pass finds nothing to do.
             nodes = [n.op_type for n in writers.onnx_nodes(proto.graph)]
-            assert onnx_rewrite.simplify(proto.graph) == {"LayerNormalization": 0}
+            assert onnx_rewrite.simplify(proto.graph) == {"LayerNormalization": 0, "Transpose": 0}
+            # The tied embedding is stored once: its transpose (the output projection) is a node.
+            tables = [numpy_helper.to_array(i) for i in proto.graph.initializer if len(i.dims) == 2]
+            assert not any(a.shape == b.T.shape and np.array_equal(a, b.T) for a in tables for b in tables
+                           if a is not b)
+            assert "Transpose" in [n.op_type for n in proto.graph.node]
             assert [n.op_type for n in writers.onnx_nodes(proto.graph)] == nodes
             config = load_manifest(artifacts)["config"]
             # The decoder's in each search pass's Loop body.
