@@ -180,6 +180,8 @@ def test_manifest_and_operator_lists(artifacts):
         if entry["format"] == "tflite":
             ops = writers.tflite_operators(open(path, "rb").read())
             assert "WHILE" in ops and not any(op.startswith("CUSTOM") for op in ops), ops
+            # One loop per search (one pass: see ExportModule.one_pass).
+            assert _while_loops(path) == (2 if entry["search"] == "all" else 1)
         if entry["format"] == "tflite" and entry["search"] == "all":  # both searches, one copy of the weights
             from ai_edge_litert.interpreter import Interpreter
 
@@ -208,6 +210,15 @@ def test_manifest_and_operator_lists(artifacts):
             # The decoder's in each search pass's Loop body.
             layer_norms = 2 * config["num_encoder_layers"] + 3 * config["num_decoder_layers"] * writers.SEARCH_LOOPS
             assert nodes.count("LayerNormalization") == layer_norms, nodes.count("LayerNormalization")
+
+
+def _while_loops(tflite_path):
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    with open(tflite_path, "rb") as f:
+        model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(f.read(), 0))
+    codes = [max(c.builtinCode, c.deprecatedBuiltinCode) for c in model.operatorCodes]
+    return sum(codes[op.opcodeIndex] == schema.BuiltinOperator.WHILE for g in model.subgraphs for op in g.operators)
 
 
 def _constant_bytes(tflite_path):
