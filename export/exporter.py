@@ -28,25 +28,17 @@ def _plan(formats, quantize, tokenizer_proto, config):
     steps = []
     if "savedmodel" in formats:
         steps.append(("savedmodel", "savedmodel", "all", "fp32", writers.write_savedmodel))
-    if "tflite" in formats:  # one file per precision serves both searches; "fixed" is one per search
-        for variant in ("fp32", *[q for q in QUANTIZATIONS if q in quantize]):
+    if "tflite" in formats:  # one file per precision serves both searches (as two signatures)
+        for variant in ("fp32", *[q for q in QUANTIZATIONS if q in quantize], "fixed"):
             steps.append((f"tflite/{variant}.tflite", "tflite", "all", variant,
                           lambda m, p, v=variant: writers.write_tflite(m, "all", p, v)))
-        for search in ("greedy", "beam"):
-            steps.append((f"tflite/{search}.fixed.tflite", "tflite", search, "fixed",
-                          lambda m, p, s=search: writers.write_tflite(m, s, p, "fixed")))
-    for search in ("greedy", "beam"):
-        if "onnx" in formats:
-            steps.append((f"onnx/{search}.fp32.onnx", "onnx", search, "fp32",
-                          lambda m, p, s=search: writers.write_onnx(m, s, p)))
-            steps.append((f"onnx/{search}.text.onnx", "onnx", search, "text",
-                          lambda m, p, s=search: writers.write_onnx_text(
-                              os.path.join(os.path.dirname(p), f"{s}.fp32.onnx"), tokenizer_proto, config.to_dict(),
-                              s, p)))
-            if "int8" in quantize:
-                steps.append((f"onnx/{search}.int8.onnx", "onnx", search, "int8",
-                              lambda m, p, s=search: writers.quantize_onnx(
-                                  os.path.join(os.path.dirname(p), f"{s}.fp32.onnx"), p)))
+    if "onnx" in formats:  # one file per precision serves both searches (an input switches them)
+        steps.append(("onnx/fp32.onnx", "onnx", "all", "fp32", writers.write_onnx))
+        steps.append(("onnx/text.onnx", "onnx", "all", "text", lambda m, p: writers.write_onnx_text(
+            os.path.join(os.path.dirname(p), "fp32.onnx"), tokenizer_proto, config.to_dict(), p)))
+        if "int8" in quantize:
+            steps.append(("onnx/int8.onnx", "onnx", "all", "int8",
+                          lambda m, p: writers.quantize_onnx(os.path.join(os.path.dirname(p), "fp32.onnx"), p)))
     if "ctranslate2" in formats:  # one model folder serves both searches
         for variant in ("fp32", *[q for q in writers.CTRANSLATE2_VARIANTS[1:] if q in quantize]):
             steps.append((f"ctranslate2/{variant}", "ctranslate2", "all", variant,
@@ -105,6 +97,9 @@ def export(model_dir, out_dir, formats=DEFAULT_FORMATS, quantize=(), beam_size=B
             "savedmodel_signatures": {"greedy_ids": "source_ids -> tokens, scores",
                                       "beam_ids": "source_ids -> tokens, scores",
                                       "greedy_text": "text -> translation", "beam_text": "text -> translation"},
+            "onnx_io": {"ids": "source_ids, beam -> tokens (batch, N, T), scores (batch, N)",
+                        "text": "text, beam -> translation",
+                        "beam": "bool scalar: true = beam search (N = beam_size), false = greedy (N = 1)"},
             "onnx_opset": writers.ONNX_OPSET, "artifacts": artifacts, "versions": _versions(),
             "trained_in": os.path.abspath(model_dir), "corpus": corpus}
         _write_manifest(work, manifest)  # the runners read it during the check

@@ -7,6 +7,8 @@ from kformer.config import BEAM_SIZE, LENGTH_PENALTY
 from kformer.translate import Translator
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
+IDS_SPEC = tf.TensorSpec([None, None], tf.int32, name="source_ids")
+BEAM_FLAG_SPEC = tf.TensorSpec([], tf.bool, name="beam")
 
 
 class ExportModule(tf.Module):
@@ -17,6 +19,9 @@ class ExportModule(tf.Module):
     Functions (all batched, dynamic batch and length):
         greedy_ids / beam_ids: source_ids int32 (B, S) -> tokens int32, scores float32.
         greedy_text / beam_text: text string (B,) -> translation string (B,).
+    and, for ONNX (no signatures), frozen("either"): source_ids, beam bool () -> tokens int32
+    (B, N, T), scores float32 (B, N), N = K (beam search) or 1 (greedy): both searches behind one
+    switch, in one file with one copy of the weights.
     """
 
     def __init__(self, model, tokenizer_proto, beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_length=None):
@@ -35,6 +40,17 @@ class ExportModule(tf.Module):
                                        input_signature=[TEXT_SPEC])
         self.beam_text = tf.function(lambda text: self._text(self.translator.beam, text), input_signature=[TEXT_SPEC])
 
+    def _either(self, source_ids, beam):
+        # Both searches run, one on the whole batch and the other on none of its rows (0.4-0.5 ms
+        # in onnxruntime), rather than each in a branch of an If: onnxruntime prepacks a MatMul's
+        # weights only from the MatMul's own scope or the one above, and a Loop body inside an
+        # If's branch is two scopes below the weights, which made beam search at batch 1 1.35x
+        # slower (measured 2026-11-24). Only the choice of output is an If.
+        rows = tf.where(beam, tf.shape(source_ids)[0], 0)  # the beam search's rows; the others are greedy's
+        greedy, beam_search = self.translator.greedy(source_ids[rows:]), self.translator.beam(source_ids[:rows])
+        greedy_as_beam_of_one = {name: value[:, None] for name, value in greedy.items()}
+        return tf.cond(beam, lambda: beam_search, lambda: greedy_as_beam_of_one)
+
     def _text(self, search, text):
         c = self.config
         ids = self.tokenizer.tokenize(text)  # ragged (B, None)
@@ -50,13 +66,17 @@ class ExportModule(tf.Module):
         return {"translation": self.tokenizer.detokenize(kept)}
 
     def frozen(self, search, fixed_shape=False, one_pass=False):
-        """The ids function of `search` with variables folded into constants: what TFLite and
-        tf2onnx need (an unfrozen loop converts, then fails at invoke with READ_VARIABLE).
+        """The ids function of `search` ("greedy", "beam" or "either") with variables folded into
+        constants: what TFLite and tf2onnx need (an unfrozen loop converts, then fails at invoke
+        with READ_VARIABLE).
         fixed_shape: input (1, max_source_length) instead of (batch, length), for runtimes that
         cannot resize inputs (LiteRT.js). one_pass: the searches without their second pass (see
         `kformer.search._in_two_passes`), for TFLite."""
-        fn = getattr(self.one_pass if one_pass else self.translator, search)
+        if search == "either":  # not an attribute: the SavedModel would keep a third copy of the searches
+            fn = tf.function(self._either, input_signature=[IDS_SPEC, BEAM_FLAG_SPEC])
+        else:
+            fn = getattr(self.one_pass if one_pass else self.translator, search)
         if fixed_shape:
-            spec = tf.TensorSpec([1, self.config.max_source_length], tf.int32, name="source_ids")
+            spec = tf.TensorSpec([1, self.config.max_source_length], tf.int32, name=IDS_SPEC.name)
             fn = tf.function(lambda source_ids, search=fn: search(source_ids), input_signature=[spec])
         return convert_variables_to_constants_v2(fn.get_concrete_function())

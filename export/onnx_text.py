@@ -54,16 +54,12 @@ def _tokenize_graph(tokenizer_proto, max_source_length, pad_id):
                              initializers)
 
 
-def _detokenize_graph(tokenizer_proto, eos_id, pad_id, beam):
-    """tokens int32 (B, T) or (B, K, T) -> translation string (B,): best beam, cut at EOS,
+def _detokenize_graph(tokenizer_proto, eos_id, pad_id):
+    """tokens int32 (B, N, T) -> translation string (B,): the best (first) of N, cut at EOS,
     padding removed, one SentencepieceDecoder call per row (it decodes one sentence at a time)."""
     n = helper.make_node
-    nodes = []
-    if beam:
-        nodes.append(n("Gather", ["tokens", "zero"], ["best"], axis=1))  # (B, T)
-    else:
-        nodes.append(n("Identity", ["tokens"], ["best"]))
-    nodes += [
+    nodes = [
+        n("Gather", ["tokens", "zero"], ["best"], axis=1),  # (B, T)
         n("Equal", ["best", "eos"], ["is_eos"]),
         n("Cast", ["is_eos"], ["is_eos_int"], to=TensorProto.INT32),
         n("CumSum", ["is_eos_int", "one"], ["eos_seen"]),
@@ -91,7 +87,7 @@ def _detokenize_graph(tokenizer_proto, eos_id, pad_id, beam):
     initializers = [_const("zero", 0, np.int64), _const("one", 1, np.int32), _const("zero_int", 0, np.int32),
                     _const("eos", eos_id, np.int32), _const("pad", pad_id, np.int32), _const("true", True, np.bool_),
                     _const("one_1d", [1], np.int64)]
-    shape = ["batch", "beam", "steps"] if beam else ["batch", "steps"]
+    shape = ["batch", "hypotheses", "steps"]
     return helper.make_graph(nodes, "detokenize", [helper.make_tensor_value_info("tokens", TensorProto.INT32, shape)],
                              [helper.make_tensor_value_info("translation", TensorProto.STRING, ["batch"])],
                              initializers)
@@ -121,18 +117,20 @@ def _prefixed(graph, prefix, keep):
     return graph
 
 
-def build_text_model(core, tokenizer_proto, config, beam, opset):
-    """core: the ids ONNX model (source_ids -> tokens, scores). Returns text -> translation.
+def build_text_model(core, tokenizer_proto, config, opset):
+    """core: the ids ONNX model (source_ids, beam -> tokens, scores). Returns text, beam ->
+    translation.
 
     The three graphs are concatenated in order (tokenize, search, detokenize) rather than merged
     with onnx.compose, whose pruning cannot see the outer-scope values the core's Loop body
     reads, and whose renaming does not reach them either."""
     pre = _prefixed(_tokenize_graph(tokenizer_proto, config["max_source_length"], config["pad_id"]),
                     "tokenize/", keep={"text", "source_ids"})
-    post = _prefixed(_detokenize_graph(tokenizer_proto, config["eos_id"], config["pad_id"], beam),
+    post = _prefixed(_detokenize_graph(tokenizer_proto, config["eos_id"], config["pad_id"]),
                      "detokenize/", keep={"tokens", "translation"})
     graph = helper.make_graph(
-        [*pre.node, *core.graph.node, *post.node], "kformer_text_translator", list(pre.input), list(post.output),
+        [*pre.node, *core.graph.node, *post.node], "kformer_text_translator",
+        [*pre.input, *(i for i in core.graph.input if i.name != "source_ids")], list(post.output),
         [*pre.initializer, *core.graph.initializer, *post.initializer])
     graph.value_info.extend(core.graph.value_info)
     model = helper.make_model(graph, opset_imports=_opsets(opset))

@@ -9,6 +9,11 @@ from export.runtime import Runner, find_artifact, verified_path
 from kformer import batching
 
 
+def beam_switch(search):
+    """The ONNX files' `beam` input: which of their two searches runs."""
+    return np.array(search == "beam")
+
+
 class OnnxRunner(Runner):
     """Args: artifact_dir (from `kformer export`), beam_size (1 or the exported K),
     variant ("fp32" or "int8"), threads (intra-op threads; default: all cores)."""
@@ -23,8 +28,9 @@ class OnnxRunner(Runner):
                                             providers=["CPUExecutionProvider"])
 
     def _search(self, search, batch):
-        tokens, scores = self.session.run(["tokens", "scores"], {"source_ids": batch})
-        return tokens, scores
+        # The file holds both searches: tokens (B, N, T), scores (B, N), N = 1 for greedy.
+        tokens, scores = self.session.run(["tokens", "scores"], {"source_ids": batch, "beam": beam_switch(search)})
+        return (tokens, scores) if search == "beam" else (tokens[:, 0], scores[:, 0])
 
 
 class OnnxTextRunner(Runner):
@@ -49,7 +55,8 @@ class OnnxTextRunner(Runner):
         outputs = []
         for start in range(0, len(texts), self.batch_size):
             batch = np.array(texts[start: start + self.batch_size], dtype=object)
-            outputs += [str(t) for t in self.session.run(["translation"], {"text": batch})[0]]
+            feed = {"text": batch, "beam": beam_switch(self.search_name)}
+            outputs += [str(t) for t in self.session.run(["translation"], feed)[0]]
         return [untranslated.get(i, output) for i, output in enumerate(outputs)]
 
     def _search(self, search, batch):

@@ -62,7 +62,8 @@ def find_artifact(manifest, fmt, search, variant="fp32"):
         if (entry["format"], entry["variant"]) == (fmt, variant) and entry["search"] in (search, "all"):
             return entry
     have = sorted({f"{e['format']}/{e['search']}/{e['variant']}" for e in manifest["artifacts"]})
-    raise ArtifactError(f"no {fmt} {search} {variant} artifact in this export (it has {have}); "
+    serving = "both searches" if search == "all" else f"the {search} search"
+    raise ArtifactError(f"no {fmt} {variant} artifact for {serving} in this export (it has {have}); "
                         "re-run `kformer export` with that format or quantization")
 
 

@@ -1,7 +1,7 @@
 """`kformer web`: serves the page of export/web/ and one export folder on 127.0.0.1.
 
 The page runs the exported search graphs with onnxruntime-web (ONNX files) or LiteRT.js (the
-fixed-shape TFLite files), both WASM; see export/web/kformer.js. Routes: / (the page), /ort/ and
+fixed-shape TFLite file), both WASM; see export/web/kformer.js. Routes: / (the page), /ort/ and
 /litert/, /litert-utils/ (the runtimes' files from npm), /model/ (the export folder). Every
 response carries the cross-origin isolation headers that WASM threads need."""
 
@@ -42,8 +42,7 @@ def check(artifact_dir, runtime="onnx", variant="fp32"):
         raise ValueError(f"{missing[0]} not found: install the page's packages with `npm ci --prefix {WEB_DIR}` "
                          "(the README's commands do it)")
     manifest = load_manifest(artifact_dir)
-    for search in ("greedy", "beam"):
-        find_artifact(manifest, fmt, search, variant)
+    find_artifact(manifest, fmt, "all", variant)  # the page loads one file for both searches
     return manifest
 
 

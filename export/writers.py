@@ -13,7 +13,6 @@ from export.runtime import ExportError
 
 ONNX_OPSET = 17
 SEARCH_LOOPS = 2  # a search runs in two passes, each one ONNX Loop (kformer.search._in_two_passes)
-ID_INPUT = "source_ids"
 
 
 # --- SavedModel ---
@@ -85,53 +84,58 @@ def check_tflite_ops(flatbuffer, path):
 
 # --- ONNX ---
 
-def write_onnx(module, search, path):
-    """Frozen graph -> one ONNX file whose search passes are ONNX Loops; standard ops only."""
+def write_onnx(module, path):
+    """Frozen graph -> one ONNX file with both searches: inputs source_ids (B, S) int32 and beam
+    (a bool scalar), outputs tokens (B, N, T) and scores (B, N), N = 1 for greedy search. Each
+    pass of each search is an ONNX Loop (see ExportModule._either), the weights stored once;
+    standard ops only."""
     import onnx
     import tf2onnx
 
-    frozen = module.frozen(search)
+    frozen = module.frozen("either")
     output_names = [t.name for t in frozen.outputs]
     # Freezing flattens the {"tokens", "scores"} dict: tokens are the int32 output, scores float32.
     by_name = {("tokens" if t.dtype == tf.int32 else "scores"): t.name for t in frozen.outputs}
     logging.getLogger("tf2onnx").setLevel(logging.ERROR)  # it warns per loop variable at INFO/WARNING
     try:
         proto, _ = tf2onnx.convert.from_graph_def(
-            frozen.graph.as_graph_def(), input_names=[frozen.inputs[0].name], output_names=output_names,
+            frozen.graph.as_graph_def(), input_names=[t.name for t in frozen.inputs], output_names=output_names,
             opset=ONNX_OPSET)
     except Exception as e:
-        raise ExportError(f"ONNX conversion of the {search} search failed: {e}") from None
-    _rename_io(proto, frozen.inputs[0].name, by_name)
-    onnx_rewrite.simplify(proto.graph)  # fewer nodes per decoding step
+        raise ExportError(f"ONNX conversion of the searches failed: {e}") from None
+    _rename_io(proto, {t.name: t.name.split(":")[0] for t in frozen.inputs}, by_name)
+    onnx_rewrite.simplify(proto.graph)  # weights once, fewer nodes per decoding step
     check_onnx(proto, path)
     onnx.save(proto, path)
     return path
 
 
-def _rename_io(proto, input_name, outputs):
-    """Gives the graph the names of the manifest (source_ids -> tokens, scores) through Identity
-    nodes, leaving tf2onnx's internal names (also used inside the Loop body) untouched."""
+def _rename_io(proto, inputs, outputs):
+    """Gives the graph the names of the manifest (source_ids, beam -> tokens, scores) through
+    Identity nodes, leaving tf2onnx's internal names (also used inside subgraphs) untouched.
+    inputs: {tf2onnx name: public name}; outputs: {public name: tf2onnx name}."""
     from onnx import helper
 
     graph = proto.graph
-    (graph_input,) = [i for i in graph.input if i.name == input_name]
-    graph_input.name = ID_INPUT
-    graph.node.insert(0, helper.make_node("Identity", [ID_INPUT], [input_name], name="source_ids_in"))
+    for graph_input in graph.input:
+        internal, graph_input.name = graph_input.name, inputs[graph_input.name]
+        graph.node.insert(0, helper.make_node("Identity", [graph_input.name], [internal],
+                                              name=f"{graph_input.name}_in"))
     for output in graph.output:
         public = next(k for k, v in outputs.items() if v == output.name)
         graph.node.append(helper.make_node("Identity", [output.name], [public], name=f"{public}_out"))
         output.name = public
 
 
-def write_onnx_text(core_path, tokenizer_proto, config, search, path):
-    """Text in, text out: SentencePiece ops of onnxruntime-extensions around the core search."""
+def write_onnx_text(core_path, tokenizer_proto, config, path):
+    """Text in, text out: SentencePiece ops of onnxruntime-extensions around the core searches."""
     import onnx
 
     from export.onnx_text import build_text_model
 
-    proto = build_text_model(onnx.load(core_path), tokenizer_proto, config, search == "beam", ONNX_OPSET)
-    # The search's loops, and the per-row SentencepieceDecoder loop of the text graph.
-    check_onnx(proto, path, extra_domains=("ai.onnx.contrib",), top_level_loops=SEARCH_LOOPS + 1)
+    proto = build_text_model(onnx.load(core_path), tokenizer_proto, config, ONNX_OPSET)
+    # The searches' Loops, and the per-row SentencepieceDecoder Loop of the text graph.
+    check_onnx(proto, path, extra_domains=("ai.onnx.contrib",), top_level_loops=2 * SEARCH_LOOPS + 1)
     onnx.save(proto, path)
     return path
 
@@ -144,7 +148,9 @@ def onnx_nodes(graph):
             yield from onnx_nodes(subgraph)
 
 
-def check_onnx(proto, path, extra_domains=(), top_level_loops=SEARCH_LOOPS):
+def check_onnx(proto, path, extra_domains=(), top_level_loops=2 * SEARCH_LOOPS):
+    """Standard domains only, a top-level Loop per pass of each search (plus those of the text
+    graph), and onnx.checker's approval."""
     import onnx
 
     allowed = ("", "ai.onnx", *extra_domains)
@@ -153,7 +159,7 @@ def check_onnx(proto, path, extra_domains=(), top_level_loops=SEARCH_LOOPS):
         raise ExportError(f"{path}: non-standard ONNX ops {bad} (tf2onnx exits 0 even when it leaves these)")
     loops = sum(1 for n in proto.graph.node if n.op_type == "Loop")
     if loops != top_level_loops:
-        raise ExportError(f"{path}: expected {top_level_loops} top-level ONNX Loop(s) (one per search pass), "
+        raise ExportError(f"{path}: expected {top_level_loops} top-level ONNX Loop(s) (one per pass of each search), "
                           f"found {loops}")
     try:
         onnx.checker.check_model(proto, full_check=True)

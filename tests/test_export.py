@@ -98,7 +98,7 @@ def test_quantized_files_report_agreement_and_bleu_delta_from_their_translations
     results = verify(artifacts, model, config, tokenizer, sources, [[k] for k in keras])
     agreements = []
     for file, runner in [("tflite/int8.tflite", TfliteRunner(artifacts, BEAM, "int8")),
-                         ("onnx/beam.int8.onnx", OnnxRunner(artifacts, BEAM, "int8")),
+                         ("onnx/int8.onnx", OnnxRunner(artifacts, BEAM, "int8")),
                          ("tflite/fp16.tflite", TfliteRunner(artifacts, BEAM, "fp16"))]:
         outputs = runner.translate(sources)
         agreement = np.mean([a == b for a, b in zip(outputs, keras)])
@@ -106,7 +106,7 @@ def test_quantized_files_report_agreement_and_bleu_delta_from_their_translations
         assert results[file]["beam"] == pytest.approx({"agreement": agreement, "bleu_delta": bleu - 100}), file
         agreements.append(agreement)
     assert min(agreements) < 1  # int8 changes some translations of this random model: the figures are not constant
-    assert results["onnx/beam.fp32.onnx"]["beam"] == {"agreement": 1.0, "bleu_delta": pytest.approx(0)}
+    assert results["onnx/fp32.onnx"]["beam"] == {"agreement": 1.0, "bleu_delta": pytest.approx(0)}
 
 
 @pytest.mark.parametrize("beam", [1, BEAM])
@@ -169,7 +169,10 @@ def test_text_in_text_out(artifacts, model_dir):
     assert TfliteRunner(artifacts, BEAM).translate(texts) == expected
 
 
-def test_manifest_and_operator_lists(artifacts):
+def test_manifest_and_operator_lists(artifacts, model_dir):
+    from kformer import checkpoint
+
+    weight_bytes = 4 * checkpoint.load(model_dir)[0].count_params()  # float32, the tied embedding once
     manifest = load_manifest(artifacts)
     assert manifest["beam_size"] == BEAM and manifest["max_length"] == MAX_LENGTH
     assert manifest["inputs"]["source_ids"]["dtype"] == "int32"
@@ -186,30 +189,45 @@ def test_manifest_and_operator_lists(artifacts):
             from ai_edge_litert.interpreter import Interpreter
 
             assert sorted(Interpreter(model_path=path).get_signature_list()) == ["beam", "greedy"]
-            if entry["variant"] == "fp32":
-                one_search = os.path.join(artifacts, "tflite", "greedy.fixed.tflite")
-                assert _constant_bytes(path) < 1.2 * _constant_bytes(one_search)
+            if entry["variant"] in ("fp32", "fixed"):
+                assert _constant_bytes(path) < 1.1 * weight_bytes  # a second decoder would be +13%
         if entry["format"] == "onnx" and entry["variant"] == "text":
-            ops = {(n.domain, n.op_type) for n in writers.onnx_nodes(onnx.load(path).graph)}
+            proto = onnx.load(path)
+            ops = {(n.domain, n.op_type) for n in writers.onnx_nodes(proto.graph)}
             assert ("ai.onnx.contrib", "SentencepieceTokenizer") in ops and ("", "Loop") in ops
+            assert [i.name for i in proto.graph.input] == ["text", "beam"]
         if entry["format"] == "onnx" and entry["variant"] == "fp32":
             proto = onnx.load(path)
-            writers.check_onnx(proto, path)  # standard domains, a Loop per search pass, onnx.checker
-            assert [i.name for i in proto.graph.input] == ["source_ids"]
+            writers.check_onnx(proto, path)  # standard domains, a Loop per pass of each search, onnx.checker
+            assert [i.name for i in proto.graph.input] == ["source_ids", "beam"]
             assert sorted(o.name for o in proto.graph.output) == ["scores", "tokens"]
             # tf2onnx's spelled-out LayerNorm is one node; a second pass finds nothing to do.
             nodes = [n.op_type for n in writers.onnx_nodes(proto.graph)]
             assert onnx_rewrite.simplify(proto.graph) == {"LayerNormalization": 0, "Transpose": 0}
-            # The tied embedding is stored once: its transpose (the output projection) is a node.
+            # Each weight is stored once, in the main graph, for both searches; the tied embedding's
+            # transpose (the output projection) is a node.
+            assert not [i.name for g in _subgraphs(proto.graph) for i in g.initializer if np.prod(i.dims) >= 1024]
             tables = [numpy_helper.to_array(i) for i in proto.graph.initializer if len(i.dims) == 2]
             assert not any(a.shape == b.T.shape and np.array_equal(a, b.T) for a in tables for b in tables
                            if a is not b)
+            assert not any(a.shape == b.shape and np.array_equal(a, b) for a in tables for b in tables if a is not b)
             assert "Transpose" in [n.op_type for n in proto.graph.node]
+            weights = sum(numpy_helper.to_array(i).nbytes for i in proto.graph.initializer)
+            assert weights < 1.1 * weight_bytes
             assert [n.op_type for n in writers.onnx_nodes(proto.graph)] == nodes
             config = load_manifest(artifacts)["config"]
-            # The decoder's in each search pass's Loop body.
-            layer_norms = 2 * config["num_encoder_layers"] + 3 * config["num_decoder_layers"] * writers.SEARCH_LOOPS
+            # Per search (both run: one on the batch, one on none of its rows): the encoder's, and the
+            # decoder's in each search pass's Loop body.
+            per_search = 2 * config["num_encoder_layers"] + 3 * config["num_decoder_layers"] * writers.SEARCH_LOOPS
+            layer_norms = 2 * per_search
             assert nodes.count("LayerNormalization") == layer_norms, nodes.count("LayerNormalization")
+
+
+def _subgraphs(graph):
+    for node in graph.node:
+        for subgraph in onnx_rewrite.subgraphs(node):
+            yield subgraph
+            yield from _subgraphs(subgraph)
 
 
 def _while_loops(tflite_path):
@@ -255,8 +273,8 @@ def damaged(artifacts, tmp_path):
 
 
 def test_missing_file(damaged):
-    os.remove(os.path.join(damaged, "onnx", "beam.fp32.onnx"))
-    with pytest.raises(ArtifactError, match="beam.fp32.onnx is missing"):
+    os.remove(os.path.join(damaged, "onnx", "fp32.onnx"))
+    with pytest.raises(ArtifactError, match="onnx/fp32.onnx is missing"):
         OnnxRunner(damaged, BEAM)
 
 

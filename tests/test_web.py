@@ -119,7 +119,7 @@ def test_web_command_errors_are_one_line(artifacts, tmp_path):
             manifest = json.loads((partial / "manifest.json").read_text())
             manifest["artifacts"] = [a for a in manifest["artifacts"] if a["variant"] != "int8"]
             (partial / "manifest.json").write_text(json.dumps(manifest))
-            expected = "no onnx greedy int8 artifact"
+            expected = "no onnx int8 artifact for both searches"
         result = subprocess.run([PYTHON, "-m", "kformer.cli", "web", *case], capture_output=True, text=True)
         assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, case
     with socket.socket() as taken:  # a port another program holds
@@ -182,13 +182,13 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
 def test_page_shows_a_corrupted_artifact(browser, artifacts, tmp_path):
     damaged = tmp_path / "art"
     shutil.copytree(artifacts, damaged)
-    with open(damaged / "onnx" / "beam.fp32.onnx", "r+b") as f:
+    with open(damaged / "onnx" / "fp32.onnx", "r+b") as f:
         f.seek(1000)
         f.write(b"\0" * 16)
     with web.serving(str(damaged)) as url:
         page = open_page(browser, url, [])
         page.wait_for_selector("#status.error")
-        assert "onnx/beam.fp32.onnx is corrupted or truncated" in page.text_content("#status")
+        assert "onnx/fp32.onnx is corrupted or truncated" in page.text_content("#status")
         assert page.is_disabled("#translate")
 
 

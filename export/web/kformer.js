@@ -1,5 +1,5 @@
 // The translator in the page: the exported search graphs (greedy and beam, the whole loop in each)
-// run by onnxruntime-web (ONNX files) or LiteRT.js (the fixed-shape TFLite files), both WASM, with
+// run by onnxruntime-web (ONNX files) or LiteRT.js (the fixed-shape TFLite file), both WASM, with
 // tokenization in JavaScript. Text in and out follows kformer/batching.py line for line, so the
 // page translates as `kformer translate --runtime onnx` (or `--runtime tflite --variant fixed`).
 //
@@ -43,17 +43,18 @@ async function verifiedBytes(entry) {
   return bytes;
 }
 
-function findArtifact(manifest, format, search) {
-  const entry = manifest.artifacts.find((a) => a.format === format && a.search === search && a.variant === variant);
+/** The file of that format and the page's variant: one file holds both searches ("all"). */
+function findArtifact(manifest, format) {
+  const entry = manifest.artifacts.find((a) => a.format === format && a.search === "all" && a.variant === variant);
   if (!entry) {
     const have = manifest.artifacts.filter((a) => a.format === format).map((a) => `${a.search}/${a.variant}`);
-    throw new ArtifactError(`no ${format} ${search} ${variant} file in this export (it has ${have.join(", ") || "none"});` +
+    throw new ArtifactError(`no ${format} ${variant} file in this export (it has ${have.join(", ") || "none"});` +
                             ` re-export with --formats ${format}` + (variant === "int8" ? " --quantize int8" : ""));
   }
   return entry;
 }
 
-// Each runtime: load(bytes) -> a search; search(batch Int32Array, rows, width) -> tokens {data, dims}.
+// Each runtime: load(bytes) -> run; run(batch Int32Array, rows, width, beam) -> tokens {data, dims}.
 const RUNTIMES = {
   onnx: {
     format: "onnx",
@@ -65,9 +66,11 @@ const RUNTIMES = {
     async load(bytes) {
       const session = await ort.InferenceSession.create(bytes, {
         executionProviders: ["wasm"], graphOptimizationLevel: "all" });
-      return async (batch, rows, width) => {
-        const result = await session.run({ source_ids: new ort.Tensor("int32", batch, [rows, width]) });
-        return result.tokens; // greedy (B, T); beam (B, K, T), best first
+      // One file, both searches: its bool input `beam` picks one; tokens (B, N, T), best first, N = 1 for greedy.
+      return async (batch, rows, width, beam) => {
+        const result = await session.run({ source_ids: new ort.Tensor("int32", batch, [rows, width]),
+                                           beam: new ort.Tensor("bool", [beam], []) });
+        return result.tokens;
       };
     },
   },
@@ -84,14 +87,15 @@ const RUNTIMES = {
       const length = model.getInputDetails()[0].shape[1]; // the file's fixed (1, max_source_length) input
       // LiteRT.js cannot resize inputs: one row at a time, padded to the fixed length (as
       // export/run_tflite.py does for this file).
-      return async (batch, rows, width) => {
+      // One file, both searches: the signatures "greedy" and "beam".
+      return async (batch, rows, width, beam) => {
         const parts = [];
         let dims;
         for (let row = 0; row < rows; row++) {
           const padded = new Int32Array(length);
           padded.set(batch.subarray(row * width, (row + 1) * width));
           const input = new lrt.Tensor(padded, [1, length]);
-          const outputs = await model.run([input]);
+          const outputs = await model.run(beam ? "beam" : "greedy", [input]);
           input.delete();
           const tokens = outputs.find((t) => t.type.dtype === "int32"); // the other output is the scores
           dims = Array.from(tokens.type.layout.dimensions);
@@ -123,10 +127,8 @@ async function load() {
   const backend = RUNTIMES[runtime];
   if (!backend) throw new Error(`unknown runtime ${JSON.stringify(runtime)}; choose onnx or litert`);
   const name = await backend.start();
-  const searches = {};
-  for (const search of ["greedy", "beam"]) {
-    searches[search] = await backend.load(await verifiedBytes(findArtifact(manifest, backend.format, search)));
-  }
+  const run = await backend.load(await verifiedBytes(findArtifact(manifest, backend.format)));
+  const searches = { greedy: (...batch) => run(...batch, false), beam: (...batch) => run(...batch, true) };
   return { manifest, tokenizer, searches, name, loadMs: performance.now() - started };
 }
 
@@ -159,7 +161,7 @@ async function translateIds(search, ids, eosId, padId) {
     const width = Math.max(1, ...chunk.map((i) => ids[i].length));
     const batch = new Int32Array(chunk.length * width).fill(padId);
     chunk.forEach((i, row) => batch.set(ids[i], row * width));
-    const { data, dims } = await search(batch, chunk.length, width); // (B, T) or (B, K, T), best first
+    const { data, dims } = await search(batch, chunk.length, width); // (B, T) or (B, N, T), best first
     const length = dims.at(-1), stride = dims.length === 3 ? dims[1] * length : length;
     chunk.forEach((i, row) => {
       const tokens = Array.from(data.subarray(row * stride, row * stride + length));
