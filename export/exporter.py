@@ -31,7 +31,7 @@ def _plan(formats, quantize, tokenizer_proto, config):
     if "tflite" in formats:  # one file per precision serves both searches (as two signatures)
         for variant in ("fp32", *[q for q in QUANTIZATIONS if q in quantize], "fixed"):
             steps.append((f"tflite/{variant}.tflite", "tflite", "all", variant,
-                          lambda m, p, v=variant: writers.write_tflite(m, "all", p, v)))
+                          lambda m, p, v=variant: writers.write_tflite(m, p, v)))
     if "onnx" in formats:  # one file per precision serves both searches (an input switches them)
         steps.append(("onnx/fp32.onnx", "onnx", "all", "fp32", writers.write_onnx))
         steps.append(("onnx/text.onnx", "onnx", "all", "text", lambda m, p: writers.write_onnx_text(

@@ -30,7 +30,8 @@ class ExportModule(tf.Module):
 
         self.translator = Translator(model, beam_size=beam_size, alpha=alpha, max_length=max_length)
         # TFLite gets the searches in one pass: in two passes, LiteRT 1 in ~5 processes gave other
-        # beam tokens for a batch than in the others (same file, same input; not seen in one pass).
+        # beam tokens for a batch than in the others (same file, same input; seen more rarely in one
+        # pass too: see the README's Design).
         self.one_pass = Translator(model, beam_size=beam_size, alpha=alpha, max_length=max_length, two_passes=False)
         self.config = model.config
         self.tokenizer = tf_text.FastSentencepieceTokenizer(tokenizer_proto)

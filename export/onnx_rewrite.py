@@ -54,6 +54,14 @@ def subgraphs(node):
         yield from attribute.graphs
 
 
+def graphs(graph):
+    """`graph` and every graph nested in it (Loop/If bodies, at any depth)."""
+    yield graph
+    for node in graph.node:
+        for subgraph in subgraphs(node):
+            yield from graphs(subgraph)
+
+
 def _reads(graph):
     """Every name read by a node of `graph` or of its subgraphs (outer-scope reads included)."""
     for node in graph.node:

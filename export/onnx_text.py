@@ -4,7 +4,7 @@ search graph. Needs onnxruntime-extensions at run time."""
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from export.onnx_rewrite import subgraphs
+from export.onnx_rewrite import graphs
 
 CONTRIB = "ai.onnx.contrib"
 IR_VERSION = 10  # explicit: onnxruntime 1.31 rejects the IR 14 that newer onnx may default to
@@ -93,19 +93,12 @@ def _detokenize_graph(tokenizer_proto, eos_id, pad_id):
                              initializers)
 
 
-def _graphs(graph):
-    yield graph
-    for node in graph.node:
-        for subgraph in subgraphs(node):
-            yield from _graphs(subgraph)
-
-
 def _prefixed(graph, prefix, keep):
     """Renames every value of one of our graphs (its Loop body included, where outer values are
     referenced by name) except the interface names in `keep`, so it cannot clash with the core."""
     def rename(name):
         return name if not name or name in keep else prefix + name
-    for g in _graphs(graph):
+    for g in graphs(graph):
         for node in g.node:
             node.input[:] = [rename(x) for x in node.input]
             node.output[:] = [rename(x) for x in node.output]

@@ -29,17 +29,17 @@ def write_savedmodel(module, path):
 TFLITE_VARIANTS = ("fp32", "fp16", "int8", "fixed")
 
 
-def write_tflite(module, search, path, variant="fp32"):
-    """Frozen graph -> TFLite with builtin ops only. search "all": both searches in one file, as
-    the signatures "greedy" and "beam", which share one copy of the weights (the converter stores
-    equal constants once). fp16: float16 weights; int8: dynamic-range quantized weights
+def write_tflite(module, path, variant="fp32"):
+    """Frozen graph -> TFLite with builtin ops only: both searches in one file, as the signatures
+    "greedy" and "beam", which share one copy of the weights (the converter stores equal constants
+    once). fp16: float16 weights; int8: dynamic-range quantized weights
     (activations stay float); fixed: fp32 with the input shape fixed to (1, max_source_length), for
     LiteRT.js in the web page, which cannot resize inputs. Each search runs in one pass (see
     ExportModule)."""
     functions = []
-    for name in ("greedy", "beam") if search == "all" else (search,):
+    for name in ("greedy", "beam"):
         function = module.frozen(name, variant == "fixed", one_pass=True)
-        function.graph.name = name  # the signature's name when there are several
+        function.graph.name = name  # the signature's name
         functions.append(function)
     converter = tf.lite.TFLiteConverter.from_concrete_functions(functions, module)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex fallback
@@ -53,7 +53,7 @@ def write_tflite(module, search, path, variant="fp32"):
     try:
         flatbuffer = converter.convert()
     except Exception as e:  # the converter raises ConverterError and friends
-        raise ExportError(f"TFLite conversion of the {search} search failed: {e}") from None
+        raise ExportError(f"TFLite conversion of the searches failed: {e}") from None
     check_tflite_ops(flatbuffer, path)
     with open(path, "wb") as f:
         f.write(flatbuffer)

@@ -206,7 +206,8 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             assert onnx_rewrite.simplify(proto.graph) == {"LayerNormalization": 0, "Transpose": 0}
             # Each weight is stored once, in the main graph, for both searches; the tied embedding's
             # transpose (the output projection) is a node.
-            assert not [i.name for g in _subgraphs(proto.graph) for i in g.initializer if np.prod(i.dims) >= 1024]
+            nested = list(onnx_rewrite.graphs(proto.graph))[1:]
+            assert not [i.name for g in nested for i in g.initializer if np.prod(i.dims) >= 1024]
             tables = [numpy_helper.to_array(i) for i in proto.graph.initializer if len(i.dims) == 2]
             assert not any(a.shape == b.T.shape and np.array_equal(a, b.T) for a in tables for b in tables
                            if a is not b)
@@ -221,13 +222,6 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             per_search = 2 * config["num_encoder_layers"] + 3 * config["num_decoder_layers"] * writers.SEARCH_LOOPS
             layer_norms = 2 * per_search
             assert nodes.count("LayerNormalization") == layer_norms, nodes.count("LayerNormalization")
-
-
-def _subgraphs(graph):
-    for node in graph.node:
-        for subgraph in onnx_rewrite.subgraphs(node):
-            yield subgraph
-            yield from _subgraphs(subgraph)
 
 
 def _while_loops(tflite_path):
