@@ -29,6 +29,10 @@ class ExportModule(tf.Module):
         import tensorflow_text as tf_text  # only the SavedModel text functions need it
 
         self.translator = Translator(model, beam_size=beam_size, alpha=alpha, max_length=max_length)
+        # TFLite gets the searches in one pass: a two-pass file's beam search at batch 32 gave other
+        # translations than Keras for 32 of 100 check sentences in LiteRT with delegate clustering
+        # off (as TfliteRunner runs it; 0 with it on, 0 for the one-pass file either way).
+        self.one_pass = Translator(model, beam_size=beam_size, alpha=alpha, max_length=max_length, two_passes=False)
         self.config = model.config
         self.tokenizer = tf_text.FastSentencepieceTokenizer(tokenizer_proto)
         self.greedy_ids = self.translator.greedy
@@ -62,16 +66,17 @@ class ExportModule(tf.Module):
         kept = tf.ragged.boolean_mask(tokens, before_eos & tf.not_equal(tokens, c.pad_id))
         return {"translation": self.tokenizer.detokenize(kept)}
 
-    def frozen(self, search, fixed_shape=False):
+    def frozen(self, search, fixed_shape=False, one_pass=False):
         """The ids function of `search` ("greedy", "beam" or "either") with variables folded into
         constants: what TFLite and tf2onnx need (an unfrozen loop converts, then fails at invoke
         with READ_VARIABLE).
         fixed_shape: input (1, max_source_length) instead of (batch, length), for runtimes that
-        cannot resize inputs (LiteRT.js)."""
+        cannot resize inputs (LiteRT.js). one_pass: the searches without their second pass (see
+        `kformer.search._in_two_passes`), for TFLite."""
         if search == "either":  # not an attribute: the SavedModel would keep a third copy of the searches
             fn = tf.function(self._either, input_signature=[IDS_SPEC, BEAM_FLAG_SPEC])
         else:
-            fn = getattr(self.translator, search)
+            fn = getattr(self.one_pass if one_pass else self.translator, search)
         if fixed_shape:
             spec = tf.TensorSpec([1, self.config.max_source_length], tf.int32, name=IDS_SPEC.name)
             fn = tf.function(lambda source_ids, search=fn: search(source_ids), input_signature=[spec])

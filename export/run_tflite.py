@@ -18,7 +18,7 @@ class TfliteRunner(Runner):
         entry = find_artifact(self.manifest, "tflite", self.search_name, variant)
         # Delegate clustering off: with it on (LiteRT 2.3.0's default), an interpreter made after
         # another of the same file was freed gave other scores or tokens on its first call (greedy
-        # 1 in 6 to 20, beam ~1 in 100; 0 of 4,100 with it off, as with XNNPACK off or every tensor
+        # 1 in 6 to 20, beam ~1 in 100; 0 of 2,500 with it off, as with XNNPACK off or every tensor
         # kept apart) at the same speed (0.97-1.00x, measured 2026-11-24).
         interpreter = Interpreter(model_path=verified_path(artifact_dir, self.manifest, entry),
                                   num_threads=threads or os.cpu_count() or 1,

@@ -212,8 +212,8 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
         if entry["format"] == "tflite":
             ops = writers.tflite_operators(open(path, "rb").read())
             assert "WHILE" in ops and not any(op.startswith("CUSTOM") for op in ops), ops
-            # Two loops per search (two passes: kformer.search._in_two_passes).
-            assert _while_loops(path) == writers.SEARCH_LOOPS * (2 if entry["search"] == "all" else 1)
+            # One loop per search (one pass: see ExportModule.one_pass).
+            assert _while_loops(path) == (2 if entry["search"] == "all" else 1)
         if entry["format"] == "tflite" and entry["search"] == "all":  # both searches, one copy of the weights
             from ai_edge_litert.interpreter import Interpreter
 
