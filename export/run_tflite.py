@@ -1,6 +1,7 @@
 """Run an exported TFLite translator with LiteRT: numpy, sentencepiece, ai-edge-litert only."""
 
 import os
+import warnings
 
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter
@@ -16,13 +17,19 @@ class TfliteRunner(Runner):
     def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
         super().__init__(artifact_dir, beam_size, batch_size)
         entry = find_artifact(self.manifest, "tflite", self.search_name, variant)
-        # Delegate clustering off: with it on (LiteRT 2.3.0's default), an interpreter made after
-        # another of the same file was freed gave other scores or tokens on its first call (greedy
-        # 1 in 6 to 20, beam ~1 in 100; 0 of 2,500 with it off, as with XNNPACK off or every tensor
-        # kept apart) at the same speed (0.97-1.00x, measured 2026-11-24).
-        interpreter = Interpreter(model_path=verified_path(artifact_dir, self.manifest, entry),
-                                  num_threads=threads or os.cpu_count() or 1,
-                                  experimental_disable_delegate_clustering=True)
+        # Delegate clustering off and every tensor kept apart: with LiteRT 2.3.0's defaults, a fresh
+        # interpreter's first call at a shape gave other scores or tokens now and then (tiny model:
+        # greedy 1 in 6 to 20 interpreters, beam ~1 in 100; demo model with clustering off: beam
+        # 5 in ~80 under heap churn; 0 of 98-130 with tensors kept apart or XNNPACK off, measured
+        # 2026-11-24). Kept apart costs 0.98-1.17x the time (XNNPACK off: 1.2-2.5x) and more memory
+        # (demo beam at batch 32: peak 1,118 vs 836 MB). LiteRT warns that the option is for
+        # debugging; here it is what makes the outputs right.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*experimental_preserve_all_tensors")
+            interpreter = Interpreter(model_path=verified_path(artifact_dir, self.manifest, entry),
+                                      num_threads=threads or os.cpu_count() or 1,
+                                      experimental_disable_delegate_clustering=True,
+                                      experimental_preserve_all_tensors=True)
         # A file of both searches has the signatures "greedy" and "beam"; a one-search file has one.
         signatures = interpreter.get_signature_list()
         self.signature = interpreter.get_signature_runner(
