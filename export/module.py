@@ -29,9 +29,10 @@ class ExportModule(tf.Module):
         import tensorflow_text as tf_text  # only the SavedModel text functions need it
 
         self.translator = Translator(model, beam_size=beam_size, alpha=alpha, max_length=max_length)
-        # TFLite gets the searches in one pass: a two-pass file's beam search at batch 32 gave other
-        # translations than Keras for 32 of 100 check sentences in LiteRT with delegate clustering
-        # off (as TfliteRunner runs it; 0 with it on, 0 for the one-pass file either way).
+        # TFLite gets the searches in one pass: two-pass files met LiteRT's first-call fault (see
+        # TfliteRunner) more often, and with delegate clustering off alone a two-pass demo file's
+        # first batch of 32 beam translations differed from Keras every time; with the runner's
+        # settings they have matched since, not yet measured enough to switch (README's Design).
         self.one_pass = Translator(model, beam_size=beam_size, alpha=alpha, max_length=max_length, two_passes=False)
         self.config = model.config
         self.tokenizer = tf_text.FastSentencepieceTokenizer(tokenizer_proto)

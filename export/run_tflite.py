@@ -18,12 +18,10 @@ class TfliteRunner(Runner):
         super().__init__(artifact_dir, beam_size, batch_size)
         entry = find_artifact(self.manifest, "tflite", self.search_name, variant)
         # Delegate clustering off and every tensor kept apart: with LiteRT 2.3.0's defaults, a fresh
-        # interpreter's first call at a shape gave other scores or tokens now and then (tiny model:
-        # greedy 1 in 6 to 20 interpreters, beam ~1 in 100; demo model with clustering off: beam
-        # 5 in ~80 under heap churn; 0 of 98-130 with tensors kept apart or XNNPACK off, measured
-        # 2026-11-24). Kept apart costs 0.98-1.17x the time (XNNPACK off: 1.2-2.5x) and more memory
-        # (demo beam at batch 32: peak 1,118 vs 836 MB). LiteRT warns that the option is for
-        # debugging; here it is what makes the outputs right.
+        # interpreter's first call at a shape now and then gave other scores or tokens; either
+        # setting alone left some (measured 2026-11-24, figures in the README's Design). Costs
+        # 0.98-1.17x the time and more memory. LiteRT warns that the option is for debugging; here
+        # it is what makes the outputs right.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*experimental_preserve_all_tensors")
             interpreter = Interpreter(model_path=verified_path(artifact_dir, self.manifest, entry),

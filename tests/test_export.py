@@ -125,6 +125,14 @@ def test_quantized_translations_do_not_depend_on_the_rest_of_the_batch(artifacts
             np.testing.assert_allclose(alone_scores[0], scores[row], rtol=0, atol=1e-5, err_msg=f"{name}, row {row}")
 
 
+def _run_alone(script, *args):
+    """Runs a Python script in a process of its own from the repository root; its output lines."""
+    result = subprocess.run([PYTHON, "-c", script, *args], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()
+
+
 FRESH_INTERPRETERS = r"""
 import json, sys
 import numpy as np
@@ -140,14 +148,12 @@ for attempt in range(40):
 
 @pytest.mark.parametrize("variant", ["int8", "fp32"])
 def test_fresh_tflite_interpreters_agree(artifacts, variant):
-    """With LiteRT's delegate clustering on, 1 in 7 interpreters, each made after the last was
-    freed, gave other scores or tokens on its first call (see TfliteRunner). In a process of its
-    own, as on a device: this test's process, after exporting, did not show it."""
+    """With LiteRT's defaults, 1 in 7 interpreters, each made after the last was freed, gave
+    other scores or tokens on its first call (see TfliteRunner). In a process of its own, as on a
+    device: this test's process, after exporting, did not show it."""
     batch = batches(load_manifest(artifacts)["config"]["vocab_size"])["mixed"]
-    result = subprocess.run([PYTHON, "-c", FRESH_INTERPRETERS, artifacts, variant, json.dumps(batch.tolist())],
-                            capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert result.returncode == 0, result.stderr[-3000:]
-    (first_tokens, first_scores), *others = [json.loads(line) for line in result.stdout.splitlines()]
+    lines = _run_alone(FRESH_INTERPRETERS, artifacts, variant, json.dumps(batch.tolist()))
+    (first_tokens, first_scores), *others = [json.loads(line) for line in lines]
     assert len(others) == 39
     for attempt, (tokens, scores) in enumerate(others, 1):
         assert tokens == first_tokens, f"interpreter {attempt}"
@@ -368,10 +374,7 @@ print(json.dumps(out))
 @pytest.mark.parametrize("beam", [1, BEAM])
 def test_device_runners_need_no_tensorflow(artifacts, model_dir, beam):
     texts = ["我們試試看！", "", "他很高興。", "   ", "🙂"]
-    result = subprocess.run([PYTHON, "-c", NO_TENSORFLOW, artifacts, str(beam), json.dumps(texts)],
-                            capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    out = json.loads(_run_alone(NO_TENSORFLOW, artifacts, str(beam), json.dumps(texts))[-1])
     expected = KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH).translate(texts)
     assert out["onnx"] == out["tflite"] == out["onnx_text"] == expected and out["loaded"] == []
     assert expected[4] == "🙂"  # outside the vocabulary: output as it is, by every runner
