@@ -25,14 +25,17 @@ def _share_transposed_weights(graph, min_size=1024):
     """tf2onnx folds transpose(E) of the tied output projection into a second copy of the embedding
     table E (8 MB of the demo model's 27 MB). Each such copy becomes Transpose(E) in the main graph,
     which onnxruntime folds back into a constant when it loads the file: the same numbers, one copy
-    on disk. (Quantized, E gets a scale per row, i.e. per column of transpose(E), as before.)"""
+    on disk. The copy kept is E, the table a Gather looks rows up in, whichever tf2onnx wrote first:
+    quantized, E then gets one scale per token (a row of E, a column of transpose(E)); keeping
+    transpose(E) instead gave one per feature, and other int8 translations."""
+    looked_up = {node.input[0] for g in graphs(graph) for node in g.node if node.op_type == "Gather"}
     by_shape = {}
     for weight in graph.initializer:
         if len(weight.dims) == 2 and weight.dims[0] * weight.dims[1] >= min_size:
             by_shape.setdefault(tuple(weight.dims), []).append(weight)
     replaced = set()
     for weight in list(graph.initializer):
-        if weight.name in replaced or len(weight.dims) != 2:
+        if weight.name in replaced or weight.name in looked_up or len(weight.dims) != 2:
             continue
         for original in by_shape.get((weight.dims[1], weight.dims[0]), []):
             if original is weight or original.name in replaced:

@@ -247,7 +247,10 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             assert not any(a.shape == b.T.shape and np.array_equal(a, b.T) for a in tables for b in tables
                            if a is not b)
             assert not any(a.shape == b.shape and np.array_equal(a, b) for a in tables for b in tables if a is not b)
-            assert "Transpose" in [n.op_type for n in proto.graph.node]
+            # The copy kept is the lookup table E (so int8 scales it per token); its transpose is a node.
+            shared = [n for n in proto.graph.node if n.op_type == "Transpose" and n.name.endswith("/shared")]
+            looked_up = {n.input[0] for n in writers.onnx_nodes(proto.graph) if n.op_type == "Gather"}
+            assert shared and all(n.input[0] in looked_up for n in shared), [n.input[0] for n in shared]
             weights = sum(numpy_helper.to_array(i).nbytes for i in proto.graph.initializer)
             assert weights < 1.1 * weight_bytes
             assert [n.op_type for n in writers.onnx_nodes(proto.graph)] == nodes
@@ -292,6 +295,24 @@ def test_checks_reject_custom_ops(tmp_path):
                                    [onnx.helper.make_tensor_value_info("b", onnx.TensorProto.INT32, [1])])
     with pytest.raises(writers.ExportError, match="non-standard ONNX ops"):
         writers.check_onnx(onnx.helper.make_model(graph), "x.onnx")
+
+
+@pytest.mark.parametrize("transposed_first", [True, False])
+def test_the_tied_embedding_is_stored_once_as_its_lookup_table(transposed_first):
+    """Whichever copy tf2onnx writes first, the table a Gather reads is kept (int8 then scales it
+    per token) and the output projection reads its transpose."""
+    table = np.arange(64 * 32, dtype=np.float32).reshape(64, 32) / 100  # (V, M)
+    copies = [numpy_helper.from_array(table, "E"), numpy_helper.from_array(table.T.copy(), "E_T")]
+    h = onnx.helper
+    graph = h.make_graph(
+        [h.make_node("Gather", ["E", "ids"], ["x"]), h.make_node("MatMul", ["x", "E_T"], ["logits"])], "g",
+        [h.make_tensor_value_info("ids", onnx.TensorProto.INT64, [2])],
+        [h.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [2, 64])],
+        initializer=copies[::-1] if transposed_first else copies)
+    onnx_rewrite.simplify(graph)
+    assert [i.name for i in graph.initializer] == ["E"]
+    (transpose,) = [n for n in graph.node if n.op_type == "Transpose"]
+    assert list(transpose.input) == ["E"] and list(transpose.output) == ["E_T"]
 
 
 @pytest.fixture()
