@@ -4,7 +4,7 @@ import pytest
 from layer_test import run_layer_test
 
 from kformer import masks
-from kformer.attention import MultiHeadAttention
+from kformer.attention import MultiHeadAttention, contract
 
 HEADS, HEAD_SIZE, WIDTH = 2, 4, 8
 
@@ -69,3 +69,17 @@ def test_static_cache_equals_recomputed_keys():
 def test_layer_contract(tmp_path):
     x = np.random.default_rng(0).normal(size=(2, 3, WIDTH)).astype("float32")
     run_layer_test(MultiHeadAttention, dict(num_heads=HEADS, head_size=HEAD_SIZE), [x, x], tmp_path=tmp_path)
+
+
+@pytest.mark.parametrize("axes", [1, 2])
+def test_contract_is_tensordot_and_reads_no_shape_when_it_need_not(axes):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 2, 4, 5)).astype("float32")
+    kernel = rng.normal(size=(*x.shape[4 - axes:], 6, 7)).astype("float32")
+    for shape, reads_shape in (([None, 2, 4, 5], False), ([None, None, 4, 5], True)):  # decoding step, training
+        fn = tf.function(lambda x: contract(x, kernel, axes), input_signature=[tf.TensorSpec(shape, tf.float32)])
+        np.testing.assert_allclose(np.asarray(fn(x)), np.tensordot(x, kernel, axes), rtol=1e-5, atol=1e-5)
+        ops = {op.type for op in fn.get_concrete_function().graph.get_operations()}
+        assert ("Shape" in ops) == reads_shape, ops
