@@ -29,11 +29,6 @@ class ExportModule(tf.Module):
         import tensorflow_text as tf_text  # only the SavedModel text functions need it
 
         self.translator = Translator(model, beam_size=beam_size, alpha=alpha, max_length=max_length)
-        # TFLite gets the searches in one pass: two-pass files met LiteRT's first-call fault (see
-        # TfliteRunner) more often, and with delegate clustering off alone a two-pass demo file's
-        # first batch of 32 beam translations differed from Keras every time; with the runner's
-        # settings they have matched since, not yet measured enough to switch (README's Design).
-        self.one_pass = Translator(model, beam_size=beam_size, alpha=alpha, max_length=max_length, two_passes=False)
         self.config = model.config
         self.tokenizer = tf_text.FastSentencepieceTokenizer(tokenizer_proto)
         self.greedy_ids = self.translator.greedy
@@ -67,17 +62,16 @@ class ExportModule(tf.Module):
         kept = tf.ragged.boolean_mask(tokens, before_eos & tf.not_equal(tokens, c.pad_id))
         return {"translation": self.tokenizer.detokenize(kept)}
 
-    def frozen(self, search, fixed_shape=False, one_pass=False):
+    def frozen(self, search, fixed_shape=False):
         """The ids function of `search` ("greedy", "beam" or "either") with variables folded into
         constants: what TFLite and tf2onnx need (an unfrozen loop converts, then fails at invoke
         with READ_VARIABLE).
         fixed_shape: input (1, max_source_length) instead of (batch, length), for runtimes that
-        cannot resize inputs (LiteRT.js). one_pass: the searches without their second pass (see
-        `kformer.search._in_two_passes`), for TFLite."""
+        cannot resize inputs (LiteRT.js)."""
         if search == "either":  # not an attribute: the SavedModel would keep a third copy of the searches
             fn = tf.function(self._either, input_signature=[IDS_SPEC, BEAM_FLAG_SPEC])
         else:
-            fn = getattr(self.one_pass if one_pass else self.translator, search)
+            fn = getattr(self.translator, search)
         if fixed_shape:
             spec = tf.TensorSpec([1, self.config.max_source_length], tf.int32, name=IDS_SPEC.name)
             fn = tf.function(lambda source_ids, search=fn: search(source_ids), input_signature=[spec])

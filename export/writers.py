@@ -12,7 +12,7 @@ from export import onnx_rewrite
 from export.runtime import ExportError
 
 ONNX_OPSET = 17
-SEARCH_LOOPS = 2  # a search runs in two passes, each one ONNX Loop (kformer.search._in_two_passes)
+SEARCH_LOOPS = 2  # a search runs in two passes, each one loop: an ONNX Loop, a TFLite WHILE (search._in_two_passes)
 
 
 # --- SavedModel ---
@@ -34,11 +34,10 @@ def write_tflite(module, path, variant="fp32"):
     "greedy" and "beam", which share one copy of the weights (the converter stores equal constants
     once). fp16: float16 weights; int8: dynamic-range quantized weights
     (activations stay float); fixed: fp32 with the input shape fixed to (1, max_source_length), for
-    LiteRT.js in the web page, which cannot resize inputs. Each search runs in one pass (see
-    ExportModule)."""
+    LiteRT.js in the web page, which cannot resize inputs."""
     functions = []
     for name in ("greedy", "beam"):
-        function = module.frozen(name, variant == "fixed", one_pass=True)
+        function = module.frozen(name, variant == "fixed")
         function.graph.name = name  # the signature's name
         functions.append(function)
     converter = tf.lite.TFLiteConverter.from_concrete_functions(functions, module)

@@ -23,8 +23,8 @@ class Translator(tf.Module):
         max_length: cap on output tokens (default and upper bound: the config's max_target_length).
         batch_size: sentences per graph call in `translate`.
         jit_compile: compile the searches with XLA (one program per input shape; not exported).
-        two_passes: search in two passes (`search._in_two_passes`; the same tokens, faster); XLA
-            needs static shapes, so with jit_compile the searches run in one pass.
+            The searches run in two passes (`search._in_two_passes`) except under XLA, which needs
+            static shapes where the second pass takes only the rows left.
 
     Graph functions, `(B, S) int32 source ids (pad 0) -> {"tokens", "scores"}`:
         greedy: tokens (B, T), scores (B,) log-probability.
@@ -34,7 +34,7 @@ class Translator(tf.Module):
     """
 
     def __init__(self, model, tokenizer=None, beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_length=None, batch_size=32,
-                 jit_compile=False, two_passes=True):
+                 jit_compile=False):
         super().__init__(name="translator")
         config = model.config
         if beam_size < 1:
@@ -44,7 +44,7 @@ class Translator(tf.Module):
             raise ValueError(f"max length must be in [1, {config.max_target_length}] for this model, got {max_length}")
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.beam_size, self.alpha, self.max_length, self.batch_size = beam_size, float(alpha), cap, batch_size
-        self.two_passes = two_passes and not jit_compile
+        self.two_passes = not jit_compile
         self.greedy = tf.function(self._greedy, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
         self.beam = tf.function(self._beam, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
 

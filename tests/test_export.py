@@ -218,10 +218,10 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
         if entry["format"] == "tflite":
             ops = writers.tflite_operators(open(path, "rb").read())
             assert "WHILE" in ops and not any(op.startswith("CUSTOM") for op in ops), ops
-            # One loop per search (one pass: see ExportModule.one_pass); their matrix products read no
-            # shapes at run time (kformer.attention.contract; a tensordot's REDUCE_PROD would).
+            # A loop per pass of each search (kformer.search._in_two_passes); their matrix products
+            # read no shapes at run time (kformer.attention.contract; a tensordot's REDUCE_PROD would).
             bodies = _while_bodies(path)
-            assert len(bodies) == (2 if entry["search"] == "all" else 1)
+            assert len(bodies) == writers.SEARCH_LOOPS * (2 if entry["search"] == "all" else 1)
             assert not [op for body in bodies for op in body if op == "REDUCE_PROD"]
         if entry["format"] == "tflite" and entry["search"] == "all":  # both searches, one copy of the weights
             from ai_edge_litert.interpreter import Interpreter
