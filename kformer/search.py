@@ -116,9 +116,10 @@ def _take_rows(state, rows, buffer_length, grow, beam_size, pad_id):
         flat = tf.reshape(rows[:, None] * k + tf.range(k)[None, :], [-1])  # (R * k,)
         return tf.gather(t, flat, axis=0)
 
-    def pad(t):  # (..., T1) -> (..., T)
-        padding = buffer_length - tf.shape(t)[-1]
-        return tf.pad(t, [[0, 0]] * (t.shape.rank - 1) + [[0, padding]], constant_values=pad_id)
+    def pad(t):  # (..., T1) -> (..., T): pad_id appended by a concatenation, which keeps the known
+        # dims through TFLite conversion (tf.pad loses them; see tile_beams for the cost)
+        filler = tf.fill(tf.concat([tf.shape(t)[:-1], [buffer_length - tf.shape(t)[-1]]], 0), pad_id)
+        return tf.concat([t, filler], axis=-1)
 
     fields = {}
     for name, value in state._asdict().items():
@@ -195,7 +196,11 @@ def _reorder_state(cache, beam_indices, beam_size):
 
 def tile_beams(cache, beam_size):
     """(B, ...) -> (B * K, ...): each row repeated K times, beams of one row adjacent."""
-    return tf.nest.map_structure(lambda t: tf.repeat(t, beam_size, axis=0), cache)
+    # A gather, not tf.repeat: the TFLite converter loses every dim of a repeat's output, and then
+    # copies each key/value buffer once per step to change the loop variables' declared shapes.
+    def tile(t):
+        return tf.gather(t, tf.range(tf.shape(t)[0] * beam_size) // beam_size)
+    return tf.nest.map_structure(tile, cache)
 
 
 def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, alpha=LENGTH_PENALTY, pad_id=0,
