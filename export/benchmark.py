@@ -129,30 +129,47 @@ def _median_row(results):
         row[key] = statistics.median(r[key] for r in results)
     row["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
     row["rounds"] = len(results)
+    row["per_round"] = {key: [r[key] for r in results] for key in ("latency_ms", "batch32_sentences_per_s")}
     return row
 
 
 def _against_ctranslate2(rows):
     """Adds each row's time divided by CTranslate2's for the same search and precision (int8 with
-    int8, every other variant with fp32), at batch 1 and 32, when the export has CTranslate2."""
+    int8, every other variant with fp32), at batch 1 and 32, when the export has CTranslate2:
+    "time_vs_ct2" (b1, b32), the median of the ratios taken round by round, and "time_vs_ct2_range"
+    ((min, max) at b1, at b32). Round by round, because CTranslate2's own fp32 timing moved by up to
+    1.6x between processes on this project's machine (2026-11-24): the range shows how far a ratio
+    holds."""
     reference = {(r["search"], r["variant"]): r for r in rows if r["runtime"] == "ctranslate2"}
+
+    def per_round(row, key):  # a row reduced by _median_row keeps its rounds; a plain row is one round
+        return row.get("per_round", {}).get(key, [row[key]])
+
     for r in rows:
         ct2 = reference.get((r["search"], "int8" if r["variant"] == "int8" else "fp32"))
-        r["time_vs_ct2"] = None if ct2 is None else (
-            r["latency_ms"] / ct2["latency_ms"], ct2["batch32_sentences_per_s"] / r["batch32_sentences_per_s"])
+        if ct2 is None:
+            r["time_vs_ct2"] = r["time_vs_ct2_range"] = None
+            continue
+        b1 = [ours / theirs for ours, theirs in zip(per_round(r, "latency_ms"), per_round(ct2, "latency_ms"))]
+        b32 = [theirs / ours for ours, theirs in zip(per_round(r, "batch32_sentences_per_s"),
+                                                     per_round(ct2, "batch32_sentences_per_s"))]
+        r["time_vs_ct2"] = (statistics.median(b1), statistics.median(b32))
+        r["time_vs_ct2_range"] = ((min(b1), max(b1)), (min(b32), max(b32)))
 
 
 def print_table(results):
     print(f"BLEU on {results['sentences']} test sentences; latency: one ~20-token sentence at batch 1 (median of 5); "
           f"throughput: 32 sentences in one call; timings: median of {results['rounds']} interleaved rounds")
     print(f"{'runtime':>10} {'variant':>7} {'search':>6} {'latency ms':>10} {'out tok':>7} {'sent/s@32':>9} "
-          f"{'tok/s@32':>8} {'MB':>6} {'peak MB':>7} {'BLEU':>6} {'time/CT2 b1,b32':>15}")
+          f"{'tok/s@32':>8} {'MB':>6} {'peak MB':>7} {'BLEU':>6} {'time/CT2 b1,b32':>15} {'range b1, b32':>19}")
     for r in results["rows"]:
         size = "-" if r["bytes"] is None else f"{r['bytes'] / 1e6:.1f}"
         ratio = "-" if not r.get("time_vs_ct2") else "{:.2f}, {:.2f}".format(*r["time_vs_ct2"])
+        spread = "-" if not r.get("time_vs_ct2_range") else "{:.2f}-{:.2f}, {:.2f}-{:.2f}".format(
+            *r["time_vs_ct2_range"][0], *r["time_vs_ct2_range"][1])
         print(f"{r['runtime']:>10} {r['variant']:>7} {r['search']:>6} {r['latency_ms']:10.1f} "
               f"{r['latency_output_tokens']:7d} {r['batch32_sentences_per_s']:9.1f} {r['batch32_tokens_per_s']:8.0f} "
-              f"{size:>6} {r['peak_rss_mb']:7.0f} {r['bleu']:6.2f} {ratio:>15}")
+              f"{size:>6} {r['peak_rss_mb']:7.0f} {r['bleu']:6.2f} {ratio:>15} {spread:>19}")
 
 
 # `kformer bench web`: the page of export/web/ against onnxruntime in Python, same export, same sentences.

@@ -81,6 +81,21 @@ def test_runtimes_are_set_against_ctranslate2_of_the_same_search_and_precision()
     assert [r["time_vs_ct2"] for r in rows] == [(1, 1), (1, 1), (1.5, 2), (2, 2), (2, 4), None]
 
 
+def test_ratios_to_ctranslate2_are_taken_round_by_round():
+    from export.benchmark import _against_ctranslate2, _median_row
+
+    def rounds(runtime, latencies):
+        return _median_row([{"runtime": runtime, "variant": "fp32", "search": "greedy", "load_s": 1, "latency_ms": ms,
+                             "batch32_sentences_per_s": 1000 / ms, "batch32_tokens_per_s": 1, "peak_rss_mb": 1}
+                            for ms in latencies])
+    # CTranslate2 slow in round 2 only: the medians alone (20 / 5) would say 4x; round by round it is 2, 2, 4.
+    rows = [rounds("ctranslate2", [5, 15, 5]), rounds("onnx", [10, 30, 20])]
+    _against_ctranslate2(rows)
+    assert rows[1]["time_vs_ct2"] == (2, 2)
+    assert rows[1]["time_vs_ct2_range"] == ((2, 4), (2, 4))
+    assert rows[0]["time_vs_ct2_range"] == ((1, 1), (1, 1))
+
+
 def test_runtime_rounds_are_reduced_to_medians_and_the_highest_peak_memory():
     from export.benchmark import _median_row
 
