@@ -5,10 +5,9 @@ H heads, D head size, V vocabulary, L layers.
 """
 
 import keras
-import tensorflow as tf
 from keras import ops
 
-from kformer import masks
+from kformer import masks, search
 from kformer.config import TransformerConfig
 from kformer.layers import DecoderBlock, EncoderBlock, PositionalEncoding, TokenEmbedding
 
@@ -165,10 +164,8 @@ class Transformer(keras.Model):
     def grow_cache(self, state, buffer_length):
         """The "state" part of a cache (`init_cache`) with its key/value buffers extended with zeros
         to `buffer_length` steps (the second pass of a two-pass search)."""
-        def grow(t):  # (B, H, T1, D) -> (B, H, T, D); concatenated zeros, not tf.pad (see kformer.search._take_rows)
-            shape = tf.shape(t)
-            zeros = tf.zeros(tf.stack([shape[0], shape[1], buffer_length - shape[2], shape[3]]), t.dtype)
-            return tf.concat([t, zeros], axis=2)
+        def grow(t):  # (B, H, T1, D) -> (B, H, T, D), zeros appended
+            return search.extend(t, buffer_length, axis=2)
         return {"self": [(grow(key), grow(value)) for key, value in state["self"]]}
 
     def decode_step(self, tokens, cache, index):

@@ -106,6 +106,16 @@ def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, 
     return final.tokens, final.scores
 
 
+def extend(t, length, axis, value=0):
+    """t with `value` appended along `axis` up to `length`. A concatenation, not tf.pad: the TFLite
+    converter loses every dim of a pad with run-time paddings, and a loop variable whose shape it
+    lost is copied through a CAST at every step (see tile_beams)."""
+    shape = tf.shape(t)
+    axis = axis % t.shape.rank
+    filler = tf.fill(tf.concat([shape[:axis], [length - shape[axis]], shape[axis + 1:]], 0), tf.cast(value, t.dtype))
+    return tf.concat([t, filler], axis=axis)
+
+
 def _take_rows(state, rows, buffer_length, grow, beam_size, pad_id):
     """The search state of the source rows `rows` (R,) only (all rows if None), with its output
     buffers padded and its cache grown (`grow(cache_state, length)`) to `buffer_length`.
@@ -116,11 +126,6 @@ def _take_rows(state, rows, buffer_length, grow, beam_size, pad_id):
         flat = tf.reshape(rows[:, None] * k + tf.range(k)[None, :], [-1])  # (R * k,)
         return tf.gather(t, flat, axis=0)
 
-    def pad(t):  # (..., T1) -> (..., T): pad_id appended by a concatenation, which keeps the known
-        # dims through TFLite conversion (tf.pad loses them; see tile_beams for the cost)
-        filler = tf.fill(tf.concat([tf.shape(t)[:-1], [buffer_length - tf.shape(t)[-1]]], 0), pad_id)
-        return tf.concat([t, filler], axis=-1)
-
     fields = {}
     for name, value in state._asdict().items():
         if name == "index" or name == "trace":
@@ -130,8 +135,8 @@ def _take_rows(state, rows, buffer_length, grow, beam_size, pad_id):
         elif name == "cache":
             taken = tf.nest.map_structure(lambda t: take(t, beam_size), value)
             fields[name] = {"static": taken["static"], "state": grow(taken["state"], buffer_length)}
-        elif name.endswith("tokens"):  # the output buffers, (B, [K,] T1)
-            fields[name] = pad(take(value))
+        elif name.endswith("tokens"):  # the output buffers, (B, [K,] T1) -> (B, [K,] T)
+            fields[name] = extend(take(value), buffer_length, axis=-1, value=pad_id)
         else:
             fields[name] = take(value)
     return type(state)(**fields)
