@@ -4,6 +4,7 @@ Vocabulary of the toy: 0 pad, 1 unk, 2 bos, 3 eos, 4 "a", 5 "b". Each row r of a
 its own Markov chain table[r, last_token] -> next-token probabilities; the row id travels in
 the cache, so wrong beam tiling or reordering would mix rows up."""
 
+import functools
 import itertools
 import math
 
@@ -239,3 +240,25 @@ def test_two_passes_give_the_results_of_one(seed):
         two = beam_search(counting_step(table), cache(first_length), limits, length, 3, BOS, EOS, first_pass=first_pass)
         np.testing.assert_array_equal(one[0], two[0])
         np.testing.assert_allclose(one[1], two[1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_the_long_rows_of_a_batch_continue_without_the_others(beam_size):
+    """The first pass ends once at most a quarter of its rows run on; they alone take the
+    remaining steps. Rows with limits 1 x6 and 8 x2 that never say EOS: 6 rows x 1 step + 2 x 8,
+    not 8 rows x 8 steps. Eager, so the step sees each step's rows."""
+    loop = {BOS: {A: 1.0}, A: {A: 1.0}}
+    rows = [loop] * 8
+    limits = tf.constant([1, 1, 8, 1, 1, 1, 8, 1], tf.int32)
+    stepped = []
+
+    def step(tokens, cache, index):
+        stepped.append(int(tf.shape(tokens)[0]) // beam_size)
+        return markov_step(table_from(rows))(tokens, cache, index)
+
+    search = greedy_search if beam_size == 1 else functools.partial(beam_search, beam_size=beam_size)
+    unchanged = (tf.constant(8), lambda state, length: state)  # (T1, grow): the toy's cache has no buffers
+    tokens, _ = search(step, row_cache(rows), limits, 8, bos_id=BOS, eos_id=EOS, first_pass=unchanged)
+    assert stepped == [8] + [2] * 7, stepped
+    best = tokens if beam_size == 1 else tokens[:, 0]
+    np.testing.assert_array_equal(tf.reduce_sum(tf.cast(best == A, tf.int32), axis=1), limits)
