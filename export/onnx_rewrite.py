@@ -4,9 +4,10 @@ onnxruntime runs the decoding Loop's body node by node, every step, so the body'
 cost of its own. The rewrite is exact up to float rounding and keeps standard-domain ops; the
 export's parity checks run on its result. LayerNorm as one node: the demo model's beam file
 893 -> 773 nodes (523 -> 451 in the Loop body), greedy 666 -> 546; measured interleaved with the
-same tokens (2026-11-24): 0.81-1.0x the time at batch 1, 0.98-0.99x at batch 32. Tried and left
-out, because it was slower: tf2onnx writes a float tf.where as Cast(c) * x + y * Cast(Not(c));
-one Where instead made beam search at batch 32 1.14x slower in onnxruntime 1.31.
+same tokens (2026-11-24): 0.81-1.0x the time at batch 1, 0.98-0.99x at batch 32. A float
+tf.where as one Where node, except the key/value cache writes: beam body 392 -> 332 nodes, greedy
+284 -> 239; interleaved, same tokens (2026-11-24 22:20): 0.94-0.96x the time at batch 1,
+0.97-1.00x at batch 32 (every blend as a Where: beam at batch 32 1.16x slower).
 Also, each weight is stored once: a folded transposed copy becomes a Transpose node.
 """
 
@@ -16,7 +17,8 @@ from onnx import helper, numpy_helper
 
 def simplify(graph):
     """Rewrites `graph` (and its Loop bodies) in place; returns {rewrite: count}."""
-    counts = {"LayerNormalization": _layer_norms(graph, {}), "Transpose": _share_transposed_weights(graph)}
+    counts = {"LayerNormalization": _layer_norms(graph, {}), "Where": _wheres(graph),
+              "Transpose": _share_transposed_weights(graph)}
     _prune(graph)
     return counts
 
@@ -151,6 +153,33 @@ def _match_layer_norm(node, made_by, constants):
     if scale.size != scale.shape[-1] or offset.shape != scale.shape:  # (1, ..., D): one per feature
         return None
     return x, scale.reshape(-1), offset.reshape(-1), float(constants[eps].reshape(()))
+
+
+def _wheres(graph):
+    """tf2onnx writes a float tf.where(c, x, y) as Cast(c) * x + y * Cast(Not(c)): six nodes, where
+    one Where does (and gives x or y where the blend would give NaN from 0 * inf). Left as blends:
+    those blending into a graph input (in a Loop body, its carried state: the key/value cache
+    writes), large tensors for which onnxruntime's Where was slower (beam at batch 32: 1.16x)."""
+    count = sum(_wheres(sub) for node in graph.node for sub in subgraphs(node))
+    made_by = _finder(graph)
+    inputs = {i.name for i in graph.input}
+    inputs |= {node.output[0] for node in graph.node if node.op_type == "Identity" and node.input[0] in inputs}
+    for index, node in enumerate(graph.node):
+        products = [made_by(name, "Mul") for name in node.input] if node.op_type == "Add" else [None]
+        if None in products:
+            continue
+        picks = [_one_of(product, made_by, "Cast") for product in products]  # (Cast(...), the other factor)
+        if any(cast is None for cast, _ in picks):
+            continue
+        (cast_a, a), (cast_b, b) = picks
+        for (keep, x), (drop, y) in (((cast_a, a), (cast_b, b)), ((cast_b, b), (cast_a, a))):
+            negation = made_by(drop.input[0], "Not")
+            if negation is not None and negation.input[0] == keep.input[0] and not {x, y} & inputs:
+                graph.node[index].CopyFrom(helper.make_node("Where", [keep.input[0], x, y], list(node.output),
+                                                            name=node.name))
+                count += 1
+                break
+    return count
 
 
 def _prune(graph):

@@ -244,7 +244,7 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             assert sorted(o.name for o in proto.graph.output) == ["scores", "tokens"]
             # tf2onnx's spelled-out LayerNorm is one node; a second pass finds nothing to do.
             nodes = [n.op_type for n in writers.onnx_nodes(proto.graph)]
-            assert onnx_rewrite.simplify(proto.graph) == {"LayerNormalization": 0, "Transpose": 0}
+            assert onnx_rewrite.simplify(proto.graph) == {"LayerNormalization": 0, "Where": 0, "Transpose": 0}
             # Each weight is stored once, in the main graph, for both searches; the tied embedding's
             # transpose (the output projection) is a node.
             nested = list(onnx_rewrite.graphs(proto.graph))[1:]
@@ -332,6 +332,38 @@ def test_the_tied_embedding_is_stored_once_as_its_lookup_table(transposed_first)
     assert [i.name for i in graph.initializer] == ["E"]
     (transpose,) = [n for n in graph.node if n.op_type == "Transpose"]
     assert list(transpose.input) == ["E"] and list(transpose.output) == ["E_T"]
+
+
+def test_float_blends_become_where_unless_they_blend_into_a_graph_input():
+    """tf2onnx's float tf.where, Cast(c) * x + y * Cast(Not(c)), becomes one Where with the same
+    values; a blend into a graph input (a Loop body's carried state: the cache writes) stays."""
+    import onnxruntime
+
+    h = onnx.helper
+
+    def blend(c, x, y, out):
+        return [h.make_node("Cast", [c], [f"{out}/c"], to=onnx.TensorProto.FLOAT),
+                h.make_node("Not", [c], [f"{out}/n"]),
+                h.make_node("Cast", [f"{out}/n"], [f"{out}/nc"], to=onnx.TensorProto.FLOAT),
+                h.make_node("Mul", [f"{out}/c", x], [f"{out}/a"]), h.make_node("Mul", [y, f"{out}/nc"], [f"{out}/b"]),
+                h.make_node("Add", [f"{out}/a", f"{out}/b"], [out])]
+
+    vector = [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [4]) for n in ("x", "y")]
+    graph = h.make_graph(
+        [h.make_node("Relu", ["y"], ["relu"])] + blend("c", "relu", "x", "inner") + blend("c", "inner", "inner", "out"),
+        "g", [h.make_tensor_value_info("c", onnx.TensorProto.BOOL, [4]), *vector],
+        [h.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [4])])
+    feeds = {"c": np.array([True, False, True, False]), "x": np.array([1.0, -2.0, -3.0, 4.0], np.float32),
+             "y": np.array([5.0, -6.0, 7.0, 8.0], np.float32)}
+
+    def run(graph):
+        model = h.make_model(graph, opset_imports=[h.make_opsetid("", writers.ONNX_OPSET)], ir_version=8)
+        return onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+
+    expected = run(graph)
+    assert onnx_rewrite.simplify(graph)["Where"] == 1
+    assert [n.op_type for n in graph.node].count("Where") == 1 and [n.op_type for n in graph.node].count("Not") == 1
+    np.testing.assert_array_equal(run(graph), expected)
 
 
 @pytest.fixture()
