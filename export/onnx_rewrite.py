@@ -165,7 +165,9 @@ def _wheres(graph):
     inputs = {i.name for i in graph.input}
     inputs |= {node.output[0] for node in graph.node if node.op_type == "Identity" and node.input[0] in inputs}
     for index, node in enumerate(graph.node):
-        products = [made_by(name, "Mul") for name in node.input] if node.op_type == "Add" else [None]
+        if node.op_type != "Add":
+            continue
+        products = [made_by(name, "Mul") for name in node.input]
         if None in products:
             continue
         picks = [_one_of(product, made_by, "Cast") for product in products]  # (Cast(...), the other factor)
