@@ -60,7 +60,12 @@ def _top_log_probs(logits, k):
     """
     logits = tf.cast(logits, tf.float32)
     values, tokens = tf.math.top_k(logits, k=k)
-    return values - tf.reduce_logsumexp(logits, axis=-1, keepdims=True), tokens
+    # log(sum(exp(logits))), shifted by the largest logit (the first value). tf.reduce_logsumexp
+    # finds that maximum again and guards against infinite ones (logits here are finite): six more
+    # ops in every step.
+    largest = values[..., :1]
+    log_total = largest + tf.math.log(tf.reduce_sum(tf.exp(logits - largest), axis=-1, keepdims=True))
+    return values - log_total, tokens
 
 
 class GreedyState(NamedTuple):
@@ -68,7 +73,7 @@ class GreedyState(NamedTuple):
     last: tf.Tensor  # (B,) token fed at this step
     tokens: tf.Tensor  # (B, T) output buffer, pad after the end
     scores: tf.Tensor  # (B,) sum of log-probabilities of the output tokens
-    finished: tf.Tensor  # (B,) bool
+    done: tf.Tensor  # (B,) bool: the row has stopped (EOS or its limit)
     cache: object  # the step function's cache, batch-first tensors
 
 
@@ -85,15 +90,15 @@ def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, 
     """
     def run(state, limits, length, rows_left=0):
         def cond(s):
-            return tf.logical_and(s.index < length, _rows_running(s.finished) > rows_left)
+            return tf.logical_and(s.index < length, _rows_running(s.done) > rows_left)
 
         def body(s):
             logits, cache = step(s.last, s.cache, s.index)  # (B, V)
-            token_log_prob, token = (t[:, 0] for t in _top_log_probs(logits, 1))  # (B,)
-            token = tf.where(s.finished, pad_id, token)
-            scores = s.scores + tf.where(s.finished, 0.0, token_log_prob)
-            finished = s.finished | tf.equal(token, eos_id) | (s.index + 1 >= limits)
-            return [GreedyState(s.index + 1, token, _write(s.tokens, s.index, token), scores, finished, cache)]
+            token_log_prob, token = (tf.squeeze(t, 1) for t in _top_log_probs(logits, 1))  # (B,)
+            token = tf.where(s.done, pad_id, token)
+            scores = s.scores + tf.where(s.done, 0.0, token_log_prob)
+            done = s.done | tf.equal(token, eos_id) | (s.index + 1 >= limits)
+            return [GreedyState(s.index + 1, token, _write(s.tokens, s.index, token), scores, done, cache)]
 
         return tf.while_loop(cond, body, [state], maximum_iterations=length)[0]
 
@@ -102,12 +107,11 @@ def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, 
     state = GreedyState(
         index=tf.constant(0), last=tf.fill([batch], bos_id),
         tokens=tf.fill([batch, first_length], pad_id), scores=tf.zeros([batch]),
-        finished=tf.less_equal(limits, 0), cache=cache)
+        done=tf.less_equal(limits, 0), cache=cache)
     if first_pass is None:
         final = run(state, limits, buffer_length)
     else:
-        final = _in_two_passes(run, state, limits, lambda s, limits: s.finished, first_length, buffer_length,
-                               first_pass[1], pad_id)
+        final = _in_two_passes(run, state, limits, first_length, buffer_length, first_pass[1], pad_id)
     return final.tokens, final.scores
 
 
@@ -152,11 +156,11 @@ def _rows_running(done):
     return tf.reduce_sum(tf.cast(tf.logical_not(done), tf.int32))
 
 
-def _in_two_passes(run, state, limits, done, first_length, buffer_length, grow, pad_id, beam_size=1):
+def _in_two_passes(run, state, limits, first_length, buffer_length, grow, pad_id, beam_size=1):
     """Runs a search loop `run(state, limits, length, rows_left) -> state` (steps while more than
     `rows_left` rows run) in two passes: all rows, with output and key/value buffers of
     `first_length` T1 (the state's), until at most a quarter of them are running
-    (FIRST_PASS_ENDS_AT); then only the rows not yet `done(state, limits)`, in buffers of the full
+    (FIRST_PASS_ENDS_AT); then only the rows not yet `done`, in buffers of the full
     `buffer_length` T, to the end. Returns the final state of all rows with buffers of T, without
     its cache.
 
@@ -170,7 +174,7 @@ def _in_two_passes(run, state, limits, done, first_length, buffer_length, grow, 
     loops did not convert, see the README.)
     """
     first = run(state, limits, first_length, tf.shape(limits)[0] // FIRST_PASS_ENDS_AT)
-    left = tf.logical_not(done(first, limits))  # (B,)
+    left = tf.logical_not(first.done)  # (B,)
     rows = tf.cast(tf.reshape(tf.where(left), [-1]), tf.int32)  # (R,) the rows left
     second = run(_take_rows(first, rows, buffer_length, grow, beam_size, pad_id), tf.gather(limits, rows),
                  buffer_length)
@@ -196,6 +200,7 @@ class BeamState(NamedTuple):
     finished_tokens: tf.Tensor  # (B, K, T)
     finished_scores: tf.Tensor  # (B, K) length-penalized scores, NEG_INF for empty slots
     finished_flags: tf.Tensor  # (B, K) bool
+    done: tf.Tensor  # (B,) bool: the row's best hypothesis is final (computed once a step, in the body)
     cache: object  # {"static", "state"} of (B * K, ...) batch-first tensors, beams of one row adjacent
     trace: tuple  # () or, with trace=True, alive tokens (B, T, K, T) and log-probs (B, T, K) per step
 
@@ -209,7 +214,7 @@ def _reorder_state(cache, beam_indices, beam_size):
     """Beam k of row b continues from beam_indices[b, k]: reorders the (B * K, ...) state of the
     cache. The static part is the same for every beam of a row, so it is left as it is."""
     batch = tf.shape(beam_indices)[0]
-    flat = tf.reshape(beam_indices + tf.range(batch)[:, None] * beam_size, [-1])  # (B * K,)
+    flat = tf.reshape(beam_indices + tf.expand_dims(tf.range(batch) * beam_size, 1), [-1])  # (B * K,)
     return {"static": cache["static"],
             "state": tf.nest.map_structure(lambda t: tf.gather(t, flat, axis=0), cache["state"])}
 
@@ -248,19 +253,20 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
     """
     k = beam_size
 
-    def row_done(s, limits, max_penalty):
+    def row_done(index, alive_log_probs, finished_scores, finished_flags, limits, max_penalty):
         # Log-probabilities only fall as hypotheses grow, so the best any alive beam can reach is
         # its current log-probability over the largest penalty. Finished slots are sorted, best first.
-        best_alive = s.alive_log_probs[:, 0] / max_penalty
-        settled = s.finished_flags[:, 0] & (s.finished_scores[:, 0] > best_alive)
-        return settled | (s.index >= limits)
+        def best(t):  # (B, K) -> (B,) slot 0; a gather, one node where t[:, 0] is two (slice, squeeze)
+            return tf.gather(t, 0, axis=1)
+        settled = best(finished_flags) & (best(finished_scores) > best(alive_log_probs) / max_penalty)
+        return settled | (index >= limits)
 
     def run(state, limits, length, rows_left=0):
         batch = tf.shape(limits)[0]
         max_penalty = length_penalty(limits, alpha)  # (B,) largest penalty a row can still get
 
         def cond(s):
-            return tf.logical_and(s.index < length, _rows_running(row_done(s, limits, max_penalty)) > rows_left)
+            return tf.logical_and(s.index < length, _rows_running(s.done) > rows_left)
 
         def body(s):
             last = tf.reshape(tf.gather(s.alive_tokens, tf.maximum(s.index - 1, 0), axis=2), [-1])
@@ -270,14 +276,14 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
             vocab = logits.shape[-1]  # static for a Keras model; 2K when unknown (then V >= 2K is assumed)
             per_beam = 2 * k if vocab is None else min(2 * k, vocab)
             log_probs, tokens = _top_log_probs(logits, per_beam)  # (B * K, N)
-            candidates = tf.reshape(s.alive_log_probs[:, :, None] + tf.reshape(log_probs, [batch, k, per_beam]),
+            candidates = tf.reshape(tf.expand_dims(s.alive_log_probs, 2) + tf.reshape(log_probs, [batch, k, per_beam]),
                                     [batch, k * per_beam])  # (B, K * N)
             top_log_probs, top_indices = tf.math.top_k(candidates, k=2 * k)  # (B, 2K)
             top_beams = top_indices // per_beam
             top_tokens = tf.gather(tf.reshape(tokens, [batch, k * per_beam]), top_indices, batch_dims=1)
             top_seqs = _write(_gather_beams(s.alive_tokens, top_beams), s.index, top_tokens)  # (B, 2K, T)
             length = s.index + 1
-            finishing = tf.equal(top_tokens, eos_id) | (length >= limits)[:, None]  # (B, 2K)
+            finishing = tf.equal(top_tokens, eos_id) | tf.expand_dims(length >= limits, 1)  # (B, 2K)
             valid = top_log_probs > NEG_INF / 2  # candidates of dead beams stay dead
 
             # Alive: the K best candidates that do not finish.
@@ -288,18 +294,20 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
 
             # Finished: merge the old K with the finishing candidates; keep the K best.
             new_scores = tf.where(finishing & valid, top_log_probs / length_penalty(length, alpha), NEG_INF)
-            new_scores = tf.where(row_done(s, limits, max_penalty)[:, None], NEG_INF, new_scores)  # done: no more
+            new_scores = tf.where(tf.expand_dims(s.done, 1), NEG_INF, new_scores)  # done: no more
             scores = tf.concat([s.finished_scores, new_scores], axis=1)  # (B, 3K)
             flags = tf.concat([s.finished_flags, finishing & valid & (new_scores > NEG_INF / 2)], axis=1)
             seqs = tf.concat([s.finished_tokens, top_seqs], axis=1)
             finished_scores, pick = tf.math.top_k(scores, k=k)
+            finished_flags = _gather_beams(flags, pick)
+            done = row_done(length, alive_log_probs, finished_scores, finished_flags, limits, max_penalty)
             history = s.trace
             if trace:  # row `index` of the history = the alive beams after this step
                 slot = tf.equal(tf.range(buffer_length), s.index)  # (T,)
                 history = (tf.where(slot[None, :, None, None], alive_tokens[:, None], history[0]),
                            tf.where(slot[None, :, None], alive_log_probs[:, None], history[1]))
             return [BeamState(length, alive_tokens, alive_log_probs, _gather_beams(seqs, pick), finished_scores,
-                              _gather_beams(flags, pick), cache, history)]
+                              finished_flags, done, cache, history)]
 
         return tf.while_loop(cond, body, [state], maximum_iterations=length)[0]
 
@@ -314,14 +322,13 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
         index=tf.constant(0),
         alive_tokens=empty, alive_log_probs=first,
         finished_tokens=empty, finished_scores=tf.fill([batch, k], NEG_INF),
-        finished_flags=tf.zeros([batch, k], tf.bool), cache=tile_beams(cache, k),
+        finished_flags=tf.zeros([batch, k], tf.bool), done=tf.less_equal(limits, 0), cache=tile_beams(cache, k),
         trace=(tf.fill([batch, buffer_length, k, buffer_length], pad_id), tf.fill([batch, buffer_length, k], NEG_INF))
         if trace else ())
     if first_pass is None:
         final = run(state, limits, buffer_length)
     else:
-        final = _in_two_passes(run, state, limits, lambda s, limits: row_done(s, limits, length_penalty(limits, alpha)),
-                               first_length, buffer_length, first_pass[1], pad_id, beam_size=k)
+        final = _in_two_passes(run, state, limits, first_length, buffer_length, first_pass[1], pad_id, beam_size=k)
     # Every row with limit >= 1 has finished hypotheses (all finish at the limit); an empty
     # source (limit 0) gives empty outputs with score 0, like greedy search.
     has_output = limits > 0
