@@ -4,6 +4,7 @@ import math
 
 import keras
 import numpy as np
+import tensorflow as tf
 from keras import ops
 
 from kformer.attention import MultiHeadAttention, contract
@@ -52,7 +53,9 @@ class TokenEmbedding(keras.layers.Layer):
     def call(self, inputs, reverse=False):
         if reverse:
             return contract(inputs, ops.transpose(ops.cast(self.embeddings, inputs.dtype)))
-        return ops.take(self.embeddings, inputs, axis=0) * ops.cast(math.sqrt(self.d_model), self.compute_dtype)
+        # tf.gather, not ops.take: take also wraps negative indices, three more ops per lookup in
+        # every decoding step of an exported graph; ids and positions are never negative.
+        return tf.gather(self.embeddings, inputs) * ops.cast(math.sqrt(self.d_model), self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()
@@ -85,8 +88,8 @@ class PositionalEncoding(keras.layers.Layer):
     def call(self, inputs, start_index=0, training=None):
         length = ops.shape(inputs)[1]
         positions = ops.arange(length) + start_index
-        encoding = ops.take(self.table, positions, axis=0)  # (L, M)
-        return self.dropout_layer(inputs + ops.cast(encoding, inputs.dtype)[None], training=training)
+        encoding = tf.gather(self.table, positions)  # (L, M); see TokenEmbedding.call
+        return self.dropout_layer(inputs + ops.cast(encoding, inputs.dtype), training=training)  # (L, M) broadcast
 
     def get_config(self):
         config = super().get_config()
@@ -118,8 +121,8 @@ class FeedForward(keras.layers.Layer):
 
     def call(self, inputs):
         # The Dense layers' weights through `contract`: what Dense does, in fewer exported ops.
-        hidden = self.inner.activation(contract(inputs, self.inner.kernel) + self.inner.bias)
-        return contract(hidden, self.outer.kernel) + self.outer.bias
+        hidden = self.inner.activation(contract(inputs, self.inner.kernel, bias=self.inner.bias))
+        return contract(hidden, self.outer.kernel, bias=self.outer.bias)
 
     def get_config(self):
         config = super().get_config()
@@ -216,8 +219,8 @@ class DecoderBlock(_ResidualBlock):
         self_mask: boolean broadcastable to (B, T, T): causal and target padding.
         cross_mask: boolean broadcastable to (B, T, S): the *source* padding mask.
         cache: optional dict with "self" = (key, value) buffers (B, H, Tmax, D) and "cross" =
-            precomputed encoder (key, value) (B, H, S, D); then x is one step (B, 1, M) at
-            position `cache_index`.
+            precomputed encoder (key, value) (B, H, S, D); then x is one step (B, 1, M), written
+            to the self-attention buffers at `cache_slot` (`kformer.attention.cache_slot`).
 
     Returns (x (B, T, M), {"self": ..., "cross": ...}), each the attention's {"cache", "weights"}:
     "self" "cache" is the updated buffers when decoding step by step.
@@ -240,13 +243,13 @@ class DecoderBlock(_ResidualBlock):
         self.feed_forward.build(x_shape)
         self.feed_forward_norm.build(x_shape)
 
-    def call(self, x, encoder_output=None, self_mask=None, cross_mask=None, cache=None, cache_index=None,
+    def call(self, x, encoder_output=None, self_mask=None, cross_mask=None, cache=None, cache_slot=None,
              training=None):
         self_cache = None if cache is None else cache["self"]
         cross_cache = None if cache is None else cache["cross"]
         x, self_attention = self._residual(
             x, self.self_attention_norm,
-            lambda h: self.self_attention(h, attention_mask=self_mask, cache=self_cache, cache_index=cache_index),
+            lambda h: self.self_attention(h, attention_mask=self_mask, cache=self_cache, cache_slot=cache_slot),
             training)
         x, cross_attention = self._residual(
             x, self.cross_attention_norm,

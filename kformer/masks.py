@@ -19,8 +19,8 @@ def causal_mask(query_length, key_length=None, offset=0):
     so that one query sees the prefix already written to a key buffer of length `key_length`.
     """
     key_length = query_length if key_length is None else key_length
-    query_positions = ops.arange(query_length)[:, None] + offset  # (Tq, 1)
-    key_positions = ops.arange(key_length)[None, :]  # (1, Tk)
+    query_positions = ops.expand_dims(ops.arange(query_length) + offset, 1)  # (Tq, 1)
+    key_positions = ops.arange(key_length)  # (Tk,), broadcast against (Tq, 1)
     return ops.expand_dims(ops.less_equal(key_positions, query_positions), axis=0)
 
 
