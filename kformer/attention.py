@@ -10,21 +10,36 @@ from keras import ops
 # H heads, D head size, M model width (d_model).
 
 
-def contract(x, kernel, axes=1):
-    """tensordot(x, kernel, axes): x's last `axes` dims against kernel's first `axes` dims.
+def contract(x, kernel, axes=1, bias=None):
+    """tensordot(x, kernel, axes) [+ bias]: x's last `axes` dims against kernel's first `axes` dims.
 
     When every dim of x but the batch is known as the graph is traced (a decoding step: (B, 1, M)),
-    written as one matmul between reshapes of constant shape, which exports as three ops; a
+    written as one matmul of x against the kernel flattened to a matrix (a rank-2 kernel
+    broadcasts over x's leading dims: one ONNX MatMul, one TFLite FULLY_CONNECTED), with reshapes
+    of constant shape only where x or the output have more than one contracted or kept dim. A
     tensordot reads x's shape at run time instead (ten TFLite ops, seven ONNX nodes, for each of
     the 12 products in a decoder step of the demo model). Otherwise (training: lengths vary) a
     tensordot, which TensorFlow differentiates as one plain matmul.
     """
     known = x.shape[1:]
     if None in known:
-        return ops.tensordot(x, kernel, axes)
-    size = math.prod(known[len(known) - axes:])  # K: the contracted dims, flattened
-    product = ops.matmul(ops.reshape(x, (-1, size)), ops.reshape(kernel, (size, -1)))
-    return ops.reshape(product, (-1, *known[: len(known) - axes], *kernel.shape[axes:]))
+        product = ops.tensordot(x, kernel, axes)
+        return product if bias is None else product + bias
+    kept, size = known[: len(known) - axes], math.prod(known[len(known) - axes:])  # K: contracted dims, flattened
+    if axes > 1:
+        x = ops.reshape(x, (-1, *kept, size))
+    # tf.matmul: keras.ops.matmul writes a rank-3 by rank-2 product as a tensordot.
+    product = tf.linalg.matmul(x, ops.reshape(kernel, (size, -1)))  # (B, *kept, N)
+    if bias is not None:
+        product = product + ops.reshape(bias, (-1,))
+    outputs = kernel.shape[axes:]
+    return product if len(outputs) == 1 else ops.reshape(product, (-1, *kept, *outputs))
+
+
+def cache_slot(buffer_length, index):
+    """(1, 1, T, 1) bool, True at `index`: where a decoding step writes its key/value in buffers
+    (B, H, T, D). Built once per step for every layer."""
+    return ops.reshape(ops.arange(buffer_length) == index, (1, 1, -1, 1))
 
 
 @keras.saving.register_keras_serializable(package="kformer")
@@ -48,14 +63,15 @@ class MultiHeadAttention(keras.layers.Layer):
             of precomputed keys/values is given.
         attention_mask: boolean, broadcastable to (B, Tq, Tk); True = may attend.
         cache: optional `(key, value)` pair, each (B, H, T, D).
-            With `cache_index` (decoder self-attention, one new token at a time): the new
-            token's key/value is written at position `cache_index` and the updated cache is
-            returned. Without it (encoder-decoder attention): the cache holds precomputed
-            keys/values of the encoder output and is used as is.
-        cache_index: scalar int, position of the (single) query token in the cache.
+            With `cache_slot` (decoder self-attention, one new token at a time): the new
+            token's key/value is written at that position and the updated cache is returned.
+            Without it (encoder-decoder attention): the cache holds precomputed keys/values of
+            the encoder output and is used as is.
+        cache_slot: (1, 1, T, 1) bool from `cache_slot`, True at the (single) query token's
+            position in the cache.
 
     Returns `(output, {"cache": (key, value), "weights": weights})`, always this structure:
-    output (B, Tq, M); the keys/values attended to, each (B, H, Tk, D) (with `cache_index`, the
+    output (B, Tq, M); the keys/values attended to, each (B, H, Tk, D) (with `cache_slot`, the
     updated cache); the (B, H, Tq, Tk) attention weights. Unused parts cost nothing in a graph.
 
     Example:
@@ -96,15 +112,15 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         kernel = ops.concatenate([p.kernel for p in projections], axis=-1)  # (M, H, n*D)
         bias = ops.concatenate([p.bias for p in projections], axis=-1)  # (H, n*D)
-        heads = ops.transpose(contract(x, kernel) + bias, (0, 2, 1, 3))  # (B, H, L, n*D)
+        heads = ops.transpose(contract(x, kernel, bias=bias), (0, 2, 1, 3))  # (B, H, L, n*D)
         return ops.split(heads, len(projections), axis=-1)
 
     def key_value(self, value):
         """(B, Tk, M) -> (key, value), each (B, H, Tk, D): precompute once per source sentence."""
         return tuple(self._project(value, self.key, self.value))
 
-    def call(self, query, value=None, attention_mask=None, cache=None, cache_index=None):
-        if cache is not None and cache_index is None:  # encoder-decoder attention, keys/values precomputed
+    def call(self, query, value=None, attention_mask=None, cache=None, cache_slot=None):
+        if cache is not None and cache_slot is None:  # encoder-decoder attention, keys/values precomputed
             (q,) = self._project(query, self.query)
             k, v = cache
         elif value is None:  # self-attention: queries, keys and values in one product
@@ -112,13 +128,11 @@ class MultiHeadAttention(keras.layers.Layer):
         else:
             (q,) = self._project(query, self.query)
             k, v = self.key_value(value)  # (B, H, Tk, D)
-        if cache_index is not None:
-            # Write the new token's key/value (B, H, 1, D) into slot `cache_index` with a one-hot
-            # blend: fixed shapes, no dynamic-update-slice, so the loop exports to TFLite and ONNX.
-            slot = ops.arange(ops.shape(cache[0])[2]) == cache_index  # (T,)
-            slot = ops.reshape(slot, (1, 1, -1, 1))
-            k = ops.where(slot, k, cache[0])  # (B, H, T, D)
-            v = ops.where(slot, v, cache[1])
+        if cache_slot is not None:
+            # Write the new token's key/value (B, H, 1, D) into its slot with a one-hot blend: fixed
+            # shapes, no dynamic-update-slice, so the loop exports to TFLite and ONNX.
+            k = ops.where(cache_slot, k, cache[0])  # (B, H, T, D)
+            v = ops.where(cache_slot, v, cache[1])
 
         # One query (a decoding step): each product as a broadcast multiply and a sum, not a batched
         # matmul of M = 1, which TFLite's XNNPACK runs by repacking the whole key or value buffer
@@ -143,7 +157,7 @@ class MultiHeadAttention(keras.layers.Layer):
         else:
             context = ops.einsum("bhqk,bhkd->bhqd", weights, v)
         context = ops.transpose(context, (0, 2, 1, 3))  # (B, Tq, H, D)
-        output = contract(context, self.output_projection.kernel, 2) + self.output_projection.bias  # (B, Tq, M)
+        output = contract(context, self.output_projection.kernel, 2, self.output_projection.bias)  # (B, Tq, M)
         return output, {"cache": (k, v), "weights": weights}
 
     def get_config(self):

@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from kformer import masks, search
+from kformer.attention import cache_slot
 from kformer.config import TransformerConfig
 from kformer.layers import DecoderBlock, EncoderBlock, PositionalEncoding, TokenEmbedding
 
@@ -175,10 +176,11 @@ class Transformer(keras.Model):
         x = self.target_positions(x, start_index=index, training=False)
         buffer_length = ops.shape(state["self"][0][0])[2]
         self_mask = masks.causal_mask(1, buffer_length, offset=index)  # (1, 1, Tmax): keys 0..index
+        slot = cache_slot(buffer_length, index)  # (1, 1, Tmax, 1): every layer writes here
         new_self = []
         for block, self_kv, cross_kv in zip(self.decoder_blocks, state["self"], static["cross"]):
             x, attention = block(x, self_mask=self_mask, cross_mask=static["source_mask"],
-                                 cache={"self": self_kv, "cross": cross_kv}, cache_index=index, training=False)
+                                 cache={"self": self_kv, "cross": cross_kv}, cache_slot=slot, training=False)
             new_self.append(attention["self"]["cache"])
         # Squeezed before the output projection, not sliced after it: TFLite copies a slice element by
         # element, 8% of a beam search's time for (B * K, 1, V) logits.

@@ -4,7 +4,7 @@ import pytest
 from layer_test import run_layer_test
 
 from kformer import masks
-from kformer.attention import MultiHeadAttention, contract
+from kformer.attention import MultiHeadAttention, cache_slot, contract
 
 HEADS, HEAD_SIZE, WIDTH = 2, 4, 8
 
@@ -52,7 +52,7 @@ def test_cached_steps_equal_full_causal_pass():
     cache = (buffer, buffer)
     for i in range(6):
         step, extras = layer(x[:, i:i + 1], attention_mask=masks.causal_mask(1, 8, offset=i),
-                             cache=cache, cache_index=i)
+                             cache=cache, cache_slot=cache_slot(8, i))
         cache = extras["cache"]
         np.testing.assert_allclose(np.asarray(step)[:, 0], full[:, i], atol=1e-5)
 
@@ -78,8 +78,9 @@ def test_contract_is_tensordot_and_reads_no_shape_when_it_need_not(axes):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(3, 2, 4, 5)).astype("float32")
     kernel = rng.normal(size=(*x.shape[4 - axes:], 6, 7)).astype("float32")
+    bias = rng.normal(size=(6, 7)).astype("float32")
     for shape, reads_shape in (([None, 2, 4, 5], False), ([None, None, 4, 5], True)):  # decoding step, training
-        fn = tf.function(lambda x: contract(x, kernel, axes), input_signature=[tf.TensorSpec(shape, tf.float32)])
-        np.testing.assert_allclose(np.asarray(fn(x)), np.tensordot(x, kernel, axes), rtol=1e-5, atol=1e-5)
+        fn = tf.function(lambda x: contract(x, kernel, axes, bias), input_signature=[tf.TensorSpec(shape, tf.float32)])
+        np.testing.assert_allclose(np.asarray(fn(x)), np.tensordot(x, kernel, axes) + bias, rtol=1e-5, atol=1e-5)
         ops = {op.type for op in fn.get_concrete_function().graph.get_operations()}
         assert ("Shape" in ops) == reads_shape, ops
