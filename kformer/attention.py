@@ -14,26 +14,23 @@ def contract(x, kernel, axes=1, bias=None):
     """tensordot(x, kernel, axes) [+ bias]: x's last `axes` dims against kernel's first `axes` dims.
 
     When every dim of x but the batch is known as the graph is traced (a decoding step: (B, 1, M)),
-    written as one matmul of x against the kernel flattened to a matrix (a rank-2 kernel
-    broadcasts over x's leading dims: one ONNX MatMul, one TFLite FULLY_CONNECTED), with reshapes
-    of constant shape only where x or the output have more than one contracted or kept dim. A
-    tensordot reads x's shape at run time instead (ten TFLite ops, seven ONNX nodes, for each of
-    the 12 products in a decoder step of the demo model). Otherwise (training: lengths vary) a
+    written as one matmul between reshapes of constant shape, with the bias added to the matmul's
+    (rows, N) result: three ops in TFLite (the bias joins the FULLY_CONNECTED), four ONNX nodes
+    (onnxruntime fuses MatMul and Add into a Gemm). A tensordot reads x's shape at run time instead
+    (ten TFLite ops, seven ONNX nodes, for each of the 12 products in a decoder step of the demo
+    model). Not a rank-3 by rank-2 tf.matmul, which exports as one node: TensorFlow runs that
+    broadcast product 1.3-1.5x slower (2026-11-25). Otherwise (training: lengths vary) a
     tensordot, which TensorFlow differentiates as one plain matmul.
     """
     known = x.shape[1:]
     if None in known:
         product = ops.tensordot(x, kernel, axes)
         return product if bias is None else product + bias
-    kept, size = known[: len(known) - axes], math.prod(known[len(known) - axes:])  # K: contracted dims, flattened
-    if axes > 1:
-        x = ops.reshape(x, (-1, *kept, size))
-    # tf.matmul: keras.ops.matmul writes a rank-3 by rank-2 product as a tensordot.
-    product = tf.linalg.matmul(x, ops.reshape(kernel, (size, -1)))  # (B, *kept, N)
+    size = math.prod(known[len(known) - axes:])  # K: the contracted dims, flattened
+    product = ops.matmul(ops.reshape(x, (-1, size)), ops.reshape(kernel, (size, -1)))  # (rows, N)
     if bias is not None:
         product = product + ops.reshape(bias, (-1,))
-    outputs = kernel.shape[axes:]
-    return product if len(outputs) == 1 else ops.reshape(product, (-1, *kept, *outputs))
+    return ops.reshape(product, (-1, *known[: len(known) - axes], *kernel.shape[axes:]))
 
 
 def cache_slot(buffer_length, index):
