@@ -61,9 +61,9 @@ def _top_log_probs(logits, k):
     logits = tf.cast(logits, tf.float32)
     values, tokens = tf.math.top_k(logits, k=k)
     # log(sum(exp(logits))), shifted by the largest logit. tf.reduce_logsumexp also guards against
-    # infinite maxima (logits here are finite): five more ops in every step. The maximum is reduced
-    # again rather than read from `values`: taken from top_k's output, XLA ran beam search 5-13x
-    # slower (demo model, 2026-11-25).
+    # infinite maxima (logits here are finite): IsInf, IsNaN and a select in every exported step.
+    # The maximum is reduced again rather than read from `values`: taken from top_k's output, XLA
+    # ran beam search 5-13x slower (demo model, 2026-11-25).
     largest = tf.reduce_max(logits, axis=-1, keepdims=True)
     log_total = largest + tf.math.log(tf.reduce_sum(tf.exp(logits - largest), axis=-1, keepdims=True))
     return values - log_total, tokens
@@ -254,13 +254,13 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
     """
     k = beam_size
 
-    def row_done(index, alive_log_probs, finished_scores, finished_flags, limits, max_penalty):
+    def row_done(at_limit, alive_log_probs, finished_scores, finished_flags, max_penalty):
         # Log-probabilities only fall as hypotheses grow, so the best any alive beam can reach is
         # its current log-probability over the largest penalty. Finished slots are sorted, best first.
         def best(t):  # (B, K) -> (B,) slot 0; a gather, one node where t[:, 0] is two (slice, squeeze)
             return tf.gather(t, 0, axis=1)
         settled = best(finished_flags) & (best(finished_scores) > best(alive_log_probs) / max_penalty)
-        return settled | (index >= limits)
+        return settled | at_limit
 
     def run(state, limits, length, rows_left=0):
         batch = tf.shape(limits)[0]
@@ -284,7 +284,8 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
             top_tokens = tf.gather(tf.reshape(tokens, [batch, k * per_beam]), top_indices, batch_dims=1)
             top_seqs = _write(_gather_beams(s.alive_tokens, top_beams), s.index, top_tokens)  # (B, 2K, T)
             length = s.index + 1
-            finishing = tf.equal(top_tokens, eos_id) | tf.expand_dims(length >= limits, 1)  # (B, 2K)
+            at_limit = length >= limits  # (B,)
+            finishing = tf.equal(top_tokens, eos_id) | tf.expand_dims(at_limit, 1)  # (B, 2K)
             valid = top_log_probs > NEG_INF / 2  # candidates of dead beams stay dead
 
             # Alive: the K best candidates that do not finish.
@@ -301,7 +302,7 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
             seqs = tf.concat([s.finished_tokens, top_seqs], axis=1)
             finished_scores, pick = tf.math.top_k(scores, k=k)
             finished_flags = _gather_beams(flags, pick)
-            done = row_done(length, alive_log_probs, finished_scores, finished_flags, limits, max_penalty)
+            done = row_done(at_limit, alive_log_probs, finished_scores, finished_flags, max_penalty)
             history = s.trace
             if trace:  # row `index` of the history = the alive beams after this step
                 slot = tf.equal(tf.range(buffer_length), s.index)  # (T,)

@@ -203,6 +203,7 @@ def test_text_in_text_out(artifacts, model_dir):
     assert OnnxRunner(artifacts, BEAM).translate(texts) == expected
     assert TfliteRunner(artifacts, BEAM).translate(texts) == expected
 
+
 # The most nodes each loop body of the tiny model's fp32 files may have (the two passes of beam
 # search, then of greedy), as the pinned tf2onnx and TensorFlow Lite converter write them
 # (2026-11-25). onnxruntime and TFLite run a loop body node by node at every step: a rewrite that
