@@ -200,8 +200,7 @@ class BeamState(NamedTuple):
     alive_log_probs: tf.Tensor  # (B, K) sum of log-probabilities, NEG_INF for dead slots
     finished_tokens: tf.Tensor  # (B, K, T)
     finished_scores: tf.Tensor  # (B, K) length-penalized scores, NEG_INF for empty slots
-    finished_flags: tf.Tensor  # (B, K) bool
-    done: tf.Tensor  # (B,) bool: the row's best hypothesis is final (computed once a step, in the body)
+    done: tf.Tensor  # (B,) bool: the row has stopped (computed once a step, in the body)
     cache: object  # {"static", "state"} of (B * K, ...) batch-first tensors, beams of one row adjacent
     trace: tuple  # () or, with trace=True, alive tokens (B, T, K, T) and log-probs (B, T, K) per step
 
@@ -236,12 +235,11 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
     Each step extends every alive beam, takes the top 2K candidates (so that K of them finishing
     at once still leaves K alive), keeps the best K non-finishing ones alive, and merges the
     finishing ones (EOS, or the row's length limit) into the K best finished by
-    log-probability / ((5 + length) / 6)^alpha. A row is done when no alive beam can still beat
-    its best finished one: the best hypothesis is then final (exact: log-probabilities only fall
-    as a hypothesis grows, and no penalty exceeds the one at the row's limit). The other K - 1 are
-    the best finished by then, as in CTranslate2 (an empty slot has score NEG_INF); waiting until
-    none of them could change either cost 16% more steps on the demo model, for the same
-    translations. The loop ends when every row is done.
+    log-probability / ((5 + length) / 6)^alpha. A row is done once the most probable candidate
+    of a step finishes (CTranslate2's and OpenNMT's rule); the loop ends when every row is done.
+    The exact rule (go on until no alive beam could beat the best finished even at the row's
+    largest penalty) took 1.41x the steps on the demo model's test split (15,260 vs 10,808 at
+    batch 1) for BLEU 26.70 vs 26.56: 31 of 1,069 translations differ (2026-11-25).
 
     Args:
         step, limits, buffer_length, first_pass: as in `greedy_search`; `cache` ({"static", "state"})
@@ -254,17 +252,8 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
     """
     k = beam_size
 
-    def row_done(at_limit, alive_log_probs, finished_scores, finished_flags, max_penalty):
-        # Log-probabilities only fall as hypotheses grow, so the best any alive beam can reach is
-        # its current log-probability over the largest penalty. Finished slots are sorted, best first.
-        def best(t):  # (B, K) -> (B,) slot 0; a gather, one node where t[:, 0] is two (slice, squeeze)
-            return tf.gather(t, 0, axis=1)
-        settled = best(finished_flags) & (best(finished_scores) > best(alive_log_probs) / max_penalty)
-        return settled | at_limit
-
     def run(state, limits, length, rows_left=0):
         batch = tf.shape(limits)[0]
-        max_penalty = length_penalty(limits, alpha)  # (B,) largest penalty a row can still get
 
         def cond(s):
             return tf.logical_and(s.index < length, _rows_running(s.done) > rows_left)
@@ -298,18 +287,17 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
             new_scores = tf.where(finishing & valid, top_log_probs / length_penalty(length, alpha), NEG_INF)
             new_scores = tf.where(tf.expand_dims(s.done, 1), NEG_INF, new_scores)  # done: no more
             scores = tf.concat([s.finished_scores, new_scores], axis=1)  # (B, 3K)
-            flags = tf.concat([s.finished_flags, finishing & valid & (new_scores > NEG_INF / 2)], axis=1)
             seqs = tf.concat([s.finished_tokens, top_seqs], axis=1)
             finished_scores, pick = tf.math.top_k(scores, k=k)
-            finished_flags = _gather_beams(flags, pick)
-            done = row_done(at_limit, alive_log_probs, finished_scores, finished_flags, max_penalty)
+            # The most probable candidate (top_k sorts them) finishes: a gather, where [:, 0] is two nodes.
+            done = s.done | at_limit | tf.gather(finishing & valid, 0, axis=1)
             history = s.trace
             if trace:  # row `index` of the history = the alive beams after this step
                 slot = tf.equal(tf.range(buffer_length), s.index)  # (T,)
                 history = (tf.where(slot[None, :, None, None], alive_tokens[:, None], history[0]),
                            tf.where(slot[None, :, None], alive_log_probs[:, None], history[1]))
             return [BeamState(length, alive_tokens, alive_log_probs, _gather_beams(seqs, pick), finished_scores,
-                              finished_flags, done, cache, history)]
+                              done, cache, history)]
 
         return tf.while_loop(cond, body, [state], maximum_iterations=length)[0]
 
@@ -324,7 +312,7 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
         index=tf.constant(0),
         alive_tokens=empty, alive_log_probs=first,
         finished_tokens=empty, finished_scores=tf.fill([batch, k], NEG_INF),
-        finished_flags=tf.zeros([batch, k], tf.bool), done=tf.less_equal(limits, 0), cache=tile_beams(cache, k),
+        done=tf.less_equal(limits, 0), cache=tile_beams(cache, k),
         trace=(tf.fill([batch, buffer_length, k, buffer_length], pad_id), tf.fill([batch, buffer_length, k], NEG_INF))
         if trace else ())
     if first_pass is None:

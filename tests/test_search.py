@@ -73,12 +73,13 @@ def test_greedy_stops_at_each_rows_limit_and_empty_rows_stay_empty():
     np.testing.assert_allclose(scores, 0, atol=1e-5)
 
 
-# "EOS" now, or "a EOS": equal first-step odds, "a" almost surely ends next.
-SHORT_OR_LONG = {BOS: {EOS: 0.45, A: 0.45, B: 0.1}, A: {EOS: 0.95, B: 0.05}, B: {EOS: 1.0}}
+# "EOS" now, or "a EOS": "a" is the most probable first step (so the row goes on) and almost
+# surely ends next, a little less probable in all than "EOS".
+SHORT_OR_LONG = {BOS: {EOS: 0.44, A: 0.46, B: 0.1}, A: {EOS: 0.95, B: 0.05}, B: {EOS: 1.0}}
 
 
 def test_length_penalty_changes_the_winner():
-    short, long_ = math.log(0.45), math.log(0.45 * 0.95)
+    short, long_ = math.log(0.44), math.log(0.46 * 0.95)
     tokens, scores = run_beam([SHORT_OR_LONG], [6], k=2, alpha=0.0)
     assert list(tokens[0, 0, :1]) == [EOS] and scores[0, 0] == pytest.approx(short, rel=1e-5)
     tokens, scores = run_beam([SHORT_OR_LONG], [6], k=2, alpha=1.0)
@@ -86,20 +87,20 @@ def test_length_penalty_changes_the_winner():
     assert scores[0, 1] == pytest.approx(short, rel=1e-5)  # the n-best keeps the other one
 
 
-def test_all_beams_finishing_at_once_still_leaves_k_alive():
-    # Step 1: both beams ("a", "b") have EOS as their best continuation, so both finish at once.
-    # Only a search that keeps K non-finishing candidates alive goes on to "a c EOS", which is
-    # the best hypothesis under alpha = 2 (C is the toy's spare id 1).
+def test_finishing_candidates_still_leave_k_alive():
+    # Step 1, K = 2, candidates by probability: "a c" (0.2), "b EOS" (0.19), "a EOS" (0.175),
+    # "b a" (0.16). Two of the first three finish; a search that filled its K alive slots from
+    # the first K candidates would keep only "a c". Keeping the K best that do not finish keeps
+    # "a c" and "b a" (C is the toy's spare id 1).
     C = 1
-    rows = [{BOS: {A: 0.5, B: 0.5}, A: {EOS: 0.55, C: 0.45}, B: {EOS: 0.6, C: 0.4}, C: {EOS: 1.0}}]
-    tokens, scores = run_beam(rows, [8], k=2, alpha=2.0)
-    candidates = {(A, EOS): 0.5 * 0.55, (B, EOS): 0.5 * 0.6, (A, C, EOS): 0.5 * 0.45, (B, C, EOS): 0.5 * 0.4}
-    ranked = sorted(candidates, key=lambda seq: -penalized(math.log(candidates[seq]), len(seq), 2.0))
-    assert ranked[0] == (A, C, EOS)  # the table is built so that a longer hypothesis wins
-    for n in range(2):
-        assert tuple(tokens[0, n, :len(ranked[n])]) == ranked[n]
-        assert scores[0, n] == pytest.approx(penalized(math.log(candidates[ranked[n]]), len(ranked[n]), 2.0),
-                                             rel=1e-5)
+    rows = [{BOS: {A: 0.5, B: 0.5}, A: {C: 0.4, EOS: 0.35, B: 0.25}, B: {EOS: 0.38, A: 0.32, C: 0.3},
+             C: {EOS: 1.0}}]
+    table = table_from(rows)
+    _, _, trace = beam_search(markov_step(table), row_cache(rows), tf.constant([5]), 5, 2, BOS, EOS, alpha=0.6,
+                              trace=True)
+    alive = trace["tokens"].numpy()[0, 1]  # (K, T) after step 1
+    assert [list(seq[:2]) for seq in alive] == [[A, C], [B, A]]
+    np.testing.assert_allclose(trace["log_probs"].numpy()[0, 1], np.log([0.2, 0.16]), rtol=1e-5)
 
 
 def test_eos_at_different_steps_per_beam_gives_sorted_n_best():
@@ -130,8 +131,12 @@ def brute_force_best(chain, limit, alpha):
     return best
 
 
-@pytest.mark.parametrize("seed, alpha", [(0, 0.0), (1, 0.6), (2, 1.5), (3, 0.6)])
-def test_wide_beam_equals_brute_force(seed, alpha):
+@pytest.mark.parametrize("seed", range(4))
+def test_wide_beam_equals_brute_force_without_length_penalty(seed):
+    # With alpha = 0 a row that stops when its most probable candidate ends loses nothing: every
+    # alive hypothesis is less probable, and can only fall further. (With alpha > 0 a longer one
+    # could still win on the penalty; the rule stops anyway, as CTranslate2's does.)
+    alpha = 0.0
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(2):
@@ -189,16 +194,16 @@ def test_beam_trace_records_alive_hypotheses_per_step():
     assert int(trace["steps"]) >= 2
 
 
-def test_beam_stops_once_the_best_hypothesis_is_settled():
-    # "EOS" at once (0.9) beats anything the alive beams ("a"/"b" at 0.05, never ending) could
-    # still reach at the row's largest length penalty: the search stops after one step, with
-    # the second n-best slot left empty, instead of running the alive beams to the limit.
-    rows = [{BOS: {EOS: 0.9, A: 0.05, B: 0.05}, A: {A: 0.5, B: 0.5}, B: {A: 0.5, B: 0.5}}]
+def test_a_beam_row_stops_when_its_most_probable_candidate_ends():
+    # "EOS" at once (0.5) is the most probable candidate of the first step: the search stops after
+    # one step, with the second n-best slot left empty. The alive "a" (0.45) could still beat it
+    # at the row's largest length penalty, so a search waiting for that bound would go on.
+    rows = [{BOS: {EOS: 0.5, A: 0.45, B: 0.05}, A: {A: 0.5, B: 0.5}, B: {A: 0.5, B: 0.5}}]
     tokens, scores, trace = beam_search(markov_step(table_from(rows)), row_cache(rows), tf.constant([6]), 6, 2,
                                         BOS, EOS, alpha=0.6, trace=True)
     tokens, scores = tokens.numpy(), scores.numpy()
     assert int(trace["steps"]) == 1
-    assert tokens[0, 0, 0] == EOS and scores[0, 0] == pytest.approx(math.log(0.9), rel=1e-5)
+    assert tokens[0, 0, 0] == EOS and scores[0, 0] == pytest.approx(math.log(0.5), rel=1e-5)
     assert scores[0, 1] < NEG_INF / 2 and not tokens[0, 1].any()
 
 
