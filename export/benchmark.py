@@ -23,8 +23,10 @@ def _runner(runtime, artifact_dir, beam, variant, threads):
     return open_runner(artifact_dir, runtime, variant, beam, threads=threads)
 
 
-def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None, repeats=5):
-    """Measures one runtime/variant/search in this process; returns a dict (JSON-friendly)."""
+def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None, repeats=3):
+    """Measures one runtime/variant/search in this process; returns a dict (JSON-friendly).
+    Batch 1: the job's first `batch1_sentences` sources one at a time, `repeats` times (the median
+    pass); batch 32: the first 32 in one call; BLEU: every source, in batches."""
     with open(sentences_file, encoding="utf-8") as f:
         job = json.load(f)
     start = time.perf_counter()
@@ -39,14 +41,14 @@ def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None, r
         by_text = dict(zip(sources, ids))
         translate = lambda texts: runner.translate_ids([by_text[t] for t in texts])[0]  # noqa: E731
         count = lambda outputs: outputs  # noqa: E731
-    one, batch = [sources[job["latency_index"]]], sources[:32]
+    singles, batch = sources[: job["batch1_sentences"]], sources[:32]
 
-    translate(one)  # warm-up (traces, allocates)
-    latencies = []
+    translate(singles[:1])  # warm-up (traces, allocates)
+    passes = []
     for _ in range(repeats):
         t = time.perf_counter()
-        outputs = count(translate(one))
-        latencies.append(time.perf_counter() - t)
+        outputs = [count(translate([source]))[0] for source in singles]
+        passes.append(time.perf_counter() - t)
     translate(batch)
     t = time.perf_counter()
     batch_outputs = count(translate(batch))
@@ -54,8 +56,8 @@ def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None, r
     everything = translate(sources)
     hypotheses = everything if variant == "text" else [runner.tokenizer.decode(row) for row in everything]
     return {"runtime": runtime, "variant": variant, "search": "greedy" if beam == 1 else f"beam{beam}",
-            "load_s": load_seconds, "latency_ms": 1000 * statistics.median(latencies),
-            "latency_output_tokens": len(outputs[0]),
+            "load_s": load_seconds, "latency_ms": 1000 * statistics.median(passes) / len(singles),
+            "latency_output_tokens": statistics.mean(len(o) for o in outputs),
             "batch32_sentences_per_s": len(batch) / batch_seconds,
             "batch32_tokens_per_s": sum(len(o) + 1 for o in batch_outputs) / batch_seconds,
             "peak_rss_mb": peak_memory_mb(), "hypotheses": hypotheses}
@@ -74,19 +76,19 @@ def peak_memory_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def bench_runtimes(artifact_dir, sentences=200, rounds=3, progress=print):
+def bench_runtimes(artifact_dir, sentences=200, rounds=3, batch1_sentences=16, progress=print):
     """Runs every runtime/variant/search of an export in a subprocess, in `rounds` interleaved
     rounds (every job once per round, so a change in the machine's speed hits all alike); reports
     the median of each timing, the peak memory, and BLEU on the first `sentences` of the held-out
-    test split of the corpus the model was trained on."""
-    from export.runtime import load_manifest, load_tokenizer
+    test split of the corpus the model was trained on. Batch 1 is timed over the first
+    `batch1_sentences`, one at a time: a single sentence of a few milliseconds gave ratios that
+    moved by 2x between rounds (2026-11-25)."""
+    from export.runtime import load_manifest
     from kformer.evaluate import score, split_references
 
     manifest = load_manifest(artifact_dir)
     sources, references = split_references(manifest["trained_in"], "test")
     sources, references = sources[:sentences], references[:sentences]
-    lengths = [len(ids) for ids in load_tokenizer(artifact_dir, manifest).encode(sources)]
-    latency_index = min(range(len(sources)), key=lambda i: abs(lengths[i] - 20))  # one ~20-token sentence
     language = (manifest.get("corpus") or {}).get("direction", "x-en").split("-")[-1]
     light = ("tflite", "onnx", "ctranslate2")
     jobs = [("keras", "fp32"), ("savedmodel", "fp32")] + sorted(
@@ -96,7 +98,7 @@ def bench_runtimes(artifact_dir, sentences=200, rounds=3, progress=print):
     with tempfile.TemporaryDirectory() as work:
         job_file = os.path.join(work, "job.json")
         with open(job_file, "w", encoding="utf-8") as f:
-            json.dump({"sources": sources, "latency_index": latency_index}, f)
+            json.dump({"sources": sources, "batch1_sentences": min(batch1_sentences, len(sources))}, f)
         for number, (runtime, variant, beam) in enumerate(
                 [(r, v, b) for _ in range(rounds) for r, v in jobs for b in (1, manifest["beam_size"])]):
             progress(f"round {number // (2 * len(jobs)) + 1}/{rounds}: {runtime} {variant} beam {beam} ...",
@@ -119,7 +121,8 @@ def bench_runtimes(artifact_dir, sentences=200, rounds=3, progress=print):
             progress(f"{row['latency_ms']:.0f} ms, BLEU {row['bleu']:.2f}")
     rows = [_median_row(results) for results in runs.values()]
     _against_ctranslate2(rows)
-    return {"artifact": artifact_dir, "sentences": len(sources), "rounds": rounds, "rows": rows}
+    return {"artifact": artifact_dir, "sentences": len(sources), "rounds": rounds,
+            "batch1_sentences": min(batch1_sentences, len(sources)), "rows": rows}
 
 
 def _median_row(results):
@@ -158,7 +161,8 @@ def _against_ctranslate2(rows):
 
 
 def print_table(results):
-    print(f"BLEU on {results['sentences']} test sentences; latency: one ~20-token sentence at batch 1 (median of 5); "
+    print(f"BLEU on {results['sentences']} test sentences; latency: ms per sentence at batch 1 (the first "
+          f"{results['batch1_sentences']}, one at a time, median of 3 passes; out tok: their mean output); "
           f"throughput: 32 sentences in one call; timings: median of {results['rounds']} interleaved rounds")
     print(f"{'runtime':>10} {'variant':>7} {'search':>6} {'latency ms':>10} {'out tok':>7} {'sent/s@32':>9} "
           f"{'tok/s@32':>8} {'MB':>6} {'peak MB':>7} {'BLEU':>6} {'time/CT2 b1,b32':>15} {'range b1, b32':>19}")
@@ -168,7 +172,7 @@ def print_table(results):
         spread = "-" if not r.get("time_vs_ct2_range") else "{:.2f}-{:.2f}, {:.2f}-{:.2f}".format(
             *r["time_vs_ct2_range"][0], *r["time_vs_ct2_range"][1])
         print(f"{r['runtime']:>10} {r['variant']:>7} {r['search']:>6} {r['latency_ms']:10.1f} "
-              f"{r['latency_output_tokens']:7d} {r['batch32_sentences_per_s']:9.1f} {r['batch32_tokens_per_s']:8.0f} "
+              f"{r['latency_output_tokens']:7.1f} {r['batch32_sentences_per_s']:9.1f} {r['batch32_tokens_per_s']:8.0f} "
               f"{size:>6} {r['peak_rss_mb']:7.0f} {r['bleu']:6.2f} {ratio:>15} {spread:>19}")
 
 
