@@ -35,31 +35,32 @@ def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None, r
     sources = job["sources"]
     if variant == "text":  # text in, text out: SentencePiece runs inside the graph, so time that
         translate = runner.translate
-        count = lambda outputs: [runner.tokenizer.encode(o) for o in outputs]  # noqa: E731
     else:
-        ids = runner.tokenizer.encode(sources)
-        by_text = dict(zip(sources, ids))
+        by_text = dict(zip(sources, runner.tokenizer.encode(sources)))
         translate = lambda texts: runner.translate_ids([by_text[t] for t in texts])[0]  # noqa: E731
-        count = lambda outputs: outputs  # noqa: E731
     singles, batch = sources[: job["batch1_sentences"]], sources[:32]
 
     translate(singles[:1])  # warm-up (traces, allocates)
     passes = []
     for _ in range(repeats):
         t = time.perf_counter()
-        outputs = [count(translate([source]))[0] for source in singles]
+        outputs = [translate([source])[0] for source in singles]
         passes.append(time.perf_counter() - t)
     translate(batch)
     t = time.perf_counter()
-    batch_outputs = count(translate(batch))
+    batch_outputs = translate(batch)
     batch_seconds = time.perf_counter() - t
     everything = translate(sources)
     hypotheses = everything if variant == "text" else [runner.tokenizer.decode(row) for row in everything]
+
+    def lengths(outputs):  # output tokens: ids as they are, a text file's strings as their pieces
+        return [len(runner.tokenizer.encode(o) if isinstance(o, str) else o) for o in outputs]
+
     return {"runtime": runtime, "variant": variant, "search": "greedy" if beam == 1 else f"beam{beam}",
             "load_s": load_seconds, "latency_ms": 1000 * statistics.median(passes) / len(singles),
-            "latency_output_tokens": statistics.mean(len(o) for o in outputs),
+            "latency_output_tokens": statistics.mean(lengths(outputs)),
             "batch32_sentences_per_s": len(batch) / batch_seconds,
-            "batch32_tokens_per_s": sum(len(o) + 1 for o in batch_outputs) / batch_seconds,
+            "batch32_tokens_per_s": sum(n + 1 for n in lengths(batch_outputs)) / batch_seconds,
             "peak_rss_mb": peak_memory_mb(), "hypotheses": hypotheses}
 
 
