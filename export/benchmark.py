@@ -83,7 +83,7 @@ def bench_runtimes(artifact_dir, sentences=200, rounds=3, batch1_sentences=16, p
     the median of each timing, the peak memory, and BLEU on the first `sentences` of the held-out
     test split of the corpus the model was trained on. Batch 1 is timed over the first
     `batch1_sentences`, one at a time: a single sentence of a few milliseconds gave ratios that
-    moved by 2x between rounds (2026-11-25)."""
+    moved by up to 3x between rounds (2026-11-25)."""
     from export.runtime import load_manifest
     from kformer.evaluate import score, split_references
 
