@@ -273,8 +273,7 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
             top_tokens = tf.gather(tf.reshape(tokens, [batch, k * per_beam]), top_indices, batch_dims=1)
             top_seqs = _write(_gather_beams(s.alive_tokens, top_beams), s.index, top_tokens)  # (B, 2K, T)
             length = s.index + 1
-            at_limit = length >= limits  # (B,)
-            finishing = tf.equal(top_tokens, eos_id) | tf.expand_dims(at_limit, 1)  # (B, 2K)
+            finishing = tf.equal(top_tokens, eos_id) | tf.expand_dims(length >= limits, 1)  # (B, 2K)
             valid = top_log_probs > NEG_INF / 2  # candidates of dead beams stay dead
 
             # Alive: the K best candidates that do not finish.
@@ -290,7 +289,8 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
             seqs = tf.concat([s.finished_tokens, top_seqs], axis=1)
             finished_scores, pick = tf.math.top_k(scores, k=k)
             # The most probable candidate (top_k sorts them) finishes: a gather, where [:, 0] is two nodes.
-            done = s.done | at_limit | tf.gather(finishing & valid, 0, axis=1)
+            # It covers a row at its limit (every candidate finishes) and is valid in a row not done.
+            done = s.done | tf.gather(finishing, 0, axis=1)
             history = s.trace
             if trace:  # row `index` of the history = the alive beams after this step
                 slot = tf.equal(tf.range(buffer_length), s.index)  # (T,)
