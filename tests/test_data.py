@@ -169,6 +169,15 @@ def test_dataset_shift_right_padding_and_bucket_shapes(tokenizer, corpus_pairs, 
     assert set(shapes) <= allowed and len(shapes) > 1
 
 
+def test_datasets_run_without_autotuning(tokenizer, corpus_pairs, tiny_config):
+    """tf.data's autotuning thread stalled Keras' `fit` for 12-48 s at some epoch ends (Keras drops
+    the partly read dev iterator, whose destructor waits for that thread): both streams go without."""
+    encoded = data_lib.encode_pairs(tokenizer, corpus_pairs, tiny_config)
+    for training in (True, False):
+        dataset = data_lib.make_dataset(encoded, tiny_config, training=training, pad_to_bucket=False)
+        assert dataset.options().autotune.enabled is False and dataset.options().deterministic
+
+
 def test_without_bucket_padding_rows_are_grouped_by_both_lengths(tokenizer, corpus_pairs, tiny_config):
     """pad_to_bucket=False: a batch's rows share the length group of their source and of their
     target (so short sources are not padded to long targets), each side is padded to its longest
