@@ -51,18 +51,19 @@ def _fixed_batches(config_name, count, seed, overrides=None):
     return config, batches(False), batches(True)
 
 
-def reference_model(config):
+def reference_model(config, dtype=None):
     """The same-size model built from keras-hub layers (post-LN TransformerEncoder/Decoder, a tied
-    ReversibleEmbedding scaled by sqrt(d_model), sine positions): the yardstick of `bench train`."""
+    ReversibleEmbedding scaled by sqrt(d_model), sine positions): the yardstick of `bench train`.
+    `dtype`: a Keras dtype policy (e.g. "mixed_bfloat16"), as kformer's model takes it."""
     import keras
     import keras_hub
     from keras import ops
 
     inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in ("source_ids", "target_ids")}
-    embedding = keras_hub.layers.ReversibleEmbedding(config.vocab_size, config.d_model, name="embedding")
-    positions = keras_hub.layers.SinePositionEncoding()
-    dropout = keras.layers.Dropout(config.dropout)
-    layer_args = dict(intermediate_dim=config.d_ff, num_heads=config.num_heads, dropout=config.dropout,
+    embedding = keras_hub.layers.ReversibleEmbedding(config.vocab_size, config.d_model, dtype=dtype, name="embedding")
+    positions = keras_hub.layers.SinePositionEncoding(dtype=dtype)
+    dropout = keras.layers.Dropout(config.dropout, dtype=dtype)
+    layer_args = dict(intermediate_dim=config.d_ff, num_heads=config.num_heads, dropout=config.dropout, dtype=dtype,
                       activation=config.activation, layer_norm_epsilon=1e-6,
                       normalize_first=config.norm_position == "pre")
 
@@ -83,12 +84,15 @@ def reference_model(config):
     return keras.Model(inputs, embedding(y, reverse=True), name="keras_hub_reference")
 
 
-def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, mixed_precision=False, rounds=3, overrides=None):
+def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, precision="auto", rounds=3, overrides=None):
     """Real (non-pad) source+target tokens/s of `train_on_batch` on the same batches, in rounds
-    interleaved batch by batch: kformer without XLA (batches padded to their longest row), kformer
-    with XLA (padded to the bucket, so shapes are bounded), and the same-size keras-hub model
-    (padded to the longest row) as a Keras user trains it: keras.optimizers.Adam with the same
-    settings and moving average; kformer's loss and metric (the same functions, and the faster).
+    interleaved batch by batch: kformer as it trains (`precision`, "auto" as `kformer train`
+    picks it) without XLA (batches padded to their longest row) and with XLA (padded to the
+    bucket, so shapes are bounded), and the same-size keras-hub model (padded to the longest row)
+    as a Keras user trains it: float32, keras.optimizers.Adam with the same settings and moving
+    average; kformer's loss and metric (the same functions, and the faster). When the precision
+    is not float32, kformer in float32 and keras-hub in that precision run too, so each precision
+    has its own ratio.
 
     Every distinct batch shape is run once before timing, so compilation is not timed (it is
     reported as warm-up seconds: XLA compiles once per bucket shape, which a short run pays for).
@@ -97,24 +101,31 @@ def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, mixed_precision=Fa
 
     import keras
 
+    from kformer.config import PRECISIONS
     from kformer.model import Transformer
-    from kformer.train import compile_model, onednn_state
+    from kformer.train import choose_precision, compile_model, onednn_state
 
+    precision, why = choose_precision(precision)
     config, dynamic, bucketed = _fixed_batches(config_name, steps, seed, overrides)
-    dtype = "mixed_float16" if mixed_precision else None
+    runs = {"kformer": ("kformer", precision, False, dynamic), "kformer_xla": ("kformer", precision, True, bucketed),
+            "keras_hub": ("keras_hub", "float32", False, dynamic)}
+    if precision != "float32":
+        runs.update({"kformer_float32": ("kformer", "float32", False, dynamic),
+                     f"keras_hub_{precision}": ("keras_hub", precision, False, dynamic)})
     variants = {}
-    for name, xla, batches in (("kformer", False, dynamic), ("kformer_xla", True, bucketed),
-                               ("keras_hub", False, dynamic)):
+    for name, (model_kind, run_precision, xla, batches) in runs.items():
         keras.utils.set_random_seed(seed)
-        model = Transformer(config, dtype=dtype) if name != "keras_hub" else reference_model(config)
-        model = compile_model(model, config, xla=xla, fused=name != "keras_hub")
+        dtype = PRECISIONS[run_precision]
+        model = Transformer(config, dtype=dtype) if model_kind == "kformer" else reference_model(config, dtype)
+        model = compile_model(model, config, xla=xla, fused=model_kind == "kformer")
         start = time.perf_counter()
         for x, y in {(x["source_ids"].shape, y.shape): (x, y) for x, y in batches}.values():
             model.train_on_batch(x, y)
         real = sum(int((x["source_ids"] != config.pad_id).sum() + (y != config.pad_id).sum()) for x, y in batches)
         padded = sum(x["source_ids"].size + y.size for x, y in batches)
         variants[name] = {"model": model, "batches": batches, "warmup_s": time.perf_counter() - start, "real": real,
-                          "padding": 1 - real / padded, "parameters": model.count_params(), "seconds": []}
+                          "padding": 1 - real / padded, "parameters": model.count_params(), "seconds": [],
+                          "precision": run_precision}
     for _ in range(rounds):  # interleaved batch by batch, so a change in the machine's speed hits all alike
         for v in variants.values():
             v["seconds"].append(0.0)
@@ -125,16 +136,21 @@ def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, mixed_precision=Fa
                 v["model"].train_on_batch(x, y)
                 v["seconds"][-1] += time.perf_counter() - start
     results = {"config": config_name, "steps": steps, "rounds": rounds, "real_tokens": variants["kformer"]["real"],
-               "pairs_per_step": sum(len(y) for _, y in dynamic) / steps,
+               "pairs_per_step": sum(len(y) for _, y in dynamic) / steps, "precision": precision,
+               "precision_why": why, "variants": list(variants),
                "distinct_bucket_shapes": len({y.shape for _, y in bucketed}), "onednn": onednn_state()}
     for name, v in variants.items():
         seconds, real = statistics.median(v["seconds"]), v["real"]
         results[name] = {"steps_per_s": steps / seconds, "real_tokens_per_s": real / seconds,
-                         "padding": v["padding"], "warmup_s": v["warmup_s"], "parameters": v["parameters"]}
+                         **{k: v[k] for k in ("precision", "padding", "warmup_s", "parameters")}}
         log.info("%s: %.2f steps/s, %.0f real tokens/s", name, steps / seconds, real / seconds)
     speed = {name: results[name]["real_tokens_per_s"] for name in variants}
     results["xla_speedup"] = speed["kformer_xla"] / speed["kformer"]
-    results["vs_keras_hub"] = speed["kformer"] / speed["keras_hub"]
+    results["vs_keras_hub"] = speed["kformer"] / speed["keras_hub"]  # each as it trains by default
+    results["vs_keras_hub_same_precision"] = speed["kformer"] / speed.get(f"keras_hub_{precision}", speed["keras_hub"])
+    if precision != "float32":
+        results["vs_keras_hub_float32"] = speed["kformer_float32"] / speed["keras_hub"]
+        results["precision_speedup"] = speed["kformer"] / speed["kformer_float32"]
     dump = os.environ.get(XLA_DUMP_ENV)
     if dump:
         results["xla_compilations"] = count_xla_compilations(dump)
@@ -230,14 +246,21 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
 def print_train_table(results):
     print(f"train bench, config {results['config']}: {results['steps']} batches ({results['pairs_per_step']:.0f} "
           f"pairs each, {results['real_tokens']} real source+target tokens), median of {results['rounds']} "
-          f"rounds interleaved batch by batch; oneDNN CPU kernels {results['onednn']}")
-    print(f"{'':12} {'steps/s':>8} {'real tokens/s':>14} {'padding':>8} {'warm-up s':>10} {'parameters':>11}")
-    for name in ("kformer", "kformer_xla", "keras_hub"):
+          f"rounds interleaved batch by batch; oneDNN CPU kernels {results['onednn']}; kformer's precision "
+          f"{results['precision']} ({results['precision_why']})")
+    print(f"{'':18} {'precision':>9} {'steps/s':>8} {'real tokens/s':>14} {'padding':>8} {'warm-up s':>10} "
+          f"{'parameters':>11}")
+    for name in results["variants"]:
         r = results[name]
-        print(f"{name:12} {r['steps_per_s']:8.2f} {r['real_tokens_per_s']:14.0f} {r['padding']:8.0%} "
-              f"{r['warmup_s']:10.1f} {r['parameters']:11,}")
-    print(f"kformer vs keras-hub (real tokens/s): {results['vs_keras_hub']:.2f}x; XLA vs no XLA: "
-          f"{results['xla_speedup']:.2f}x; XLA compilations of the train step: "
+        print(f"{name:18} {r['precision']:>9} {r['steps_per_s']:8.2f} {r['real_tokens_per_s']:14.0f} "
+              f"{r['padding']:8.0%} {r['warmup_s']:10.1f} {r['parameters']:11,}")
+    precision = results["precision"]
+    print(f"kformer ({precision}) vs keras-hub (float32), real tokens/s: {results['vs_keras_hub']:.2f}x")
+    if precision != "float32":
+        print(f"same precision: {precision} {results['vs_keras_hub_same_precision']:.2f}x, float32 "
+              f"{results['vs_keras_hub_float32']:.2f}x; kformer {precision} vs float32: "
+              f"{results['precision_speedup']:.2f}x")
+    print(f"XLA vs no XLA: {results['xla_speedup']:.2f}x; XLA compilations of the train step: "
           f"{results.get('xla_compilations', 'not counted')} (bucket shapes: {results['distinct_bucket_shapes']})")
 
 

@@ -9,7 +9,15 @@ import sys
 
 from export.runtime import DEFAULT_FORMATS, FORMATS, RUNTIMES, VARIANTS
 from export.web import PAGE_RUNTIMES
-from kformer.config import BEAM_SIZE, DEFAULT_DIRECTION, DEFAULT_PRESET, LENGTH_PENALTY, PRESETS, TransformerConfig
+from kformer.config import (
+    BEAM_SIZE,
+    DEFAULT_DIRECTION,
+    DEFAULT_PRESET,
+    LENGTH_PENALTY,
+    PRECISIONS,
+    PRESETS,
+    TransformerConfig,
+)
 from kformer.distributed import CONNECT_TIMEOUT_SECONDS, STRATEGIES
 
 
@@ -65,7 +73,7 @@ def _train(args):
 
     summary = train(args.out, args.config, data=_data_spec(args.data), direction=args.direction,
                     minutes=args.minutes, steps=args.steps, epochs=args.epochs, xla=args.xla,
-                    mixed_precision=args.mixed_precision, batch_tokens=args.batch_tokens, seed=args.seed,
+                    precision=args.precision, batch_tokens=args.batch_tokens, seed=args.seed,
                     strategy=make_strategy(args.strategy, args.connect_timeout), vocab_size=args.vocab_size)
     print(json.dumps(summary, indent=2))
 
@@ -148,7 +156,8 @@ def _demo(args):
     summary = train(args.out, args.config, minutes=args.minutes)
     if "steps_per_s" in summary:
         print(f"training speed: {summary['steps_per_s']:.2f} steps/s, {summary['real_tokens_per_s']:.0f} real "
-              f"(non-pad) source+target tokens/s (oneDNN CPU kernels {summary['onednn']})")
+              f"(non-pad) source+target tokens/s ({summary['precision']} compute, oneDNN CPU kernels "
+              f"{summary['onednn']})")
     print(f"trained {summary['steps']} steps ({summary['stopped']}); token accuracy "
           f"{summary.get('token_accuracy', float('nan')):.3f}, dev token accuracy "
           f"{summary.get('val_token_accuracy', float('nan')):.3f}")
@@ -175,7 +184,7 @@ def _bench(args):
     elif args.what == "train":
         from kformer import bench
         bench.count_xla_compilations_from_here()  # before TensorFlow starts
-        results = bench.bench_train(args.config, steps=args.steps, mixed_precision=args.mixed_precision)
+        results = bench.bench_train(args.config, steps=args.steps, precision=args.precision)
         print_table = bench.print_train_table
     else:
         from kformer import bench
@@ -202,6 +211,14 @@ def _web(args):
         server.server_close()
 
 
+def _precision_options(p):
+    p.add_argument("--precision", default="auto", choices=["auto", *PRECISIONS],
+                   help="compute precision of training; weights stay float32 (auto: bfloat16 on a CPU with "
+                        "bfloat16 instructions and oneDNN, else float32; float16 is for GPUs)")
+    p.add_argument("--mixed-precision", dest="precision", action="store_const", const="float16",
+                   help=argparse.SUPPRESS)  # the earlier name of --precision float16
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="kformer",
                                      description="Train, translate with and export encoder-decoder Transformers.")
@@ -221,7 +238,7 @@ def build_parser():
     p.add_argument("--xla", action=argparse.BooleanOptionalAction, default=None,
                    help="compile the train step with XLA (default: on with a GPU; off on CPUs, where it "
                         "compiles each batch shape for no measured gain)")
-    p.add_argument("--mixed-precision", action="store_true", help="float16 compute (for GPUs)")
+    _precision_options(p)
     p.add_argument("--batch-tokens", type=_positive(int), help="tokens per batch and side (default: the preset's)")
     p.add_argument("--vocab-size", type=_positive(int), default=TransformerConfig.vocab_size,
                    help="SentencePiece vocabulary size")
@@ -301,7 +318,7 @@ def build_parser():
     p.add_argument("--steps", type=_positive(int), default=30)
     p.add_argument("--rounds", type=_positive(int), default=3, help="interleaved rounds (runtimes, web)")
     p.add_argument("--screenshot", help="web: save a picture of the page here (PNG)")
-    p.add_argument("--mixed-precision", action="store_true")
+    _precision_options(p)
     p.add_argument("--json", help="also write the results to this file")
     p.set_defaults(run=_bench)
     return parser

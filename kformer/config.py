@@ -21,6 +21,9 @@ EXTRA_OUTPUT_TOKENS = 50  # maximum output length = source length + 50 (the pape
 # source's length, 99% within 12; +8 was faster than +16 (0.87x ONNX, 0.93x TFLite, beam, batch 32).
 FIRST_PASS_EXTRA_TOKENS = 8
 
+# Compute precision of training -> Keras dtype policy (weights stay float32); "auto" picks (kformer.train).
+PRECISIONS = {"float32": None, "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
+
 NORM_POSITIONS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu")
 SCHEDULES = ("budget", "noam")

@@ -59,13 +59,20 @@ def test_reference_model_trains_one_step():
 def test_bench_train_compares_same_size_models_on_the_same_pairs(capsys):
     from kformer.bench import bench_train
 
-    results = bench_train("tiny", steps=3, rounds=1, overrides={"batch_tokens": 128})
+    results = bench_train("tiny", steps=3, rounds=1, precision="bfloat16", overrides={"batch_tokens": 128})
+    assert results["variants"] == ["kformer", "kformer_xla", "keras_hub", "kformer_float32", "keras_hub_bfloat16"]
     kformer, xla, hub = results["kformer"], results["kformer_xla"], results["keras_hub"]
-    assert kformer["parameters"] == hub["parameters"] == xla["parameters"]
+    assert len({results[name]["parameters"] for name in results["variants"]}) == 1
     assert hub["padding"] == kformer["padding"] < xla["padding"]  # same batches; buckets pad more
+    assert [results[name]["precision"] for name in results["variants"]] == [
+        "bfloat16", "bfloat16", "float32", "float32", "bfloat16"]
+    assert results["vs_keras_hub"] == kformer["real_tokens_per_s"] / hub["real_tokens_per_s"]
+    assert results["vs_keras_hub_float32"] == (results["kformer_float32"]["real_tokens_per_s"]
+                                               / hub["real_tokens_per_s"])
     print_train_table(results)
     table = capsys.readouterr().out
-    assert f"kformer vs keras-hub (real tokens/s): {results['vs_keras_hub']:.2f}x" in table
+    assert f"kformer (bfloat16) vs keras-hub (float32), real tokens/s: {results['vs_keras_hub']:.2f}x" in table
+    assert "keras_hub_bfloat16  bfloat16" in table
 
 
 def test_runtimes_are_set_against_ctranslate2_of_the_same_search_and_precision():

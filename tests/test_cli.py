@@ -23,6 +23,19 @@ def test_train_command_writes_a_training_directory(tmp_path, corpus_tsv, capsys)
     assert {"config.json", "tokenizer.model", "model.keras"} <= set(os.listdir(out))
 
 
+def test_train_precision_option_and_its_earlier_name():
+    from kformer.cli import build_parser
+
+    def precision(*argv):
+        return build_parser().parse_args(["train", "--out", "X", *argv]).precision
+
+    assert precision() == "auto"
+    assert precision("--precision", "bfloat16") == "bfloat16"
+    assert precision("--mixed-precision") == "float16"  # kept for scripts written before --precision
+    with pytest.raises(SystemExit):
+        precision("--precision", "half")
+
+
 def test_train_command_with_aligned_files(tmp_path, corpus_pairs, capsys):
     source, target = tmp_path / "train.zh", tmp_path / "train.en"
     source.write_text("".join(s + "\n" for s, _ in corpus_pairs), encoding="utf-8")

@@ -311,13 +311,42 @@ def test_xla_compilations_bounded_by_bucket_shapes(tmp_path, corpus_tsv):
     assert 1 < report["compilations"] <= report["train_shapes"] + report["dev_shapes"], report
 
 
-def test_mixed_precision_trains_and_reloads_in_float32(tmp_path, corpus_tsv):
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_mixed_precision_trains_and_reloads_in_float32(tmp_path, corpus_tsv, precision):
     out = str(tmp_path / "run")
-    summary = train(out, "tiny", data=corpus_tsv, vocab_size=1200, steps=2, xla=False, mixed_precision=True,
+    summary = train(out, "tiny", data=corpus_tsv, vocab_size=1200, steps=2, xla=False, precision=precision,
                     verbose=0)
-    assert summary["steps"] == 2 and np.isfinite(summary["loss"])
+    assert summary["steps"] == 2 and np.isfinite(summary["loss"]) and summary["precision"] == precision
     model = checkpoint.load(out).model  # weights were kept in float32; inference runs in float32
     assert all(w.dtype == "float32" for w in model.weights)
+    assert model.compute_dtype == "float32"
+
+
+def test_auto_precision_is_bfloat16_only_where_the_cpu_multiplies_it_through_onednn(tmp_path, monkeypatch):
+    import tensorflow as tf
+
+    from kformer import train as train_lib
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 fma\nbogomips\t: 4000\n")
+    assert {"avx512_bf16", "avx2"} <= train_lib.cpu_flags(str(cpuinfo)) and "bogomips" not in train_lib.cpu_flags(
+        str(cpuinfo))
+    assert train_lib.cpu_flags(str(tmp_path / "absent")) == set()
+
+    def machine(flags, onednn="on", gpus=()):
+        monkeypatch.setattr(train_lib, "cpu_flags", lambda: set(flags))
+        monkeypatch.setattr(train_lib, "onednn_state", lambda: onednn)
+        monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: list(gpus))
+        return train_lib.choose_precision("auto")[0]
+
+    assert machine({"avx2", "avx512f", "avx512_bf16"}) == "bfloat16"
+    assert machine({"avx2", "amx_bf16"}) == "bfloat16"
+    assert machine({"avx2", "avx512f"}) == "float32"  # bfloat16 without the instructions is slower
+    assert machine({"avx512_bf16"}, onednn="off") == "float32"  # and without oneDNN's kernels too
+    assert machine({"avx512_bf16"}, gpus=["GPU:0"]) == "float32"
+    assert train_lib.choose_precision("float16") == ("float16", "as asked")
+    with pytest.raises(ValueError, match="--precision 'half'"):
+        train_lib.choose_precision("half")
 
 
 def test_label_smoothed_loss_gradient_against_numpy():
