@@ -198,7 +198,7 @@ def cpu_flags(path="/proc/cpuinfo"):
 
 def choose_precision(precision="auto"):
     """-> (precision, why). "auto": bfloat16 compute with float32 weights on a CPU that multiplies
-    bfloat16 in hardware through oneDNN (the small preset's training step 1.4-1.5x faster on this
+    bfloat16 in hardware through oneDNN (the small preset's training step 1.35-1.47x faster on this
     project's AVX-512 machine; without oneDNN, or without those instructions, bfloat16 is slower
     than float32), else float32. With a GPU, float32 as before (float16 is --precision float16)."""
     if precision not in ("auto", *PRECISIONS):
