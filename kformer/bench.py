@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from kformer import batching
-from kformer.config import DEFAULT_PRESET
+from kformer.config import DEFAULT_PRESET, PRECISIONS
 
 log = logging.getLogger("kformer")
 
@@ -101,7 +101,6 @@ def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, precision="auto", 
 
     import keras
 
-    from kformer.config import PRECISIONS
     from kformer.model import Transformer
     from kformer.train import choose_precision, compile_model, onednn_state
 
