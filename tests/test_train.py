@@ -313,13 +313,23 @@ def test_xla_compilations_bounded_by_bucket_shapes(tmp_path, corpus_tsv):
 
 @pytest.mark.parametrize("precision", ["bfloat16", "float16"])
 def test_mixed_precision_trains_and_reloads_in_float32(tmp_path, corpus_tsv, precision):
+    class Dtypes(keras.callbacks.Callback):  # what the model that `fit` trains computes in
+        def on_train_begin(self, logs=None):
+            seen.update(dtypes(self.model))
+
+    def dtypes(model):  # (the functional model's own policy says nothing: its layers compute)
+        layers = model._flatten_layers(include_self=False)
+        return {"compute": {layer.compute_dtype for layer in layers if layer.weights},
+                "weights": {w.dtype for w in model.weights}}
+
+    seen = {}
     out = str(tmp_path / "run")
     summary = train(out, "tiny", data=corpus_tsv, vocab_size=1200, steps=2, xla=False, precision=precision,
-                    verbose=0)
+                    verbose=0, callbacks=[Dtypes()])
     assert summary["steps"] == 2 and np.isfinite(summary["loss"]) and summary["precision"] == precision
-    model = checkpoint.load(out).model  # weights were kept in float32; inference runs in float32
-    assert all(w.dtype == "float32" for w in model.weights)
-    assert model.compute_dtype == "float32"
+    assert seen == {"compute": {precision}, "weights": {"float32"}}  # every weighted layer computes in it
+    # weights were kept in float32; inference runs in float32
+    assert dtypes(checkpoint.load(out).model) == {"compute": {"float32"}, "weights": {"float32"}}
 
 
 def test_auto_precision_is_bfloat16_only_where_the_cpu_multiplies_it_through_onednn(tmp_path, monkeypatch):
