@@ -64,16 +64,21 @@ class Translator(tf.Module):
         return limits, length, cache, first_pass
 
     def _greedy(self, source_ids):
-        limits, length, cache, first_pass = self.prepare(source_ids)
-        tokens, scores = search.greedy_search(self.model.decode_step, cache, limits, length, self.config.bos_id,
-                                              self.config.eos_id, self.config.pad_id, first_pass)
-        return {"tokens": tokens, "scores": scores}
+        return self.search_prepared(self.prepare(source_ids), beam=False)
 
     def _beam(self, source_ids):
-        limits, length, cache, first_pass = self.prepare(source_ids)
-        tokens, scores = search.beam_search(self.model.decode_step, cache, limits, length, self.beam_size,
-                                            self.config.bos_id, self.config.eos_id, self.alpha, self.config.pad_id,
-                                            first_pass=first_pass)
+        return self.search_prepared(self.prepare(source_ids), beam=True)
+
+    def search_prepared(self, prepared, beam):
+        """Beam search (`beam` True) or greedy search over a batch from `prepare`."""
+        limits, length, cache, first_pass = prepared
+        c = self.config
+        if beam:
+            tokens, scores = search.beam_search(self.model.decode_step, cache, limits, length, self.beam_size, c.bos_id,
+                                                c.eos_id, self.alpha, c.pad_id, first_pass=first_pass)
+        else:
+            tokens, scores = search.greedy_search(self.model.decode_step, cache, limits, length, c.bos_id, c.eos_id,
+                                                  c.pad_id, first_pass)
         return {"tokens": tokens, "scores": scores}
 
     # --- Python side: text <-> ids around the graph (shared with the device runners) ---

@@ -278,10 +278,10 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             assert weights < 1.1 * weight_bytes
             assert [n.op_type for n in writers.onnx_nodes(proto.graph)] == nodes
             config = load_manifest(artifacts)["config"]
-            # Per search (both run: one on the batch, one on none of its rows): the encoder's, and the
-            # decoder's in each search pass's Loop body.
-            per_search = 2 * config["num_encoder_layers"] + 3 * config["num_decoder_layers"] * writers.SEARCH_LOOPS
-            layer_norms = 2 * per_search
+            # The encoder's, once for both searches (both run: one on the batch, one on none of its
+            # rows), and per search the decoder's in each search pass's Loop body.
+            encoder = 2 * config["num_encoder_layers"]
+            layer_norms = encoder + 2 * 3 * config["num_decoder_layers"] * writers.SEARCH_LOOPS
             assert nodes.count("LayerNormalization") == layer_norms, nodes.count("LayerNormalization")
 
 
