@@ -99,9 +99,10 @@ def _layer_norms(graph, outer_constants):
     """Keras' LayerNormalization reaches ONNX as 13 nodes:
         mean = GlobalAveragePool(x); variance = GlobalAveragePool((x - mean) * (x - mean))
         s = gamma / Sqrt(variance + eps); y = x * s + (Neg(mean) * s + beta)
-    (without the "+ beta" where TensorFlow folded a beta of zeros away). One LayerNormalization
-    (opset 17) each. GlobalAveragePool averages over axes 2.., so the replacement normalizes over
-    axes 2.. too (axis=2)."""
+    (without the "+ beta" where TensorFlow folded a beta of zeros away); for a (rows, D) input
+    (a decoding step) each mean is a ReduceMean over axis 1 instead. One LayerNormalization
+    (opset 17) each, normalizing over the axes the means average: 2.. for GlobalAveragePool, the
+    last for the ReduceMean."""
     constants = dict(outer_constants)
     constants.update({i.name: numpy_helper.to_array(i) for i in graph.initializer})
     count = sum(_layer_norms(sub, constants) for node in graph.node for sub in subgraphs(node))
@@ -110,19 +111,29 @@ def _layer_norms(graph, outer_constants):
         found = node.op_type == "Add" and _match_layer_norm(node, made_by, constants)
         if not found:
             continue
-        x, scale, offset, epsilon = found
+        x, scale, offset, epsilon, axis = found
         vectors = [numpy_helper.from_array(scale, f"{node.name}/gamma"),
                    numpy_helper.from_array(offset, f"{node.name}/beta")]
         graph.initializer.extend(vectors)
         graph.node[index].CopyFrom(helper.make_node(
             "LayerNormalization", [x, vectors[0].name, vectors[1].name], list(node.output), name=node.name,
-            axis=2, epsilon=epsilon))
+            axis=axis, epsilon=epsilon))
         count += 1
     return count
 
 
+def _mean_of(name, made_by):
+    """The GlobalAveragePool or the keepdims ReduceMean over one axis that writes `name`, if one does."""
+    node = made_by(name, "GlobalAveragePool") or made_by(name, "ReduceMean")
+    if node is not None and node.op_type == "ReduceMean":
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if len(attributes.get("axes", [])) != 1 or not attributes.get("keepdims", 1):
+            return None
+    return node
+
+
 def _match_layer_norm(node, made_by, constants):
-    """(x, gamma (D,), beta (D,), epsilon) if the Add `node` ends a LayerNorm, else None."""
+    """(x, gamma (D,), beta (D,), epsilon, axis) if the Add `node` ends a LayerNorm, else None."""
     shift, scaled_name = _one_of(node, made_by, "Add")
     if shift is not None:  # x * s + (Neg(mean) * s + beta)
         mean_scaled, beta = _one_of(shift, made_by, "Mul")
@@ -134,7 +145,7 @@ def _match_layer_norm(node, made_by, constants):
                 mean_scaled, scaled_name = product, node.input[1 - i]
     scaled = made_by(scaled_name, "Mul") if mean_scaled else None
     negation, s_name = _one_of(mean_scaled, made_by, "Neg") if scaled else (None, None)
-    mean = negation and made_by(negation.input[0], "GlobalAveragePool")
+    mean = negation and _mean_of(negation.input[0], made_by)
     if not mean or sorted(scaled.input) != sorted([mean.input[0], s_name]):
         return None
     x = mean.input[0]
@@ -142,7 +153,9 @@ def _match_layer_norm(node, made_by, constants):
     reciprocal, gamma = _one_of(s, made_by, "Reciprocal") if s else (None, None)
     root = reciprocal and made_by(reciprocal.input[0], "Sqrt")
     plus_eps = root and made_by(root.input[0], "Add")
-    variance, eps = _one_of(plus_eps, made_by, "GlobalAveragePool") if plus_eps else (None, None)
+    variance, eps = _one_of(plus_eps, made_by, mean.op_type) if plus_eps else (None, None)
+    if variance is not None and variance.attribute != mean.attribute:
+        return None
     square = variance and made_by(variance.input[0], "Mul")
     difference = square and square.input[0] == square.input[1] and made_by(square.input[0], "Sub")
     if not difference or list(difference.input) != [x, mean.output[0]] or gamma not in constants or \
@@ -152,7 +165,13 @@ def _match_layer_norm(node, made_by, constants):
     offset = constants[beta] if beta is not None else scale * 0
     if scale.size != scale.shape[-1] or offset.shape != scale.shape:  # (1, ..., D): one per feature
         return None
-    return x, scale.reshape(-1), offset.reshape(-1), float(constants[eps].reshape(()))
+    if mean.op_type == "GlobalAveragePool":
+        axis = 2
+    else:  # the mean's axis must be the last: that of gamma, (1, D) against (rows, D)
+        (axis,) = helper.get_attribute_value(mean.attribute[[a.name for a in mean.attribute].index("axes")])
+        if axis not in (-1, scale.ndim - 1):
+            return None
+    return x, scale.reshape(-1), offset.reshape(-1), float(constants[eps].reshape(())), axis
 
 
 def _wheres(graph):

@@ -13,12 +13,12 @@ from keras import ops
 def contract(x, kernel, axes=1, bias=None):
     """tensordot(x, kernel, axes) [+ bias]: x's last `axes` dims against kernel's first `axes` dims.
 
-    When every dim of x but the batch is known as the graph is traced (a decoding step: (B, 1, M)),
-    written as one matmul between reshapes of constant shape, with the bias added to the matmul's
-    (rows, N) result: three ops in TFLite (the bias joins the FULLY_CONNECTED), four ONNX nodes
-    (onnxruntime fuses MatMul and Add into a Gemm). A tensordot reads x's shape at run time instead
-    (ten TFLite ops, seven ONNX nodes, for each of the 12 products in a decoder step of the demo
-    model). Not a rank-3 by rank-2 tf.matmul, which exports as one node: TensorFlow runs that
+    When every dim of x but the batch is known as the graph is traced (a decoding step's (B, M)),
+    written as one matmul, with reshapes of constant shape where x or the result has more than two
+    dims, and the bias added to the matmul's (rows, N) result: for (B, M) by (M, N), one TFLite
+    FULLY_CONNECTED (with its bias) and one ONNX Gemm. A tensordot reads x's shape at run time
+    instead (ten TFLite ops, seven ONNX nodes, for each of the 12 products in a decoder step of the
+    demo model). Not a rank-3 by rank-2 tf.matmul, which exports as one node: TensorFlow runs that
     broadcast product 1.3-1.5x slower (2026-11-25). Otherwise (training: lengths vary) a
     tensordot, which TensorFlow differentiates as one plain matmul.
     """
@@ -27,10 +27,12 @@ def contract(x, kernel, axes=1, bias=None):
         product = ops.tensordot(x, kernel, axes)
         return product if bias is None else product + bias
     size = math.prod(known[len(known) - axes:])  # K: the contracted dims, flattened
-    product = ops.matmul(ops.reshape(x, (-1, size)), ops.reshape(kernel, (size, -1)))  # (rows, N)
+    rows = x if len(x.shape) == 2 else ops.reshape(x, (-1, size))  # (rows, K)
+    product = ops.matmul(rows, ops.reshape(kernel, (size, -1)))  # (rows, N)
     if bias is not None:
         product = product + ops.reshape(bias, (-1,))
-    return ops.reshape(product, (-1, *known[: len(known) - axes], *kernel.shape[axes:]))
+    shape = (*known[: len(known) - axes], *kernel.shape[axes:])  # the result's dims after the batch
+    return product if len(shape) == 1 else ops.reshape(product, (-1, *shape))
 
 
 def cache_slot(buffer_length, index):
@@ -54,7 +56,7 @@ class MultiHeadAttention(keras.layers.Layer):
         head_size: size D of each head (d_model / H in the paper).
 
     Call args:
-        query: (B, Tq, M) queries.
+        query: (B, Tq, M) queries, or (B, M): the one query of a decoding step (output (B, M)).
         value: (B, Tk, M) sequence to attend to (keys and values are both projected from it);
             None for self-attention (the query sequence itself). Ignored when a static `cache`
             of precomputed keys/values is given.
@@ -109,7 +111,10 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         kernel = ops.concatenate([p.kernel for p in projections], axis=-1)  # (M, H, n*D)
         bias = ops.concatenate([p.bias for p in projections], axis=-1)  # (H, n*D)
-        heads = ops.transpose(contract(x, kernel, bias=bias), (0, 2, 1, 3))  # (B, H, L, n*D)
+        if len(x.shape) == 2:  # one decoding step (B, M)
+            heads = ops.expand_dims(contract(x, kernel, bias=bias), 2)  # (B, H, 1, n*D)
+        else:
+            heads = ops.transpose(contract(x, kernel, bias=bias), (0, 2, 1, 3))  # (B, H, L, n*D)
         return ops.split(heads, len(projections), axis=-1)
 
     def key_value(self, value):
@@ -134,7 +139,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # One query (a decoding step): each product as a broadcast multiply and a sum, not a batched
         # matmul of M = 1, which TFLite's XNNPACK runs by repacking the whole key or value buffer
         # at every step (LiteRT 2.3.0, beam search at batch 32: 16% of the run in the repacking alone).
-        one_query = query.shape[1] == 1
+        one_query = len(query.shape) == 2 or query.shape[1] == 1
         if one_query:
             scores = ops.expand_dims(ops.sum(q * k, axis=-1), 2)  # (B, H, 1, Tk)
         else:
@@ -153,8 +158,14 @@ class MultiHeadAttention(keras.layers.Layer):
             context = ops.sum(ops.transpose(weights, (0, 1, 3, 2)) * v, axis=2, keepdims=True)  # (B, H, 1, D)
         else:
             context = ops.einsum("bhqk,bhkd->bhqd", weights, v)
-        context = ops.transpose(context, (0, 2, 1, 3))  # (B, Tq, H, D)
-        output = contract(context, self.output_projection.kernel, 2, self.output_projection.bias)  # (B, Tq, M)
+        projection = self.output_projection
+        if len(query.shape) == 2:  # one step: (B, H, 1, D) as (B, H * D), against the kernel as (H * D, M)
+            width = self.num_heads * self.head_size
+            output = contract(ops.reshape(context, (-1, width)), ops.reshape(projection.kernel, (width, -1)),
+                              bias=projection.bias)  # (B, M)
+        else:
+            context = ops.transpose(context, (0, 2, 1, 3))  # (B, Tq, H, D)
+            output = contract(context, projection.kernel, 2, projection.bias)  # (B, Tq, M)
         return output, {"cache": (k, v), "weights": weights}
 
     def get_config(self):

@@ -72,7 +72,7 @@ class PositionalEncoding(keras.layers.Layer):
         dropout: rate applied to the sum (section 5.4).
 
     Call args:
-        inputs: (B, L, M) embeddings.
+        inputs: (B, L, M) embeddings, or (B, M): one decoding step's, at position `start_index`.
         start_index: position of the first row; a cached decode step passes its step index.
     """
 
@@ -86,6 +86,9 @@ class PositionalEncoding(keras.layers.Layer):
         self.table = ops.convert_to_tensor(sinusoidal_table(self.max_length, input_shape[-1]))
 
     def call(self, inputs, start_index=0, training=None):
+        if len(inputs.shape) == 2:  # one decoding step (B, M) at position start_index
+            encoding = tf.gather(self.table, start_index)  # (M,)
+            return self.dropout_layer(inputs + ops.cast(encoding, inputs.dtype), training=training)
         length = ops.shape(inputs)[1]
         positions = ops.arange(length) + start_index
         encoding = tf.gather(self.table, positions)  # (L, M); see TokenEmbedding.call
@@ -219,7 +222,7 @@ class DecoderBlock(_ResidualBlock):
         self_mask: boolean broadcastable to (B, T, T): causal and target padding.
         cross_mask: boolean broadcastable to (B, T, S): the *source* padding mask.
         cache: optional dict with "self" = (key, value) buffers (B, H, Tmax, D) and "cross" =
-            precomputed encoder (key, value) (B, H, S, D); then x is one step (B, 1, M), written
+            precomputed encoder (key, value) (B, H, S, D); then x is one step (B, M), written
             to the self-attention buffers at `cache_slot` (`kformer.attention.cache_slot`).
 
     Returns (x (B, T, M), {"self": ..., "cross": ...}), each the attention's {"cache", "weights"}:

@@ -172,7 +172,7 @@ class Transformer(keras.Model):
     def decode_step(self, tokens, cache, index):
         """Feeds (B,) tokens at position `index`; returns ((B, V) float32 logits, updated cache)."""
         static, state = cache["static"], cache["state"]
-        x = self.target_embedding(ops.expand_dims(tokens, 1))  # (B, 1, M)
+        x = self.target_embedding(tokens)  # (B, M): the step runs on rows, no length axis
         x = self.target_positions(x, start_index=index, training=False)
         buffer_length = ops.shape(state["self"][0][0])[2]
         self_mask = masks.causal_mask(1, buffer_length, offset=index)  # (1, 1, Tmax): keys 0..index
@@ -182,9 +182,7 @@ class Transformer(keras.Model):
             x, attention = block(x, self_mask=self_mask, cross_mask=static["source_mask"],
                                  cache={"self": self_kv, "cross": cross_kv}, cache_slot=slot, training=False)
             new_self.append(attention["self"]["cache"])
-        # Squeezed before the output projection, not sliced after it: TFLite copies a slice element by
-        # element, 8% of a beam search's time for (B * K, 1, V) logits.
-        logits = self._logits(ops.squeeze(x, axis=1))  # (B, V)
+        logits = self._logits(x)  # (B, V)
         return logits, {"static": static, "state": {"self": new_self}}
 
     def get_config(self):
