@@ -7,7 +7,7 @@ H heads, D head size, V vocabulary, L layers.
 import keras
 from keras import ops
 
-from kformer import masks, search
+from kformer import masks
 from kformer.attention import cache_slot
 from kformer.config import TransformerConfig
 from kformer.layers import DecoderBlock, EncoderBlock, PositionalEncoding, TokenEmbedding
@@ -165,8 +165,13 @@ class Transformer(keras.Model):
     def grow_cache(self, state, buffer_length):
         """The "state" part of a cache (`init_cache`) with its key/value buffers extended with zeros
         to `buffer_length` steps (the second pass of a two-pass search)."""
-        def grow(t):  # (B, H, T1, D) -> (B, H, T, D), zeros appended
-            return search.extend(t, buffer_length, axis=2)
+        # Every buffer is (B, H, T1, D): one block of zeros (B, H, T - T1, D) appended to each.
+        shape = ops.shape(state["self"][0][0])
+        zeros = ops.zeros((shape[0], self.config.num_heads, buffer_length - shape[2], self.config.head_size),
+                          state["self"][0][0].dtype)
+
+        def grow(t):  # (B, H, T1, D) -> (B, H, T, D)
+            return ops.concatenate([t, zeros], axis=2)
         return {"self": [(grow(key), grow(value)) for key, value in state["self"]]}
 
     def decode_step(self, tokens, cache, index):

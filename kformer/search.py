@@ -181,14 +181,13 @@ def _in_two_passes(run, state, limits, first_length, buffer_length, grow, pad_id
                  buffer_length)
     first = _take_rows(first._replace(cache=None), None, buffer_length, None, beam_size, pad_id)
 
-    # Row b of the result: row position[b] of the second pass if it was left, else the first pass's row.
-    position = tf.where(left, tf.cumsum(tf.cast(left, tf.int32)) - 1, tf.shape(rows)[0])
+    # Row b of the result, from the second pass's R rows followed by the first pass's B rows: its
+    # row in the second pass if it was left, else its own row of the first pass (R + b). One
+    # index for every field, and each field one concat and one gather.
+    position = tf.where(left, tf.cumsum(tf.cast(left, tf.int32)) - 1, tf.shape(rows)[0] + tf.range(tf.shape(left)[0]))
 
     def merge(ours, theirs):
-        # A zero row after the second pass's rows, so that the gather has a row to read when R = 0.
-        theirs = tf.concat([theirs, tf.zeros(tf.concat([[1], tf.shape(theirs)[1:]], 0), theirs.dtype)], 0)
-        taken = tf.gather(theirs, position)
-        return tf.where(tf.reshape(left, [-1] + [1] * (ours.shape.rank - 1)), taken, ours)
+        return tf.gather(tf.concat([theirs, ours], 0), position)
 
     return first._replace(**{name: merge(value, getattr(second, name)) for name, value in first._asdict().items()
                              if name not in ("index", "cache", "trace")})
@@ -223,9 +222,10 @@ def tile_beams(cache, beam_size):
     """(B, ...) -> (B * K, ...): each row repeated K times, beams of one row adjacent."""
     # A gather, not tf.repeat: the TFLite converter loses every dim of a repeat's output, and then
     # copies each key/value buffer once per step to change the loop variables' declared shapes.
-    def tile(t):
-        return tf.gather(t, tf.range(tf.shape(t)[0] * beam_size) // beam_size)
-    return tf.nest.map_structure(tile, cache)
+    # The row indices are computed once for every tensor (B is the same for all).
+    batch = tf.shape(tf.nest.flatten(cache)[0])[0]
+    rows = tf.range(batch * beam_size) // beam_size  # (B * K,)
+    return tf.nest.map_structure(lambda t: tf.gather(t, rows), cache)
 
 
 def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, alpha=LENGTH_PENALTY, pad_id=0,
