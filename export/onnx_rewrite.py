@@ -123,13 +123,16 @@ def _layer_norms(graph, outer_constants):
 
 
 def _mean_of(name, made_by):
-    """The GlobalAveragePool or the keepdims ReduceMean over one axis that writes `name`, if one does."""
-    node = made_by(name, "GlobalAveragePool") or made_by(name, "ReduceMean")
-    if node is not None and node.op_type == "ReduceMean":
-        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if len(attributes.get("axes", [])) != 1 or not attributes.get("keepdims", 1):
-            return None
-    return node
+    """(node, the first axis it averages) for the GlobalAveragePool (axes 2..) or the keepdims
+    ReduceMean over one axis that writes `name`; (None, None) if neither does."""
+    node = made_by(name, "GlobalAveragePool")
+    if node is not None:
+        return node, 2
+    node = made_by(name, "ReduceMean")
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute} if node else {}
+    if len(attributes.get("axes", [])) != 1 or not attributes.get("keepdims", 1):
+        return None, None
+    return node, attributes["axes"][0]
 
 
 def _match_layer_norm(node, made_by, constants):
@@ -145,7 +148,7 @@ def _match_layer_norm(node, made_by, constants):
                 mean_scaled, scaled_name = product, node.input[1 - i]
     scaled = made_by(scaled_name, "Mul") if mean_scaled else None
     negation, s_name = _one_of(mean_scaled, made_by, "Neg") if scaled else (None, None)
-    mean = negation and _mean_of(negation.input[0], made_by)
+    mean, axis = _mean_of(negation.input[0], made_by) if negation else (None, None)
     if not mean or sorted(scaled.input) != sorted([mean.input[0], s_name]):
         return None
     x = mean.input[0]
@@ -165,12 +168,8 @@ def _match_layer_norm(node, made_by, constants):
     offset = constants[beta] if beta is not None else scale * 0
     if scale.size != scale.shape[-1] or offset.shape != scale.shape:  # (1, ..., D): one per feature
         return None
-    if mean.op_type == "GlobalAveragePool":
-        axis = 2
-    else:  # the mean's axis must be the last: that of gamma, (1, D) against (rows, D)
-        (axis,) = helper.get_attribute_value(mean.attribute[[a.name for a in mean.attribute].index("axes")])
-        if axis not in (-1, scale.ndim - 1):
-            return None
+    if mean.op_type == "ReduceMean" and axis not in (-1, scale.ndim - 1):  # not gamma's: (1, D) on (rows, D)
+        return None
     return x, scale.reshape(-1), offset.reshape(-1), float(constants[eps].reshape(())), axis
 
 

@@ -139,7 +139,8 @@ class MultiHeadAttention(keras.layers.Layer):
         # One query (a decoding step): each product as a broadcast multiply and a sum, not a batched
         # matmul of M = 1, which TFLite's XNNPACK runs by repacking the whole key or value buffer
         # at every step (LiteRT 2.3.0, beam search at batch 32: 16% of the run in the repacking alone).
-        one_query = len(query.shape) == 2 or query.shape[1] == 1
+        step = len(query.shape) == 2  # one decoding step's rows (B, M): no length axis to keep
+        one_query = step or query.shape[1] == 1
         if one_query:
             scores = ops.expand_dims(ops.sum(q * k, axis=-1), 2)  # (B, H, 1, Tk)
         else:
@@ -154,18 +155,13 @@ class MultiHeadAttention(keras.layers.Layer):
         # when a source has a single token, which is a valid input here.
         weights = tf.nn.softmax(ops.cast(scores, "float32"), axis=-1)
         weights = ops.cast(weights, q.dtype)
-        if one_query:
-            context = ops.sum(ops.transpose(weights, (0, 1, 3, 2)) * v, axis=2, keepdims=True)  # (B, H, 1, D)
+        if one_query:  # (B, H, D) for a step's rows, else (B, H, 1, D)
+            context = ops.sum(ops.transpose(weights, (0, 1, 3, 2)) * v, axis=2, keepdims=not step)
         else:
             context = ops.einsum("bhqk,bhkd->bhqd", weights, v)
-        projection = self.output_projection
-        if len(query.shape) == 2:  # one step: (B, H, 1, D) as (B, H * D), against the kernel as (H * D, M)
-            width = self.num_heads * self.head_size
-            output = contract(ops.reshape(context, (-1, width)), ops.reshape(projection.kernel, (width, -1)),
-                              bias=projection.bias)  # (B, M)
-        else:
+        if not step:
             context = ops.transpose(context, (0, 2, 1, 3))  # (B, Tq, H, D)
-            output = contract(context, projection.kernel, 2, projection.bias)  # (B, Tq, M)
+        output = contract(context, self.output_projection.kernel, 2, self.output_projection.bias)  # (B, [Tq,] M)
         return output, {"cache": (k, v), "weights": weights}
 
     def get_config(self):

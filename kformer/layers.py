@@ -86,13 +86,12 @@ class PositionalEncoding(keras.layers.Layer):
         self.table = ops.convert_to_tensor(sinusoidal_table(self.max_length, input_shape[-1]))
 
     def call(self, inputs, start_index=0, training=None):
-        if len(inputs.shape) == 2:  # one decoding step (B, M) at position start_index
-            encoding = tf.gather(self.table, start_index)  # (M,)
-            return self.dropout_layer(inputs + ops.cast(encoding, inputs.dtype), training=training)
-        length = ops.shape(inputs)[1]
-        positions = ops.arange(length) + start_index
-        encoding = tf.gather(self.table, positions)  # (L, M); see TokenEmbedding.call
-        return self.dropout_layer(inputs + ops.cast(encoding, inputs.dtype), training=training)  # (L, M) broadcast
+        if len(inputs.shape) == 2:  # one decoding step's rows (B, M), at position start_index
+            positions = start_index
+        else:
+            positions = ops.arange(ops.shape(inputs)[1]) + start_index
+        encoding = tf.gather(self.table, positions)  # (M,) or (L, M); see TokenEmbedding.call
+        return self.dropout_layer(inputs + ops.cast(encoding, inputs.dtype), training=training)  # broadcast
 
     def get_config(self):
         config = super().get_config()

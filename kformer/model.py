@@ -166,9 +166,10 @@ class Transformer(keras.Model):
         """The "state" part of a cache (`init_cache`) with its key/value buffers extended with zeros
         to `buffer_length` steps (the second pass of a two-pass search)."""
         # Every buffer is (B, H, T1, D): one block of zeros (B, H, T - T1, D) appended to each.
-        shape = ops.shape(state["self"][0][0])
+        buffer = state["self"][0][0]
+        shape = ops.shape(buffer)
         zeros = ops.zeros((shape[0], self.config.num_heads, buffer_length - shape[2], self.config.head_size),
-                          state["self"][0][0].dtype)
+                          buffer.dtype)
 
         def grow(t):  # (B, H, T1, D) -> (B, H, T, D)
             return ops.concatenate([t, zeros], axis=2)
