@@ -1,8 +1,10 @@
 """Benchmarks (not tests): ratios measured in one run on the same inputs; never an absolute bar."""
 
+import atexit
 import glob
 import logging
 import os
+import shutil
 import tempfile
 import time
 
@@ -25,6 +27,7 @@ def count_xla_compilations_from_here():
     """Makes XLA dump what it compiles from now on, so `bench_train` can count its compilations.
     XLA reads its flags once, when TensorFlow starts: call this before importing it."""
     dump = tempfile.mkdtemp(prefix="kformer-xla-")
+    atexit.register(shutil.rmtree, dump, ignore_errors=True)  # ~100 MB of HLO text per run
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_dump_flags(dump)).strip()
     os.environ[XLA_DUMP_ENV] = dump
 

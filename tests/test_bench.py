@@ -2,6 +2,9 @@
 numbers. No timing is asserted; the benchmarks themselves print ratios measured in one run."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from conftest import BEAM
@@ -112,3 +115,11 @@ def test_runtime_rounds_are_reduced_to_medians_and_the_highest_peak_memory():
     assert (row["load_s"], row["latency_ms"], row["batch32_sentences_per_s"], row["batch32_tokens_per_s"]) == (
         2, 20, 50, 500)
     assert row["peak_rss_mb"] == 54 and row["rounds"] == 3 and row["bleu"] == 17.0 and row["runtime"] == "onnx"
+
+
+def test_xla_dump_folder_is_removed_at_exit():
+    script = ("import os; from kformer import bench; bench.count_xla_compilations_from_here(); "
+              "dump = os.environ[bench.XLA_DUMP_ENV]; open(os.path.join(dump, 'x.txt'), 'w').write('hlo'); print(dump)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    dump = result.stdout.strip().splitlines()[-1]
+    assert dump and not os.path.exists(dump), dump  # `bench train` leaked ~100 MB a run before
