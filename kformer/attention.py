@@ -71,7 +71,8 @@ class MultiHeadAttention(keras.layers.Layer):
 
     Returns `(output, {"cache": (key, value), "weights": weights})`, always this structure:
     output (B, Tq, M); the keys/values attended to, each (B, H, Tk, D) (with `cache_slot`, the
-    updated cache); the (B, H, Tq, Tk) attention weights. Unused parts cost nothing in a graph.
+    updated cache); the (B, H, Tq, Tk) attention weights ((B, H, Tk) for a step's (B, M) query).
+    Unused parts cost nothing in a graph.
 
     Example:
     >>> layer = MultiHeadAttention(num_heads=2, head_size=4)
@@ -111,8 +112,8 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         kernel = ops.concatenate([p.kernel for p in projections], axis=-1)  # (M, H, n*D)
         bias = ops.concatenate([p.bias for p in projections], axis=-1)  # (H, n*D)
-        if len(x.shape) == 2:  # one decoding step (B, M)
-            heads = ops.expand_dims(contract(x, kernel, bias=bias), 2)  # (B, H, 1, n*D)
+        if len(x.shape) == 2:  # one decoding step (B, M): the kernel as (M, H, 1, n*D), one reshape
+            heads = contract(x, ops.expand_dims(kernel, 2), bias=bias)  # (B, H, 1, n*D)
         else:
             heads = ops.transpose(contract(x, kernel, bias=bias), (0, 2, 1, 3))  # (B, H, L, n*D)
         return ops.split(heads, len(projections), axis=-1)
@@ -139,15 +140,19 @@ class MultiHeadAttention(keras.layers.Layer):
         # One query (a decoding step): each product as a broadcast multiply and a sum, not a batched
         # matmul of M = 1, which TFLite's XNNPACK runs by repacking the whole key or value buffer
         # at every step (LiteRT 2.3.0, beam search at batch 32: 16% of the run in the repacking alone).
-        step = len(query.shape) == 2  # one decoding step's rows (B, M): no length axis to keep
-        one_query = step or query.shape[1] == 1
-        if one_query:
+        # A decoding step's rows (B, M) keep no query axis: scores and weights (B, H, Tk), against
+        # which its mask (B or 1, 1, Tk) broadcasts as it is (fewer nodes in the exported step).
+        step = len(query.shape) == 2
+        if step:
+            scores = ops.sum(q * k, axis=-1)  # (B, H, Tk)
+        elif query.shape[1] == 1:
             scores = ops.expand_dims(ops.sum(q * k, axis=-1), 2)  # (B, H, 1, Tk)
         else:
             scores = ops.einsum("bhqd,bhkd->bhqk", q, k)
         scores = scores / ops.cast(math.sqrt(self.head_size), q.dtype)
         if attention_mask is not None:
-            mask = ops.expand_dims(attention_mask, axis=1)  # (B, 1, Tq, Tk): same mask for every head
+            # Same mask for every head: (B, 1, Tq, Tk), or for a step (B, 1, Tk) as given.
+            mask = attention_mask if step else ops.expand_dims(attention_mask, axis=1)
             # A large finite negative (not -inf) keeps a fully masked row finite.
             large_negative = -1e9 if keras.backend.standardize_dtype(scores.dtype) == "float32" else -6e4
             scores = ops.where(mask, scores, ops.cast(large_negative, scores.dtype))
@@ -155,8 +160,10 @@ class MultiHeadAttention(keras.layers.Layer):
         # when a source has a single token, which is a valid input here.
         weights = tf.nn.softmax(ops.cast(scores, "float32"), axis=-1)
         weights = ops.cast(weights, q.dtype)
-        if one_query:  # (B, H, D) for a step's rows, else (B, H, 1, D)
-            context = ops.sum(ops.transpose(weights, (0, 1, 3, 2)) * v, axis=2, keepdims=not step)
+        if step:
+            context = ops.sum(ops.expand_dims(weights, -1) * v, axis=2)  # (B, H, D)
+        elif query.shape[1] == 1:
+            context = ops.sum(ops.transpose(weights, (0, 1, 3, 2)) * v, axis=2, keepdims=True)  # (B, H, 1, D)
         else:
             context = ops.einsum("bhqk,bhkd->bhqd", weights, v)
         if not step:

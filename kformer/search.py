@@ -45,9 +45,9 @@ def length_penalty(length, alpha):
     return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
 
 
-def _write(buffer, index, values):
-    """buffer[..., index] = values, as a one-hot blend (no dynamic-update-slice)."""
-    slot = tf.equal(tf.range(tf.shape(buffer)[-1]), index)  # (T,)
+def _write(buffer, slot, values):
+    """buffer[..., i] = values where (T,) `slot` is True at i alone: a one-hot blend (no
+    dynamic-update-slice)."""
     return tf.where(slot, tf.expand_dims(values, -1), buffer)
 
 
@@ -90,8 +90,7 @@ def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, 
     Returns (tokens (B, T) int32 with EOS kept and pad after, scores (B,) float32 log-probability).
     """
     def run(state, limits, length, rows_left=0):
-        def cond(s):
-            return tf.logical_and(s.index < length, _rows_running(s.done) > rows_left)
+        positions = tf.range(length)  # (T,) of the output buffer, read by every step
 
         def body(s):
             logits, cache = step(s.last, s.cache, s.index)  # (B, V)
@@ -99,9 +98,10 @@ def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, 
             token = tf.where(s.done, pad_id, token)
             scores = s.scores + tf.where(s.done, 0.0, token_log_prob)
             done = s.done | tf.equal(token, eos_id) | (s.index + 1 >= limits)
-            return [GreedyState(s.index + 1, token, _write(s.tokens, s.index, token), scores, done, cache)]
+            tokens = _write(s.tokens, tf.equal(positions, s.index), token)
+            return [GreedyState(s.index + 1, token, tokens, scores, done, cache)]
 
-        return tf.while_loop(cond, body, [state], maximum_iterations=length)[0]
+        return tf.while_loop(_running(length, rows_left), body, [state])[0]
 
     batch = tf.shape(limits)[0]
     first_length = buffer_length if first_pass is None else first_pass[0]
@@ -152,9 +152,17 @@ def _take_rows(state, rows, buffer_length, grow, beam_size, pad_id):
     return type(state)(**fields)
 
 
-def _rows_running(done):
-    """How many rows of (B,) `done` are not."""
-    return tf.reduce_sum(tf.cast(tf.logical_not(done), tf.int32))
+def _running(length, rows_left):
+    """A search loop's condition: its step index is within the buffers of `length` and more than
+    `rows_left` rows are not `done`. Spelled for the exported step: no `maximum_iterations` (a
+    second counter repeating the first test), and <= / >= against bounds computed once (tf2onnx
+    casts both sides of an int32 < or > to float, two Cast nodes a test)."""
+    last, at_least = length - 1, rows_left + 1
+
+    def cond(s):
+        running = tf.reduce_sum(tf.cast(tf.logical_not(s.done), tf.int32))
+        return tf.logical_and(s.index <= last, running >= at_least)
+    return cond
 
 
 def _in_two_passes(run, state, limits, first_length, buffer_length, grow, pad_id, beam_size=1):
@@ -254,13 +262,11 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
 
     def run(state, limits, length, rows_left=0):
         batch = tf.shape(limits)[0]
-
-        def cond(s):
-            return tf.logical_and(s.index < length, _rows_running(s.done) > rows_left)
+        positions = tf.range(length)  # (T,) of the output buffers, read by every step
 
         def body(s):
             last = tf.reshape(tf.gather(s.alive_tokens, tf.maximum(s.index - 1, 0), axis=2), [-1])
-            last = tf.where(s.index > 0, last, bos_id)
+            last = tf.where(s.index >= 1, last, bos_id)  # >=: see _running
             logits, cache = step(last, s.cache, s.index)  # (B * K, V)
             # The 2K best of all K * V extensions are among the N = min(2K, V) best of each beam.
             vocab = logits.shape[-1]  # static for a Keras model; 2K when unknown (then V >= 2K is assumed)
@@ -271,7 +277,8 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
             top_log_probs, top_indices = tf.math.top_k(candidates, k=2 * k)  # (B, 2K)
             top_beams = top_indices // per_beam
             top_tokens = tf.gather(tf.reshape(tokens, [batch, k * per_beam]), top_indices, batch_dims=1)
-            top_seqs = _write(_gather_beams(s.alive_tokens, top_beams), s.index, top_tokens)  # (B, 2K, T)
+            slot = tf.equal(positions, s.index)  # (T,)
+            top_seqs = _write(_gather_beams(s.alive_tokens, top_beams), slot, top_tokens)  # (B, 2K, T)
             length = s.index + 1
             finishing = tf.equal(top_tokens, eos_id) | tf.expand_dims(length >= limits, 1)  # (B, 2K)
             valid = top_log_probs > NEG_INF / 2  # candidates of dead beams stay dead
@@ -292,14 +299,13 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
             # It covers a row at its limit (every candidate finishes) and is valid in a row not done.
             done = s.done | tf.gather(finishing, 0, axis=1)
             history = s.trace
-            if trace:  # row `index` of the history = the alive beams after this step
-                slot = tf.equal(tf.range(buffer_length), s.index)  # (T,)
+            if trace:  # row `index` of the history = the alive beams after this step (one pass: T buffers)
                 history = (tf.where(slot[None, :, None, None], alive_tokens[:, None], history[0]),
                            tf.where(slot[None, :, None], alive_log_probs[:, None], history[1]))
             return [BeamState(length, alive_tokens, alive_log_probs, _gather_beams(seqs, pick), finished_scores,
                               done, cache, history)]
 
-        return tf.while_loop(cond, body, [state], maximum_iterations=length)[0]
+        return tf.while_loop(_running(length, rows_left), body, [state])[0]
 
     if trace and first_pass is not None:
         raise ValueError("a traced beam search runs in one pass (first_pass=None)")
@@ -335,7 +341,8 @@ def naive_step(forward):
     benchmarked against; it works with both searches (its "cache" is the source and prefix).
     Use with `naive_cache`."""
     def step(last, cache, index):
-        prefix = _write(cache["state"], index, last)  # (B, T): BOS + tokens so far
+        prefix = cache["state"]  # (B, T): BOS + tokens so far
+        prefix = _write(prefix, tf.equal(tf.range(tf.shape(prefix)[1]), index), last)
         logits = forward(cache["static"], prefix[:, : index + 1])
         return logits[:, -1], {"static": cache["static"], "state": prefix}
     return step
