@@ -110,8 +110,13 @@ class MultiHeadAttention(keras.layers.Layer):
         `contract`, not the sublayers' einsum: TensorFlow differentiates this einsum with a batched
         matmul and a sum over the batch, which made training ~10% slower on CPU (same forward).
         """
-        kernel = ops.concatenate([p.kernel for p in projections], axis=-1)  # (M, H, n*D)
-        bias = ops.concatenate([p.bias for p in projections], axis=-1)  # (H, n*D)
+        # The queries carry the scores' 1/sqrt(D) in their weights: a frozen decoding step folds
+        # it into its constants instead of multiplying every step's scores (one node less each).
+        scales = [1 / math.sqrt(self.head_size) if p is self.query else None for p in projections]
+        kernel = ops.concatenate([p.kernel if s is None else p.kernel * s for p, s in zip(projections, scales)],
+                                 axis=-1)  # (M, H, n*D)
+        bias = ops.concatenate([p.bias if s is None else p.bias * s for p, s in zip(projections, scales)],
+                               axis=-1)  # (H, n*D)
         if len(x.shape) == 2:  # one decoding step (B, M): the kernel as (M, H, 1, n*D), one reshape
             heads = contract(x, ops.expand_dims(kernel, 2), bias=bias)  # (B, H, 1, n*D)
         else:
@@ -149,7 +154,6 @@ class MultiHeadAttention(keras.layers.Layer):
             scores = ops.expand_dims(ops.sum(q * k, axis=-1), 2)  # (B, H, 1, Tk)
         else:
             scores = ops.einsum("bhqd,bhkd->bhqk", q, k)
-        scores = scores / ops.cast(math.sqrt(self.head_size), q.dtype)
         if attention_mask is not None:
             # Same mask for every head: (B, 1, Tq, Tk), or for a step (B, 1, Tk) as given.
             mask = attention_mask if step else ops.expand_dims(attention_mask, axis=1)
