@@ -12,7 +12,7 @@ Also, each weight is stored once: a folded transposed copy becomes a Transpose n
 """
 
 import numpy as np
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 
 def simplify(graph):
@@ -174,10 +174,11 @@ def _match_layer_norm(node, made_by, constants):
 
 
 def _wheres(graph):
-    """tf2onnx writes a float tf.where(c, x, y) as Cast(c) * x + y * Cast(Not(c)): six nodes, where
-    one Where does (and gives x or y where the blend would give NaN from 0 * inf). Left as blends:
-    those blending into a graph input (in a Loop body, its carried state: the key/value cache
-    writes), large tensors for which onnxruntime's Where was slower (beam at batch 32: 1.16x)."""
+    """tf2onnx writes a tf.where(c, x, y) as Cast(c) * x + y * Cast(Not(c)): six nodes, where one
+    Where does (and gives x or y where the blend would give NaN from 0 * inf). Left as blends:
+    float ones blending into a graph input (in a Loop body, its carried state: the key/value cache
+    writes), large tensors for which onnxruntime's Where was slower (beam at batch 32: 1.16x).
+    Integer ones into carried state are the small output-token buffers: a Where."""
     count = sum(_wheres(sub) for node in graph.node for sub in subgraphs(node))
     made_by = _finder(graph)
     inputs = {i.name for i in graph.input}
@@ -194,12 +195,18 @@ def _wheres(graph):
         (cast_a, a), (cast_b, b) = picks
         for (keep, x), (drop, y) in (((cast_a, a), (cast_b, b)), ((cast_b, b), (cast_a, a))):
             negation = made_by(drop.input[0], "Not")
-            if negation is not None and negation.input[0] == keep.input[0] and not {x, y} & inputs:
+            cache_write = {x, y} & inputs and _cast_to(keep) == TensorProto.FLOAT
+            if negation is not None and negation.input[0] == keep.input[0] and not cache_write:
                 graph.node[index].CopyFrom(helper.make_node("Where", [keep.input[0], x, y], list(node.output),
                                                             name=node.name))
                 count += 1
                 break
     return count
+
+
+def _cast_to(cast):
+    """The element type a Cast node makes (a TensorProto data type)."""
+    return next(a.i for a in cast.attribute if a.name == "to")
 
 
 def _prune(graph):
