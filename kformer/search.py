@@ -217,11 +217,11 @@ def _gather_beams(tensor, indices):
     return tf.gather(tensor, indices, axis=1, batch_dims=1)
 
 
-def _reorder_state(cache, beam_indices, beam_size):
+def _reorder_state(cache, beam_indices, row_starts):
     """Beam k of row b continues from beam_indices[b, k]: reorders the (B * K, ...) state of the
-    cache. The static part is the same for every beam of a row, so it is left as it is."""
-    batch = tf.shape(beam_indices)[0]
-    flat = tf.reshape(beam_indices + tf.expand_dims(tf.range(batch) * beam_size, 1), [-1])  # (B * K,)
+    cache, whose row b starts at row_starts[b, 0] = b * K. The static part is the same for every
+    beam of a row, so it is left as it is."""
+    flat = tf.reshape(beam_indices + row_starts, [-1])  # (B * K,)
     return {"static": cache["static"],
             "state": tf.nest.map_structure(lambda t: tf.gather(t, flat, axis=0), cache["state"])}
 
@@ -261,8 +261,11 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
     k = beam_size
 
     def run(state, limits, length, rows_left=0):
-        batch = tf.shape(limits)[0]
-        positions = tf.range(length)  # (T,) of the output buffers, read by every step
+        # Computed once, read by every step: positions (T,) in the output buffers, and where each
+        # row's beams start (B, 1) in the cache. Reshapes below keep a -1 for the batch: a shape
+        # built from tf.shape at every step is four exported nodes.
+        positions = tf.range(length)
+        row_starts = tf.expand_dims(tf.range(tf.shape(limits)[0]) * k, 1)
 
         def body(s):
             last = tf.reshape(tf.gather(s.alive_tokens, tf.maximum(s.index - 1, 0), axis=2), [-1])
@@ -272,11 +275,11 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
             vocab = logits.shape[-1]  # static for a Keras model; 2K when unknown (then V >= 2K is assumed)
             per_beam = 2 * k if vocab is None else min(2 * k, vocab)
             log_probs, tokens = _top_log_probs(logits, per_beam)  # (B * K, N)
-            candidates = tf.reshape(tf.expand_dims(s.alive_log_probs, 2) + tf.reshape(log_probs, [batch, k, per_beam]),
-                                    [batch, k * per_beam])  # (B, K * N)
+            candidates = tf.reshape(tf.expand_dims(s.alive_log_probs, 2) + tf.reshape(log_probs, [-1, k, per_beam]),
+                                    [-1, k * per_beam])  # (B, K * N)
             top_log_probs, top_indices = tf.math.top_k(candidates, k=2 * k)  # (B, 2K)
             top_beams = top_indices // per_beam
-            top_tokens = tf.gather(tf.reshape(tokens, [batch, k * per_beam]), top_indices, batch_dims=1)
+            top_tokens = tf.gather(tf.reshape(tokens, [-1, k * per_beam]), top_indices, batch_dims=1)
             slot = tf.equal(positions, s.index)  # (T,)
             top_seqs = _write(_gather_beams(s.alive_tokens, top_beams), slot, top_tokens)  # (B, 2K, T)
             length = s.index + 1
@@ -287,7 +290,7 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
             alive_candidates = tf.where(finishing | ~valid, NEG_INF, top_log_probs)
             alive_log_probs, alive_pick = tf.math.top_k(alive_candidates, k=k)  # (B, K) into 2K
             alive_tokens = _gather_beams(top_seqs, alive_pick)
-            cache = _reorder_state(cache, _gather_beams(top_beams, alive_pick), k)
+            cache = _reorder_state(cache, _gather_beams(top_beams, alive_pick), row_starts)
 
             # Finished: merge the old K with the finishing candidates; keep the K best.
             new_scores = tf.where(finishing & valid, top_log_probs / length_penalty(length, alpha), NEG_INF)
