@@ -35,12 +35,6 @@ def contract(x, kernel, axes=1, bias=None):
     return product if len(shape) == 1 else ops.reshape(product, (-1, *shape))
 
 
-def cache_slot(buffer_length, index):
-    """(1, 1, T, 1) bool, True at `index`: where a decoding step writes its key/value in buffers
-    (B, H, T, D). Built once per step for every layer."""
-    return ops.reshape(ops.arange(buffer_length) == index, (1, 1, -1, 1))
-
-
 @keras.saving.register_keras_serializable(package="kformer")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention (Vaswani et al. 2017, section 3.2.2).
@@ -66,8 +60,8 @@ class MultiHeadAttention(keras.layers.Layer):
             token's key/value is written at that position and the updated cache is returned.
             Without it (encoder-decoder attention): the cache holds precomputed keys/values of
             the encoder output and is used as is.
-        cache_slot: (1, 1, T, 1) bool from `cache_slot`, True at the (single) query token's
-            position in the cache.
+        cache_slot: (1, 1, T, 1) from `kformer.masks.step_masks`: 1 at the (single) query
+            token's position in the cache, 0 elsewhere.
 
     Returns `(output, {"cache": (key, value), "weights": weights})`, always this structure:
     output (B, Tq, M); the keys/values attended to, each (B, H, Tk, D) (with `cache_slot`, the
@@ -137,10 +131,12 @@ class MultiHeadAttention(keras.layers.Layer):
             (q,) = self._project(query, self.query)
             k, v = self.key_value(value)  # (B, H, Tk, D)
         if cache_slot is not None:
-            # Write the new token's key/value (B, H, 1, D) into its slot with a one-hot blend: fixed
-            # shapes, no dynamic-update-slice, so the loop exports to TFLite and ONNX.
-            k = ops.where(cache_slot, k, cache[0])  # (B, H, T, D)
-            v = ops.where(cache_slot, v, cache[1])
+            # Write the new token's key/value (B, H, 1, D) into its slot, one-hot: fixed shapes, no
+            # dynamic-update-slice, so the loop exports to TFLite and ONNX. Added, as the slot is
+            # still zero (buffers start as zeros; each step writes the next slot): the same values
+            # as a select, in two exported nodes where a select becomes three (and a shared two).
+            k = cache[0] + cache_slot * k  # (B, H, T, D)
+            v = cache[1] + cache_slot * v
 
         # One query (a decoding step): each product as a broadcast multiply and a sum, not a batched
         # matmul of M = 1, which TFLite's XNNPACK runs by repacking the whole key or value buffer

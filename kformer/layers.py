@@ -222,7 +222,7 @@ class DecoderBlock(_ResidualBlock):
         cross_mask: boolean broadcastable to (B, T, S): the *source* padding mask.
         cache: optional dict with "self" = (key, value) buffers (B, H, Tmax, D) and "cross" =
             precomputed encoder (key, value) (B, H, S, D); then x is one step (B, M), written
-            to the self-attention buffers at `cache_slot` (`kformer.attention.cache_slot`).
+            to the self-attention buffers at `cache_slot` (`kformer.masks.step_masks`).
 
     Returns (x (B, T, M), {"self": ..., "cross": ...}), each the attention's {"cache", "weights"}:
     "self" "cache" is the updated buffers when decoding step by step.

@@ -8,7 +8,6 @@ import keras
 from keras import ops
 
 from kformer import masks
-from kformer.attention import cache_slot
 from kformer.config import TransformerConfig
 from kformer.layers import DecoderBlock, EncoderBlock, PositionalEncoding, TokenEmbedding
 
@@ -180,9 +179,9 @@ class Transformer(keras.Model):
         static, state = cache["static"], cache["state"]
         x = self.target_embedding(tokens)  # (B, M): the step runs on rows, no length axis
         x = self.target_positions(x, start_index=index, training=False)
-        buffer_length = ops.shape(state["self"][0][0])[2]
-        self_mask = masks.causal_mask(1, buffer_length, offset=index)  # (1, 1, Tmax): keys 0..index
-        slot = cache_slot(buffer_length, index)  # (1, 1, Tmax, 1): every layer writes here
+        buffer = state["self"][0][0]  # (B, H, Tmax, D)
+        # (1, 1, Tmax): keys 0..index; (1, 1, Tmax, 1): where every layer writes its key/value.
+        self_mask, slot = masks.step_masks(ops.shape(buffer)[2], index, buffer.dtype)
         new_self = []
         for block, self_kv, cross_kv in zip(self.decoder_blocks, state["self"], static["cross"]):
             x, attention = block(x, self_mask=self_mask, cross_mask=static["source_mask"],

@@ -4,7 +4,7 @@ import pytest
 from layer_test import run_layer_test
 
 from kformer import masks
-from kformer.attention import MultiHeadAttention, cache_slot, contract
+from kformer.attention import MultiHeadAttention, contract
 
 HEADS, HEAD_SIZE, WIDTH = 2, 4, 8
 
@@ -52,7 +52,7 @@ def test_cached_steps_equal_full_causal_pass():
     cache = (buffer, buffer)
     for i in range(6):
         step, extras = layer(x[:, i:i + 1], attention_mask=masks.causal_mask(1, 8, offset=i),
-                             cache=cache, cache_slot=cache_slot(8, i))
+                             cache=cache, cache_slot=masks.step_masks(8, i)[1])
         cache = extras["cache"]
         np.testing.assert_allclose(np.asarray(step)[:, 0], full[:, i], atol=1e-5)
 
