@@ -7,12 +7,13 @@ export's parity checks run on its result. LayerNorm as one node: the demo model'
 same tokens (2026-11-24): 0.81-1.0x the time at batch 1, 0.98-0.99x at batch 32. A float
 tf.where as one Where node, except the key/value cache writes: beam body 392 -> 332 nodes, greedy
 284 -> 239; interleaved, same tokens (2026-11-24 22:20): 0.94-0.96x the time at batch 1,
-0.97-1.00x at batch 32 (every blend as a Where: beam at batch 32 1.16x slower).
+0.97-1.00x at batch 32 (every blend as a Where, cache writes included: beam at batch 32 1.16x
+slower; the cache writes are now additions, kformer.attention).
 Also, each weight is stored once: a folded transposed copy becomes a Transpose node.
 """
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 
 def simplify(graph):
@@ -175,14 +176,11 @@ def _match_layer_norm(node, made_by, constants):
 
 def _wheres(graph):
     """tf2onnx writes a tf.where(c, x, y) as Cast(c) * x + y * Cast(Not(c)): six nodes, where one
-    Where does (and gives x or y where the blend would give NaN from 0 * inf). Left as blends:
-    float ones blending into a graph input (in a Loop body, its carried state: the key/value cache
-    writes), large tensors for which onnxruntime's Where was slower (beam at batch 32: 1.16x).
-    Integer ones into carried state are the small output-token buffers: a Where."""
+    Where does (and gives x or y where the blend would give NaN from 0 * inf). (The key/value
+    cache writes, for which onnxruntime's Where was slower than the blend, are no tf.where: see
+    kformer.attention.)"""
     count = sum(_wheres(sub) for node in graph.node for sub in subgraphs(node))
     made_by = _finder(graph)
-    inputs = {i.name for i in graph.input}
-    inputs |= {node.output[0] for node in graph.node if node.op_type == "Identity" and node.input[0] in inputs}
     for index, node in enumerate(graph.node):
         if node.op_type != "Add":
             continue
@@ -195,18 +193,12 @@ def _wheres(graph):
         (cast_a, a), (cast_b, b) = picks
         for (keep, x), (drop, y) in (((cast_a, a), (cast_b, b)), ((cast_b, b), (cast_a, a))):
             negation = made_by(drop.input[0], "Not")
-            cache_write = {x, y} & inputs and _cast_to(keep) == TensorProto.FLOAT
-            if negation is not None and negation.input[0] == keep.input[0] and not cache_write:
+            if negation is not None and negation.input[0] == keep.input[0]:
                 graph.node[index].CopyFrom(helper.make_node("Where", [keep.input[0], x, y], list(node.output),
                                                             name=node.name))
                 count += 1
                 break
     return count
-
-
-def _cast_to(cast):
-    """The element type a Cast node makes (a TensorProto data type)."""
-    return next(a.i for a in cast.attribute if a.name == "to")
 
 
 def _prune(graph):
