@@ -213,7 +213,7 @@ ONNX_STEP_NODES = [137, 136, 88, 87]
 TFLITE_STEP_OPS = [133, 133, 97, 97]
 # The ONNX main graph runs once a call, and the idle search's part of it (at batch 1, ~5% of a
 # greedy call) is mostly the two passes' bookkeeping: 443 nodes before it was written in fewer.
-ONNX_MAIN_NODES = 375
+ONNX_MAIN_NODES = 380  # tf2onnx wrote 375-378 for the same code (2026-11-25)
 
 
 def _within(counts, budget):
@@ -355,9 +355,9 @@ def test_the_tied_embedding_is_stored_once_as_its_lookup_table(transposed_first)
     assert list(transpose.input) == ["E"] and list(transpose.output) == ["E_T"]
 
 
-def test_float_blends_become_where_unless_they_blend_into_a_graph_input():
-    """tf2onnx's float tf.where, Cast(c) * x + y * Cast(Not(c)), becomes one Where with the same
-    values; a blend into a graph input (a Loop body's carried state: the cache writes) stays."""
+def test_blends_become_where():
+    """tf2onnx's tf.where, Cast(c) * x + y * Cast(Not(c)), becomes one Where with the same values,
+    also where it blends a graph input (a Loop body's carried state)."""
     import onnxruntime
 
     h = onnx.helper
@@ -382,8 +382,8 @@ def test_float_blends_become_where_unless_they_blend_into_a_graph_input():
         return onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
 
     expected = run(graph)
-    assert onnx_rewrite.simplify(graph)["Where"] == 1
-    assert [n.op_type for n in graph.node].count("Where") == 1 and [n.op_type for n in graph.node].count("Not") == 1
+    assert onnx_rewrite.simplify(graph)["Where"] == 2
+    assert [n.op_type for n in graph.node] == ["Relu", "Where", "Where"]
     np.testing.assert_array_equal(run(graph), expected)
 
 
