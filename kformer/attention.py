@@ -106,11 +106,10 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         # The queries carry the scores' 1/sqrt(D) in their weights: a frozen decoding step folds
         # it into its constants instead of multiplying every step's scores (one node less each).
-        scales = [1 / math.sqrt(self.head_size) if p is self.query else None for p in projections]
-        kernel = ops.concatenate([p.kernel if s is None else p.kernel * s for p, s in zip(projections, scales)],
-                                 axis=-1)  # (M, H, n*D)
-        bias = ops.concatenate([p.bias if s is None else p.bias * s for p, s in zip(projections, scales)],
-                               axis=-1)  # (H, n*D)
+        scale = 1 / math.sqrt(self.head_size)
+        weights = [(p.kernel * scale, p.bias * scale) if p is self.query else (p.kernel, p.bias) for p in projections]
+        kernel = ops.concatenate([w[0] for w in weights], axis=-1)  # (M, H, n*D)
+        bias = ops.concatenate([w[1] for w in weights], axis=-1)  # (H, n*D)
         if len(x.shape) == 2:  # one decoding step (B, M): the kernel as (M, H, 1, n*D), one reshape
             heads = contract(x, ops.expand_dims(kernel, 2), bias=bias)  # (B, H, 1, n*D)
         else:
@@ -138,16 +137,14 @@ class MultiHeadAttention(keras.layers.Layer):
             k = cache[0] + cache_slot * k  # (B, H, T, D)
             v = cache[1] + cache_slot * v
 
-        # One query (a decoding step): each product as a broadcast multiply and a sum, not a batched
+        # A decoding step's one query: each product as a broadcast multiply and a sum, not a batched
         # matmul of M = 1, which TFLite's XNNPACK runs by repacking the whole key or value buffer
         # at every step (LiteRT 2.3.0, beam search at batch 32: 16% of the run in the repacking alone).
-        # A decoding step's rows (B, M) keep no query axis: scores and weights (B, H, Tk), against
-        # which its mask (B or 1, 1, Tk) broadcasts as it is (fewer nodes in the exported step).
+        # Its rows (B, M) keep no query axis: scores and weights (B, H, Tk), against which its mask
+        # (B or 1, 1, Tk) broadcasts as it is (fewer nodes in the exported step).
         step = len(query.shape) == 2
         if step:
             scores = ops.sum(q * k, axis=-1)  # (B, H, Tk)
-        elif query.shape[1] == 1:
-            scores = ops.expand_dims(ops.sum(q * k, axis=-1), 2)  # (B, H, 1, Tk)
         else:
             scores = ops.einsum("bhqd,bhkd->bhqk", q, k)
         if attention_mask is not None:
@@ -162,8 +159,6 @@ class MultiHeadAttention(keras.layers.Layer):
         weights = ops.cast(weights, q.dtype)
         if step:
             context = ops.sum(ops.expand_dims(weights, -1) * v, axis=2)  # (B, H, D)
-        elif query.shape[1] == 1:
-            context = ops.sum(ops.transpose(weights, (0, 1, 3, 2)) * v, axis=2, keepdims=True)  # (B, H, 1, D)
         else:
             context = ops.einsum("bhqk,bhkd->bhqd", weights, v)
         if not step:
