@@ -1,7 +1,6 @@
 """Run an exported TFLite translator with LiteRT: numpy, sentencepiece, ai-edge-litert only."""
 
 import os
-import warnings
 
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter
@@ -17,17 +16,14 @@ class TfliteRunner(Runner):
     def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
         super().__init__(artifact_dir, beam_size, batch_size)
         entry = find_artifact(self.manifest, "tflite", self.search_name, variant)
-        # Delegate clustering off and every tensor kept apart: with LiteRT 2.3.0's defaults, a fresh
-        # interpreter's first call at a shape now and then gave other scores or tokens; either
-        # setting alone left some (measured 2026-11-24, figures in the README's Design). Costs
-        # 0.98-1.17x the time and more memory. LiteRT warns that the option is for debugging; here
-        # it is what makes the outputs right.
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*experimental_preserve_all_tensors")
-            interpreter = Interpreter(model_path=verified_path(artifact_dir, self.manifest, entry),
-                                      num_threads=threads or os.cpu_count() or 1,
-                                      experimental_disable_delegate_clustering=True,
-                                      experimental_preserve_all_tensors=True)
+        # Delegate clustering off: with LiteRT 2.3.0's default, an interpreter made after another of
+        # the same file was freed now and then gave other scores or tokens on its first call (2 to 6
+        # of 39 fresh interpreters on the tiny test model's file as exported at 11164ea). Tensors
+        # are no longer kept apart (experimental_preserve_all_tensors, 1.17-1.2x the time): with
+        # today's decoding graphs no fresh interpreter differed without it (README: Design).
+        interpreter = Interpreter(model_path=verified_path(artifact_dir, self.manifest, entry),
+                                  num_threads=threads or os.cpu_count() or 1,
+                                  experimental_disable_delegate_clustering=True)
         # A file of both searches has the signatures "greedy" and "beam"; a one-search file has one.
         signatures = interpreter.get_signature_list()
         self.signature = interpreter.get_signature_runner(
