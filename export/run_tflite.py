@@ -20,7 +20,7 @@ class TfliteRunner(Runner):
         # the same file was freed now and then gave other scores or tokens on its first call (2 to 6
         # of 39 fresh interpreters on the tiny test model's file as exported at 11164ea). Tensors
         # are no longer kept apart (experimental_preserve_all_tensors, 1.17-1.2x the time): with
-        # today's decoding graphs no fresh interpreter differed without it (README: Design).
+        # the decoding graphs of 2026-11-25 no fresh interpreter differed without it (README: Design).
         interpreter = Interpreter(model_path=verified_path(artifact_dir, self.manifest, entry),
                                   num_threads=threads or os.cpu_count() or 1,
                                   experimental_disable_delegate_clustering=True)
