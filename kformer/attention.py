@@ -107,9 +107,10 @@ class MultiHeadAttention(keras.layers.Layer):
         # The queries carry the scores' 1/sqrt(D) in their weights: a frozen decoding step folds
         # it into its constants instead of multiplying every step's scores (one node less each).
         scale = 1 / math.sqrt(self.head_size)
-        weights = [(p.kernel * scale, p.bias * scale) if p is self.query else (p.kernel, p.bias) for p in projections]
-        kernel = ops.concatenate([w[0] for w in weights], axis=-1)  # (M, H, n*D)
-        bias = ops.concatenate([w[1] for w in weights], axis=-1)  # (H, n*D)
+        kernels, biases = zip(*[(p.kernel * scale, p.bias * scale) if p is self.query else (p.kernel, p.bias)
+                                for p in projections])
+        kernel = ops.concatenate(kernels, axis=-1)  # (M, H, n*D)
+        bias = ops.concatenate(biases, axis=-1)  # (H, n*D)
         if len(x.shape) == 2:  # one decoding step (B, M): the kernel as (M, H, 1, n*D), one reshape
             heads = contract(x, ops.expand_dims(kernel, 2), bias=bias)  # (B, H, 1, n*D)
         else:
