@@ -8,13 +8,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata, util
+from importlib import metadata
 
 import numpy as np
 
 from export import writers
 from export.module import ExportModule
 from export.runtime import DEFAULT_FORMATS, FORMATS, MANIFEST, sha256
+from kformer import extras
 from kformer.config import BEAM_SIZE, LENGTH_PENALTY
 
 QUANTIZATIONS = ("fp16", "int8")
@@ -56,8 +57,8 @@ def export(model_dir, out_dir, formats=DEFAULT_FORMATS, quantize=(), beam_size=B
     unknown = sorted(set(formats) - set(FORMATS)) + sorted(set(quantize) - set(QUANTIZATIONS))
     if unknown:
         raise ValueError(f"unknown formats/quantizations {unknown}; formats: {FORMATS}, quantize: {QUANTIZATIONS}")
-    if "ctranslate2" in formats and util.find_spec("ctranslate2") is None:
-        raise ValueError("--formats ctranslate2 needs the optional extra: pip install 'kformer[ctranslate2]'")
+    if "ctranslate2" in formats:
+        extras.require("ctranslate2", "--formats ctranslate2")
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise ValueError(f"--out {out_dir} exists and is not an empty folder; choose a new --out (nothing was written)")
     parent = os.path.dirname(os.path.abspath(out_dir))

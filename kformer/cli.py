@@ -9,6 +9,7 @@ import sys
 
 from export.runtime import DEFAULT_FORMATS, FORMATS, RUNTIMES, VARIANTS
 from export.web import PAGE_RUNTIMES
+from kformer import extras
 from kformer.config import (
     BEAM_SIZE,
     DEFAULT_DIRECTION,
@@ -342,6 +343,11 @@ def main(argv=None):
         # User errors (CorpusError and ArtifactError are ValueErrors; OSError: a path that is a folder,
         # not writable or full; FloatingPointError: a NaN loss) are one line; a bug keeps its traceback.
         print(f"kformer {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:  # an optional extra not installed is a user error too
+        if e.name is None or extras.extra_for(e.name) is None:
+            raise
+        print(f"kformer {args.command}: error: {extras.missing(e.name, 'this command')}", file=sys.stderr)
         return 2
     return 0
 

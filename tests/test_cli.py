@@ -94,6 +94,28 @@ def test_errors_are_one_clear_line(argv, message, tmp_path, trained_dir, capsys)
     assert code == 2 and message in err and "Traceback" not in err
 
 
+def test_a_missing_optional_extra_is_one_line_naming_it(trained_dir, tmp_path, capsys, monkeypatch):
+    import kformer
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if `pip install kformer` without [plots]
+    monkeypatch.delitem(sys.modules, "kformer.plots", raising=False)
+    monkeypatch.delattr(kformer, "plots", raising=False)
+    code, _, err = run(["attention", "--model", trained_dir, "--out", str(tmp_path / "a.png"), "好"], capsys)
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "kformer attention: error: this command needs matplotlib, which is not installed: pip install 'kformer[plots]'")
+
+
+def test_each_optional_module_is_named_with_its_extra():
+    from kformer.extras import extra_for
+
+    found = {module: extra_for(module) for module in ("tf2onnx", "onnxruntime", "ai_edge_litert", "tensorflow_text",
+                                                      "matplotlib.pyplot", "keras_hub", "ctranslate2", "pytest",
+                                                      "numpy", "tensorflow")}
+    assert found == {"tf2onnx": "export", "onnxruntime": "export", "ai_edge_litert": "export",
+                     "tensorflow_text": "export", "matplotlib.pyplot": "plots", "keras_hub": "bench",
+                     "ctranslate2": "ctranslate2", "pytest": "test", "numpy": None, "tensorflow": None}
+
+
 @pytest.mark.parametrize("argv, option", [
     (["train", "--out", "X", "--minutes", "0"], "--minutes"),
     (["train", "--out", "X", "--minutes", "-5"], "--minutes"),
