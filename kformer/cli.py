@@ -103,71 +103,32 @@ def _chunks(items, size):
 
 
 def _attention(args):
-    from kformer import checkpoint, plots
-    from kformer.translate import Translator
+    from kformer import plots
 
-    model, _, tokenizer, _ = checkpoint.load(args.model)
-    result = plots.alignment(Translator(model, tokenizer, beam_size=args.beam), args.text, layer=args.layer)
-    layer = args.layer if args.layer >= 0 else model.config.num_decoder_layers + args.layer
-    figure = plots.alignment_figure(result["weights"], result["source"], result["target"],
-                                    title=f"encoder-decoder attention, layer {layer + 1}, mean of heads")
-    figure.savefig(args.out, dpi=150)
-    print(result["translation"])
+    print(plots.save_alignment(args.model, args.text, args.out, layer=args.layer, beam_size=args.beam))
     print(f"wrote {args.out}")
 
 
 def _export(args):
-    from export.exporter import export
+    from export.exporter import export, print_summary
 
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     quantize = [q.strip() for q in (args.quantize or "").split(",") if q.strip()]
-    manifest = export(args.model, args.out, formats, quantize, beam_size=args.beam, alpha=args.alpha,
-                      max_length=args.max_len)
-    print(f"checked on {manifest['checked_on']}: translations the same as Keras', and BLEU minus Keras' BLEU")
-    print(f"{'file':28} {'MB':>7} {'seconds':>8} {'search':>7} {'same':>6} {'BLEU Δ':>7}")
-    for a in manifest["artifacts"]:
-        for search, check in a["check"].items():
-            delta = "-" if check["bleu_delta"] is None else f"{check['bleu_delta']:+.2f}"
-            print(f"{a['file']:28} {a['bytes'] / 1e6:7.2f} {a['seconds']:8.1f} {search:>7} "
-                  f"{check['agreement']:6.0%} {delta:>7}")
-    print(f"wrote {args.out} (manifest.json, tokenizer.model and the files above)")
+    print_summary(export(args.model, args.out, formats, quantize, beam_size=args.beam, alpha=args.alpha,
+                         max_length=args.max_len), args.out)
 
 
 def _evaluate(args):
-    from kformer.evaluate import evaluate
+    from kformer.evaluate import evaluate, print_scores
 
-    result = evaluate(args.model, split=args.split, source_file=args.source, reference_file=args.reference,
-                      beam_size=args.beam, alpha=args.alpha, output=args.output, limit=args.limit)
-    _print_scores(result)
-
-
-def _print_scores(result):
-    print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  ({result['sentences']} sentences, "
-          f"beam {result['beam_size']})")
-    print(f"  {result['bleu_detail']}")
-    print(f"  BLEU signature: {result['bleu_signature']}")
-    print(f"  chrF signature: {result['chrf_signature']}")
-    print(f"  hypotheses: {result['hypotheses_file']}")
+    print_scores(evaluate(args.model, split=args.split, source_file=args.source, reference_file=args.reference,
+                          beam_size=args.beam, alpha=args.alpha, output=args.output, limit=args.limit))
 
 
 def _demo(args):
-    from kformer.evaluate import evaluate
-    from kformer.train import train
+    from kformer.demo import demo
 
-    summary = train(args.out, args.config, minutes=args.minutes)
-    if "steps_per_s" in summary:
-        print(f"training speed: {summary['steps_per_s']:.2f} steps/s, {summary['real_tokens_per_s']:.0f} real "
-              f"(non-pad) source+target tokens/s ({summary['precision']} compute, oneDNN CPU kernels "
-              f"{summary['onednn']})")
-    print(f"trained {summary['steps']} steps ({summary['stopped']}); token accuracy "
-          f"{summary.get('token_accuracy', float('nan')):.3f}, dev token accuracy "
-          f"{summary.get('val_token_accuracy', float('nan')):.3f}")
-    result = evaluate(args.out, split="test")
-    _print_scores(result)
-    print("examples from the held-out test split (source / reference / kformer):")
-    for source, references, hypothesis in result["examples"][:: max(1, len(result["examples"]) // 8)][:8]:
-        print(f"  {source}\n    ref: {references[0]}\n    out: {hypothesis}")
-    print(f"translate more with: kformer translate --model {args.out} \"你好。\"")
+    demo(args.out, args.config, args.minutes)
 
 
 def _bench(args):

@@ -74,3 +74,13 @@ def evaluate(model_dir, split="test", source_file=None, reference_file=None, bea
     result = score(hypotheses, references, corpus["direction"].split("-")[-1])
     result.update(hypotheses_file=output, beam_size=beam_size, examples=list(zip(sources, references, hypotheses)))
     return result
+
+
+def print_scores(result):
+    """The lines a user reads of an `evaluate` result: scores, sacrebleu's signatures, where the output went."""
+    print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  ({result['sentences']} sentences, "
+          f"beam {result['beam_size']})")
+    print(f"  {result['bleu_detail']}")
+    print(f"  BLEU signature: {result['bleu_signature']}")
+    print(f"  chrF signature: {result['chrf_signature']}")
+    print(f"  hypotheses: {result['hypotheses_file']}")

@@ -12,6 +12,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import font_manager
 
+from kformer.config import BEAM_SIZE
+
 CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Serif CJK SC", "Source Han Sans SC", "WenQuanYi Zen Hei",
              "WenQuanYi Micro Hei", "Droid Sans Fallback", "SimHei", "Microsoft YaHei", "PingFang SC")
 NO_CJK_NOTE = "(no CJK font: Chinese shown as code points;\ninstall fonts-noto-cjk for characters)"
@@ -84,6 +86,22 @@ def alignment(translator, text, layer=-1, beam_size=None):
             "decoder_input": [tokenizer.id_to_piece(i) for i in decoder_input],
             "translation": tokenizer.decode(output), "weights": weights,
             "attention": attention}
+
+
+def save_alignment(model_dir, text, path, layer=-1, beam_size=BEAM_SIZE):
+    """`kformer attention`: translates `text` with the model of a training folder and writes the
+    picture of its encoder-decoder alignment (`layer`, mean of heads) to `path`. Returns the translation."""
+    from kformer import checkpoint
+    from kformer.translate import Translator
+
+    model, config, tokenizer, _ = checkpoint.load(model_dir)
+    result = alignment(Translator(model, tokenizer, beam_size=beam_size), text, layer=layer)
+    number = (layer if layer >= 0 else config.num_decoder_layers + layer) + 1
+    figure = alignment_figure(result["weights"], result["source"], result["target"],
+                              title=f"encoder-decoder attention, layer {number}, mean of heads")
+    figure.savefig(path, dpi=150)
+    plt.close(figure)
+    return result["translation"]
 
 
 def beam_trace(translator, text):

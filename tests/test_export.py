@@ -481,3 +481,15 @@ def test_a_killed_exports_work_folder_is_removed_by_the_next_export(tmp_path):
         (folder / "onnx").mkdir(parents=True)
     _remove_abandoned_work(str(tmp_path))
     assert not dead.exists() and alive.exists()
+
+
+def test_the_export_summary_lists_every_file_and_search(artifacts, capsys):
+    from export.exporter import print_summary
+
+    manifest = load_manifest(artifacts)
+    print_summary(manifest, artifacts)
+    lines = capsys.readouterr().out.splitlines()
+    rows = [tuple(line.split()[i] for i in (0, 3, 4)) for line in lines[2:-1]]  # file, search, same
+    assert rows == [(a["file"], search, f"{check['agreement']:.0%}") for a in manifest["artifacts"]
+                    for search, check in a["check"].items()]
+    assert lines[-1] == f"wrote {artifacts} (manifest.json, tokenizer.model and the files above)"
