@@ -12,6 +12,8 @@ import sys
 import tempfile
 import time
 
+from kformer.config import search_label
+
 
 def _runner(runtime, artifact_dir, beam, variant, threads):
     from export.runtime import load_manifest, open_runner
@@ -56,7 +58,7 @@ def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None, r
     def lengths(outputs):  # output tokens: ids as they are, a text file's strings as their pieces
         return [len(runner.tokenizer.encode(o) if isinstance(o, str) else o) for o in outputs]
 
-    return {"runtime": runtime, "variant": variant, "search": "greedy" if beam == 1 else f"beam{beam}",
+    return {"runtime": runtime, "variant": variant, "search": search_label(beam),
             "load_s": load_seconds, "latency_ms": 1000 * statistics.median(passes) / len(singles),
             "latency_output_tokens": statistics.mean(lengths(outputs)),
             "batch32_sentences_per_s": len(batch) / batch_seconds,
@@ -94,7 +96,7 @@ def bench_runtimes(artifact_dir, sentences=200, rounds=3, batch1_sentences=16, p
     light = ("tflite", "onnx", "ctranslate2")
     jobs = [("keras", "fp32"), ("savedmodel", "fp32")] + sorted(
         {(a["format"], a["variant"]) for a in manifest["artifacts"] if a["format"] in light})
-    sizes = {(a["format"], a["search"], a["variant"]): a["bytes"] for a in manifest["artifacts"]}
+    sizes = {(a["format"], a["variant"]): a["bytes"] for a in manifest["artifacts"]}  # a file serves both searches
     runs = {}  # (runtime, variant, beam) -> one result per round
     with tempfile.TemporaryDirectory() as work:
         job_file = os.path.join(work, "job.json")
@@ -115,9 +117,7 @@ def bench_runtimes(artifact_dir, sentences=200, rounds=3, batch1_sentences=16, p
             with open(out, encoding="utf-8") as f:
                 row = json.load(f)
             row["bleu"] = score(row.pop("hypotheses"), references, language)["bleu"]
-            fmt = {"keras": None, "savedmodel": "savedmodel"}.get(runtime, runtime)
-            search = "greedy" if beam == 1 else "beam"  # or one artifact of search "all" serves both
-            row["bytes"] = sizes.get((fmt, search, variant), sizes.get((fmt, "all", variant)))
+            row["bytes"] = sizes.get((runtime, variant))  # None for keras: no file of its own
             runs.setdefault((runtime, variant, beam), []).append(row)
             progress(f"{row['latency_ms']:.0f} ms, BLEU {row['bleu']:.2f}")
     rows = [_median_row(results) for results in runs.values()]
@@ -243,7 +243,7 @@ def bench_web(artifact_dir, sentences=50, rounds=2, screenshot=None, browser=Non
             page_ms = statistics.median(runs[(runtime, variant, threads, beam, "page")])
             python_ms = statistics.median(runs[(runtime, variant, threads, beam, "python")])
             rows.append({"runtime": runtime, "variant": variant, "threads": threads,
-                         "search": "greedy" if beam == 1 else f"beam{beam}",
+                         "search": search_label(beam),
                          "page_ms": page_ms, "python_ms": python_ms, "ratio": page_ms / python_ms,
                          "load_s": statistics.median(s for s, _ in measured), "page_bytes": measured[0][1]})
     return {"artifact": artifact_dir, "sentences": len(sources), "rounds": rounds, "rows": rows}

@@ -57,8 +57,7 @@ class ExportModule(tf.Module):
 
     def _text(self, search, text):
         c = self.config
-        ids = self.tokenizer.tokenize(text)  # ragged (B, None)
-        ids = ids[:, : c.max_source_length]  # over-long input is truncated (the Python runners also warn)
+        ids = self.tokenizer.tokenize(text)  # ragged (B, None); `search` keeps the first max_source_length
         source = ids.to_tensor(default_value=c.pad_id, shape=[None, None])
         source = tf.cast(source, tf.int32)
         tokens = search(source)["tokens"]

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from kformer import batching
-from kformer.config import DEFAULT_PRESET, PRECISIONS
+from kformer.config import DEFAULT_PRESET, PRECISIONS, search_label
 
 log = logging.getLogger("kformer")
 
@@ -232,7 +232,7 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
                 timings[name] = statistics.median(seconds)
                 best = outputs[name] if beam_size == 1 else outputs[name][:, 0]  # (B, T)
                 generated = int(np.sum(best != config.pad_id))  # every row runs to output_tokens: EOS is barred
-                rows.append({"batch": batch_size, "search": "greedy" if beam_size == 1 else f"beam{beam_size}",
+                rows.append({"batch": batch_size, "search": search_label(beam_size),
                              "variant": name, "seconds": timings[name], "generated_tokens": generated,
                              "sentences_per_s": batch_size / timings[name], "tokens_per_s": generated / timings[name]})
                 log.info("batch %d %s %s: %.3fs", batch_size, rows[-1]["search"], name, timings[name])

@@ -195,8 +195,8 @@ def test_ctranslate2_keeps_each_rows_output_limit(artifacts, model_dir, monkeypa
 
 
 def test_text_in_text_out(artifacts, model_dir):
-    texts = ["我們試試看！", "", "Tom is here.", "   "]
-    expected = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(texts)
+    texts = ["我們試試看！", "", "Tom is here.", "   ", "他很高興，因為他的朋友們都來參加了他的生日聚會。" * 2]
+    expected = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(texts)  # the last: truncated
     assert expected[1] == expected[3] == ""
     saved = SavedModelRunner(artifacts, BEAM)
     assert saved.translate_text(texts) == expected
