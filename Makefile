@@ -28,6 +28,7 @@ chromium:
 demo: $(VENV)/.installed  ## train on Tatoeba zh-en for MINUTES, report BLEU, show translations
 	$(VENV)/bin/kformer demo --out runs/demo --config small --minutes $(MINUTES)
 
-test: $(VENV)/.installed chromium  ## lint, then the whole test suite (tiny configs)
+test: $(VENV)/.installed chromium  ## format and lint checks, then the whole test suite (tiny configs)
+	$(VENV)/bin/ruff format --check kformer export tests notebooks  # `ruff format` fixes what this finds
 	$(VENV)/bin/ruff check kformer export tests notebooks
 	$(VENV)/bin/python -m pytest -q

@@ -20,8 +20,13 @@ def _runner(runtime, artifact_dir, beam, variant, threads):
 
     if runtime == "keras":  # the training folder the export came from, with the export's settings
         manifest = load_manifest(artifact_dir)
-        return open_runner(manifest["trained_in"], "keras", beam_size=beam, alpha=manifest["alpha"],
-                           max_length=manifest["max_length"])
+        return open_runner(
+            manifest["trained_in"],
+            "keras",
+            beam_size=beam,
+            alpha=manifest["alpha"],
+            max_length=manifest["max_length"],
+        )
     return open_runner(artifact_dir, runtime, variant, beam, threads=threads)
 
 
@@ -58,12 +63,18 @@ def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None, r
     def lengths(outputs):  # output tokens: ids as they are, a text file's strings as their pieces
         return [len(runner.tokenizer.encode(o) if isinstance(o, str) else o) for o in outputs]
 
-    return {"runtime": runtime, "variant": variant, "search": search_label(beam),
-            "load_s": load_seconds, "latency_ms": 1000 * statistics.median(passes) / len(singles),
-            "latency_output_tokens": statistics.mean(lengths(outputs)),
-            "batch32_sentences_per_s": len(batch) / batch_seconds,
-            "batch32_tokens_per_s": sum(n + 1 for n in lengths(batch_outputs)) / batch_seconds,
-            "peak_rss_mb": peak_memory_mb(), "hypotheses": hypotheses}
+    return {
+        "runtime": runtime,
+        "variant": variant,
+        "search": search_label(beam),
+        "load_s": load_seconds,
+        "latency_ms": 1000 * statistics.median(passes) / len(singles),
+        "latency_output_tokens": statistics.mean(lengths(outputs)),
+        "batch32_sentences_per_s": len(batch) / batch_seconds,
+        "batch32_tokens_per_s": sum(n + 1 for n in lengths(batch_outputs)) / batch_seconds,
+        "peak_rss_mb": peak_memory_mb(),
+        "hypotheses": hypotheses,
+    }
 
 
 def peak_memory_mb():
@@ -95,23 +106,33 @@ def bench_runtimes(artifact_dir, sentences=200, rounds=3, batch1_sentences=16, p
     language = (manifest.get("corpus") or {}).get("direction", "x-en").split("-")[-1]
     light = ("tflite", "onnx", "ctranslate2")
     jobs = [("keras", "fp32"), ("savedmodel", "fp32")] + sorted(
-        {(a["format"], a["variant"]) for a in manifest["artifacts"] if a["format"] in light})
-    sizes = {(a["format"], a["variant"]): a["bytes"] for a in manifest["artifacts"]}  # a file serves both searches
+        {(a["format"], a["variant"]) for a in manifest["artifacts"] if a["format"] in light}
+    )
+    sizes = {
+        (a["format"], a["variant"]): a["bytes"] for a in manifest["artifacts"]
+    }  # a file serves both searches
     runs = {}  # (runtime, variant, beam) -> one result per round
     with tempfile.TemporaryDirectory() as work:
         job_file = os.path.join(work, "job.json")
         with open(job_file, "w", encoding="utf-8") as f:
             json.dump({"sources": sources, "batch1_sentences": min(batch1_sentences, len(sources))}, f)
         for number, (runtime, variant, beam) in enumerate(
-                [(r, v, b) for _ in range(rounds) for r, v in jobs for b in (1, manifest["beam_size"])]):
-            progress(f"round {number // (2 * len(jobs)) + 1}/{rounds}: {runtime} {variant} beam {beam} ...",
-                     end=" ", flush=True)
+            [(r, v, b) for _ in range(rounds) for r, v in jobs for b in (1, manifest["beam_size"])]
+        ):
+            progress(
+                f"round {number // (2 * len(jobs)) + 1}/{rounds}: {runtime} {variant} beam {beam} ...",
+                end=" ",
+                flush=True,
+            )
             out = os.path.join(work, "out.json")
-            code = ("import json, sys; from export.benchmark import worker; "
-                    f"json.dump(worker(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5]), open({out!r}, 'w'))")
+            code = (
+                "import json, sys; from export.benchmark import worker; "
+                f"json.dump(worker(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5]), open({out!r}, 'w'))"
+            )
             argv = [sys.executable, "-c", code, artifact_dir, runtime, variant, str(beam), job_file]
-            result = subprocess.run(argv, capture_output=True, text=True,
-                                    cwd=os.path.dirname(os.path.dirname(__file__)))
+            result = subprocess.run(
+                argv, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__))
+            )
             if result.returncode:
                 raise RuntimeError(f"bench of {runtime} {variant} failed:\n{result.stderr[-2000:]}")
             with open(out, encoding="utf-8") as f:
@@ -122,8 +143,13 @@ def bench_runtimes(artifact_dir, sentences=200, rounds=3, batch1_sentences=16, p
             progress(f"{row['latency_ms']:.0f} ms, BLEU {row['bleu']:.2f}")
     rows = [_median_row(results) for results in runs.values()]
     _against_ctranslate2(rows)
-    return {"artifact": artifact_dir, "sentences": len(sources), "rounds": rounds,
-            "batch1_sentences": min(batch1_sentences, len(sources)), "rows": rows}
+    return {
+        "artifact": artifact_dir,
+        "sentences": len(sources),
+        "rounds": rounds,
+        "batch1_sentences": min(batch1_sentences, len(sources)),
+        "rows": rows,
+    }
 
 
 def _median_row(results):
@@ -155,26 +181,39 @@ def _against_ctranslate2(rows):
             r["time_vs_ct2"] = r["time_vs_ct2_range"] = None
             continue
         b1 = [ours / theirs for ours, theirs in zip(per_round(r, "latency_ms"), per_round(ct2, "latency_ms"))]
-        b32 = [theirs / ours for ours, theirs in zip(per_round(r, "batch32_sentences_per_s"),
-                                                     per_round(ct2, "batch32_sentences_per_s"))]
+        b32 = [
+            theirs / ours
+            for ours, theirs in zip(
+                per_round(r, "batch32_sentences_per_s"), per_round(ct2, "batch32_sentences_per_s")
+            )
+        ]
         r["time_vs_ct2"] = (statistics.median(b1), statistics.median(b32))
         r["time_vs_ct2_range"] = ((min(b1), max(b1)), (min(b32), max(b32)))
 
 
 def print_table(results):
-    print(f"BLEU on {results['sentences']} test sentences; latency: ms per sentence at batch 1 (the first "
-          f"{results['batch1_sentences']}, one at a time, median of 3 passes; out tok: their mean output); "
-          f"throughput: 32 sentences in one call; timings: median of {results['rounds']} interleaved rounds")
-    print(f"{'runtime':>10} {'variant':>7} {'search':>6} {'latency ms':>10} {'out tok':>7} {'sent/s@32':>9} "
-          f"{'tok/s@32':>8} {'MB':>6} {'peak MB':>7} {'BLEU':>6} {'time/CT2 b1,b32':>15} {'range b1, b32':>19}")
+    print(
+        f"BLEU on {results['sentences']} test sentences; latency: ms per sentence at batch 1 (the first "
+        f"{results['batch1_sentences']}, one at a time, median of 3 passes; out tok: their mean output); "
+        f"throughput: 32 sentences in one call; timings: median of {results['rounds']} interleaved rounds"
+    )
+    print(
+        f"{'runtime':>10} {'variant':>7} {'search':>6} {'latency ms':>10} {'out tok':>7} {'sent/s@32':>9} "
+        f"{'tok/s@32':>8} {'MB':>6} {'peak MB':>7} {'BLEU':>6} {'time/CT2 b1,b32':>15} {'range b1, b32':>19}"
+    )
     for r in results["rows"]:
         size = "-" if r["bytes"] is None else f"{r['bytes'] / 1e6:.1f}"
         ratio = "-" if not r.get("time_vs_ct2") else "{:.2f}, {:.2f}".format(*r["time_vs_ct2"])
-        spread = "-" if not r.get("time_vs_ct2_range") else "{:.2f}-{:.2f}, {:.2f}-{:.2f}".format(
-            *r["time_vs_ct2_range"][0], *r["time_vs_ct2_range"][1])
-        print(f"{r['runtime']:>10} {r['variant']:>7} {r['search']:>6} {r['latency_ms']:10.1f} "
-              f"{r['latency_output_tokens']:7.1f} {r['batch32_sentences_per_s']:9.1f} {r['batch32_tokens_per_s']:8.0f} "
-              f"{size:>6} {r['peak_rss_mb']:7.0f} {r['bleu']:6.2f} {ratio:>15} {spread:>19}")
+        spread = (
+            "-"
+            if not r.get("time_vs_ct2_range")
+            else "{:.2f}-{:.2f}, {:.2f}-{:.2f}".format(*r["time_vs_ct2_range"][0], *r["time_vs_ct2_range"][1])
+        )
+        print(
+            f"{r['runtime']:>10} {r['variant']:>7} {r['search']:>6} {r['latency_ms']:10.1f} "
+            f"{r['latency_output_tokens']:7.1f} {r['batch32_sentences_per_s']:9.1f} {r['batch32_tokens_per_s']:8.0f} "
+            f"{size:>6} {r['peak_rss_mb']:7.0f} {r['bleu']:6.2f} {ratio:>15} {spread:>19}"
+        )
 
 
 # `kformer bench web`: the page of export/web/ against onnxruntime in Python, same export, same sentences.
@@ -204,28 +243,45 @@ def bench_web(artifact_dir, sentences=50, rounds=2, screenshot=None, browser=Non
     manifest = load_manifest(artifact_dir)
     sources = split_references(manifest["trained_in"], "test")[0][:sentences]
     present = {(a["format"], a["variant"]) for a in manifest["artifacts"]}
-    variants = [(runtime, variant) for runtime, (fmt, names) in web.PAGE_RUNTIMES.items() for variant in names
-                if (fmt, variant) in present]
+    variants = [
+        (runtime, variant)
+        for runtime, (fmt, names) in web.PAGE_RUNTIMES.items()
+        for variant in names
+        if (fmt, variant) in present
+    ]
     beams = (1, manifest["beam_size"])
     runs = {}  # (runtime, variant, threads, beam, "page"|"python") -> per-sentence ms of every round
     loads = {}  # (runtime, variant, threads) -> [(seconds, bytes)]
-    jobs = [(number, runtime, variant, threads) for number in range(rounds) for runtime, variant in variants
-            for threads in sorted({1, os.cpu_count() or 1})]
+    jobs = [
+        (number, runtime, variant, threads)
+        for number in range(rounds)
+        for runtime, variant in variants
+        for threads in sorted({1, os.cpu_count() or 1})
+    ]
     with contextlib.nullcontext(browser) if browser else web.chromium() as browser:
         for number, runtime, variant, threads in jobs:
-            progress(f"round {number + 1}/{rounds}: {runtime} {variant}, {threads} thread(s) ...", end=" ", flush=True)
+            progress(
+                f"round {number + 1}/{rounds}: {runtime} {variant}, {threads} thread(s) ...",
+                end=" ",
+                flush=True,
+            )
             with web.serving(artifact_dir, runtime, variant) as url:
                 context = browser.new_context()  # an empty cache: the load is a first visit
                 page = context.new_page()
                 page.goto(f"{url}&threads={threads}")
                 seconds = page.evaluate("window.kformer.ready.then(() => performance.now() / 1000)")
-                loads.setdefault((runtime, variant, threads), []).append((seconds, page.evaluate(PAGE_BYTES_JS)))
+                loads.setdefault((runtime, variant, threads), []).append(
+                    (seconds, page.evaluate(PAGE_BYTES_JS))
+                )
                 for beam in beams:
-                    runner = open_runner(artifact_dir, web.PAGE_RUNTIMES[runtime][0], variant, beam, threads=threads)
+                    runner = open_runner(
+                        artifact_dir, web.PAGE_RUNTIMES[runtime][0], variant, beam, threads=threads
+                    )
                     runner.translate(sources[:1])  # warm-up, as the page's first call below
                     page.evaluate(TIME_EACH_SENTENCE_JS, [sources[:1], beam])
                     runs.setdefault((runtime, variant, threads, beam, "page"), []).extend(
-                        page.evaluate(TIME_EACH_SENTENCE_JS, [sources, beam]))
+                        page.evaluate(TIME_EACH_SENTENCE_JS, [sources, beam])
+                    )
                     python = runs.setdefault((runtime, variant, threads, beam, "python"), [])
                     for line in sources:
                         start = time.perf_counter()
@@ -242,20 +298,35 @@ def bench_web(artifact_dir, sentences=50, rounds=2, screenshot=None, browser=Non
         for beam in beams:
             page_ms = statistics.median(runs[(runtime, variant, threads, beam, "page")])
             python_ms = statistics.median(runs[(runtime, variant, threads, beam, "python")])
-            rows.append({"runtime": runtime, "variant": variant, "threads": threads,
-                         "search": search_label(beam),
-                         "page_ms": page_ms, "python_ms": python_ms, "ratio": page_ms / python_ms,
-                         "load_s": statistics.median(s for s, _ in measured), "page_bytes": measured[0][1]})
+            rows.append(
+                {
+                    "runtime": runtime,
+                    "variant": variant,
+                    "threads": threads,
+                    "search": search_label(beam),
+                    "page_ms": page_ms,
+                    "python_ms": python_ms,
+                    "ratio": page_ms / python_ms,
+                    "load_s": statistics.median(s for s, _ in measured),
+                    "page_bytes": measured[0][1],
+                }
+            )
     return {"artifact": artifact_dir, "sentences": len(sources), "rounds": rounds, "rows": rows}
 
 
 def print_web_table(results):
-    print(f"median ms per sentence (batch 1) over {results['sentences']} test sentences x {results['rounds']} "
-          "interleaved rounds; page: headless Chromium, WASM (onnx: onnxruntime-web, litert: LiteRT.js); "
-          "python: onnxruntime or LiteRT on the same file")
-    print(f"{'runtime':>7} {'variant':>7} {'threads':>7} {'search':>6} {'page ms':>8} {'python ms':>9} "
-          f"{'page/python':>11} {'load s':>6} {'MB loaded':>9}")
+    print(
+        f"median ms per sentence (batch 1) over {results['sentences']} test sentences x {results['rounds']} "
+        "interleaved rounds; page: headless Chromium, WASM (onnx: onnxruntime-web, litert: LiteRT.js); "
+        "python: onnxruntime or LiteRT on the same file"
+    )
+    print(
+        f"{'runtime':>7} {'variant':>7} {'threads':>7} {'search':>6} {'page ms':>8} {'python ms':>9} "
+        f"{'page/python':>11} {'load s':>6} {'MB loaded':>9}"
+    )
     for r in results["rows"]:
-        print(f"{r['runtime']:>7} {r['variant']:>7} {r['threads']:7d} {r['search']:>6} {r['page_ms']:8.1f} "
-              f"{r['python_ms']:9.1f} "
-              f"{r['ratio']:11.2f} {r['load_s']:6.1f} {r['page_bytes'] / 1e6:9.1f}")
+        print(
+            f"{r['runtime']:>7} {r['variant']:>7} {r['threads']:7d} {r['search']:>6} {r['page_ms']:8.1f} "
+            f"{r['python_ms']:9.1f} "
+            f"{r['ratio']:11.2f} {r['load_s']:6.1f} {r['page_bytes'] / 1e6:9.1f}"
+        )

@@ -20,8 +20,17 @@ from kformer.config import BEAM_SIZE, LENGTH_PENALTY
 
 QUANTIZATIONS = ("fp16", "int8")
 log = logging.getLogger("kformer")
-PACKAGES = ("tensorflow", "keras", "tensorflow-text", "tf2onnx", "onnx", "onnxruntime", "ai-edge-litert",
-            "sentencepiece", "ctranslate2")
+PACKAGES = (
+    "tensorflow",
+    "keras",
+    "tensorflow-text",
+    "tf2onnx",
+    "onnx",
+    "onnxruntime",
+    "ai-edge-litert",
+    "sentencepiece",
+    "ctranslate2",
+)
 
 
 def _plan(formats, quantize, tokenizer_proto, config):
@@ -31,24 +40,62 @@ def _plan(formats, quantize, tokenizer_proto, config):
         steps.append(("savedmodel", "savedmodel", "all", "fp32", writers.write_savedmodel))
     if "tflite" in formats:  # one file per precision serves both searches (as two signatures)
         for variant in ("fp32", *[q for q in QUANTIZATIONS if q in quantize], "fixed"):
-            steps.append((f"tflite/{variant}.tflite", "tflite", "all", variant,
-                          lambda m, p, v=variant: writers.write_tflite(m, p, v)))
+            steps.append(
+                (
+                    f"tflite/{variant}.tflite",
+                    "tflite",
+                    "all",
+                    variant,
+                    lambda m, p, v=variant: writers.write_tflite(m, p, v),
+                )
+            )
     if "onnx" in formats:  # one file per precision serves both searches (an input switches them)
         steps.append(("onnx/fp32.onnx", "onnx", "all", "fp32", writers.write_onnx))
-        steps.append(("onnx/text.onnx", "onnx", "all", "text", lambda m, p: writers.write_onnx_text(
-            os.path.join(os.path.dirname(p), "fp32.onnx"), tokenizer_proto, config.to_dict(), p)))
+        steps.append(
+            (
+                "onnx/text.onnx",
+                "onnx",
+                "all",
+                "text",
+                lambda m, p: writers.write_onnx_text(
+                    os.path.join(os.path.dirname(p), "fp32.onnx"), tokenizer_proto, config.to_dict(), p
+                ),
+            )
+        )
         if "int8" in quantize:
-            steps.append(("onnx/int8.onnx", "onnx", "all", "int8",
-                          lambda m, p: writers.quantize_onnx(os.path.join(os.path.dirname(p), "fp32.onnx"), p)))
+            steps.append(
+                (
+                    "onnx/int8.onnx",
+                    "onnx",
+                    "all",
+                    "int8",
+                    lambda m, p: writers.quantize_onnx(os.path.join(os.path.dirname(p), "fp32.onnx"), p),
+                )
+            )
     if "ctranslate2" in formats:  # one model folder serves both searches
         for variant in ("fp32", *[q for q in writers.CTRANSLATE2_VARIANTS[1:] if q in quantize]):
-            steps.append((f"ctranslate2/{variant}", "ctranslate2", "all", variant,
-                          lambda m, p, v=variant: writers.write_ctranslate2(m, tokenizer_proto, p, v)))
+            steps.append(
+                (
+                    f"ctranslate2/{variant}",
+                    "ctranslate2",
+                    "all",
+                    variant,
+                    lambda m, p, v=variant: writers.write_ctranslate2(m, tokenizer_proto, p, v),
+                )
+            )
     return steps
 
 
-def export(model_dir, out_dir, formats=DEFAULT_FORMATS, quantize=(), beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY,
-           max_length=None, progress=print):
+def export(
+    model_dir,
+    out_dir,
+    formats=DEFAULT_FORMATS,
+    quantize=(),
+    beam_size=BEAM_SIZE,
+    alpha=LENGTH_PENALTY,
+    max_length=None,
+    progress=print,
+):
     """Writes the chosen formats of the model in `model_dir` to `out_dir` (which must not exist)
     with the tokenizer and a manifest, then checks every artifact against Keras (`verify`).
     Returns the manifest: its "artifacts" carry each one's "check" figures."""
@@ -56,11 +103,15 @@ def export(model_dir, out_dir, formats=DEFAULT_FORMATS, quantize=(), beam_size=B
 
     unknown = sorted(set(formats) - set(FORMATS)) + sorted(set(quantize) - set(QUANTIZATIONS))
     if unknown:
-        raise ValueError(f"unknown formats/quantizations {unknown}; formats: {FORMATS}, quantize: {QUANTIZATIONS}")
+        raise ValueError(
+            f"unknown formats/quantizations {unknown}; formats: {FORMATS}, quantize: {QUANTIZATIONS}"
+        )
     if "ctranslate2" in formats:
         extras.require("ctranslate2", "--formats ctranslate2")
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
-        raise ValueError(f"--out {out_dir} exists and is not an empty folder; choose a new --out (nothing was written)")
+        raise ValueError(
+            f"--out {out_dir} exists and is not an empty folder; choose a new --out (nothing was written)"
+        )
     parent = os.path.dirname(os.path.abspath(out_dir))
     if os.path.isdir(parent) and not os.access(parent, os.W_OK):
         raise ValueError(f"--out {out_dir}: cannot write in {parent}")
@@ -74,7 +125,9 @@ def export(model_dir, out_dir, formats=DEFAULT_FORMATS, quantize=(), beam_size=B
     _remove_abandoned_work(parent)
     work = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=parent)
     try:
-        shutil.copy(checkpoint.path(model_dir, checkpoint.TOKENIZER_FILE), os.path.join(work, "tokenizer.model"))
+        shutil.copy(
+            checkpoint.path(model_dir, checkpoint.TOKENIZER_FILE), os.path.join(work, "tokenizer.model")
+        )
         artifacts, steps = [], _plan(formats, quantize, tokenizer_proto, config)
         for number, (file, fmt, search, variant, write) in enumerate(steps, start=1):
             progress(f"[{number}/{len(steps)}] {fmt} {search} {variant} -> {file} ...", end=" ", flush=True)
@@ -83,30 +136,64 @@ def export(model_dir, out_dir, formats=DEFAULT_FORMATS, quantize=(), beam_size=B
             os.makedirs(os.path.dirname(path) or work, exist_ok=True)
             write(module, path)
             seconds = time.perf_counter() - start
-            artifacts.append({"file": file, "format": fmt, "search": search, "variant": variant,
-                              "bytes": writers.file_size(path), "seconds": round(seconds, 2), "sha256": sha256(path)})
+            artifacts.append(
+                {
+                    "file": file,
+                    "format": fmt,
+                    "search": search,
+                    "variant": variant,
+                    "bytes": writers.file_size(path),
+                    "seconds": round(seconds, 2),
+                    "sha256": sha256(path),
+                }
+            )
             progress(f"{artifacts[-1]['bytes'] / 1e6:.1f} MB, {seconds:.1f}s")
         manifest = {
-            "kformer_export": 1, "config": config.to_dict(), "beam_size": beam_size, "alpha": alpha,
+            "kformer_export": 1,
+            "config": config.to_dict(),
+            "beam_size": beam_size,
+            "alpha": alpha,
             "max_length": module.translator.max_length,
-            "tokenizer": {"file": "tokenizer.model", "sha256": sha256(os.path.join(work, "tokenizer.model")),
-                          "vocab_size": config.vocab_size},
-            "inputs": {"source_ids": {"dtype": "int32", "shape": ["batch", "length"], "pad_id": config.pad_id}},
-            "outputs": {"greedy": {"tokens": ["int32", ["batch", "T"]], "scores": ["float32", ["batch"]]},
-                        "beam": {"tokens": ["int32", ["batch", "beam", "T"]],
-                                 "scores": ["float32", ["batch", "beam"]]}},
-            "savedmodel_signatures": {"greedy_ids": "source_ids -> tokens, scores",
-                                      "beam_ids": "source_ids -> tokens, scores",
-                                      "greedy_text": "text -> translation", "beam_text": "text -> translation"},
-            "onnx_io": {"ids": "source_ids, beam -> tokens (batch, N, T), scores (batch, N)",
-                        "text": "text, beam -> translation",
-                        "beam": "bool scalar: true = beam search (N = beam_size), false = greedy (N = 1)"},
-            "onnx_opset": writers.ONNX_OPSET, "artifacts": artifacts, "versions": _versions(),
-            "trained_in": os.path.abspath(model_dir), "corpus": corpus}
+            "tokenizer": {
+                "file": "tokenizer.model",
+                "sha256": sha256(os.path.join(work, "tokenizer.model")),
+                "vocab_size": config.vocab_size,
+            },
+            "inputs": {
+                "source_ids": {"dtype": "int32", "shape": ["batch", "length"], "pad_id": config.pad_id}
+            },
+            "outputs": {
+                "greedy": {"tokens": ["int32", ["batch", "T"]], "scores": ["float32", ["batch"]]},
+                "beam": {
+                    "tokens": ["int32", ["batch", "beam", "T"]],
+                    "scores": ["float32", ["batch", "beam"]],
+                },
+            },
+            "savedmodel_signatures": {
+                "greedy_ids": "source_ids -> tokens, scores",
+                "beam_ids": "source_ids -> tokens, scores",
+                "greedy_text": "text -> translation",
+                "beam_text": "text -> translation",
+            },
+            "onnx_io": {
+                "ids": "source_ids, beam -> tokens (batch, N, T), scores (batch, N)",
+                "text": "text, beam -> translation",
+                "beam": "bool scalar: true = beam search (N = beam_size), false = greedy (N = 1)",
+            },
+            "onnx_opset": writers.ONNX_OPSET,
+            "artifacts": artifacts,
+            "versions": _versions(),
+            "trained_in": os.path.abspath(model_dir),
+            "corpus": corpus,
+        }
         _write_manifest(work, manifest)  # the runners read it during the check
         sources, references, checked_on = check_sentences(model_dir)
-        progress(f"verifying on {checked_on}: fp32 must match Keras token for token; fp16/int8 report agreement")
-        results = verify(work, model, config, tokenizer, sources, references, corpus["direction"].split("-")[-1])
+        progress(
+            f"verifying on {checked_on}: fp32 must match Keras token for token; fp16/int8 report agreement"
+        )
+        results = verify(
+            work, model, config, tokenizer, sources, references, corpus["direction"].split("-")[-1]
+        )
         for entry in artifacts:
             entry["check"] = results[entry["file"]]
         manifest["checked_on"] = checked_on
@@ -127,8 +214,10 @@ def print_summary(manifest, out_dir):
     for a in manifest["artifacts"]:
         for search, check in a["check"].items():
             delta = "-" if check["bleu_delta"] is None else f"{check['bleu_delta']:+.2f}"
-            print(f"{a['file']:28} {a['bytes'] / 1e6:7.2f} {a['seconds']:8.1f} {search:>7} "
-                  f"{check['agreement']:6.0%} {delta:>7}")
+            print(
+                f"{a['file']:28} {a['bytes'] / 1e6:7.2f} {a['seconds']:8.1f} {search:>7} "
+                f"{check['agreement']:6.0%} {delta:>7}"
+            )
     print(f"wrote {out_dir} (manifest.json, tokenizer.model and the files above)")
 
 
@@ -143,7 +232,7 @@ WORK_PREFIX = ".kformer-export-"
 def _remove_abandoned_work(parent):
     """Removes the temporary folders of exports that were killed (their process no longer runs)."""
     for name in os.listdir(parent):
-        pid = name[len(WORK_PREFIX):].split("-")[0] if name.startswith(WORK_PREFIX) else ""
+        pid = name[len(WORK_PREFIX) :].split("-")[0] if name.startswith(WORK_PREFIX) else ""
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}") and os.path.exists("/proc/self"):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
@@ -189,11 +278,17 @@ def _text_translations(artifact_dir, beam, texts):
     """`texts` through the text ONNX file, in a process without TensorFlow: loading the
     onnxruntime-extensions library next to TensorFlow/tensorflow-text crashes (both bundle
     SentencePiece and protobuf), and a device has no TensorFlow anyway."""
-    code = ("import json, sys; from export.run_onnx import OnnxTextRunner; "
-            "print(json.dumps(OnnxTextRunner(sys.argv[1], int(sys.argv[2])).translate(json.load(sys.stdin))))")
-    result = subprocess.run([sys.executable, "-c", code, artifact_dir, str(beam)], input=json.dumps(texts),
-                            capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = (
+        "import json, sys; from export.run_onnx import OnnxTextRunner; "
+        "print(json.dumps(OnnxTextRunner(sys.argv[1], int(sys.argv[2])).translate(json.load(sys.stdin))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, artifact_dir, str(beam)],
+        input=json.dumps(texts),
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     if result.returncode:
         raise writers.ExportError(f"the text ONNX file failed to run: {result.stderr[-1500:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -216,17 +311,26 @@ def verify(artifact_dir, model, config, tokenizer, sources, references=None, lan
     with open(os.path.join(artifact_dir, MANIFEST), encoding="utf-8") as f:
         manifest = json.load(f)
     beams = {"greedy": 1, "beam": manifest["beam_size"]}
-    keras = {search: Translator(model, tokenizer, beam_size=beam, alpha=manifest["alpha"],
-                                max_length=manifest["max_length"]) for search, beam in beams.items()}
+    keras = {
+        search: Translator(
+            model, tokenizer, beam_size=beam, alpha=manifest["alpha"], max_length=manifest["max_length"]
+        )
+        for search, beam in beams.items()
+    }
     expected = {search: translator.translate(sources) for search, translator in keras.items()}
-    bleu = {search: score(outputs, references, language)["bleu"] if references else None
-            for search, outputs in expected.items()}
+    bleu = {
+        search: score(outputs, references, language)["bleu"] if references else None
+        for search, outputs in expected.items()
+    }
     results = {}
     for entry in manifest["artifacts"]:
         searches = tuple(beams) if entry["search"] == "all" else (entry["search"],)
         for search in searches:
             where = f"{entry['file']} ({search})"
-            exact = entry["variant"] in ("fp32", "text") and (entry["format"], search) != ("ctranslate2", "beam")
+            exact = entry["variant"] in ("fp32", "text") and (entry["format"], search) != (
+                "ctranslate2",
+                "beam",
+            )
             if entry["variant"] == "text":
                 outputs = _text_translations(artifact_dir, beams[search], sources)
             else:
@@ -236,10 +340,17 @@ def verify(artifact_dir, model, config, tokenizer, sources, references=None, lan
                     _check_tokens(runner, keras[search], search, config, where)
             same = sum(a == b for a, b in zip(outputs, expected[search]))
             if exact and same != len(sources):
-                raise writers.ExportError(f"{where} translates {len(sources) - same} of {len(sources)} "
-                                          "check sentences differently from Keras")
-            delta = None if bleu[search] is None else score(outputs, references, language)["bleu"] - bleu[search]
-            results.setdefault(entry["file"], {})[search] = {"agreement": same / len(sources), "bleu_delta": delta}
+                raise writers.ExportError(
+                    f"{where} translates {len(sources) - same} of {len(sources)} "
+                    "check sentences differently from Keras"
+                )
+            delta = (
+                None if bleu[search] is None else score(outputs, references, language)["bleu"] - bleu[search]
+            )
+            results.setdefault(entry["file"], {})[search] = {
+                "agreement": same / len(sources),
+                "bleu_delta": delta,
+            }
     return results
 
 
@@ -248,4 +359,6 @@ def _check_tokens(runner, translator, search, config, where):
         expected = getattr(translator, search)(batch)["tokens"].numpy()
         tokens, _ = runner.search(batch)
         if not np.array_equal(tokens, expected):
-            raise writers.ExportError(f"{where} gives tokens different from Keras on a probe batch {batch.shape}")
+            raise writers.ExportError(
+                f"{where} gives tokens different from Keras on a probe batch {batch.shape}"
+            )

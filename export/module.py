@@ -33,9 +33,12 @@ class ExportModule(tf.Module):
         self.tokenizer = tf_text.FastSentencepieceTokenizer(tokenizer_proto)
         self.greedy_ids = self.translator.greedy
         self.beam_ids = self.translator.beam
-        self.greedy_text = tf.function(lambda text: self._text(self.translator.greedy, text),
-                                       input_signature=[TEXT_SPEC])
-        self.beam_text = tf.function(lambda text: self._text(self.translator.beam, text), input_signature=[TEXT_SPEC])
+        self.greedy_text = tf.function(
+            lambda text: self._text(self.translator.greedy, text), input_signature=[TEXT_SPEC]
+        )
+        self.beam_text = tf.function(
+            lambda text: self._text(self.translator.beam, text), input_signature=[TEXT_SPEC]
+        )
 
     def _either(self, source_ids, beam):
         # Both searches run, one on the whole batch and the other on none of its rows, rather than

@@ -18,8 +18,11 @@ from onnx import helper, numpy_helper
 
 def simplify(graph):
     """Rewrites `graph` (and its Loop bodies) in place; returns {rewrite: count}."""
-    counts = {"LayerNormalization": _layer_norms(graph, {}), "Where": _wheres(graph),
-              "Transpose": _share_transposed_weights(graph)}
+    counts = {
+        "LayerNormalization": _layer_norms(graph, {}),
+        "Where": _wheres(graph),
+        "Transpose": _share_transposed_weights(graph),
+    }
     _prune(graph)
     return counts
 
@@ -45,8 +48,16 @@ def _share_transposed_weights(graph, min_size=1024):
                 continue
             if np.array_equal(numpy_helper.to_array(original).T, numpy_helper.to_array(weight)):
                 graph.initializer.remove(weight)
-                graph.node.insert(0, helper.make_node("Transpose", [original.name], [weight.name], perm=[1, 0],
-                                                      name=weight.name.replace(":", "_") + "/shared"))
+                graph.node.insert(
+                    0,
+                    helper.make_node(
+                        "Transpose",
+                        [original.name],
+                        [weight.name],
+                        perm=[1, 0],
+                        name=weight.name.replace(":", "_") + "/shared",
+                    ),
+                )
                 replaced.add(weight.name)
                 break
     return len(replaced)
@@ -84,6 +95,7 @@ def _finder(graph):
     def made_by(name, op_type):
         node = producer.get(name)
         return node if node is not None and node.op_type == op_type else None
+
     return made_by
 
 
@@ -113,12 +125,21 @@ def _layer_norms(graph, outer_constants):
         if not found:
             continue
         x, scale, offset, epsilon, axis = found
-        vectors = [numpy_helper.from_array(scale, f"{node.name}/gamma"),
-                   numpy_helper.from_array(offset, f"{node.name}/beta")]
+        vectors = [
+            numpy_helper.from_array(scale, f"{node.name}/gamma"),
+            numpy_helper.from_array(offset, f"{node.name}/beta"),
+        ]
         graph.initializer.extend(vectors)
-        graph.node[index].CopyFrom(helper.make_node(
-            "LayerNormalization", [x, vectors[0].name, vectors[1].name], list(node.output), name=node.name,
-            axis=axis, epsilon=epsilon))
+        graph.node[index].CopyFrom(
+            helper.make_node(
+                "LayerNormalization",
+                [x, vectors[0].name, vectors[1].name],
+                list(node.output),
+                name=node.name,
+                axis=axis,
+                epsilon=epsilon,
+            )
+        )
         count += 1
     return count
 
@@ -162,8 +183,14 @@ def _match_layer_norm(node, made_by, constants):
         return None
     square = variance and made_by(variance.input[0], "Mul")
     difference = square and square.input[0] == square.input[1] and made_by(square.input[0], "Sub")
-    if not difference or list(difference.input) != [x, mean.output[0]] or gamma not in constants or \
-            eps not in constants or constants[eps].size != 1 or (beta is not None and beta not in constants):
+    if (
+        not difference
+        or list(difference.input) != [x, mean.output[0]]
+        or gamma not in constants
+        or eps not in constants
+        or constants[eps].size != 1
+        or (beta is not None and beta not in constants)
+    ):
         return None
     scale = constants[gamma]
     offset = constants[beta] if beta is not None else scale * 0
@@ -194,8 +221,9 @@ def _wheres(graph):
         for (keep, x), (drop, y) in (((cast_a, a), (cast_b, b)), ((cast_b, b), (cast_a, a))):
             negation = made_by(drop.input[0], "Not")
             if negation is not None and negation.input[0] == keep.input[0]:
-                graph.node[index].CopyFrom(helper.make_node("Where", [keep.input[0], x, y], list(node.output),
-                                                            name=node.name))
+                graph.node[index].CopyFrom(
+                    helper.make_node("Where", [keep.input[0], x, y], list(node.output), name=node.name)
+                )
                 count += 1
                 break
     return count

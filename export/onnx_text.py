@@ -22,8 +22,13 @@ def _tokenize_graph(tokenizer_proto, max_source_length, pad_id):
     """text string (B,) -> source_ids int32 (B, S): SentencePiece, truncation, right padding."""
     n = helper.make_node
     nodes = [
-        n("SentencepieceTokenizer", ["text", "nbest", "alpha", "add_bos", "add_eos", "reverse"],
-          ["pieces", "splits"], domain=CONTRIB, model=tokenizer_proto),  # ragged: (M,) ids, (B+1,) row splits
+        n(
+            "SentencepieceTokenizer",
+            ["text", "nbest", "alpha", "add_bos", "add_eos", "reverse"],
+            ["pieces", "splits"],
+            domain=CONTRIB,
+            model=tokenizer_proto,
+        ),  # ragged: (M,) ids, (B+1,) row splits
         n("Slice", ["splits", "zero_1d", "minus_one_1d"], ["starts"]),
         n("Slice", ["splits", "one_1d", "big_1d"], ["ends"]),
         n("Sub", ["ends", "starts"], ["full_lengths"]),
@@ -43,15 +48,28 @@ def _tokenize_graph(tokenizer_proto, max_source_length, pad_id):
         n("Where", ["real", "gathered", "pad"], ["source_ids"]),
     ]
     initializers = [
-        _const("nbest", 0, np.int64), _const("alpha", 0.0, np.float32), _const("add_bos", False, np.bool_),
-        _const("add_eos", False, np.bool_), _const("reverse", False, np.bool_),
-        _const("zero", 0, np.int64), _const("one", 1, np.int64), _const("zero_1d", [0], np.int64),
-        _const("one_1d", [1], np.int64), _const("minus_one_1d", [-1], np.int64),
-        _const("big_1d", [np.iinfo(np.int64).max], np.int64), _const("max_length", max_source_length, np.int64),
-        _const("pad_1d", [pad_id], np.int32), _const("pad", pad_id, np.int32)]
-    return helper.make_graph(nodes, "tokenize", [helper.make_tensor_value_info("text", TensorProto.STRING, ["batch"])],
-                             [helper.make_tensor_value_info("source_ids", TensorProto.INT32, ["batch", "length"])],
-                             initializers)
+        _const("nbest", 0, np.int64),
+        _const("alpha", 0.0, np.float32),
+        _const("add_bos", False, np.bool_),
+        _const("add_eos", False, np.bool_),
+        _const("reverse", False, np.bool_),
+        _const("zero", 0, np.int64),
+        _const("one", 1, np.int64),
+        _const("zero_1d", [0], np.int64),
+        _const("one_1d", [1], np.int64),
+        _const("minus_one_1d", [-1], np.int64),
+        _const("big_1d", [np.iinfo(np.int64).max], np.int64),
+        _const("max_length", max_source_length, np.int64),
+        _const("pad_1d", [pad_id], np.int32),
+        _const("pad", pad_id, np.int32),
+    ]
+    return helper.make_graph(
+        nodes,
+        "tokenize",
+        [helper.make_tensor_value_info("text", TensorProto.STRING, ["batch"])],
+        [helper.make_tensor_value_info("source_ids", TensorProto.INT32, ["batch", "length"])],
+        initializers,
+    )
 
 
 def _detokenize_graph(tokenizer_proto, eos_id, pad_id):
@@ -71,33 +89,54 @@ def _detokenize_graph(tokenizer_proto, eos_id, pad_id):
         n("Gather", ["best_shape", "zero"], ["rows"]),
     ]
     body = helper.make_graph(
-        [n("Gather", ["best", "i"], ["row"], axis=0),
-         n("Gather", ["keep", "i"], ["row_keep"], axis=0),
-         n("Compress", ["row", "row_keep"], ["row_ids"], axis=0),
-         n("Cast", ["row_ids"], ["row_ids64"], to=TensorProto.INT64),
-         n("SentencepieceDecoder", ["row_ids64"], ["row_text"], domain=CONTRIB, model=tokenizer_proto),
-         n("Identity", ["condition"], ["condition_out"])],
+        [
+            n("Gather", ["best", "i"], ["row"], axis=0),
+            n("Gather", ["keep", "i"], ["row_keep"], axis=0),
+            n("Compress", ["row", "row_keep"], ["row_ids"], axis=0),
+            n("Cast", ["row_ids"], ["row_ids64"], to=TensorProto.INT64),
+            n("SentencepieceDecoder", ["row_ids64"], ["row_text"], domain=CONTRIB, model=tokenizer_proto),
+            n("Identity", ["condition"], ["condition_out"]),
+        ],
         "decode_row",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("condition", TensorProto.BOOL, [])],
-        [helper.make_tensor_value_info("condition_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("row_text", TensorProto.STRING, [1])])
-    nodes += [n("Loop", ["rows", "true"], ["texts"], body=body),  # (B, 1)
-              n("Squeeze", ["texts", "one_1d"], ["translation"])]
-    initializers = [_const("zero", 0, np.int64), _const("one", 1, np.int32), _const("zero_int", 0, np.int32),
-                    _const("eos", eos_id, np.int32), _const("pad", pad_id, np.int32), _const("true", True, np.bool_),
-                    _const("one_1d", [1], np.int64)]
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("condition", TensorProto.BOOL, []),
+        ],
+        [
+            helper.make_tensor_value_info("condition_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("row_text", TensorProto.STRING, [1]),
+        ],
+    )
+    nodes += [
+        n("Loop", ["rows", "true"], ["texts"], body=body),  # (B, 1)
+        n("Squeeze", ["texts", "one_1d"], ["translation"]),
+    ]
+    initializers = [
+        _const("zero", 0, np.int64),
+        _const("one", 1, np.int32),
+        _const("zero_int", 0, np.int32),
+        _const("eos", eos_id, np.int32),
+        _const("pad", pad_id, np.int32),
+        _const("true", True, np.bool_),
+        _const("one_1d", [1], np.int64),
+    ]
     shape = ["batch", "hypotheses", "steps"]
-    return helper.make_graph(nodes, "detokenize", [helper.make_tensor_value_info("tokens", TensorProto.INT32, shape)],
-                             [helper.make_tensor_value_info("translation", TensorProto.STRING, ["batch"])],
-                             initializers)
+    return helper.make_graph(
+        nodes,
+        "detokenize",
+        [helper.make_tensor_value_info("tokens", TensorProto.INT32, shape)],
+        [helper.make_tensor_value_info("translation", TensorProto.STRING, ["batch"])],
+        initializers,
+    )
 
 
 def _prefixed(graph, prefix, keep):
     """Renames every value of one of our graphs (its Loop body included, where outer values are
     referenced by name) except the interface names in `keep`, so it cannot clash with the core."""
+
     def rename(name):
         return name if not name or name in keep else prefix + name
+
     for g in graphs(graph):
         for node in g.node:
             node.input[:] = [rename(x) for x in node.input]
@@ -117,14 +156,23 @@ def build_text_model(core, tokenizer_proto, config, opset):
     The three graphs are concatenated in order (tokenize, search, detokenize) rather than merged
     with onnx.compose, whose pruning cannot see the outer-scope values the core's Loop body
     reads, and whose renaming does not reach them either."""
-    pre = _prefixed(_tokenize_graph(tokenizer_proto, config["max_source_length"], config["pad_id"]),
-                    "tokenize/", keep={"text", "source_ids"})
-    post = _prefixed(_detokenize_graph(tokenizer_proto, config["eos_id"], config["pad_id"]),
-                     "detokenize/", keep={"tokens", "translation"})
+    pre = _prefixed(
+        _tokenize_graph(tokenizer_proto, config["max_source_length"], config["pad_id"]),
+        "tokenize/",
+        keep={"text", "source_ids"},
+    )
+    post = _prefixed(
+        _detokenize_graph(tokenizer_proto, config["eos_id"], config["pad_id"]),
+        "detokenize/",
+        keep={"tokens", "translation"},
+    )
     graph = helper.make_graph(
-        [*pre.node, *core.graph.node, *post.node], "kformer_text_translator",
-        [*pre.input, *(i for i in core.graph.input if i.name != "source_ids")], list(post.output),
-        [*pre.initializer, *core.graph.initializer, *post.initializer])
+        [*pre.node, *core.graph.node, *post.node],
+        "kformer_text_translator",
+        [*pre.input, *(i for i in core.graph.input if i.name != "source_ids")],
+        list(post.output),
+        [*pre.initializer, *core.graph.initializer, *post.initializer],
+    )
     graph.value_info.extend(core.graph.value_info)
     model = helper.make_model(graph, opset_imports=_opsets(opset))
     model.ir_version = IR_VERSION

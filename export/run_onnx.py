@@ -24,12 +24,15 @@ class OnnxRunner(Runner):
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or os.cpu_count() or 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(verified_path(artifact_dir, self.manifest, entry), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            verified_path(artifact_dir, self.manifest, entry), options, providers=["CPUExecutionProvider"]
+        )
 
     def _search(self, search, batch):
         # The file holds both searches: tokens (B, N, T), scores (B, N), N = 1 for greedy.
-        tokens, scores = self.session.run(["tokens", "scores"], {"source_ids": batch, "beam": beam_switch(search)})
+        tokens, scores = self.session.run(
+            ["tokens", "scores"], {"source_ids": batch, "beam": beam_switch(search)}
+        )
         return (tokens, scores) if search == "beam" else (tokens[:, 0], scores[:, 0])
 
 
@@ -47,14 +50,15 @@ class OnnxTextRunner(Runner):
         options = ort.SessionOptions()
         options.register_custom_ops_library(get_library_path())
         options.intra_op_num_threads = threads or os.cpu_count() or 1
-        self.session = ort.InferenceSession(verified_path(artifact_dir, self.manifest, entry), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            verified_path(artifact_dir, self.manifest, entry), options, providers=["CPUExecutionProvider"]
+        )
 
     def translate(self, texts):
         _, untranslated = batching.encode_texts(self.tokenizer, texts, self.config["max_source_length"])
         outputs = []
         for start in range(0, len(texts), self.batch_size):
-            batch = np.array(texts[start: start + self.batch_size], dtype=object)
+            batch = np.array(texts[start : start + self.batch_size], dtype=object)
             feed = {"text": batch, "beam": beam_switch(self.search_name)}
             outputs += [str(t) for t in self.session.run(["translation"], feed)[0]]
         return [untranslated.get(i, output) for i, output in enumerate(outputs)]

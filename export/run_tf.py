@@ -33,8 +33,14 @@ class KerasRunner:
         from kformer.translate import Translator
 
         model, self.config, self.tokenizer, _ = checkpoint.load(model_dir)
-        self.translator = Translator(model, self.tokenizer, beam_size=max(1, beam_size), alpha=alpha,
-                                     max_length=max_length, batch_size=batch_size)
+        self.translator = Translator(
+            model,
+            self.tokenizer,
+            beam_size=max(1, beam_size),
+            alpha=alpha,
+            max_length=max_length,
+            batch_size=batch_size,
+        )
 
     def search(self, batch):
         return self.translator.search(np.asarray(batch, np.int32))

@@ -21,13 +21,16 @@ class TfliteRunner(Runner):
         # of 39 fresh interpreters on the tiny test model's file as exported at 11164ea). Tensors
         # are no longer kept apart (experimental_preserve_all_tensors, 1.17-1.2x the time): with
         # the decoding graphs of 2026-11-25 no fresh interpreter differed without it (README: Design).
-        interpreter = Interpreter(model_path=verified_path(artifact_dir, self.manifest, entry),
-                                  num_threads=threads or os.cpu_count() or 1,
-                                  experimental_disable_delegate_clustering=True)
+        interpreter = Interpreter(
+            model_path=verified_path(artifact_dir, self.manifest, entry),
+            num_threads=threads or os.cpu_count() or 1,
+            experimental_disable_delegate_clustering=True,
+        )
         # A file of both searches has the signatures "greedy" and "beam"; a one-search file has one.
         signatures = interpreter.get_signature_list()
         self.signature = interpreter.get_signature_runner(
-            self.search_name if self.search_name in signatures else next(iter(signatures)))
+            self.search_name if self.search_name in signatures else next(iter(signatures))
+        )
         ((self.input_name, self.input),) = self.signature.get_input_details().items()
         # Outputs by dtype: tokens are the int32 output, scores the float32 one.
         outputs = {np.dtype(d["dtype"]): name for name, d in self.signature.get_output_details().items()}
@@ -37,10 +40,12 @@ class TfliteRunner(Runner):
         _, length = self.input["shape_signature"]
         if length != -1:  # the "fixed" file: rows cut or padded to the fixed length, run one at a time
             batch = np.pad(batch[:, :length], [(0, 0), (0, length - min(batch.shape[1], length))])
-            rows = [self._invoke(batch[row: row + 1]) for row in range(len(batch))]
+            rows = [self._invoke(batch[row : row + 1]) for row in range(len(batch))]
             return tuple(np.concatenate(parts) for parts in zip(*rows))
         return self._invoke(batch)
 
     def _invoke(self, batch):
-        results = self.signature(**{self.input_name: batch})  # resizes to the batch's shape (dynamic batch, length)
+        results = self.signature(
+            **{self.input_name: batch}
+        )  # resizes to the batch's shape (dynamic batch, length)
         return tuple(results[name] for name in self.outputs)

@@ -25,8 +25,11 @@ class ExportError(RuntimeError):
 def sha256(path):
     """Hash of a file, or of a folder's files (names and contents, in sorted order)."""
     digest = hashlib.sha256()
-    files = [path] if os.path.isfile(path) else sorted(
-        os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
+    files = (
+        [path]
+        if os.path.isfile(path)
+        else sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
+    )
     for file in files:
         digest.update(os.path.relpath(file, path).encode() if file != path else b"")
         with open(file, "rb") as f:
@@ -63,8 +66,10 @@ def find_artifact(manifest, fmt, search, variant="fp32"):
             return entry
     have = sorted({f"{e['format']}/{e['search']}/{e['variant']}" for e in manifest["artifacts"]})
     serving = "both searches" if search == "all" else f"the {search} search"
-    raise ArtifactError(f"no {fmt} {variant} artifact for {serving} in this export (it has {have}); "
-                        "re-run `kformer export` with that format or quantization")
+    raise ArtifactError(
+        f"no {fmt} {variant} artifact for {serving} in this export (it has {have}); "
+        "re-run `kformer export` with that format or quantization"
+    )
 
 
 def load_tokenizer(artifact_dir, manifest):
@@ -82,12 +87,24 @@ def load_tokenizer(artifact_dir, manifest):
 FORMATS = ("savedmodel", "tflite", "onnx", "ctranslate2")
 DEFAULT_FORMATS = ("savedmodel", "tflite", "onnx")  # ctranslate2 is an optional extra
 RUNTIMES = ("keras", *FORMATS)
-VARIANTS = {"savedmodel": ("fp32",), "tflite": ("fp32", "fp16", "int8", "fixed"), "onnx": ("fp32", "int8", "text"),
-            "ctranslate2": ("fp32", "int8")}
+VARIANTS = {
+    "savedmodel": ("fp32",),
+    "tflite": ("fp32", "fp16", "int8", "fixed"),
+    "onnx": ("fp32", "int8", "text"),
+    "ctranslate2": ("fp32", "int8"),
+}
 
 
-def open_runner(path, runtime="keras", variant="fp32", beam_size=None, batch_size=32, threads=None,
-                alpha=None, max_length=None):
+def open_runner(
+    path,
+    runtime="keras",
+    variant="fp32",
+    beam_size=None,
+    batch_size=32,
+    threads=None,
+    alpha=None,
+    max_length=None,
+):
     """The one way to get a translator: `path` is a training directory for runtime "keras" (the
     reference; alpha and max_length apply) or a `kformer export` folder for the others (where they
     were fixed at export). Imports only the chosen runtime."""
@@ -97,25 +114,38 @@ def open_runner(path, runtime="keras", variant="fp32", beam_size=None, batch_siz
         if variant != "fp32":
             raise ValueError(f"--variant {variant} needs an exported runtime; the keras runtime is fp32")
         from export.run_tf import KerasRunner
-        return KerasRunner(path, BEAM_SIZE if beam_size is None else beam_size,
-                           LENGTH_PENALTY if alpha is None else alpha, max_length, batch_size)
+
+        return KerasRunner(
+            path,
+            BEAM_SIZE if beam_size is None else beam_size,
+            LENGTH_PENALTY if alpha is None else alpha,
+            max_length,
+            batch_size,
+        )
     if variant not in VARIANTS[runtime]:
-        raise ValueError(f"--variant {variant} does not exist for {runtime}; choose one of {VARIANTS[runtime]}")
+        raise ValueError(
+            f"--variant {variant} does not exist for {runtime}; choose one of {VARIANTS[runtime]}"
+        )
     if alpha is not None or max_length is not None:
         raise ValueError("--alpha and --max-len are fixed when exporting; they apply to --runtime keras only")
     if runtime == "savedmodel":
         from export.run_tf import SavedModelRunner
+
         return SavedModelRunner(path, beam_size, batch_size)
     if runtime == "tflite":
         from export.run_tflite import TfliteRunner
+
         return TfliteRunner(path, beam_size, variant, threads, batch_size)
     if runtime == "ctranslate2":
         from export.run_ctranslate2 import Ctranslate2Runner
+
         return Ctranslate2Runner(path, beam_size, variant, threads, batch_size)
     if variant == "text":
         from export.run_onnx import OnnxTextRunner
+
         return OnnxTextRunner(path, beam_size, threads, batch_size)
     from export.run_onnx import OnnxRunner
+
     return OnnxRunner(path, beam_size, variant, threads, batch_size)
 
 
@@ -134,8 +164,10 @@ class Runner:
         exported = self.manifest["beam_size"]
         self.beam_size = exported if beam_size is None else beam_size
         if self.beam_size not in (1, exported):
-            raise ArtifactError(f"this export has greedy search and beam size {exported}, not {self.beam_size}; "
-                                f"re-export with --beam {self.beam_size}")
+            raise ArtifactError(
+                f"this export has greedy search and beam size {exported}, not {self.beam_size}; "
+                f"re-export with --beam {self.beam_size}"
+            )
         self.search_name = "beam" if self.beam_size > 1 else "greedy"
         self.batch_size = batch_size
 
@@ -143,12 +175,18 @@ class Runner:
         """(B, S) int32 source ids (pad 0) -> (tokens, scores) of the chosen search."""
         batch = np.asarray(batch)
         if batch.dtype != np.int32 or batch.ndim != 2:
-            raise TypeError(f"source_ids must be an int32 array of shape (batch, length), "
-                            f"got {batch.dtype} with shape {batch.shape}")
+            raise TypeError(
+                f"source_ids must be an int32 array of shape (batch, length), "
+                f"got {batch.dtype} with shape {batch.shape}"
+            )
         return self._search(self.search_name, batch)
 
     def translate_ids(self, ids):
-        return batching.translate_ids(self.search, ids, self.batch_size, self.config["eos_id"], self.config["pad_id"])
+        return batching.translate_ids(
+            self.search, ids, self.batch_size, self.config["eos_id"], self.config["pad_id"]
+        )
 
     def translate(self, texts):
-        return batching.translate_texts(self.tokenizer, texts, self.config["max_source_length"], self.translate_ids)
+        return batching.translate_texts(
+            self.tokenizer, texts, self.config["max_source_length"], self.translate_ids
+        )

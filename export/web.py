@@ -16,17 +16,26 @@ from export.runtime import find_artifact, load_manifest
 
 WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
 NODE_MODULES = os.path.join(WEB_DIR, "node_modules")
-ROUTES = {"/ort/": os.path.join(NODE_MODULES, "onnxruntime-web", "dist"),
-          "/litert/": os.path.join(NODE_MODULES, "@litertjs", "core"),
-          "/litert-utils/": os.path.join(NODE_MODULES, "@litertjs", "wasm-utils", "dist")}
+ROUTES = {
+    "/ort/": os.path.join(NODE_MODULES, "onnxruntime-web", "dist"),
+    "/litert/": os.path.join(NODE_MODULES, "@litertjs", "core"),
+    "/litert-utils/": os.path.join(NODE_MODULES, "@litertjs", "wasm-utils", "dist"),
+}
 PAGE_FILES = ("index.html", "kformer.js", "sentencepiece.js")
 # runtime in the page -> (export format, variants it can run)
 PAGE_RUNTIMES = {"onnx": ("onnx", ("fp32", "int8")), "litert": ("tflite", ("fixed",))}
 CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright's own browser download is not reachable here
 # Headless, as root, on a machine with a closed network: without the last four flags Chromium keeps
 # trying to reach Google's hosts.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-quic"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+]
 
 
 def check(artifact_dir, runtime="onnx", variant="fp32"):
@@ -39,8 +48,10 @@ def check(artifact_dir, runtime="onnx", variant="fp32"):
         raise ValueError(f"--variant {variant}: the page runs {runtime} with {' or '.join(variants)}")
     missing = [folder for folder in ROUTES.values() if not os.path.isdir(folder)]
     if missing:
-        raise ValueError(f"{missing[0]} not found: install the page's packages with `npm ci --prefix {WEB_DIR}` "
-                         "(the README's commands do it)")
+        raise ValueError(
+            f"{missing[0]} not found: install the page's packages with `npm ci --prefix {WEB_DIR}` "
+            "(the README's commands do it)"
+        )
     manifest = load_manifest(artifact_dir)
     find_artifact(manifest, fmt, "all", variant)  # the page loads one file for both searches
     return manifest
@@ -49,9 +60,13 @@ def check(artifact_dir, runtime="onnx", variant="fp32"):
 class _Handler(http.server.SimpleHTTPRequestHandler):
     """Maps the three routes to folders; nothing outside them is served."""
 
-    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
-                      ".js": "text/javascript", ".mjs": "text/javascript", ".wasm": "application/wasm",
-                      ".json": "application/json"}
+    extensions_map = {
+        **http.server.SimpleHTTPRequestHandler.extensions_map,
+        ".js": "text/javascript",
+        ".mjs": "text/javascript",
+        ".wasm": "application/wasm",
+        ".json": "application/json",
+    }
 
     def __init__(self, *args, model_dir, **kwargs):
         self.model_dir = model_dir
@@ -61,7 +76,7 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         path = posixpath.normpath(urllib.parse.unquote(urllib.parse.urlsplit(path).path))
         for prefix, root in (*ROUTES.items(), ("/model/", self.model_dir)):
             if path.startswith(prefix):
-                return os.path.join(root, *path[len(prefix):].split("/"))
+                return os.path.join(root, *path[len(prefix) :].split("/"))
         name = path.lstrip("/") or "index.html"
         return os.path.join(WEB_DIR, name) if name in PAGE_FILES else ""  # "": 404
 

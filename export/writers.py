@@ -12,14 +12,20 @@ from export import onnx_rewrite
 from export.runtime import ExportError
 
 ONNX_OPSET = 17
-SEARCH_LOOPS = 2  # a search runs in two passes, each one loop: an ONNX Loop, a TFLite WHILE (search._in_two_passes)
+SEARCH_LOOPS = (
+    2  # a search runs in two passes, each one loop: an ONNX Loop, a TFLite WHILE (search._in_two_passes)
+)
 
 
 # --- SavedModel ---
 
+
 def write_savedmodel(module, path):
-    signatures = {f"{search}_{kind}": getattr(module, f"{search}_{kind}").get_concrete_function()
-                  for search in ("greedy", "beam") for kind in ("ids", "text")}
+    signatures = {
+        f"{search}_{kind}": getattr(module, f"{search}_{kind}").get_concrete_function()
+        for search in ("greedy", "beam")
+        for kind in ("ids", "text")
+    }
     tf.saved_model.save(module, path, signatures=signatures)
     return path
 
@@ -83,6 +89,7 @@ def check_tflite_ops(flatbuffer, path):
 
 # --- ONNX ---
 
+
 def write_onnx(module, path):
     """Frozen graph -> one ONNX file with both searches: inputs source_ids (B, S) int32 and beam
     (a bool scalar), outputs tokens (B, N, T) and scores (B, N), N = 1 for greedy search. Each
@@ -98,8 +105,11 @@ def write_onnx(module, path):
     logging.getLogger("tf2onnx").setLevel(logging.ERROR)  # it warns per loop variable at INFO/WARNING
     try:
         proto, _ = tf2onnx.convert.from_graph_def(
-            frozen.graph.as_graph_def(), input_names=[t.name for t in frozen.inputs], output_names=output_names,
-            opset=ONNX_OPSET)
+            frozen.graph.as_graph_def(),
+            input_names=[t.name for t in frozen.inputs],
+            output_names=output_names,
+            opset=ONNX_OPSET,
+        )
     except Exception as e:
         raise ExportError(f"ONNX conversion of the searches failed: {e}") from None
     _rename_io(proto, {t.name: t.name.split(":")[0] for t in frozen.inputs}, by_name)
@@ -118,8 +128,9 @@ def _rename_io(proto, inputs, outputs):
     graph = proto.graph
     for graph_input in graph.input:
         internal, graph_input.name = graph_input.name, inputs[graph_input.name]
-        graph.node.insert(0, helper.make_node("Identity", [graph_input.name], [internal],
-                                              name=f"{graph_input.name}_in"))
+        graph.node.insert(
+            0, helper.make_node("Identity", [graph_input.name], [internal], name=f"{graph_input.name}_in")
+        )
     for output in graph.output:
         public = next(k for k, v in outputs.items() if v == output.name)
         graph.node.append(helper.make_node("Identity", [output.name], [public], name=f"{public}_out"))
@@ -158,8 +169,10 @@ def check_onnx(proto, path, extra_domains=(), top_level_loops=2 * SEARCH_LOOPS):
         raise ExportError(f"{path}: non-standard ONNX ops {bad} (tf2onnx exits 0 even when it leaves these)")
     loops = sum(1 for n in proto.graph.node if n.op_type == "Loop")
     if loops != top_level_loops:
-        raise ExportError(f"{path}: expected {top_level_loops} top-level ONNX Loop(s) (one per pass of each search), "
-                          f"found {loops}")
+        raise ExportError(
+            f"{path}: expected {top_level_loops} top-level ONNX Loop(s) (one per pass of each search), "
+            f"found {loops}"
+        )
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as e:
@@ -197,11 +210,16 @@ def quantize_onnx(source, path, min_size=65536):
         scale = np.abs(values).max(axis=axis, keepdims=True) / 127.0
         scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
         quantized = np.clip(np.round(values / scale), -127, 127).astype(np.int8)
-        kept += [numpy_helper.from_array(quantized, weight.name + "/int8"),
-                 numpy_helper.from_array(scale, weight.name + "/scale")]
-        restore += [helper.make_node("Cast", [weight.name + "/int8"], [weight.name + "/float"],
-                                     to=onnx.TensorProto.FLOAT),
-                    helper.make_node("Mul", [weight.name + "/float", weight.name + "/scale"], [weight.name])]
+        kept += [
+            numpy_helper.from_array(quantized, weight.name + "/int8"),
+            numpy_helper.from_array(scale, weight.name + "/scale"),
+        ]
+        restore += [
+            helper.make_node(
+                "Cast", [weight.name + "/int8"], [weight.name + "/float"], to=onnx.TensorProto.FLOAT
+            ),
+            helper.make_node("Mul", [weight.name + "/float", weight.name + "/scale"], [weight.name]),
+        ]
     del graph.initializer[:]
     graph.initializer.extend(kept)
     nodes = restore + list(graph.node)
@@ -242,7 +260,9 @@ def write_ctranslate2(module, tokenizer_proto, path, variant="fp32"):
         spec.weight = kernel.reshape(-1, kernel.shape[-1]).T.copy()
         spec.bias = bias
 
-    def fused(spec, layers):  # projections of one input, kernels (M, H, D), stacked as CTranslate2 stores them
+    def fused(
+        spec, layers
+    ):  # projections of one input, kernels (M, H, D), stacked as CTranslate2 stores them
         pairs = [weights(layer) for layer in layers]
         spec.weight = np.concatenate([k.reshape(k.shape[0], -1).T for k, _ in pairs])
         spec.bias = np.concatenate([b.reshape(-1) for _, b in pairs])
@@ -264,9 +284,13 @@ def write_ctranslate2(module, tokenizer_proto, path, variant="fp32"):
 
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[c.activation]
     spec = transformer_spec.TransformerSpec.from_config(
-        (c.num_encoder_layers, c.num_decoder_layers), c.num_heads, pre_norm=c.norm_position == "pre",
-        activation=activation)
-    source_embedding, target_embedding = weights(model.source_embedding)[0], weights(model.target_embedding)[0]
+        (c.num_encoder_layers, c.num_decoder_layers),
+        c.num_heads,
+        pre_norm=c.norm_position == "pre",
+        activation=activation,
+    )
+    source_embedding = weights(model.source_embedding)[0]
+    target_embedding = weights(model.target_embedding)[0]
     spec.encoder.embeddings[0].weight = source_embedding
     spec.decoder.embeddings.weight = target_embedding
     spec.encoder.position_encodings.encodings = np.asarray(model.source_positions.table)
@@ -292,9 +316,9 @@ def write_ctranslate2(module, tokenizer_proto, path, variant="fp32"):
     pieces = [tokenizer.id_to_piece(i) for i in range(c.vocab_size)]
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
-    special = {name: tokenizer.id_to_piece(getattr(c, f"{name}_id")) for name in ("unk", "bos", "eos")}
-    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = special["unk"], special["bos"], special["eos"]
-    spec.config.decoder_start_token = special["bos"]
+    for name in ("unk", "bos", "eos"):  # spec.config.unk_token = the piece of config.unk_id, ...
+        setattr(spec.config, f"{name}_token", tokenizer.id_to_piece(getattr(c, f"{name}_id")))
+    spec.config.decoder_start_token = spec.config.bos_token
     spec.config.layer_norm_epsilon = 1e-6
     spec.validate()
     spec.optimize(quantization=None if variant == "fp32" else "int8")

@@ -26,7 +26,7 @@ def contract(x, kernel, axes=1, bias=None):
     if None in known:
         product = ops.tensordot(x, kernel, axes)
         return product if bias is None else product + bias
-    size = math.prod(known[len(known) - axes:])  # K: the contracted dims, flattened
+    size = math.prod(known[len(known) - axes :])  # K: the contracted dims, flattened
     rows = x if len(x.shape) == 2 else ops.reshape(x, (-1, size))  # (rows, K)
     product = ops.matmul(rows, ops.reshape(kernel, (size, -1)))  # (rows, N)
     if bias is not None:
@@ -93,8 +93,12 @@ class MultiHeadAttention(keras.layers.Layer):
         self.key.build(value_shape)
         self.value.build(value_shape)
         self.output_projection = keras.layers.EinsumDense(
-            "abcd,cde->abe", output_shape=(None, query_shape[-1]), bias_axes="e", dtype=self.dtype_policy,
-            name="output_projection")
+            "abcd,cde->abe",
+            output_shape=(None, query_shape[-1]),
+            bias_axes="e",
+            dtype=self.dtype_policy,
+            name="output_projection",
+        )
         self.output_projection.build((*query_shape[:-1], self.num_heads, self.head_size))
 
     def _project(self, x, *projections):
@@ -107,8 +111,12 @@ class MultiHeadAttention(keras.layers.Layer):
         # The queries carry the scores' 1/sqrt(D) in their weights: a frozen decoding step folds
         # it into its constants instead of multiplying every step's scores (one node less each).
         scale = 1 / math.sqrt(self.head_size)
-        kernels, biases = zip(*[(p.kernel * scale, p.bias * scale) if p is self.query else (p.kernel, p.bias)
-                                for p in projections])
+        kernels, biases = zip(
+            *[
+                (p.kernel * scale, p.bias * scale) if p is self.query else (p.kernel, p.bias)
+                for p in projections
+            ]
+        )
         kernel = ops.concatenate(kernels, axis=-1)  # (M, H, n*D)
         bias = ops.concatenate(biases, axis=-1)  # (H, n*D)
         if len(x.shape) == 2:  # one decoding step (B, M): the kernel as (M, H, 1, n*D), one reshape
@@ -164,7 +172,9 @@ class MultiHeadAttention(keras.layers.Layer):
             context = ops.einsum("bhqk,bhkd->bhqd", weights, v)
         if not step:
             context = ops.transpose(context, (0, 2, 1, 3))  # (B, Tq, H, D)
-        output = contract(context, self.output_projection.kernel, 2, self.output_projection.bias)  # (B, [Tq,] M)
+        output = contract(
+            context, self.output_projection.kernel, 2, self.output_projection.bias
+        )  # (B, [Tq,] M)
         return output, {"cache": (k, v), "weights": weights}
 
     def get_config(self):

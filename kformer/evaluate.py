@@ -32,9 +32,14 @@ def score(hypotheses, references, language="en"):
     bleu = sacrebleu.BLEU(tokenize="zh" if language == "zh" else "13a")
     chrf = sacrebleu.CHRF()
     bleu_score, chrf_score = bleu.corpus_score(hypotheses, streams), chrf.corpus_score(hypotheses, streams)
-    return {"bleu": bleu_score.score, "chrf": chrf_score.score, "bleu_signature": str(bleu.get_signature()),
-            "chrf_signature": str(chrf.get_signature()), "sentences": len(hypotheses),
-            "bleu_detail": str(bleu_score)}
+    return {
+        "bleu": bleu_score.score,
+        "chrf": chrf_score.score,
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+        "sentences": len(hypotheses),
+        "bleu_detail": str(bleu_score),
+    }
 
 
 def _check_writable(file_path):
@@ -45,8 +50,16 @@ def _check_writable(file_path):
         raise ValueError(f"--output {file_path}: cannot write in {folder} (missing or not writable)")
 
 
-def evaluate(model_dir, split="test", source_file=None, reference_file=None, beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY,
-             output=None, limit=None):
+def evaluate(
+    model_dir,
+    split="test",
+    source_file=None,
+    reference_file=None,
+    beam_size=BEAM_SIZE,
+    alpha=LENGTH_PENALTY,
+    output=None,
+    limit=None,
+):
     """Translates a split (or a source file) and scores it against its references.
     Writes the hypotheses, one per line, to `output` (default: MODEL/hypotheses.<split>.txt)."""
     if (source_file is None) != (reference_file is None):
@@ -56,7 +69,9 @@ def evaluate(model_dir, split="test", source_file=None, reference_file=None, bea
         sources = data_lib.read_text_file(source_file)
         references = [[r] for r in data_lib.read_text_file(reference_file)]
         if len(sources) != len(references):
-            raise ValueError(f"{source_file} has {len(sources)} lines but {reference_file} has {len(references)}")
+            raise ValueError(
+                f"{source_file} has {len(sources)} lines but {reference_file} has {len(references)}"
+            )
         name = os.path.basename(source_file)
     else:
         sources, references = split_references(model_dir, split)
@@ -72,14 +87,18 @@ def evaluate(model_dir, split="test", source_file=None, reference_file=None, bea
     with open(output, "w", encoding="utf-8") as f:
         f.writelines(h + "\n" for h in hypotheses)
     result = score(hypotheses, references, corpus["direction"].split("-")[-1])
-    result.update(hypotheses_file=output, beam_size=beam_size, examples=list(zip(sources, references, hypotheses)))
+    result.update(
+        hypotheses_file=output, beam_size=beam_size, examples=list(zip(sources, references, hypotheses))
+    )
     return result
 
 
 def print_scores(result):
     """The lines a user reads of an `evaluate` result: scores, sacrebleu's signatures, where the output went."""
-    print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  ({result['sentences']} sentences, "
-          f"beam {result['beam_size']})")
+    print(
+        f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  ({result['sentences']} sentences, "
+        f"beam {result['beam_size']})"
+    )
     print(f"  {result['bleu_detail']}")
     print(f"  BLEU signature: {result['bleu_signature']}")
     print(f"  chrF signature: {result['chrf_signature']}")

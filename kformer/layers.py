@@ -47,8 +47,10 @@ class TokenEmbedding(keras.layers.Layer):
     def build(self, input_shape=None):
         # N(0, M^-0.5) so that E * sqrt(M) starts at unit scale and E^T gives unit-scale logits.
         self.embeddings = self.add_weight(
-            name="embeddings", shape=(self.vocab_size, self.d_model),
-            initializer=keras.initializers.RandomNormal(stddev=self.d_model**-0.5))
+            name="embeddings",
+            shape=(self.vocab_size, self.d_model),
+            initializer=keras.initializers.RandomNormal(stddev=self.d_model**-0.5),
+        )
 
     def call(self, inputs, reverse=False):
         if reverse:
@@ -139,8 +141,9 @@ class _ResidualBlock(keras.layers.Layer):
     pre-LN:              x = x + Dropout(sublayer(LayerNorm(x))).
     """
 
-    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, activation="relu",
-                 norm_position="post", **kwargs):
+    def __init__(
+        self, d_model, num_heads, d_ff, dropout=0.1, activation="relu", norm_position="post", **kwargs
+    ):
         super().__init__(**kwargs)
         self.d_model = d_model
         self.num_heads = num_heads
@@ -148,11 +151,17 @@ class _ResidualBlock(keras.layers.Layer):
         self.dropout = dropout
         self.activation = activation
         self.norm_position = norm_position
-        self.feed_forward = FeedForward(d_model, d_ff, activation, dtype=self.dtype_policy, name="feed_forward")
-        self.sublayer_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy, name="sublayer_dropout")
+        self.feed_forward = FeedForward(
+            d_model, d_ff, activation, dtype=self.dtype_policy, name="feed_forward"
+        )
+        self.sublayer_dropout = keras.layers.Dropout(
+            dropout, dtype=self.dtype_policy, name="sublayer_dropout"
+        )
 
     def _attention(self, name):
-        return MultiHeadAttention(self.num_heads, self.d_model // self.num_heads, dtype=self.dtype_policy, name=name)
+        return MultiHeadAttention(
+            self.num_heads, self.d_model // self.num_heads, dtype=self.dtype_policy, name=name
+        )
 
     def _norm(self, name):
         return keras.layers.LayerNormalization(epsilon=1e-6, dtype=self.dtype_policy, name=name)
@@ -171,8 +180,14 @@ class _ResidualBlock(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff,
-                      dropout=self.dropout, activation=self.activation, norm_position=self.norm_position)
+        config.update(
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            d_ff=self.d_ff,
+            dropout=self.dropout,
+            activation=self.activation,
+            norm_position=self.norm_position,
+        )
         return config
 
 
@@ -204,8 +219,12 @@ class EncoderBlock(_ResidualBlock):
         self.feed_forward_norm.build(input_shape)
 
     def call(self, x, attention_mask=None, training=None):
-        x, attention = self._residual(x, self.self_attention_norm,
-                                      lambda h: self.self_attention(h, attention_mask=attention_mask), training)
+        x, attention = self._residual(
+            x,
+            self.self_attention_norm,
+            lambda h: self.self_attention(h, attention_mask=attention_mask),
+            training,
+        )
         return self._feed_forward(x, training), attention["weights"]
 
 
@@ -245,15 +264,30 @@ class DecoderBlock(_ResidualBlock):
         self.feed_forward.build(x_shape)
         self.feed_forward_norm.build(x_shape)
 
-    def call(self, x, encoder_output=None, self_mask=None, cross_mask=None, cache=None, cache_slot=None,
-             training=None):
+    def call(
+        self,
+        x,
+        encoder_output=None,
+        self_mask=None,
+        cross_mask=None,
+        cache=None,
+        cache_slot=None,
+        training=None,
+    ):
         self_cache = None if cache is None else cache["self"]
         cross_cache = None if cache is None else cache["cross"]
         x, self_attention = self._residual(
-            x, self.self_attention_norm,
-            lambda h: self.self_attention(h, attention_mask=self_mask, cache=self_cache, cache_slot=cache_slot),
-            training)
+            x,
+            self.self_attention_norm,
+            lambda h: self.self_attention(
+                h, attention_mask=self_mask, cache=self_cache, cache_slot=cache_slot
+            ),
+            training,
+        )
         x, cross_attention = self._residual(
-            x, self.cross_attention_norm,
-            lambda h: self.cross_attention(h, encoder_output, attention_mask=cross_mask, cache=cross_cache), training)
+            x,
+            self.cross_attention_norm,
+            lambda h: self.cross_attention(h, encoder_output, attention_mask=cross_mask, cache=cross_cache),
+            training,
+        )
         return self._feed_forward(x, training), {"self": self_attention, "cross": cross_attention}

@@ -29,8 +29,9 @@ class AttentionMasks(keras.layers.Layer):
 
     def call(self, source_ids, target_ids):
         source = masks.padding_mask(source_ids, self.pad_id)
-        decoder = masks.combine(masks.causal_mask(ops.shape(target_ids)[1]),
-                                masks.padding_mask(target_ids, self.pad_id))
+        decoder = masks.combine(
+            masks.causal_mask(ops.shape(target_ids)[1]), masks.padding_mask(target_ids, self.pad_id)
+        )
         return {"encoder": source, "decoder": decoder, "cross": source}
 
     def get_config(self):
@@ -69,29 +70,54 @@ class Transformer(keras.Model):
         # === Layers ===
         self.masks = AttentionMasks(c.pad_id, dtype=dtype, name="attention_masks")
         self.source_embedding = TokenEmbedding(
-            c.vocab_size, c.d_model, dtype=dtype, name="shared_embedding" if c.tie_embeddings else "source_embedding")
-        self.target_embedding = self.source_embedding if c.tie_embeddings else TokenEmbedding(
-            c.vocab_size, c.d_model, dtype=dtype, name="target_embedding")
-        self.source_positions = PositionalEncoding(c.max_source_length, c.dropout, dtype=dtype, name="source_positions")
-        self.target_positions = PositionalEncoding(c.max_target_length, c.dropout, dtype=dtype, name="target_positions")
-        block_args = dict(d_model=c.d_model, num_heads=c.num_heads, d_ff=c.d_ff, dropout=c.dropout,
-                          activation=c.activation, norm_position=c.norm_position, dtype=dtype)
-        self.encoder_blocks = [EncoderBlock(**block_args, name=f"encoder_block_{i}")
-                               for i in range(c.num_encoder_layers)]
-        self.decoder_blocks = [DecoderBlock(**block_args, name=f"decoder_block_{i}")
-                               for i in range(c.num_decoder_layers)]
+            c.vocab_size,
+            c.d_model,
+            dtype=dtype,
+            name="shared_embedding" if c.tie_embeddings else "source_embedding",
+        )
+        self.target_embedding = (
+            self.source_embedding
+            if c.tie_embeddings
+            else TokenEmbedding(c.vocab_size, c.d_model, dtype=dtype, name="target_embedding")
+        )
+        self.source_positions = PositionalEncoding(
+            c.max_source_length, c.dropout, dtype=dtype, name="source_positions"
+        )
+        self.target_positions = PositionalEncoding(
+            c.max_target_length, c.dropout, dtype=dtype, name="target_positions"
+        )
+        block_args = dict(
+            d_model=c.d_model,
+            num_heads=c.num_heads,
+            d_ff=c.d_ff,
+            dropout=c.dropout,
+            activation=c.activation,
+            norm_position=c.norm_position,
+            dtype=dtype,
+        )
+        self.encoder_blocks = [
+            EncoderBlock(**block_args, name=f"encoder_block_{i}") for i in range(c.num_encoder_layers)
+        ]
+        self.decoder_blocks = [
+            DecoderBlock(**block_args, name=f"decoder_block_{i}") for i in range(c.num_decoder_layers)
+        ]
         # Pre-LN needs a final norm on each stack; post-LN (the paper) already ends normalized.
         pre = c.norm_position == "pre"
         norm = dict(epsilon=1e-6, dtype=dtype)
         self.encoder_norm = keras.layers.LayerNormalization(**norm, name="encoder_norm") if pre else None
         self.decoder_norm = keras.layers.LayerNormalization(**norm, name="decoder_norm") if pre else None
-        self.output_projection = None if c.tie_embeddings else keras.layers.Dense(
-            c.vocab_size, dtype=dtype, name="output_projection")
+        self.output_projection = (
+            None
+            if c.tie_embeddings
+            else keras.layers.Dense(c.vocab_size, dtype=dtype, name="output_projection")
+        )
         self.logits_float32 = keras.layers.Activation("linear", dtype="float32", name="logits")
 
         # === Functional model ===
-        inputs = {"source_ids": keras.Input((None,), dtype="int32", name="source_ids"),
-                  "target_ids": keras.Input((None,), dtype="int32", name="target_ids")}
+        inputs = {
+            "source_ids": keras.Input((None,), dtype="int32", name="source_ids"),
+            "target_ids": keras.Input((None,), dtype="int32", name="target_ids"),
+        }
         attention_masks = self.masks(inputs["source_ids"], inputs["target_ids"])
         encoded = self._encode(inputs["source_ids"], attention_masks["encoder"])[0]
         logits = self._decode(inputs["target_ids"], encoded, attention_masks)[0]
@@ -116,15 +142,24 @@ class Transformer(keras.Model):
         x = self.target_positions(self.target_embedding(target_ids), training=training)  # (B, T, M)
         weights = []
         for block in self.decoder_blocks:
-            x, attention = block(x, encoded, self_mask=attention_masks["decoder"], cross_mask=attention_masks["cross"],
-                                 training=training)
+            x, attention = block(
+                x,
+                encoded,
+                self_mask=attention_masks["decoder"],
+                cross_mask=attention_masks["cross"],
+                training=training,
+            )
             weights.append({"self": attention["self"]["weights"], "cross": attention["cross"]["weights"]})
         return self._logits(x), weights
 
     def _logits(self, x):
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        logits = self.target_embedding(x, reverse=True) if self.output_projection is None else self.output_projection(x)
+        logits = (
+            self.target_embedding(x, reverse=True)
+            if self.output_projection is None
+            else self.output_projection(x)
+        )
         return self.logits_float32(logits)  # (B, T, V) float32 even under mixed precision
 
     def attention_weights(self, source_ids, target_ids):
@@ -137,9 +172,11 @@ class Transformer(keras.Model):
         attention_masks = self.masks(source_ids, target_ids)
         encoded, encoder_weights = self._encode(source_ids, attention_masks["encoder"], training=False)
         _, decoder_weights = self._decode(target_ids, encoded, attention_masks, training=False)
-        return {"encoder": encoder_weights,
-                "decoder": [w["self"] for w in decoder_weights],
-                "cross": [w["cross"] for w in decoder_weights]}
+        return {
+            "encoder": encoder_weights,
+            "decoder": [w["self"] for w in decoder_weights],
+            "cross": [w["cross"] for w in decoder_weights],
+        }
 
     # --- step-wise decoding with a fixed-shape key/value cache ---
 
@@ -157,9 +194,13 @@ class Transformer(keras.Model):
         encoded, _ = self._encode(source_ids, source_mask, training=False)
         batch = ops.shape(source_ids)[0]
         empty = ops.zeros((batch, self.config.num_heads, buffer_length, self.config.head_size), encoded.dtype)
-        return {"static": {"source_mask": source_mask,
-                           "cross": [block.cross_attention.key_value(encoded) for block in self.decoder_blocks]},
-                "state": {"self": [(empty, empty) for _ in self.decoder_blocks]}}
+        return {
+            "static": {
+                "source_mask": source_mask,
+                "cross": [block.cross_attention.key_value(encoded) for block in self.decoder_blocks],
+            },
+            "state": {"self": [(empty, empty) for _ in self.decoder_blocks]},
+        }
 
     def grow_cache(self, state, buffer_length):
         """The "state" part of a cache (`init_cache`) with its key/value buffers extended with zeros
@@ -167,11 +208,13 @@ class Transformer(keras.Model):
         # Every buffer is (B, H, T1, D): one block of zeros (B, H, T - T1, D) appended to each.
         buffer = state["self"][0][0]
         shape = ops.shape(buffer)
-        zeros = ops.zeros((shape[0], self.config.num_heads, buffer_length - shape[2], self.config.head_size),
-                          buffer.dtype)
+        zeros = ops.zeros(
+            (shape[0], self.config.num_heads, buffer_length - shape[2], self.config.head_size), buffer.dtype
+        )
 
         def grow(t):  # (B, H, T1, D) -> (B, H, T, D)
             return ops.concatenate([t, zeros], axis=2)
+
         return {"self": [(grow(key), grow(value)) for key, value in state["self"]]}
 
     def decode_step(self, tokens, cache, index):
@@ -184,8 +227,14 @@ class Transformer(keras.Model):
         self_mask, slot = masks.step_masks(ops.shape(buffer)[2], index, buffer.dtype)
         new_self = []
         for block, self_kv, cross_kv in zip(self.decoder_blocks, state["self"], static["cross"]):
-            x, attention = block(x, self_mask=self_mask, cross_mask=static["source_mask"],
-                                 cache={"self": self_kv, "cross": cross_kv}, cache_slot=slot, training=False)
+            x, attention = block(
+                x,
+                self_mask=self_mask,
+                cross_mask=static["source_mask"],
+                cache={"self": self_kv, "cross": cross_kv},
+                cache_slot=slot,
+                training=False,
+            )
             new_self.append(attention["self"]["cache"])
         logits = self._logits(x)  # (B, V)
         return logits, {"static": static, "state": {"self": new_self}}

@@ -11,7 +11,11 @@ import time
 
 def project_root():
     """Notebooks run from notebooks/ (Jupyter) or from the project root (scripts)."""
-    return "." if os.path.exists("pyproject.toml") or not os.path.exists(os.path.join("..", "pyproject.toml")) else ".."
+    return (
+        "."
+        if os.path.exists("pyproject.toml") or not os.path.exists(os.path.join("..", "pyproject.toml"))
+        else ".."
+    )
 
 
 def settings():
@@ -23,12 +27,16 @@ def settings():
     trained_here = os.path.join(work, f"train-{config}")
     # A real run shows the README demo's model when there is one; CI uses notebook 1's tiny model.
     use_demo = not tiny and os.path.exists(os.path.join(demo_dir, "model.keras"))
-    return {"config": config, "work_dir": work, "train_dir": trained_here,
-            "model_dir": demo_dir if use_demo else trained_here,
-            "export_dir": os.path.join(work, f"export-{config}"),
-            "minutes": float(os.environ.get("KFORMER_NOTEBOOK_MINUTES", "10")),
-            "steps": 10 if tiny else None,
-            "evaluate_sentences": 40 if tiny else None}
+    return {
+        "config": config,
+        "work_dir": work,
+        "train_dir": trained_here,
+        "model_dir": demo_dir if use_demo else trained_here,
+        "export_dir": os.path.join(work, f"export-{config}"),
+        "minutes": float(os.environ.get("KFORMER_NOTEBOOK_MINUTES", "10")),
+        "steps": 10 if tiny else None,
+        "evaluate_sentences": 40 if tiny else None,
+    }
 
 
 def median_seconds(function, *args, repeats=3):

@@ -17,8 +17,11 @@ class FusedAdam(keras.optimizers.Adam):
     """keras.optimizers.Adam (same arguments, same slots, same checkpoints), fused updates."""
 
     def _fused(self, *tensors):
-        return not (self.amsgrad or tf.distribute.has_strategy()
-                    or any(isinstance(t, tf.IndexedSlices) for t in tensors))
+        return not (
+            self.amsgrad
+            or tf.distribute.has_strategy()
+            or any(isinstance(t, tf.IndexedSlices) for t in tensors)
+        )
 
     def update_step(self, gradient, variable, learning_rate):
         if not self._fused(gradient):
@@ -27,12 +30,17 @@ class FusedAdam(keras.optimizers.Adam):
         step = tf.cast(self.iterations + 1, dtype)
         index = self._get_variable_index(variable)
         tf.raw_ops.ResourceApplyAdam(
-            var=_handle(variable), m=_handle(self._momentums[index]), v=_handle(self._velocities[index]),
+            var=_handle(variable),
+            m=_handle(self._momentums[index]),
+            v=_handle(self._velocities[index]),
             beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
             beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
-            lr=tf.cast(learning_rate, dtype), beta1=tf.cast(self.beta_1, dtype),
-            beta2=tf.cast(self.beta_2, dtype), epsilon=tf.cast(self.epsilon, dtype),
-            grad=tf.cast(gradient, dtype))
+            lr=tf.cast(learning_rate, dtype),
+            beta1=tf.cast(self.beta_1, dtype),
+            beta2=tf.cast(self.beta_2, dtype),
+            epsilon=tf.cast(self.epsilon, dtype),
+            grad=tf.cast(gradient, dtype),
+        )
 
     def _update_model_variables_moving_average(self, trainable_variables):
         if not self._fused():

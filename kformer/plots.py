@@ -14,8 +14,18 @@ from matplotlib import font_manager
 
 from kformer.config import BEAM_SIZE
 
-CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Serif CJK SC", "Source Han Sans SC", "WenQuanYi Zen Hei",
-             "WenQuanYi Micro Hei", "Droid Sans Fallback", "SimHei", "Microsoft YaHei", "PingFang SC")
+CJK_FONTS = (
+    "Noto Sans CJK SC",
+    "Noto Sans CJK JP",
+    "Noto Serif CJK SC",
+    "Source Han Sans SC",
+    "WenQuanYi Zen Hei",
+    "WenQuanYi Micro Hei",
+    "Droid Sans Fallback",
+    "SimHei",
+    "Microsoft YaHei",
+    "PingFang SC",
+)
 NO_CJK_NOTE = "(no CJK font: Chinese shown as code points;\ninstall fonts-noto-cjk for characters)"
 
 
@@ -23,20 +33,28 @@ NO_CJK_NOTE = "(no CJK font: Chinese shown as code points;\ninstall fonts-noto-c
 def cjk_font():
     """The name of an installed font with Chinese glyphs, or None. Fonts installed after
     matplotlib built its font cache are found by scanning the system font files."""
+
     def known():
         installed = {f.name for f in font_manager.fontManager.ttflist}
         return next((name for name in CJK_FONTS if name in installed), None)
+
     if known() is None:
         for path in font_manager.findSystemFonts():
-            if any(key in path.replace("-", "").lower() for key in ("notosanscjk", "wqy", "droidsansfallback",
-                                                                     "sourcehansans")):
+            if any(
+                key in path.replace("-", "").lower()
+                for key in ("notosanscjk", "wqy", "droidsansfallback", "sourcehansans")
+            ):
                 font_manager.fontManager.addfont(path)
     return known()
 
 
 def _is_cjk(char):
-    return "\u2e80" <= char <= "\u9fff" or "\uf900" <= char <= "\ufaff" or "\uff00" <= char <= "\uffef" or \
-        "\u3000" <= char <= "\u303f"
+    return (
+        "\u2e80" <= char <= "\u9fff"
+        or "\uf900" <= char <= "\ufaff"
+        or "\uff00" <= char <= "\uffef"
+        or "\u3000" <= char <= "\u303f"
+    )
 
 
 def token_labels(pieces):
@@ -80,12 +98,18 @@ def alignment(translator, text, layer=-1, beam_size=None):
     generated = output + [config.eos_id] if config.eos_id in best else output  # EOS, or cut at the limit
     # Row t is the decoder position that produced generated[t]: its input is BOS + generated[:t].
     decoder_input = [config.bos_id] + generated[:-1]
-    attention = translator.model.attention_weights(np.array([ids], np.int32), np.array([decoder_input], np.int32))
+    attention = translator.model.attention_weights(
+        np.array([ids], np.int32), np.array([decoder_input], np.int32)
+    )
     weights = np.asarray(attention["cross"][layer])[0].mean(axis=0)  # (T, S)
-    return {"source": [tokenizer.id_to_piece(i) for i in ids], "target": [tokenizer.id_to_piece(i) for i in generated],
-            "decoder_input": [tokenizer.id_to_piece(i) for i in decoder_input],
-            "translation": tokenizer.decode(output), "weights": weights,
-            "attention": attention}
+    return {
+        "source": [tokenizer.id_to_piece(i) for i in ids],
+        "target": [tokenizer.id_to_piece(i) for i in generated],
+        "decoder_input": [tokenizer.id_to_piece(i) for i in decoder_input],
+        "translation": tokenizer.decode(output),
+        "weights": weights,
+        "attention": attention,
+    }
 
 
 def save_alignment(model_dir, text, path, layer=-1, beam_size=BEAM_SIZE):
@@ -97,8 +121,12 @@ def save_alignment(model_dir, text, path, layer=-1, beam_size=BEAM_SIZE):
     model, config, tokenizer, _ = checkpoint.load(model_dir)
     result = alignment(Translator(model, tokenizer, beam_size=beam_size), text, layer=layer)
     number = (layer if layer >= 0 else config.num_decoder_layers + layer) + 1
-    figure = alignment_figure(result["weights"], result["source"], result["target"],
-                              title=f"encoder-decoder attention, layer {number}, mean of heads")
+    figure = alignment_figure(
+        result["weights"],
+        result["source"],
+        result["target"],
+        title=f"encoder-decoder attention, layer {number}, mean of heads",
+    )
     figure.savefig(path, dpi=150)
     plt.close(figure)
     return result["translation"]
@@ -115,13 +143,33 @@ def beam_trace(translator, text):
 
     config, tokenizer, k = translator.config, translator.tokenizer, translator.beam_size
     (ids,) = translator.encode([text])
-    limits, length, cache, _ = translator.prepare(tf.constant([ids or [config.pad_id]], tf.int32), two_passes=False)
-    _, _, trace = search.beam_search(translator.model.decode_step, cache, limits, length, k, config.bos_id,
-                                     config.eos_id, translator.alpha, config.pad_id, trace=True)
+    limits, length, cache, _ = translator.prepare(
+        tf.constant([ids or [config.pad_id]], tf.int32), two_passes=False
+    )
+    _, _, trace = search.beam_search(
+        translator.model.decode_step,
+        cache,
+        limits,
+        length,
+        k,
+        config.bos_id,
+        config.eos_id,
+        translator.alpha,
+        config.pad_id,
+        trace=True,
+    )
     tokens, log_probs = trace["tokens"].numpy()[0], trace["log_probs"].numpy()[0]
-    return [[([tokenizer.id_to_piece(int(t)) for t in tokens[step, beam, : step + 1]], float(log_probs[step, beam]))
-             for beam in range(k) if log_probs[step, beam] > search.NEG_INF / 2]
-            for step in range(int(trace["steps"]))]
+    return [
+        [
+            (
+                [tokenizer.id_to_piece(int(t)) for t in tokens[step, beam, : step + 1]],
+                float(log_probs[step, beam]),
+            )
+            for beam in range(k)
+            if log_probs[step, beam] > search.NEG_INF / 2
+        ]
+        for step in range(int(trace["steps"]))
+    ]
 
 
 def positional_encoding_figure(length=100, d_model=128):
@@ -132,8 +180,10 @@ def positional_encoding_figure(length=100, d_model=128):
     table = sinusoidal_table(length, d_model)
     concatenated = np.concatenate([table[:, 0::2], table[:, 1::2]], axis=1)
     fig, axes = _figure(1, 2, figsize=(12, 4), sharey=True)
-    for ax, data, title in ((axes[0], table, "interleaved: PE(pos, 2i) = sin, PE(pos, 2i+1) = cos (the paper)"),
-                            (axes[1], concatenated, "concatenated: sin | cos (early implementations)")):
+    for ax, data, title in (
+        (axes[0], table, "interleaved: PE(pos, 2i) = sin, PE(pos, 2i+1) = cos (the paper)"),
+        (axes[1], concatenated, "concatenated: sin | cos (early implementations)"),
+    ):
         image = ax.imshow(data, aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("dimension")
@@ -203,8 +253,15 @@ def beam_trace_figure(steps, title="beam search"):
         for rank, (pieces, log_prob) in enumerate(alive):
             label = " ".join(token_labels(pieces[-3:]))
             labels.append(label)
-            ax.text(step, rank, f"{label}\n{log_prob:.2f}", ha="center", va="center", fontsize=7,
-                    bbox={"boxstyle": "round", "fc": "white", "ec": "grey"})
+            ax.text(
+                step,
+                rank,
+                f"{label}\n{log_prob:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                bbox={"boxstyle": "round", "fc": "white", "ec": "grey"},
+            )
     ax.set_xlim(-0.6, len(steps) - 0.4)
     ax.set_ylim(width - 0.5, -0.5)
     ax.set_xlabel("step (last tokens of each alive hypothesis, log-probability)")
@@ -225,7 +282,10 @@ def history_figure(history):
             rows = list(csv.DictReader(f))
     epochs = [int(r["epoch"]) + 1 for r in rows]
     fig, axes = _figure(1, 2, figsize=(10, 3.5))
-    for ax, metric, label in ((axes[0], "loss", "label-smoothed loss"), (axes[1], "token_accuracy", "token accuracy")):
+    for ax, metric, label in (
+        (axes[0], "loss", "label-smoothed loss"),
+        (axes[1], "token_accuracy", "token accuracy"),
+    ):
         for prefix, name in (("", "train"), ("val_", "validation")):
             if rows and prefix + metric in rows[0] and rows[0][prefix + metric]:
                 ax.plot(epochs, [float(r[prefix + metric]) for r in rows], marker="o", label=name)

@@ -89,6 +89,7 @@ def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, 
         first_pass: None (one pass), or `(T1, grow)` to search in two passes (see `_in_two_passes`).
     Returns (tokens (B, T) int32 with EOS kept and pad after, scores (B,) float32 log-probability).
     """
+
     def run(state, limits, length, rows_left=0):
         positions = tf.range(length)  # (T,) of the output buffer, read by every step
 
@@ -106,9 +107,13 @@ def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, 
     batch = tf.shape(limits)[0]
     first_length = buffer_length if first_pass is None else first_pass[0]
     state = GreedyState(
-        index=tf.constant(0), last=tf.fill([batch], bos_id),
-        tokens=tf.fill([batch, first_length], pad_id), scores=tf.zeros([batch]),
-        done=tf.less_equal(limits, 0), cache=cache)
+        index=tf.constant(0),
+        last=tf.fill([batch], bos_id),
+        tokens=tf.fill([batch, first_length], pad_id),
+        scores=tf.zeros([batch]),
+        done=tf.less_equal(limits, 0),
+        cache=cache,
+    )
     if first_pass is None:
         final = run(state, limits, buffer_length)
     else:
@@ -122,7 +127,9 @@ def extend(t, length, axis, value=0):
     lost is copied through a CAST at every step (see tile_beams)."""
     shape = tf.shape(t)
     axis = axis % t.shape.rank
-    filler = tf.fill(tf.concat([shape[:axis], [length - shape[axis]], shape[axis + 1:]], 0), tf.cast(value, t.dtype))
+    filler = tf.fill(
+        tf.concat([shape[:axis], [length - shape[axis]], shape[axis + 1 :]], 0), tf.cast(value, t.dtype)
+    )
     return tf.concat([t, filler], axis=axis)
 
 
@@ -130,6 +137,7 @@ def _take_rows(state, rows, buffer_length, grow, beam_size, pad_id):
     """The search state of the source rows `rows` (R,) only (all rows if None), with its output
     buffers padded and its cache grown (`grow(cache_state, length)`) to `buffer_length`.
     Batch-first fields are (B, ...); the cache is (B * beam_size, ...), beams of a row adjacent."""
+
     def take(t, k=1):
         if rows is None:
             return t
@@ -162,6 +170,7 @@ def _running(length, rows_left):
     def cond(s):
         running = tf.reduce_sum(tf.cast(tf.logical_not(s.done), tf.int32))
         return tf.logical_and(s.index <= last, running >= at_least)
+
     return cond
 
 
@@ -185,20 +194,30 @@ def _in_two_passes(run, state, limits, first_length, buffer_length, grow, pad_id
     first = run(state, limits, first_length, tf.shape(limits)[0] // FIRST_PASS_ENDS_AT)
     left = tf.logical_not(first.done)  # (B,)
     rows = tf.cast(tf.reshape(tf.where(left), [-1]), tf.int32)  # (R,) the rows left
-    second = run(_take_rows(first, rows, buffer_length, grow, beam_size, pad_id), tf.gather(limits, rows),
-                 buffer_length)
+    second = run(
+        _take_rows(first, rows, buffer_length, grow, beam_size, pad_id),
+        tf.gather(limits, rows),
+        buffer_length,
+    )
     first = _take_rows(first._replace(cache=None), None, buffer_length, None, beam_size, pad_id)
 
     # Row b of the result, from the second pass's R rows followed by the first pass's B rows: its
     # row in the second pass if it was left, else its own row of the first pass (R + b). One
     # index for every field, and each field one concat and one gather.
-    position = tf.where(left, tf.cumsum(tf.cast(left, tf.int32)) - 1, tf.shape(rows)[0] + tf.range(tf.shape(left)[0]))
+    position = tf.where(
+        left, tf.cumsum(tf.cast(left, tf.int32)) - 1, tf.shape(rows)[0] + tf.range(tf.shape(left)[0])
+    )
 
     def merge(ours, theirs):
         return tf.gather(tf.concat([theirs, ours], 0), position)
 
-    return first._replace(**{name: merge(value, getattr(second, name)) for name, value in first._asdict().items()
-                             if name not in ("index", "cache", "trace")})
+    return first._replace(
+        **{
+            name: merge(value, getattr(second, name))
+            for name, value in first._asdict().items()
+            if name not in ("index", "cache", "trace")
+        }
+    )
 
 
 class BeamState(NamedTuple):
@@ -222,8 +241,10 @@ def _reorder_state(cache, beam_indices, row_starts):
     cache, whose row b starts at row_starts[b, 0] = b * K. The static part is the same for every
     beam of a row, so it is left as it is."""
     flat = tf.reshape(beam_indices + row_starts, [-1])  # (B * K,)
-    return {"static": cache["static"],
-            "state": tf.nest.map_structure(lambda t: tf.gather(t, flat, axis=0), cache["state"])}
+    return {
+        "static": cache["static"],
+        "state": tf.nest.map_structure(lambda t: tf.gather(t, flat, axis=0), cache["state"]),
+    }
 
 
 def tile_beams(cache, beam_size):
@@ -236,8 +257,19 @@ def tile_beams(cache, beam_size):
     return tf.nest.map_structure(lambda t: tf.gather(t, rows), cache)
 
 
-def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, alpha=LENGTH_PENALTY, pad_id=0,
-                trace=False, first_pass=None):
+def beam_search(
+    step,
+    cache,
+    limits,
+    buffer_length,
+    beam_size,
+    bos_id,
+    eos_id,
+    alpha=LENGTH_PENALTY,
+    pad_id=0,
+    trace=False,
+    first_pass=None,
+):
     """Beam search with GNMT length penalty; alive and finished hypotheses are kept apart.
 
     Each step extends every alive beam, takes the top 2K candidates (so that K of them finishing
@@ -275,8 +307,10 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
             vocab = logits.shape[-1]  # static for a Keras model; 2K when unknown (then V >= 2K is assumed)
             per_beam = 2 * k if vocab is None else min(2 * k, vocab)
             log_probs, tokens = _top_log_probs(logits, per_beam)  # (B * K, N)
-            candidates = tf.reshape(tf.expand_dims(s.alive_log_probs, 2) + tf.reshape(log_probs, [-1, k, per_beam]),
-                                    [-1, k * per_beam])  # (B, K * N)
+            candidates = tf.reshape(
+                tf.expand_dims(s.alive_log_probs, 2) + tf.reshape(log_probs, [-1, k, per_beam]),
+                [-1, k * per_beam],
+            )  # (B, K * N)
             top_log_probs, top_indices = tf.math.top_k(candidates, k=2 * k)  # (B, 2K)
             top_beams = top_indices // per_beam
             top_tokens = tf.gather(tf.reshape(tokens, [-1, k * per_beam]), top_indices, batch_dims=1)
@@ -303,10 +337,22 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
             done = s.done | tf.gather(finishing, 0, axis=1)
             history = s.trace
             if trace:  # row `index` of the history = the alive beams after this step (one pass: T buffers)
-                history = (tf.where(slot[None, :, None, None], alive_tokens[:, None], history[0]),
-                           tf.where(slot[None, :, None], alive_log_probs[:, None], history[1]))
-            return [BeamState(length, alive_tokens, alive_log_probs, _gather_beams(seqs, pick), finished_scores,
-                              done, cache, history)]
+                history = (
+                    tf.where(slot[None, :, None, None], alive_tokens[:, None], history[0]),
+                    tf.where(slot[None, :, None], alive_log_probs[:, None], history[1]),
+                )
+            return [
+                BeamState(
+                    length,
+                    alive_tokens,
+                    alive_log_probs,
+                    _gather_beams(seqs, pick),
+                    finished_scores,
+                    done,
+                    cache,
+                    history,
+                )
+            ]
 
         return tf.while_loop(_running(length, rows_left), body, [state])[0]
 
@@ -319,15 +365,25 @@ def beam_search(step, cache, limits, buffer_length, beam_size, bos_id, eos_id, a
     empty = tf.fill([batch, k, first_length], pad_id)
     state = BeamState(
         index=tf.constant(0),
-        alive_tokens=empty, alive_log_probs=first,
-        finished_tokens=empty, finished_scores=tf.fill([batch, k], NEG_INF),
-        done=tf.less_equal(limits, 0), cache=tile_beams(cache, k),
-        trace=(tf.fill([batch, buffer_length, k, buffer_length], pad_id), tf.fill([batch, buffer_length, k], NEG_INF))
-        if trace else ())
+        alive_tokens=empty,
+        alive_log_probs=first,
+        finished_tokens=empty,
+        finished_scores=tf.fill([batch, k], NEG_INF),
+        done=tf.less_equal(limits, 0),
+        cache=tile_beams(cache, k),
+        trace=(
+            tf.fill([batch, buffer_length, k, buffer_length], pad_id),
+            tf.fill([batch, buffer_length, k], NEG_INF),
+        )
+        if trace
+        else (),
+    )
     if first_pass is None:
         final = run(state, limits, buffer_length)
     else:
-        final = _in_two_passes(run, state, limits, first_length, buffer_length, first_pass[1], pad_id, beam_size=k)
+        final = _in_two_passes(
+            run, state, limits, first_length, buffer_length, first_pass[1], pad_id, beam_size=k
+        )
     # Every row with limit >= 1 has finished hypotheses (all finish at the limit); an empty
     # source (limit 0) gives empty outputs with score 0, like greedy search.
     has_output = limits > 0
@@ -343,11 +399,13 @@ def naive_step(forward):
     over the whole prefix at every step. The reference the cached loop is tested and
     benchmarked against; it works with both searches (its "cache" is the source and prefix).
     Use with `naive_cache`."""
+
     def step(last, cache, index):
         prefix = cache["state"]  # (B, T): BOS + tokens so far
         prefix = _write(prefix, tf.equal(tf.range(tf.shape(prefix)[1]), index), last)
         logits = forward(cache["static"], prefix[:, : index + 1])
         return logits[:, -1], {"static": cache["static"], "state": prefix}
+
     return step
 
 

@@ -28,6 +28,7 @@ from kformer.optimizer import FusedAdam
 
 log = logging.getLogger("kformer")
 
+
 @keras.saving.register_keras_serializable(package="kformer")
 class LabelSmoothedCrossEntropy(keras.losses.Loss):
     """Cross-entropy against (1 - e) * one_hot + e / V, averaged over non-pad target tokens.
@@ -48,8 +49,12 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         # The smoothed target distribution, then TensorFlow's fused softmax cross-entropy: one
         # kernel computes the loss and its gradient. (log_softmax + take_along_axis cost ~20% of a
         # CPU training step: the gradient of the gather is a scatter into a (B, T, V) tensor.)
-        target = tf.one_hot(y_true, vocab_size, on_value=1.0 - self.smoothing + self.smoothing / vocab_size,
-                            off_value=self.smoothing / vocab_size)  # (B, T, V)
+        target = tf.one_hot(
+            y_true,
+            vocab_size,
+            on_value=1.0 - self.smoothing + self.smoothing / vocab_size,
+            off_value=self.smoothing / vocab_size,
+        )  # (B, T, V)
         per_token = tf.nn.softmax_cross_entropy_with_logits(target, ops.cast(y_pred, "float32"))  # (B, T)
         weights = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
         loss = ops.sum(per_token * weights) / ops.maximum(ops.sum(weights), 1.0)
@@ -140,18 +145,26 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
     def describe(self):
         total = float(self.total_steps)
         decay_start = max(float(self.warmup_steps), total - self.decay_fraction * total)
-        return (f"linear warm-up over {float(self.warmup_steps):.0f} steps to {self.peak:.2g}, held until step "
-                f"{decay_start:.0f}, then linear decay to 0 at step {total:.0f}")
+        return (
+            f"linear warm-up over {float(self.warmup_steps):.0f} steps to {self.peak:.2g}, held until step "
+            f"{decay_start:.0f}, then linear decay to 0 at step {total:.0f}"
+        )
 
     def get_config(self):
-        return {"peak": self.peak, "warmup_steps": float(self.warmup_steps), "total_steps": float(self.total_steps),
-                "decay_fraction": self.decay_fraction}
+        return {
+            "peak": self.peak,
+            "warmup_steps": float(self.warmup_steps),
+            "total_steps": float(self.total_steps),
+            "decay_fraction": self.decay_fraction,
+        }
 
 
 def make_schedule(config, total_steps):
     if config.schedule == "noam":
         return TransformerSchedule(config.d_model, config.warmup_steps)
-    return BudgetSchedule(config.learning_rate, budget_warmup(config, total_steps), total_steps, config.decay_fraction)
+    return BudgetSchedule(
+        config.learning_rate, budget_warmup(config, total_steps), total_steps, config.decay_fraction
+    )
 
 
 def budget_warmup(config, total_steps):
@@ -166,15 +179,20 @@ def compile_model(model, config, xla=True, schedule=None, fused=True):
     averaging = dict(use_ema=True, ema_momentum=config.ema_momentum) if config.ema_momentum else {}
     adam = FusedAdam if fused else keras.optimizers.Adam
     optimizer = adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9, **averaging)
-    model.compile(optimizer=optimizer, loss=LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id),
-                  metrics=[MaskedAccuracy(config.pad_id)], jit_compile=xla)
+    model.compile(
+        optimizer=optimizer,
+        loss=LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id),
+        metrics=[MaskedAccuracy(config.pad_id)],
+        jit_compile=xla,
+    )
     return model
 
 
 # --- callbacks ---
 
+
 def onednn_state():
-    """"on" or "off": whether TensorFlow runs its oneDNN CPU kernels (TF_ENABLE_ONEDNN_OPTS, read
+    """ "on" or "off": whether TensorFlow runs its oneDNN CPU kernels (TF_ENABLE_ONEDNN_OPTS, read
     when it starts; `kformer train` turns them on); "unknown" if this TensorFlow cannot tell."""
     try:
         from tensorflow.python.util import _pywrap_util_port  # no public API says it
@@ -214,7 +232,10 @@ def choose_precision(precision="auto"):
         return "float32", "auto: this CPU has no bfloat16 instructions"
     if onednn_state() != "on":
         return "float32", f"auto: the CPU has {native[0]}, but TensorFlow's oneDNN kernels are off"
-    return "bfloat16", f"auto: the CPU multiplies bfloat16 ({native[0]}) and oneDNN is on; weights stay float32"
+    return (
+        "bfloat16",
+        f"auto: the CPU multiplies bfloat16 ({native[0]}) and oneDNN is on; weights stay float32",
+    )
 
 
 def steps_done(model):
@@ -263,7 +284,9 @@ class Budget(keras.callbacks.Callback):
             self._estimate(step)
         if self.max_steps is not None and step >= self.max_steps:
             self.reason, self.model.stop_training = f"reached {self.max_steps} steps", True
-        elif self.seconds is not None and distributed.agree(self.strategy, self.elapsed() >= self.seconds) > 0:
+        elif (
+            self.seconds is not None and distributed.agree(self.strategy, self.elapsed() >= self.seconds) > 0
+        ):
             self.reason, self.model.stop_training = f"time budget of {self.seconds / 60:g} min used", True
 
     def _estimate(self, step):
@@ -271,14 +294,18 @@ class Budget(keras.callbacks.Callback):
         if not isinstance(schedule, BudgetSchedule):
             return
         rate = self.steps_per_second()
-        total = distributed.agree(self.strategy, step + max(self.seconds - self.elapsed(), 0.0) * rate, "MEAN")
+        total = distributed.agree(
+            self.strategy, step + max(self.seconds - self.elapsed(), 0.0) * rate, "MEAN"
+        )
         warmup = float(schedule.warmup_steps)
         first_estimate = step - self.first[0] == self.every
         if first_estimate and step < warmup:  # size the warm-up too
             warmup = budget_warmup(self.model.config, total)
         schedule.set(warmup, total)
         if first_estimate:
-            log.info("%.2f steps/s: learning rate %s (re-estimated as training goes)", rate, schedule.describe())
+            log.info(
+                "%.2f steps/s: learning rate %s (re-estimated as training goes)", rate, schedule.describe()
+            )
 
 
 class StopOnNaN(keras.callbacks.Callback):
@@ -308,9 +335,12 @@ class Checkpoint(keras.callbacks.Callback):
     def save(self):
         if self.nan_guard is not None and self.nan_guard.failed_at is not None:
             return
-        state = {"steps": steps_done(self.model), "seconds": self.budget.elapsed(),
-                 "schedule": self.budget.schedule.get_config(),
-                 "replicas": self.model.distribute_strategy.num_replicas_in_sync}
+        state = {
+            "steps": steps_done(self.model),
+            "seconds": self.budget.elapsed(),
+            "schedule": self.budget.schedule.get_config(),
+            "replicas": self.model.distribute_strategy.num_replicas_in_sync,
+        }
         checkpoint.save(self.model, self.path, state)
         self.last = time.monotonic()
 
@@ -324,23 +354,35 @@ class Checkpoint(keras.callbacks.Callback):
 
 # --- the training run ---
 
+
 def _requested_config(out_dir, config_name, overrides):
     """The config of a new run, or the saved one when resuming (which must agree)."""
     saved_path = checkpoint.path(out_dir, checkpoint.CONFIG_FILE)
     if not os.path.exists(saved_path):
         return None
     saved = TransformerConfig.load(saved_path)
-    requested = preset(config_name, vocab_size=saved.vocab_size, tokenizer_sha256=saved.tokenizer_sha256,
-                       **overrides)
+    requested = preset(
+        config_name, vocab_size=saved.vocab_size, tokenizer_sha256=saved.tokenizer_sha256, **overrides
+    )
     if requested != saved:
-        diff = {k: (v, requested.to_dict()[k]) for k, v in saved.to_dict().items() if requested.to_dict()[k] != v}
-        raise ValueError(f"{out_dir} holds a run with another config (saved vs requested: {diff}); "
-                         "use a new --out directory. Nothing was overwritten.")
+        diff = {
+            k: (v, requested.to_dict()[k]) for k, v in saved.to_dict().items() if requested.to_dict()[k] != v
+        }
+        raise ValueError(
+            f"{out_dir} holds a run with another config (saved vs requested: {diff}); "
+            "use a new --out directory. Nothing was overwritten."
+        )
     return saved
 
 
-def prepare(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION,
-            vocab_size=TransformerConfig.vocab_size, overrides=None):
+def prepare(
+    out_dir,
+    config_name=DEFAULT_PRESET,
+    data=DEFAULT_CORPUS,
+    direction=DEFAULT_DIRECTION,
+    vocab_size=TransformerConfig.vocab_size,
+    overrides=None,
+):
     """Reads and splits the corpus; trains the tokenizer of a new run (in memory) or loads a resumed
     run's, checking the run was trained on this corpus. Writes nothing: `checkpoint.create` writes a
     new run's files once training is known to start, so a failed start leaves no folder behind.
@@ -352,11 +394,16 @@ def prepare(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=
     corpus = data_lib.corpus_record(data, direction)
     if config is not None and os.path.exists(checkpoint.path(out_dir, checkpoint.CORPUS_FILE)):
         saved = checkpoint.read_corpus(out_dir)
-        same = ((saved["sha256"], saved["direction"]) == (corpus["sha256"], corpus["direction"]) if "sha256" in saved
-                else (saved["data"], saved["direction"]) == (data, direction))  # a run from before digests
+        same = (
+            (saved["sha256"], saved["direction"]) == (corpus["sha256"], corpus["direction"])
+            if "sha256" in saved
+            else (saved["data"], saved["direction"]) == (data, direction)
+        )  # a run from before digests
         if not same:
-            raise ValueError(f"{out_dir} was trained on {saved['data']} ({saved['direction']}), not on {data} "
-                             f"({direction}) as it is now; use a new --out directory.")
+            raise ValueError(
+                f"{out_dir} was trained on {saved['data']} ({saved['direction']}), not on {data} "
+                f"({direction}) as it is now; use a new --out directory."
+            )
 
     pairs, report = data_lib.read_corpus(data, direction)
     log.info("corpus: %s", report.summary())
@@ -367,8 +414,12 @@ def prepare(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=
     if config is None:
         log.info("training a joint SentencePiece tokenizer (%d pieces) on the train split", vocab_size)
         tokenizer = data_lib.train_tokenizer([text for pair in splits["train"] for text in pair], vocab_size)
-        config = preset(config_name, vocab_size=tokenizer.get_piece_size(),
-                        tokenizer_sha256=tokenizer_digest(tokenizer), **overrides)
+        config = preset(
+            config_name,
+            vocab_size=tokenizer.get_piece_size(),
+            tokenizer_sha256=tokenizer_digest(tokenizer),
+            **overrides,
+        )
     else:
         tokenizer = data_lib.load_tokenizer(tokenizer_path)
         config.check_tokenizer(tokenizer, tokenizer_path)
@@ -379,6 +430,7 @@ def prepare(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=
 class Training:
     """A run ready to train: `model.fit(**fit_args)`, then `finish(history)`. `model` is None when
     there is nothing left to do (`done` says why)."""
+
     model: object
     config: TransformerConfig
     tokenizer: object
@@ -394,18 +446,29 @@ class Training:
     def finish(self, history):
         """Raises if the loss went NaN; returns the summary (steps, minutes, last metrics, why it stopped)."""
         if self.nan_guard.failed_at is not None:
-            raise FloatingPointError(f"loss became NaN/inf at step {self.nan_guard.failed_at}; training stopped and "
-                                     "model.keras keeps the last good checkpoint. Try a lower learning rate "
-                                     "or train in float32 (--precision float32).")
+            raise FloatingPointError(
+                f"loss became NaN/inf at step {self.nan_guard.failed_at}; training stopped and "
+                "model.keras keeps the last good checkpoint. Try a lower learning rate "
+                "or train in float32 (--precision float32)."
+            )
         # The last epoch's end saved model.keras; fit then put the averaged weights in `model`.
         speed = self.budget.steps_per_second()
-        summary = {"steps": steps_done(self.model), "stopped": self.budget.reason or "finished",
-                   "minutes": self.budget.elapsed() / 60, "steps_per_s": speed,
-                   "real_tokens_per_s": speed * self.real_tokens_per_step, "onednn": onednn_state(),
-                   "precision": self.precision,
-                   **{k: float(v[-1]) for k, v in history.history.items()}}
-        log.info("%s after %d steps (%s)", "saved model.keras" if self.writes else "trained (the chief saves)",
-                 summary["steps"], summary["stopped"])
+        summary = {
+            "steps": steps_done(self.model),
+            "stopped": self.budget.reason or "finished",
+            "minutes": self.budget.elapsed() / 60,
+            "steps_per_s": speed,
+            "real_tokens_per_s": speed * self.real_tokens_per_step,
+            "onednn": onednn_state(),
+            "precision": self.precision,
+            **{k: float(v[-1]) for k, v in history.history.items()},
+        }
+        log.info(
+            "%s after %d steps (%s)",
+            "saved model.keras" if self.writes else "trained (the chief saves)",
+            summary["steps"],
+            summary["stopped"],
+        )
         return summary
 
 
@@ -420,10 +483,25 @@ def train(out_dir, config_name=DEFAULT_PRESET, **options):
     return run.finish(history)
 
 
-def start(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION, minutes=None,
-          steps=None, epochs=None, xla=None, precision="auto", batch_tokens=None, seed=0, strategy=None,
-          vocab_size=TransformerConfig.vocab_size,
-          overrides=None, checkpoint_seconds=300, callbacks=(), verbose="auto"):
+def start(
+    out_dir,
+    config_name=DEFAULT_PRESET,
+    data=DEFAULT_CORPUS,
+    direction=DEFAULT_DIRECTION,
+    minutes=None,
+    steps=None,
+    epochs=None,
+    xla=None,
+    precision="auto",
+    batch_tokens=None,
+    seed=0,
+    strategy=None,
+    vocab_size=TransformerConfig.vocab_size,
+    overrides=None,
+    checkpoint_seconds=300,
+    callbacks=(),
+    verbose="auto",
+):
     """Prepares (or resumes) a run in `out_dir`: data, tokenizer, compiled model, callbacks.
     Training stops after `minutes` (in all, across resumes), `steps` (total) or `epochs` (total);
     with none given, after one epoch. `callbacks` are extra Keras callbacks, run before kformer's own.
@@ -440,40 +518,64 @@ def start(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=DE
         strategy = distributed.make_strategy(strategy)
     with distributed.chief_first(strategy) as chief:  # only the chief writes the run directory
         if not chief and not os.path.exists(checkpoint.path(out_dir, checkpoint.CONFIG_FILE)):
-            raise ValueError(f"{checkpoint.path(out_dir, checkpoint.CONFIG_FILE)} not found after the chief started: "
-                             "the chief failed (see its log), or --out is not on storage every worker reads")
+            raise ValueError(
+                f"{checkpoint.path(out_dir, checkpoint.CONFIG_FILE)} not found after the chief started: "
+                "the chief failed (see its log), or --out is not on storage every worker reads"
+            )
         overrides = dict(overrides or {})
         if batch_tokens is not None:
             overrides["batch_tokens"] = batch_tokens
         keras.utils.set_random_seed(seed)
-        config, tokenizer, splits, corpus = prepare(out_dir, config_name, data, direction, vocab_size, overrides)
+        config, tokenizer, splits, corpus = prepare(
+            out_dir, config_name, data, direction, vocab_size, overrides
+        )
 
         encoded = {name: data_lib.encode_pairs(tokenizer, pairs, config) for name, pairs in splits.items()}
         for name, split in encoded.items():
             if split.dropped_too_long:
-                log.warning("%s: dropped %d pairs longer than max lengths (%d source, %d target tokens)",
-                            name, split.dropped_too_long, config.max_source_length, config.max_target_length)
+                log.warning(
+                    "%s: dropped %d pairs longer than max lengths (%d source, %d target tokens)",
+                    name,
+                    split.dropped_too_long,
+                    config.max_source_length,
+                    config.max_target_length,
+                )
         per_epoch = data_lib.steps_per_epoch(encoded["train"], config, pad_to_bucket=xla)
         if per_epoch < 1:
-            raise ValueError(f"the train split ({len(encoded['train'])} pairs) fills no batch of "
-                             f"batch_tokens={config.batch_tokens}; lower --batch-tokens")
-        max_steps = steps if steps is not None else (epochs * per_epoch if epochs is not None else
-                                                     None if minutes is not None else per_epoch)
+            raise ValueError(
+                f"the train split ({len(encoded['train'])} pairs) fills no batch of "
+                f"batch_tokens={config.batch_tokens}; lower --batch-tokens"
+            )
+        max_steps = (
+            steps
+            if steps is not None
+            else (epochs * per_epoch if epochs is not None else None if minutes is not None else per_epoch)
+        )
         state = checkpoint.read_state(out_dir)
         spent = float(state.get("seconds", 0.0))
         if minutes is not None and spent >= minutes * 60:
-            log.info("%s has already used its budget (%.1f of %g min, %d steps); give a larger --minutes to "
-                     "train on", out_dir, spent / 60, minutes, state.get("steps", 0))
+            log.info(
+                "%s has already used its budget (%.1f of %g min, %d steps); give a larger --minutes to "
+                "train on",
+                out_dir,
+                spent / 60,
+                minutes,
+                state.get("steps", 0),
+            )
             return Training(None, config, tokenizer, {}, "budget already spent", state.get("steps", 0))
 
         if chief:
-            checkpoint.create(out_dir, config, tokenizer, corpus)  # training starts: the run's files appear now
+            checkpoint.create(
+                out_dir, config, tokenizer, corpus
+            )  # training starts: the run's files appear now
     strategy = strategy or tf.distribute.get_strategy()
     model_path = checkpoint.path(out_dir, checkpoint.MODEL_FILE)
     log.info("compute precision: %s (%s)", precision, why)
     with strategy.scope():
         schedule = make_schedule(config, max_steps or config.warmup_steps * 10)
-        model = compile_model(Transformer(config, dtype=PRECISIONS[precision]), config, xla=xla, schedule=schedule)
+        model = compile_model(
+            Transformer(config, dtype=PRECISIONS[precision]), config, xla=xla, schedule=schedule
+        )
         if os.path.exists(model_path):
             model.optimizer.build(model.trainable_variables)
             checkpoint.restore(model, model_path)
@@ -482,28 +584,44 @@ def start(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=DE
         state = checkpoint.read_state(out_dir, steps=done)
         spent = float(state.get("seconds", spent))
     if distributed.agree(strategy, done, "MEAN") != done:
-        raise ValueError(f"the workers restored different steps from {model_path}; it must be one file that "
-                         "every worker reads (shared storage)")
+        raise ValueError(
+            f"the workers restored different steps from {model_path}; it must be one file that "
+            "every worker reads (shared storage)"
+        )
     if done:
         log.info("resuming %s from step %d (%.1f min trained)", model_path, done, spent / 60)
         if state.get("replicas", 1) != strategy.num_replicas_in_sync:
-            log.info("%d replicas now, %d before: each global batch is split among them as before, so the "
-                     "training continues unchanged", strategy.num_replicas_in_sync, state.get("replicas", 1))
+            log.info(
+                "%d replicas now, %d before: each global batch is split among them as before, so the "
+                "training continues unchanged",
+                strategy.num_replicas_in_sync,
+                state.get("replicas", 1),
+            )
         if isinstance(schedule, BudgetSchedule) and max_steps is None and state.get("schedule"):
-            schedule.set(state["schedule"]["warmup_steps"], state["schedule"]["total_steps"])  # the same schedule
+            schedule.set(
+                state["schedule"]["warmup_steps"], state["schedule"]["total_steps"]
+            )  # the same schedule
     if max_steps is not None and done >= max_steps:
         log.info("already trained %d steps (asked for %d); nothing to do", done, max_steps)
         return Training(None, config, tokenizer, {}, "already done", done)
     if isinstance(schedule, BudgetSchedule):
-        log.info("learning rate: %s%s", schedule.describe(),
-                 " for now: sized to the budget from the measured speed" if max_steps is None else "")
+        log.info(
+            "learning rate: %s%s",
+            schedule.describe(),
+            " for now: sized to the budget from the measured speed" if max_steps is None else "",
+        )
     else:
         log.info("learning rate: the paper's schedule, %d warm-up steps", config.warmup_steps)
 
     # The batch stream is seeded: a resumed run skips the batches it already trained on.
-    train_ds = data_lib.make_dataset(encoded["train"], config, training=True, seed=seed, pad_to_bucket=xla).skip(done)
-    dev_ds = (data_lib.make_dataset(encoded["dev"], config, training=False, pad_to_bucket=xla)
-              if len(encoded["dev"]) else None)
+    train_ds = data_lib.make_dataset(
+        encoded["train"], config, training=True, seed=seed, pad_to_bucket=xla
+    ).skip(done)
+    dev_ds = (
+        data_lib.make_dataset(encoded["dev"], config, training=False, pad_to_bucket=xla)
+        if len(encoded["dev"])
+        else None
+    )
     # With only a time budget, epochs are capped at a number no budget here reaches (for the display).
     total_epochs = math.ceil(max_steps / per_epoch) if max_steps is not None else 1000
     budget, nan_guard = Budget(schedule, max_steps, minutes, spent, strategy=strategy), StopOnNaN()
@@ -511,14 +629,34 @@ def start(out_dir, config_name=DEFAULT_PRESET, data=DEFAULT_CORPUS, direction=DE
     if chief:  # other workers compute the same weights and logs, and write nothing
         logs_dir = checkpoint.path(out_dir, checkpoint.LOGS_DIR)
         os.makedirs(logs_dir, exist_ok=True)
-        callbacks += [Checkpoint(model_path, budget, checkpoint_seconds, nan_guard),
-                      keras.callbacks.CSVLogger(os.path.join(logs_dir, "history.csv"), append=True),
-                      keras.callbacks.TensorBoard(logs_dir, write_graph=False)]
+        callbacks += [
+            Checkpoint(model_path, budget, checkpoint_seconds, nan_guard),
+            keras.callbacks.CSVLogger(os.path.join(logs_dir, "history.csv"), append=True),
+            keras.callbacks.TensorBoard(logs_dir, write_graph=False),
+        ]
     # validation_steps: a finite dev set without it makes Keras warn "ran out of data" each epoch.
     dev_steps = None if dev_ds is None else sum(1 for _ in dev_ds)
-    fit_args = dict(x=train_ds, validation_data=dev_ds, validation_steps=dev_steps, epochs=total_epochs,
-                    initial_epoch=done // per_epoch, steps_per_epoch=per_epoch, shuffle=False,
-                    callbacks=callbacks, verbose=verbose)
+    fit_args = dict(
+        x=train_ds,
+        validation_data=dev_ds,
+        validation_steps=dev_steps,
+        epochs=total_epochs,
+        initial_epoch=done // per_epoch,
+        steps_per_epoch=per_epoch,
+        shuffle=False,
+        callbacks=callbacks,
+        verbose=verbose,
+    )
     real = sum(len(s) + len(t) + 1 for s, t in zip(encoded["train"].source, encoded["train"].target))  # + EOS
-    return Training(model, config, tokenizer, fit_args, steps=done, budget=budget, nan_guard=nan_guard,
-                    real_tokens_per_step=real / per_epoch, writes=chief, precision=precision)
+    return Training(
+        model,
+        config,
+        tokenizer,
+        fit_args,
+        steps=done,
+        budget=budget,
+        nan_guard=nan_guard,
+        real_tokens_per_step=real / per_epoch,
+        writes=chief,
+        precision=precision,
+    )

@@ -33,17 +33,28 @@ class Translator(tf.Module):
     than the config's max_source_length are truncated inside the graph.
     """
 
-    def __init__(self, model, tokenizer=None, beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_length=None, batch_size=32,
-                 jit_compile=False):
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        beam_size=BEAM_SIZE,
+        alpha=LENGTH_PENALTY,
+        max_length=None,
+        batch_size=32,
+        jit_compile=False,
+    ):
         super().__init__(name="translator")
         config = model.config
         if beam_size < 1:
             raise ValueError(f"beam size must be >= 1, got {beam_size}")
         cap = config.max_target_length if max_length is None else int(max_length)
         if not 1 <= cap <= config.max_target_length:
-            raise ValueError(f"max length must be in [1, {config.max_target_length}] for this model, got {max_length}")
+            raise ValueError(
+                f"max length must be in [1, {config.max_target_length}] for this model, got {max_length}"
+            )
         self.model, self.config, self.tokenizer = model, config, tokenizer
-        self.beam_size, self.alpha, self.max_length, self.batch_size = beam_size, float(alpha), cap, batch_size
+        self.beam_size, self.alpha, self.max_length = beam_size, float(alpha), cap
+        self.batch_size = batch_size
         self.two_passes = not jit_compile
         self.greedy = tf.function(self._greedy, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
         self.beam = tf.function(self._beam, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
@@ -74,11 +85,22 @@ class Translator(tf.Module):
         limits, length, cache, first_pass = prepared
         c = self.config
         if beam:
-            tokens, scores = search.beam_search(self.model.decode_step, cache, limits, length, self.beam_size, c.bos_id,
-                                                c.eos_id, self.alpha, c.pad_id, first_pass=first_pass)
+            tokens, scores = search.beam_search(
+                self.model.decode_step,
+                cache,
+                limits,
+                length,
+                self.beam_size,
+                c.bos_id,
+                c.eos_id,
+                self.alpha,
+                c.pad_id,
+                first_pass=first_pass,
+            )
         else:
-            tokens, scores = search.greedy_search(self.model.decode_step, cache, limits, length, c.bos_id, c.eos_id,
-                                                  c.pad_id, first_pass)
+            tokens, scores = search.greedy_search(
+                self.model.decode_step, cache, limits, length, c.bos_id, c.eos_id, c.pad_id, first_pass
+            )
         return {"tokens": tokens, "scores": scores}
 
     # --- Python side: text <-> ids around the graph (shared with the device runners) ---
@@ -96,13 +118,22 @@ class Translator(tf.Module):
     def translate_ids(self, ids, beam_size=None):
         """Lists of source ids -> (lists of output ids without EOS/pad, scores), in input order.
         Sentences of similar length are batched together; each row is independent of its batch."""
-        return batching.translate_ids(lambda batch: self.search(batch, beam_size), ids, self.batch_size,
-                                      self.config.eos_id, self.config.pad_id)
+        return batching.translate_ids(
+            lambda batch: self.search(batch, beam_size),
+            ids,
+            self.batch_size,
+            self.config.eos_id,
+            self.config.pad_id,
+        )
 
     def translate(self, texts, beam_size=None):
         """Translates a list of strings; an empty or blank string gives an empty translation, a
         string with no character in the vocabulary is output as it is (`batching.encode_texts`)."""
         if self.tokenizer is None:
             raise ValueError("this Translator has no tokenizer; use translate_ids")
-        return batching.translate_texts(self.tokenizer, texts, self.config.max_source_length,
-                                        lambda ids: self.translate_ids(ids, beam_size))
+        return batching.translate_texts(
+            self.tokenizer,
+            texts,
+            self.config.max_source_length,
+            lambda ids: self.translate_ids(ids, beam_size),
+        )

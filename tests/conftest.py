@@ -50,8 +50,17 @@ def trained_dir(tmp_path_factory, corpus_tsv):
     from kformer.train import train
 
     out = str(tmp_path_factory.mktemp("run") / "tiny")
-    train(out, "tiny", data=corpus_tsv, direction="zh-en", steps=12, vocab_size=1200, xla=False,
-          verbose=0, checkpoint_seconds=10**6)
+    train(
+        out,
+        "tiny",
+        data=corpus_tsv,
+        direction="zh-en",
+        steps=12,
+        vocab_size=1200,
+        xla=False,
+        verbose=0,
+        checkpoint_seconds=10**6,
+    )
     return out
 
 
@@ -78,17 +87,23 @@ def model_dir(tmp_path_factory, tokenizer):
 def artifacts(model_dir, tmp_path_factory):
     """Every format and variant of `model_dir`, exported once for the export, bench and web tests."""
     out = str(tmp_path_factory.mktemp("export") / "art")
-    export(model_dir, out, formats=FORMATS, quantize=("fp16", "int8"), beam_size=BEAM, max_length=MAX_LENGTH,
-           progress=lambda *a, **k: None)
+    export(
+        model_dir,
+        out,
+        formats=FORMATS,
+        quantize=("fp16", "int8"),
+        beam_size=BEAM,
+        max_length=MAX_LENGTH,
+        progress=lambda *a, **k: None,
+    )
     return out
-
 
 
 def random_ids(rng, batch, length, vocab, pad_tail=0):
     """(batch, length) ids in [4, vocab) with `pad_tail` trailing pads on odd rows."""
     ids = rng.integers(4, vocab, size=(batch, length)).astype("int32")
     if pad_tail:
-        ids[1::2, length - pad_tail:] = 0
+        ids[1::2, length - pad_tail :] = 0
     return ids
 
 
@@ -98,7 +113,10 @@ def saved_weights(model_path):
     import zipfile
 
     import h5py
+
     with zipfile.ZipFile(model_path) as archive, h5py.File(archive.open("model.weights.h5")) as f:
         found = []
-        f.visititems(lambda name, item: found.append((name, item[()])) if isinstance(item, h5py.Dataset) else None)
+        f.visititems(
+            lambda name, item: found.append((name, item[()])) if isinstance(item, h5py.Dataset) else None
+        )
         return dict(found)

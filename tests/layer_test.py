@@ -22,11 +22,14 @@ def run_layer_test(layer_cls, init_kwargs, call_args, call_kwargs=None, tmp_path
     clone = layer_cls.from_config(config)
     clone(*call_args, **call_kwargs)
     clone.set_weights(layer.get_weights())
-    np.testing.assert_allclose(np.asarray(_output(clone(*call_args, **call_kwargs))), np.asarray(eager), atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(_output(clone(*call_args, **call_kwargs))), np.asarray(eager), atol=1e-6
+    )
 
     # Symbolic call: same output shape as eager (dynamic batch/length).
-    symbolic_args = [keras.Input(shape=np.shape(a)[1:], dtype=keras.backend.standardize_dtype(a.dtype))
-                     for a in call_args]
+    symbolic_args = [
+        keras.Input(shape=np.shape(a)[1:], dtype=keras.backend.standardize_dtype(a.dtype)) for a in call_args
+    ]
     symbolic = _output(layer(*symbolic_args, **call_kwargs))
     assert tuple(symbolic.shape[1:]) == tuple(np.shape(eager)[1:])
 
@@ -36,5 +39,7 @@ def run_layer_test(layer_cls, init_kwargs, call_args, call_kwargs=None, tmp_path
         path = str(tmp_path / f"{layer_cls.__name__}.keras")
         model.save(path)
         restored = keras.saving.load_model(path)  # safe_mode stays on
-        np.testing.assert_allclose(np.asarray(restored(list(call_args))), np.asarray(model(list(call_args))), atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(restored(list(call_args))), np.asarray(model(list(call_args))), atol=1e-6
+        )
     return eager

@@ -13,8 +13,12 @@ def copy_to_keras_mha(ours, query, value):
     """A keras.layers.MultiHeadAttention holding the same weights as `ours`."""
     reference = keras.layers.MultiHeadAttention(num_heads=HEADS, key_dim=HEAD_SIZE)
     reference(query, value)
-    for ours_dense, theirs in ((ours.query, reference._query_dense), (ours.key, reference._key_dense),
-                               (ours.value, reference._value_dense), (ours.output_projection, reference._output_dense)):
+    for ours_dense, theirs in (
+        (ours.query, reference._query_dense),
+        (ours.key, reference._key_dense),
+        (ours.value, reference._value_dense),
+        (ours.output_projection, reference._output_dense),
+    ):
         theirs.set_weights(ours_dense.get_weights())  # same layout: kernels (M, H, D) / (H, D, M)
     return reference
 
@@ -51,15 +55,22 @@ def test_cached_steps_equal_full_causal_pass():
     buffer = np.zeros((2, HEADS, 8, HEAD_SIZE), "float32")  # longer than needed: unused slots masked
     cache = (buffer, buffer)
     for i in range(6):
-        step, extras = layer(x[:, i:i + 1], attention_mask=masks.causal_mask(1, 8, offset=i),
-                             cache=cache, cache_slot=masks.step_masks(8, i)[1])
+        step, extras = layer(
+            x[:, i : i + 1],
+            attention_mask=masks.causal_mask(1, 8, offset=i),
+            cache=cache,
+            cache_slot=masks.step_masks(8, i)[1],
+        )
         cache = extras["cache"]
         np.testing.assert_allclose(np.asarray(step)[:, 0], full[:, i], atol=1e-5)
 
 
 def test_static_cache_equals_recomputed_keys():
     rng = np.random.default_rng(2)
-    q, memory = rng.normal(size=(2, 3, WIDTH)).astype("float32"), rng.normal(size=(2, 5, WIDTH)).astype("float32")
+    q, memory = (
+        rng.normal(size=(2, 3, WIDTH)).astype("float32"),
+        rng.normal(size=(2, 5, WIDTH)).astype("float32"),
+    )
     layer = MultiHeadAttention(HEADS, HEAD_SIZE)
     expected = np.asarray(layer(q, memory)[0])
     out, _ = layer(q, cache=layer.key_value(memory))
@@ -77,10 +88,17 @@ def test_contract_is_tensordot_and_reads_no_shape_when_it_need_not(axes):
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(3, 2, 4, 5)).astype("float32")
-    kernel = rng.normal(size=(*x.shape[4 - axes:], 6, 7)).astype("float32")
+    kernel = rng.normal(size=(*x.shape[4 - axes :], 6, 7)).astype("float32")
     bias = rng.normal(size=(6, 7)).astype("float32")
-    for shape, reads_shape in (([None, 2, 4, 5], False), ([None, None, 4, 5], True)):  # decoding step, training
-        fn = tf.function(lambda x: contract(x, kernel, axes, bias), input_signature=[tf.TensorSpec(shape, tf.float32)])
-        np.testing.assert_allclose(np.asarray(fn(x)), np.tensordot(x, kernel, axes) + bias, rtol=1e-5, atol=1e-5)
+    for shape, reads_shape in (
+        ([None, 2, 4, 5], False),
+        ([None, None, 4, 5], True),
+    ):  # decoding step, training
+        fn = tf.function(
+            lambda x: contract(x, kernel, axes, bias), input_signature=[tf.TensorSpec(shape, tf.float32)]
+        )
+        np.testing.assert_allclose(
+            np.asarray(fn(x)), np.tensordot(x, kernel, axes) + bias, rtol=1e-5, atol=1e-5
+        )
         ops = {op.type for op in fn.get_concrete_function().graph.get_operations()}
         assert ("Shape" in ops) == reads_shape, ops

@@ -52,7 +52,10 @@ def test_reference_model_trains_one_step():
     model = compile_model(reference_model(config), config, xla=False)
     before = [np.array(w) for w in model.trainable_weights]
     rng = np.random.default_rng(0)
-    x = {"source_ids": random_ids(rng, 4, 6, 50, pad_tail=2), "target_ids": random_ids(rng, 4, 5, 50, pad_tail=1)}
+    x = {
+        "source_ids": random_ids(rng, 4, 6, 50, pad_tail=2),
+        "target_ids": random_ids(rng, 4, 5, 50, pad_tail=1),
+    }
     loss, _ = model.train_on_batch(x, np.roll(x["target_ids"], -1, axis=1))  # loss, token accuracy
     assert np.isfinite(loss) and loss > 0
     assert all(np.abs(np.array(w) - b).max() > 0 for w, b in zip(model.trainable_weights, before))
@@ -63,18 +66,32 @@ def test_bench_train_compares_same_size_models_on_the_same_pairs(capsys):
     from kformer.bench import bench_train
 
     results = bench_train("tiny", steps=3, rounds=1, precision="bfloat16", overrides={"batch_tokens": 128})
-    assert results["variants"] == ["kformer", "kformer_xla", "keras_hub", "kformer_float32", "keras_hub_bfloat16"]
+    assert results["variants"] == [
+        "kformer",
+        "kformer_xla",
+        "keras_hub",
+        "kformer_float32",
+        "keras_hub_bfloat16",
+    ]
     kformer, xla, hub = results["kformer"], results["kformer_xla"], results["keras_hub"]
     assert len({results[name]["parameters"] for name in results["variants"]}) == 1
     assert hub["padding"] == kformer["padding"] < xla["padding"]  # same batches; buckets pad more
     assert [results[name]["precision"] for name in results["variants"]] == [
-        "bfloat16", "bfloat16", "float32", "float32", "bfloat16"]
+        "bfloat16",
+        "bfloat16",
+        "float32",
+        "float32",
+        "bfloat16",
+    ]
     assert results["vs_keras_hub"] == kformer["real_tokens_per_s"] / hub["real_tokens_per_s"]
-    assert results["vs_keras_hub_float32"] == (results["kformer_float32"]["real_tokens_per_s"]
-                                               / hub["real_tokens_per_s"])
+    assert results["vs_keras_hub_float32"] == (
+        results["kformer_float32"]["real_tokens_per_s"] / hub["real_tokens_per_s"]
+    )
     print_train_table(results)
     table = capsys.readouterr().out
-    assert f"kformer (bfloat16) vs keras-hub (float32), real tokens/s: {results['vs_keras_hub']:.2f}x" in table
+    assert (
+        f"kformer (bfloat16) vs keras-hub (float32), real tokens/s: {results['vs_keras_hub']:.2f}x" in table
+    )
     assert "keras_hub_bfloat16  bfloat16" in table
 
 
@@ -82,11 +99,22 @@ def test_runtimes_are_set_against_ctranslate2_of_the_same_search_and_precision()
     from export.benchmark import _against_ctranslate2
 
     def row(runtime, variant, search, latency, per_s):
-        return {"runtime": runtime, "variant": variant, "search": search, "latency_ms": latency,
-                "batch32_sentences_per_s": per_s}
-    rows = [row("ctranslate2", "fp32", "greedy", 10, 100), row("ctranslate2", "int8", "greedy", 5, 200),
-            row("onnx", "fp32", "greedy", 15, 50), row("onnx", "int8", "greedy", 10, 100),
-            row("tflite", "fp16", "greedy", 20, 25), row("onnx", "fp32", "beam4", 30, 10)]
+        return {
+            "runtime": runtime,
+            "variant": variant,
+            "search": search,
+            "latency_ms": latency,
+            "batch32_sentences_per_s": per_s,
+        }
+
+    rows = [
+        row("ctranslate2", "fp32", "greedy", 10, 100),
+        row("ctranslate2", "int8", "greedy", 5, 200),
+        row("onnx", "fp32", "greedy", 15, 50),
+        row("onnx", "int8", "greedy", 10, 100),
+        row("tflite", "fp16", "greedy", 20, 25),
+        row("onnx", "fp32", "beam4", 30, 10),
+    ]
     _against_ctranslate2(rows)
     assert [r["time_vs_ct2"] for r in rows] == [(1, 1), (1, 1), (1.5, 2), (2, 2), (2, 4), None]
 
@@ -95,9 +123,22 @@ def test_ratios_to_ctranslate2_are_taken_round_by_round():
     from export.benchmark import _against_ctranslate2, _median_row
 
     def rounds(runtime, latencies):
-        return _median_row([{"runtime": runtime, "variant": "fp32", "search": "greedy", "load_s": 1, "latency_ms": ms,
-                             "batch32_sentences_per_s": 1000 / ms, "batch32_tokens_per_s": 1, "peak_rss_mb": 1}
-                            for ms in latencies])
+        return _median_row(
+            [
+                {
+                    "runtime": runtime,
+                    "variant": "fp32",
+                    "search": "greedy",
+                    "load_s": 1,
+                    "latency_ms": ms,
+                    "batch32_sentences_per_s": 1000 / ms,
+                    "batch32_tokens_per_s": 1,
+                    "peak_rss_mb": 1,
+                }
+                for ms in latencies
+            ]
+        )
+
     # CTranslate2 slow in round 2 only: the medians alone (20 / 5) would say 4x; round by round it is 2, 2, 4.
     rows = [rounds("ctranslate2", [5, 15, 5]), rounds("onnx", [10, 30, 20])]
     _against_ctranslate2(rows)
@@ -109,17 +150,35 @@ def test_ratios_to_ctranslate2_are_taken_round_by_round():
 def test_runtime_rounds_are_reduced_to_medians_and_the_highest_peak_memory():
     from export.benchmark import _median_row
 
-    rounds = [{"load_s": s, "latency_ms": 10 * s, "batch32_sentences_per_s": 100 / s, "batch32_tokens_per_s": 1000 / s,
-               "peak_rss_mb": 50 + s, "bleu": 17.0, "runtime": "onnx"} for s in (1, 4, 2)]
+    rounds = [
+        {
+            "load_s": s,
+            "latency_ms": 10 * s,
+            "batch32_sentences_per_s": 100 / s,
+            "batch32_tokens_per_s": 1000 / s,
+            "peak_rss_mb": 50 + s,
+            "bleu": 17.0,
+            "runtime": "onnx",
+        }
+        for s in (1, 4, 2)
+    ]
     row = _median_row(rounds)
-    assert (row["load_s"], row["latency_ms"], row["batch32_sentences_per_s"], row["batch32_tokens_per_s"]) == (
-        2, 20, 50, 500)
-    assert row["peak_rss_mb"] == 54 and row["rounds"] == 3 and row["bleu"] == 17.0 and row["runtime"] == "onnx"
+    assert (
+        row["load_s"],
+        row["latency_ms"],
+        row["batch32_sentences_per_s"],
+        row["batch32_tokens_per_s"],
+    ) == (2, 20, 50, 500)
+    assert (
+        row["peak_rss_mb"] == 54 and row["rounds"] == 3 and row["bleu"] == 17.0 and row["runtime"] == "onnx"
+    )
 
 
 def test_xla_dump_folder_is_removed_at_exit():
-    script = ("import os; from kformer import bench; bench.count_xla_compilations_from_here(); "
-              "dump = os.environ[bench.XLA_DUMP_ENV]; open(os.path.join(dump, 'x.txt'), 'w').write('hlo'); print(dump)")
+    script = (
+        "import os; from kformer import bench; bench.count_xla_compilations_from_here(); "
+        "dump = os.environ[bench.XLA_DUMP_ENV]; open(os.path.join(dump, 'x.txt'), 'w').write('hlo'); print(dump)"
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     dump = result.stdout.strip().splitlines()[-1]
     assert dump and not os.path.exists(dump), dump  # `bench train` leaked ~100 MB a run before

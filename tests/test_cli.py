@@ -17,8 +17,22 @@ def run(argv, capsys, stdin=None, monkeypatch=None):
 
 def test_train_command_writes_a_training_directory(tmp_path, corpus_tsv, capsys):
     out = str(tmp_path / "run")
-    code, stdout, _ = run(["train", "--config", "tiny", "--data", corpus_tsv, "--out", out, "--steps", "2",
-                           "--vocab-size", "1200"], capsys)
+    code, stdout, _ = run(
+        [
+            "train",
+            "--config",
+            "tiny",
+            "--data",
+            corpus_tsv,
+            "--out",
+            out,
+            "--steps",
+            "2",
+            "--vocab-size",
+            "1200",
+        ],
+        capsys,
+    )
     assert code == 0 and '"steps": 2' in stdout
     assert {"config.json", "tokenizer.model", "model.keras"} <= set(os.listdir(out))
 
@@ -40,54 +54,120 @@ def test_train_command_with_aligned_files(tmp_path, corpus_pairs, capsys):
     source, target = tmp_path / "train.zh", tmp_path / "train.en"
     source.write_text("".join(s + "\n" for s, _ in corpus_pairs), encoding="utf-8")
     target.write_text("".join(t + "\n" for _, t in corpus_pairs), encoding="utf-8")
-    code, stdout, _ = run(["train", "--config", "tiny", "--data", str(source), str(target), "--out",
-                           str(tmp_path / "run"), "--steps", "1", "--vocab-size", "1200"], capsys)
+    code, stdout, _ = run(
+        [
+            "train",
+            "--config",
+            "tiny",
+            "--data",
+            str(source),
+            str(target),
+            "--out",
+            str(tmp_path / "run"),
+            "--steps",
+            "1",
+            "--vocab-size",
+            "1200",
+        ],
+        capsys,
+    )
     assert code == 0 and '"steps": 1' in stdout
 
 
 def test_translate_arguments_and_stdin_keep_order(trained_dir, capsys, monkeypatch):
-    code, stdout, _ = run(["translate", "--model", trained_dir, "--beam", "2", "我們試試看！", "", "好"], capsys)
+    code, stdout, _ = run(
+        ["translate", "--model", trained_dir, "--beam", "2", "我們試試看！", "", "好"], capsys
+    )
     assert code == 0 and len(stdout.split("\n")) == 4 and stdout.split("\n")[1] == ""
-    code, from_stdin, _ = run(["translate", "--model", trained_dir, "--beam", "2"], capsys,
-                              stdin="我們試試看！\n\n好\n".encode(), monkeypatch=monkeypatch)
+    code, from_stdin, _ = run(
+        ["translate", "--model", trained_dir, "--beam", "2"],
+        capsys,
+        stdin="我們試試看！\n\n好\n".encode(),
+        monkeypatch=monkeypatch,
+    )
     assert code == 0 and from_stdin == stdout
 
 
 def test_translate_invalid_utf8_on_stdin_names_the_line(trained_dir, capsys, monkeypatch):
-    code, _, err = run(["translate", "--model", trained_dir], capsys, stdin=b"ok\n\xff\xfe\n", monkeypatch=monkeypatch)
+    code, _, err = run(
+        ["translate", "--model", trained_dir], capsys, stdin=b"ok\n\xff\xfe\n", monkeypatch=monkeypatch
+    )
     assert code == 2 and "<stdin>:2: invalid UTF-8" in err
 
 
 def test_evaluate_split_and_files(trained_dir, tmp_path, capsys):
-    code, stdout, _ = run(["evaluate", "--model", trained_dir, "--split", "dev", "--beam", "1", "--limit", "4"], capsys)
+    code, stdout, _ = run(
+        ["evaluate", "--model", trained_dir, "--split", "dev", "--beam", "1", "--limit", "4"], capsys
+    )
     assert code == 0 and "BLEU" in stdout and "nrefs:" in stdout and "chrF" in stdout
-    assert len(open(os.path.join(trained_dir, "hypotheses.dev.txt"), encoding="utf-8").read().splitlines()) == 4
+    assert (
+        len(open(os.path.join(trained_dir, "hypotheses.dev.txt"), encoding="utf-8").read().splitlines()) == 4
+    )
     source, reference = tmp_path / "src.txt", tmp_path / "ref.txt"
     source.write_text("我們試試看！\n好\n", encoding="utf-8")
     reference.write_text("Let's try.\nGood.\n", encoding="utf-8")
     output = str(tmp_path / "hyp.txt")
-    code, stdout, _ = run(["evaluate", "--model", trained_dir, "--source", str(source), "--reference",
-                           str(reference), "--output", output], capsys)
+    code, stdout, _ = run(
+        [
+            "evaluate",
+            "--model",
+            trained_dir,
+            "--source",
+            str(source),
+            "--reference",
+            str(reference),
+            "--output",
+            output,
+        ],
+        capsys,
+    )
     assert code == 0 and "nrefs:1" in stdout and len(open(output).read().splitlines()) == 2
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["translate", "--model", "/nonexistent/run", "x"], "config.json not found"),
-    (["train", "--config", "tiny", "--data", "/nonexistent.tsv", "--out", "{tmp}/r", "--steps", "1"],
-     "/nonexistent.tsv: cannot read"),
-    (["evaluate", "--model", "{trained}", "--source", "/nonexistent.txt"], "give both --source and --reference"),
-    (["translate", "--model", "{trained}", "--max-len", "500", "x"], "max length must be"),
-    (["translate", "--model", "{tmp}", "--runtime", "savedmodel", "--variant", "int8", "x"],
-     "--variant int8 does not exist for savedmodel"),
-    (["translate", "--model", "{tmp}", "--runtime", "tflite", "--variant", "text", "x"],
-     "--variant text does not exist for tflite"),
-    (["translate", "--model", "{trained}", "--variant", "int8", "x"], "--variant int8 needs an exported runtime"),
-    (["translate", "--model", "{tmp}", "--runtime", "onnx", "--alpha", "1", "x"], "--alpha and --max-len are fixed"),
-    (["evaluate", "--model", "{trained}", "--split", "dev", "--output", "{tmp}"], "is a folder; give a file name"),
-    (["evaluate", "--model", "{trained}", "--split", "dev", "--output", "{tmp}/no/such/h.txt"], "cannot write in"),
-    (["export", "--model", "{trained}", "--out", "{trained}/config.json"], "is not an empty folder"),
-    (["train", "--config", "tiny", "--out", "{trained}/config.json", "--steps", "1"], "is a file, not a folder"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["translate", "--model", "/nonexistent/run", "x"], "config.json not found"),
+        (
+            ["train", "--config", "tiny", "--data", "/nonexistent.tsv", "--out", "{tmp}/r", "--steps", "1"],
+            "/nonexistent.tsv: cannot read",
+        ),
+        (
+            ["evaluate", "--model", "{trained}", "--source", "/nonexistent.txt"],
+            "give both --source and --reference",
+        ),
+        (["translate", "--model", "{trained}", "--max-len", "500", "x"], "max length must be"),
+        (
+            ["translate", "--model", "{tmp}", "--runtime", "savedmodel", "--variant", "int8", "x"],
+            "--variant int8 does not exist for savedmodel",
+        ),
+        (
+            ["translate", "--model", "{tmp}", "--runtime", "tflite", "--variant", "text", "x"],
+            "--variant text does not exist for tflite",
+        ),
+        (
+            ["translate", "--model", "{trained}", "--variant", "int8", "x"],
+            "--variant int8 needs an exported runtime",
+        ),
+        (
+            ["translate", "--model", "{tmp}", "--runtime", "onnx", "--alpha", "1", "x"],
+            "--alpha and --max-len are fixed",
+        ),
+        (
+            ["evaluate", "--model", "{trained}", "--split", "dev", "--output", "{tmp}"],
+            "is a folder; give a file name",
+        ),
+        (
+            ["evaluate", "--model", "{trained}", "--split", "dev", "--output", "{tmp}/no/such/h.txt"],
+            "cannot write in",
+        ),
+        (["export", "--model", "{trained}", "--out", "{trained}/config.json"], "is not an empty folder"),
+        (
+            ["train", "--config", "tiny", "--out", "{trained}/config.json", "--steps", "1"],
+            "is a file, not a folder",
+        ),
+    ],
+)
 def test_errors_are_one_clear_line(argv, message, tmp_path, trained_dir, capsys):
     argv = [a.format(tmp=tmp_path, trained=trained_dir) for a in argv]
     code, _, err = run(argv, capsys)
@@ -102,32 +182,57 @@ def test_a_missing_optional_extra_is_one_line_naming_it(trained_dir, tmp_path, c
     monkeypatch.delattr(kformer, "plots", raising=False)
     code, _, err = run(["attention", "--model", trained_dir, "--out", str(tmp_path / "a.png"), "好"], capsys)
     assert code == 2 and err.strip().splitlines()[-1] == (
-        "kformer attention: error: this command needs matplotlib, which is not installed: pip install 'kformer[plots]'")
+        "kformer attention: error: this command needs matplotlib, which is not installed: pip install 'kformer[plots]'"
+    )
 
 
 def test_each_optional_module_is_named_with_its_extra():
     from kformer.extras import extra_for
 
-    found = {module: extra_for(module) for module in ("tf2onnx", "onnxruntime", "ai_edge_litert", "tensorflow_text",
-                                                      "matplotlib.pyplot", "keras_hub", "ctranslate2", "pytest",
-                                                      "numpy", "tensorflow")}
-    assert found == {"tf2onnx": "export", "onnxruntime": "export", "ai_edge_litert": "export",
-                     "tensorflow_text": "export", "matplotlib.pyplot": "plots", "keras_hub": "bench",
-                     "ctranslate2": "ctranslate2", "pytest": "test", "numpy": None, "tensorflow": None}
+    found = {
+        module: extra_for(module)
+        for module in (
+            "tf2onnx",
+            "onnxruntime",
+            "ai_edge_litert",
+            "tensorflow_text",
+            "matplotlib.pyplot",
+            "keras_hub",
+            "ctranslate2",
+            "pytest",
+            "numpy",
+            "tensorflow",
+        )
+    }
+    assert found == {
+        "tf2onnx": "export",
+        "onnxruntime": "export",
+        "ai_edge_litert": "export",
+        "tensorflow_text": "export",
+        "matplotlib.pyplot": "plots",
+        "keras_hub": "bench",
+        "ctranslate2": "ctranslate2",
+        "pytest": "test",
+        "numpy": None,
+        "tensorflow": None,
+    }
 
 
-@pytest.mark.parametrize("argv, option", [
-    (["train", "--out", "X", "--minutes", "0"], "--minutes"),
-    (["train", "--out", "X", "--minutes", "-5"], "--minutes"),
-    (["train", "--out", "X", "--minutes", "nan"], "--minutes"),
-    (["train", "--out", "X", "--steps", "-1"], "--steps"),
-    (["train", "--out", "X", "--epochs", "0"], "--epochs"),
-    (["demo", "--minutes", "0"], "--minutes"),
-    (["translate", "--model", "X", "--beam", "0", "hi"], "--beam"),
-    (["translate", "--model", "X", "--batch-size", "-1", "hi"], "--batch-size"),
-    (["translate", "--model", "X", "--alpha", "nan", "hi"], "--alpha"),
-    (["evaluate", "--model", "X", "--limit", "0"], "--limit"),
-])
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["train", "--out", "X", "--minutes", "0"], "--minutes"),
+        (["train", "--out", "X", "--minutes", "-5"], "--minutes"),
+        (["train", "--out", "X", "--minutes", "nan"], "--minutes"),
+        (["train", "--out", "X", "--steps", "-1"], "--steps"),
+        (["train", "--out", "X", "--epochs", "0"], "--epochs"),
+        (["demo", "--minutes", "0"], "--minutes"),
+        (["translate", "--model", "X", "--beam", "0", "hi"], "--beam"),
+        (["translate", "--model", "X", "--batch-size", "-1", "hi"], "--batch-size"),
+        (["translate", "--model", "X", "--alpha", "nan", "hi"], "--alpha"),
+        (["evaluate", "--model", "X", "--limit", "0"], "--limit"),
+    ],
+)
 def test_bad_numbers_are_refused_before_any_work(tmp_path, capsys, monkeypatch, argv, option):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
@@ -145,8 +250,12 @@ def test_the_installed_command_streams_translations_line_by_line(trained_dir):
     import subprocess
 
     command = shutil.which("kformer", path=os.path.dirname(sys.executable))
-    process = subprocess.Popen([command, "translate", "--model", trained_dir, "--batch-size", "1"],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [command, "translate", "--model", trained_dir, "--batch-size", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     outputs = []
     for line in ["我們試試看！", "", "好"]:
         process.stdin.write((line + "\n").encode())
@@ -159,7 +268,10 @@ def test_the_installed_command_streams_translations_line_by_line(trained_dir):
     process.stdin.close()
     assert process.wait(timeout=120) == 0 and process.stdout.read() == b""
     assert len(outputs) == 3 and outputs[1] == b"\n" and all(o.endswith(b"\n") for o in outputs)
-    failed = subprocess.run([command, "translate", "--model", "/nonexistent", "x"], capture_output=True, text=True)
+    failed = subprocess.run(
+        [command, "translate", "--model", "/nonexistent", "x"], capture_output=True, text=True
+    )
     assert failed.returncode == 2 and failed.stdout == ""
     assert failed.stderr.strip().splitlines() == [
-        "kformer translate: error: /nonexistent/config.json not found: is /nonexistent a kformer training directory?"]
+        "kformer translate: error: /nonexistent/config.json not found: is /nonexistent a kformer training directory?"
+    ]

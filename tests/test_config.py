@@ -16,8 +16,14 @@ def test_json_round_trip(tmp_path):
 
 def test_presets_are_valid_and_base_matches_paper():
     base = PRESETS["base"]
-    assert (base.num_encoder_layers, base.d_model, base.d_ff, base.num_heads, base.head_size, base.dropout) == (
-        6, 512, 2048, 8, 64, 0.1)
+    assert (
+        base.num_encoder_layers,
+        base.d_model,
+        base.d_ff,
+        base.num_heads,
+        base.head_size,
+        base.dropout,
+    ) == (6, 512, 2048, 8, 64, 0.1)
     big = PRESETS["big"]
     assert (big.d_model, big.d_ff, big.num_heads, big.dropout) == (1024, 4096, 16, 0.3)
 
@@ -42,17 +48,20 @@ def test_parameter_counts_are_exact_and_match_table_3(name, paper_millions):
         assert round(count / 1e6, 1) == {"base": 63.1, "big": 214.2}[name]
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(d_model=10, num_heads=3), "divisible"),
-    (dict(dropout=1.5), "dropout"),
-    (dict(norm_position="middle"), "norm_position"),
-    (dict(activation="tanh"), "activation"),
-    (dict(vocab_size=3), "special ids"),
-    (dict(pad_id=5), "pad_id"),
-    (dict(d_model="16"), "d_model must be of type int"),
-    (dict(tie_embeddings=1), "tie_embeddings must be of type bool"),
-    (dict(num_heads=2.0), "num_heads must be of type int"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(d_model=10, num_heads=3), "divisible"),
+        (dict(dropout=1.5), "dropout"),
+        (dict(norm_position="middle"), "norm_position"),
+        (dict(activation="tanh"), "activation"),
+        (dict(vocab_size=3), "special ids"),
+        (dict(pad_id=5), "pad_id"),
+        (dict(d_model="16"), "d_model must be of type int"),
+        (dict(tie_embeddings=1), "tie_embeddings must be of type bool"),
+        (dict(num_heads=2.0), "num_heads must be of type int"),
+    ],
+)
 def test_invalid_config_is_a_clear_error(changes, message):
     with pytest.raises(ValueError, match=message):
         preset("tiny", **changes)
@@ -64,7 +73,9 @@ def test_unknown_keys_and_bad_json_name_the_file(tmp_path):
     with pytest.raises(ValueError, match=r"config\.json.*hidden_size"):
         TransformerConfig.load(str(path))
     path.write_text(json.dumps({**preset("tiny").to_dict(), "d_model": "16"}))
-    with pytest.raises(ValueError, match=r"config\.json: Invalid TransformerConfig: d_model must be of type int"):
+    with pytest.raises(
+        ValueError, match=r"config\.json: Invalid TransformerConfig: d_model must be of type int"
+    ):
         TransformerConfig.load(str(path))
     path.write_text("{not json")
     with pytest.raises(ValueError, match=r"config\.json: not valid JSON"):

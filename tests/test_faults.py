@@ -35,8 +35,13 @@ def _train_until_killed(out, corpus, moment, rng):
     `moment` ("inside a save": while model.tmp.keras is being written; "random": after a random
     delay); returns the step saved just before the kill."""
     started_at = _saved_step(out)
-    process = subprocess.Popen([PYTHON, "-c", TRAIN, out, corpus, str(STEPS)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    process = subprocess.Popen(
+        [PYTHON, "-c", TRAIN, out, corpus, str(STEPS)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
     deadline = time.monotonic() + 300
     while checkpoint.read_state(out).get("steps", 0) <= started_at:
         assert process.poll() is None and time.monotonic() < deadline, "training made no progress"
@@ -62,7 +67,9 @@ def test_sigkill_at_random_moments_loses_nothing_and_resumes_exactly(tmp_path, c
         step = _saved_step(out)
         assert step >= seen, f"kill {number} ({moment}): the checkpoint went back from step {seen} to {step}"
         assert checkpoint.read_state(out, steps=step)["steps"] == step  # the state that belongs to the model
-        kept.append((step, shutil.copy(checkpoint.path(out, checkpoint.MODEL_FILE), tmp_path / f"kill{number}.keras")))
+        kept.append(
+            (step, shutil.copy(checkpoint.path(out, checkpoint.MODEL_FILE), tmp_path / f"kill{number}.keras"))
+        )
     assert kept[-1][0] < STEPS
 
     args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0)
@@ -74,7 +81,9 @@ def test_sigkill_at_random_moments_loses_nothing_and_resumes_exactly(tmp_path, c
             shutil.copy(checkpoint.path(out, name), reference)  # the same tokenizer
         train(reference, "tiny", steps=steps, **args)
     _assert_same_weights(killed_model, checkpoint.path(whole_at_kill, checkpoint.MODEL_FILE))
-    _assert_same_weights(checkpoint.path(out, checkpoint.MODEL_FILE), checkpoint.path(whole, checkpoint.MODEL_FILE))
+    _assert_same_weights(
+        checkpoint.path(out, checkpoint.MODEL_FILE), checkpoint.path(whole, checkpoint.MODEL_FILE)
+    )
 
 
 def _assert_same_weights(path_a, path_b):
@@ -96,6 +105,7 @@ def test_a_save_killed_between_its_two_renames_keeps_the_state_of_the_new_model(
         if destination.endswith(os.sep + checkpoint.STATE_FILE):
             raise SystemExit("SIGKILL")
         replace(source, destination)
+
     monkeypatch.setattr(checkpoint.os, "replace", killed_before_the_state)
     with pytest.raises(SystemExit):
         checkpoint.save(model, model_path, {"steps": 2, "seconds": 20.0})  # model.keras now holds step 2

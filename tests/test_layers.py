@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 from layer_test import run_layer_test
 
-from kformer.layers import DecoderBlock, EncoderBlock, FeedForward, PositionalEncoding, TokenEmbedding, sinusoidal_table
+from kformer.layers import (
+    DecoderBlock,
+    EncoderBlock,
+    FeedForward,
+    PositionalEncoding,
+    TokenEmbedding,
+    sinusoidal_table,
+)
 
 
 def test_sinusoidal_table_matches_the_paper_formula():
@@ -29,7 +36,9 @@ def test_token_embedding_scales_and_ties(tmp_path):
     table = np.asarray(layer.embeddings)
     np.testing.assert_allclose(emb[0], table[[1, 2, 3]] * math.sqrt(8), rtol=1e-6)
     states = np.random.default_rng(0).normal(size=(1, 2, 8)).astype("float32")
-    np.testing.assert_allclose(np.asarray(layer(states, reverse=True)), states @ table.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(layer(states, reverse=True)), states @ table.T, rtol=1e-5, atol=1e-5
+    )
     run_layer_test(TokenEmbedding, dict(vocab_size=20, d_model=8), [ids], tmp_path=tmp_path)
 
 

@@ -19,11 +19,15 @@ def make(**changes):
 
 
 def inputs(rng, batch=3, source_length=7, target_length=6):
-    return {"source_ids": random_ids(rng, batch, source_length, VOCAB, pad_tail=2),
-            "target_ids": random_ids(rng, batch, target_length, VOCAB, pad_tail=1)}
+    return {
+        "source_ids": random_ids(rng, batch, source_length, VOCAB, pad_tail=2),
+        "target_ids": random_ids(rng, batch, target_length, VOCAB, pad_tail=1),
+    }
 
 
-@pytest.mark.parametrize("changes", [{}, dict(norm_position="pre"), dict(tie_embeddings=False, activation="gelu")])
+@pytest.mark.parametrize(
+    "changes", [{}, dict(norm_position="pre"), dict(tie_embeddings=False, activation="gelu")]
+)
 def test_output_shape_and_dtype(changes):
     logits = make(**changes)(inputs(np.random.default_rng(0)))
     assert logits.shape == (3, 6, VOCAB) and keras.backend.standardize_dtype(logits.dtype) == "float32"
@@ -104,7 +108,9 @@ def test_tiny_model_overfits_a_small_batch():
     source = random_ids(rng, 8, 6, VOCAB)
     labels = np.concatenate([source[:, ::-1], np.full((8, 1), config.eos_id, "int32")], 1)  # reverse + EOS
     target_in = np.concatenate([np.full((8, 1), config.bos_id, "int32"), labels[:, :-1]], 1)
-    history = model.fit({"source_ids": source, "target_ids": target_in}, labels, epochs=150, batch_size=8, verbose=0)
+    history = model.fit(
+        {"source_ids": source, "target_ids": target_in}, labels, epochs=150, batch_size=8, verbose=0
+    )
     # Every token of the batch fitted. Not "in the last epoch": once fitted, Adam's steps on the
     # vanishing gradients can cost a token or three for an epoch (seen on an AMD CPU: 1.0 from
     # epoch 43, dips to 0.946 later).
@@ -115,13 +121,17 @@ def test_tiny_model_overfits_a_small_batch():
 def _hub_name(path):
     """keras-hub variable path -> the kformer path of the same weight."""
     import re
+
     path = re.sub(r"transformer_(encoder|decoder)_(\d+)/", r"\1_block_\2/", path)
-    for hub, ours in (("embedding/embeddings", "shared_embedding/embeddings"),
-                      ("self_attention_layer/", "self_attention/"),
-                      ("attention_output", "output_projection"), ("_attention_layer_norm", "_attention_norm"),
-                      ("feedforward_layer_norm", "feed_forward_norm"),
-                      ("feedforward_intermediate_dense", "feed_forward/inner"),
-                      ("feedforward_output_dense", "feed_forward/outer")):
+    for hub, ours in (
+        ("embedding/embeddings", "shared_embedding/embeddings"),
+        ("self_attention_layer/", "self_attention/"),
+        ("attention_output", "output_projection"),
+        ("_attention_layer_norm", "_attention_norm"),
+        ("feedforward_layer_norm", "feed_forward_norm"),
+        ("feedforward_intermediate_dense", "feed_forward/inner"),
+        ("feedforward_output_dense", "feed_forward/outer"),
+    ):
         path = path.replace(hub, ours)
     return path
 

@@ -18,11 +18,15 @@ def test_notebooks_run_in_order(tmp_path, monkeypatch):
     monkeypatch.setenv("KFORMER_NOTEBOOK_DIR", str(tmp_path))
     for name in ORDER:
         notebook = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
-        assert not any(cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), \
+        assert not any(cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), (
             f"{name} is committed with outputs; strip them"
-        NotebookClient(notebook, timeout=600, kernel_name="python3",
-                       resources={"metadata": {"path": NOTEBOOKS}}).execute()
-        images = [o for cell in notebook.cells for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+        )
+        NotebookClient(
+            notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": NOTEBOOKS}}
+        ).execute()
+        images = [
+            o for cell in notebook.cells for o in cell.get("outputs", []) if "image/png" in o.get("data", {})
+        ]
         assert images, f"{name} showed no picture"
         if name == "01_train.ipynb":
             text = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))

@@ -24,7 +24,9 @@ def test_token_labels_keep_characters_with_a_cjk_font(monkeypatch):
 def test_positional_encoding_figure_shows_both_layouts():
     fig = plots.positional_encoding_figure(length=20, d_model=8)
     interleaved, concatenated = [ax.images[0].get_array() for ax in fig.axes[:2]]
-    angles = np.arange(20)[:, None] / 10000 ** (np.arange(0, 8, 2)[None, :] / 8)  # the paper's pos / 10000^(2i/d)
+    angles = np.arange(20)[:, None] / 10000 ** (
+        np.arange(0, 8, 2)[None, :] / 8
+    )  # the paper's pos / 10000^(2i/d)
     np.testing.assert_allclose(interleaved[:, 0::2], np.sin(angles), atol=1e-6)
     np.testing.assert_allclose(interleaved[:, 1::2], np.cos(angles), atol=1e-6)
     np.testing.assert_allclose(concatenated, np.concatenate([np.sin(angles), np.cos(angles)], 1), atol=1e-6)
@@ -56,7 +58,9 @@ def test_beam_trace_history_and_bar_figures(tmp_path):
     fig = plots.beam_trace_figure(steps)
     assert len(fig.axes[0].texts) == 3 and "-1.20" in fig.axes[0].texts[2].get_text()
     history = tmp_path / "history.csv"
-    history.write_text("epoch,loss,token_accuracy,val_loss,val_token_accuracy\n0,5,0.1,4,0.2\n1,4,0.2,3.5,0.3\n")
+    history.write_text(
+        "epoch,loss,token_accuracy,val_loss,val_token_accuracy\n0,5,0.1,4,0.2\n1,4,0.2,3.5,0.3\n"
+    )
     fig = plots.history_figure(str(history))
     assert [len(ax.lines) for ax in fig.axes] == [2, 2]
     fig = plots.bar_figure({"tflite": 10.0, "onnx": 20.0}, "ms", "latency")
@@ -95,11 +99,17 @@ def test_beam_trace_starts_from_the_models_own_top_first_tokens(trained_dir):
     model, config, tokenizer, _ = checkpoint.load(trained_dir)
     steps = plots.beam_trace(Translator(model, tokenizer, beam_size=3), "我們試試看！")
     assert steps and all(len(pieces) == step + 1 for step, alive in enumerate(steps) for pieces, _ in alive)
-    assert all(len(alive) <= 3 and [p for _, p in alive] == sorted((p for _, p in alive), reverse=True)
-               for alive in steps)
+    assert all(
+        len(alive) <= 3 and [p for _, p in alive] == sorted((p for _, p in alive), reverse=True)
+        for alive in steps
+    )
     # Step 0, computed here in one pass of the full model: the 3 most probable first tokens other than EOS.
-    logits = model({"source_ids": np.array([tokenizer.encode("我們試試看！")], "int32"),
-                    "target_ids": np.array([[config.bos_id]], "int32")})
+    logits = model(
+        {
+            "source_ids": np.array([tokenizer.encode("我們試試看！")], "int32"),
+            "target_ids": np.array([[config.bos_id]], "int32"),
+        }
+    )
     log_probs = np.asarray(logits)[0, 0] - np.log(np.exp(np.asarray(logits)[0, 0]).sum())
     log_probs[config.eos_id] = -np.inf
     top = np.argsort(-log_probs)[:3]

@@ -30,8 +30,10 @@ def table_from(rows):
 
 def markov_step(table):
     """The row id is static (fixed per source row); the toy has no per-hypothesis state."""
+
     def step(tokens, cache, index):
         return tf.gather_nd(table, tf.stack([cache["static"], tokens], axis=1)), cache
+
     return step
 
 
@@ -42,15 +44,17 @@ def row_cache(rows):
 def run_beam(rows, limits, k, alpha):
     table = table_from(rows)
     limits = tf.constant(limits, tf.int32)
-    tokens, scores = beam_search(markov_step(table), row_cache(rows), limits, tf.reduce_max(limits), k,
-                                 BOS, EOS, alpha=alpha)
+    tokens, scores = beam_search(
+        markov_step(table), row_cache(rows), limits, tf.reduce_max(limits), k, BOS, EOS, alpha=alpha
+    )
     return tokens.numpy(), scores.numpy()
 
 
 def run_greedy(rows, limits):
     limits = tf.constant(limits, tf.int32)
-    tokens, scores = greedy_search(markov_step(table_from(rows)), row_cache(rows), limits,
-                                   tf.reduce_max(limits), BOS, EOS)
+    tokens, scores = greedy_search(
+        markov_step(table_from(rows)), row_cache(rows), limits, tf.reduce_max(limits), BOS, EOS
+    )
     return tokens.numpy(), scores.numpy()
 
 
@@ -59,8 +63,7 @@ def penalized(log_prob, length, alpha):
 
 
 def test_greedy_follows_the_most_probable_token_per_row():
-    rows = [{BOS: {A: 0.6, EOS: 0.4}, A: {B: 0.7, EOS: 0.3}, B: {EOS: 1.0}},
-            {BOS: {EOS: 0.9, A: 0.1}}]
+    rows = [{BOS: {A: 0.6, EOS: 0.4}, A: {B: 0.7, EOS: 0.3}, B: {EOS: 1.0}}, {BOS: {EOS: 0.9, A: 0.1}}]
     tokens, scores = run_greedy(rows, [5, 5])
     np.testing.assert_array_equal(tokens, [[A, B, EOS, 0, 0], [EOS, 0, 0, 0, 0]])
     np.testing.assert_allclose(scores, [math.log(0.6 * 0.7), math.log(0.9)], rtol=1e-5)
@@ -93,11 +96,18 @@ def test_finishing_candidates_still_leave_k_alive():
     # the first K candidates would keep only "a c". Keeping the K best that do not finish keeps
     # "a c" and "b a" (C is the toy's spare id 1).
     C = 1
-    rows = [{BOS: {A: 0.5, B: 0.5}, A: {C: 0.4, EOS: 0.35, B: 0.25}, B: {EOS: 0.38, A: 0.32, C: 0.3},
-             C: {EOS: 1.0}}]
+    rows = [
+        {
+            BOS: {A: 0.5, B: 0.5},
+            A: {C: 0.4, EOS: 0.35, B: 0.25},
+            B: {EOS: 0.38, A: 0.32, C: 0.3},
+            C: {EOS: 1.0},
+        }
+    ]
     table = table_from(rows)
-    _, _, trace = beam_search(markov_step(table), row_cache(rows), tf.constant([5]), 5, 2, BOS, EOS, alpha=0.6,
-                              trace=True)
+    _, _, trace = beam_search(
+        markov_step(table), row_cache(rows), tf.constant([5]), 5, 2, BOS, EOS, alpha=0.6, trace=True
+    )
     alive = trace["tokens"].numpy()[0, 1]  # (K, T) after step 1
     assert [list(seq[:2]) for seq in alive] == [[A, C], [B, A]]
     np.testing.assert_allclose(trace["log_probs"].numpy()[0, 1], np.log([0.2, 0.16]), rtol=1e-5)
@@ -122,7 +132,7 @@ def brute_force_best(chain, limit, alpha):
     best = (-math.inf, None)
     for length in range(1, limit + 1):
         for body in itertools.product([A, B], repeat=length - 1):
-            for last in ([EOS, A, B] if length == limit else [EOS]):
+            for last in [EOS, A, B] if length == limit else [EOS]:
                 seq, log_prob, previous = (*body, last), 0.0, BOS
                 for token in seq:
                     log_prob += math.log(chain[previous].get(token, 1e-30))
@@ -148,7 +158,7 @@ def test_wide_beam_equals_brute_force_without_length_penalty(seed):
     tokens, scores = run_beam(rows, [3, 3], k=8, alpha=alpha)  # 8 >= every live prefix: exhaustive
     for r, chain in enumerate(rows):
         score, seq = brute_force_best(chain, 3, alpha)
-        assert tuple(tokens[r, 0, :len(seq)]) == seq
+        assert tuple(tokens[r, 0, : len(seq)]) == seq
         assert scores[r, 0] == pytest.approx(score, rel=1e-5)
 
 
@@ -156,7 +166,9 @@ def test_wide_beam_equals_brute_force_without_length_penalty(seed):
 def test_beam_of_one_equals_greedy_without_length_penalty(seed):
     # With alpha = 0 a width-1 beam can never prefer a continuation over the EOS it passed up.
     rng = np.random.default_rng(seed)
-    rows = [{last: dict(zip([EOS, A, B], rng.dirichlet([0.5, 1, 1]))) for last in (BOS, A, B)} for _ in range(3)]
+    rows = [
+        {last: dict(zip([EOS, A, B], rng.dirichlet([0.5, 1, 1]))) for last in (BOS, A, B)} for _ in range(3)
+    ]
     greedy_tokens, greedy_scores = run_greedy(rows, [7, 3, 5])
     beam_tokens, beam_scores = run_beam(rows, [7, 3, 5], k=1, alpha=0.0)
     np.testing.assert_array_equal(beam_tokens[:, 0], greedy_tokens)
@@ -180,9 +192,12 @@ def test_beam_trace_records_alive_hypotheses_per_step():
     rows = [{BOS: {EOS: 0.3, A: 0.4, B: 0.3}, A: {EOS: 0.8, B: 0.2}, B: {B: 0.5, EOS: 0.5}}]
     table = table_from(rows)
     limits = tf.constant([4])
-    tokens, scores, trace = beam_search(markov_step(table), row_cache(rows), limits, 4, 2, BOS, EOS, alpha=0.6,
-                                        trace=True)
-    plain_tokens, plain_scores = beam_search(markov_step(table), row_cache(rows), limits, 4, 2, BOS, EOS, alpha=0.6)
+    tokens, scores, trace = beam_search(
+        markov_step(table), row_cache(rows), limits, 4, 2, BOS, EOS, alpha=0.6, trace=True
+    )
+    plain_tokens, plain_scores = beam_search(
+        markov_step(table), row_cache(rows), limits, 4, 2, BOS, EOS, alpha=0.6
+    )
     np.testing.assert_array_equal(tokens.numpy(), plain_tokens.numpy())  # tracing changes nothing
     history, log_probs = trace["tokens"].numpy()[0], trace["log_probs"].numpy()[0]
     # After step 0 the alive beams are "a" (0.4) and "b" (0.3); EOS (0.3) went to finished.
@@ -199,8 +214,17 @@ def test_a_beam_row_stops_when_its_most_probable_candidate_ends():
     # one step, with the second n-best slot left empty. The alive "a" (0.45) could still beat it
     # at the row's largest length penalty, so a search waiting for that bound would go on.
     rows = [{BOS: {EOS: 0.5, A: 0.45, B: 0.05}, A: {A: 0.5, B: 0.5}, B: {A: 0.5, B: 0.5}}]
-    tokens, scores, trace = beam_search(markov_step(table_from(rows)), row_cache(rows), tf.constant([6]), 6, 2,
-                                        BOS, EOS, alpha=0.6, trace=True)
+    tokens, scores, trace = beam_search(
+        markov_step(table_from(rows)),
+        row_cache(rows),
+        tf.constant([6]),
+        6,
+        2,
+        BOS,
+        EOS,
+        alpha=0.6,
+        trace=True,
+    )
     tokens, scores = tokens.numpy(), scores.numpy()
     assert int(trace["steps"]) == 1
     assert tokens[0, 0, 0] == EOS and scores[0, 0] == pytest.approx(math.log(0.5), rel=1e-5)
@@ -211,12 +235,16 @@ def counting_step(table):
     """A toy with per-hypothesis state: the state is the (B, T) buffer of tokens fed so far, and
     every "a" fed so far makes "b" likelier. A wrong row, beam or position after the second pass's
     gather or growth changes the outputs."""
+
     def step(tokens, cache, index):
-        fed = tf.where(tf.equal(tf.range(tf.shape(cache["state"])[1]), index), tokens[:, None], cache["state"])
+        fed = tf.where(
+            tf.equal(tf.range(tf.shape(cache["state"])[1]), index), tokens[:, None], cache["state"]
+        )
         count_a = tf.reduce_sum(tf.cast(tf.equal(fed, A), tf.float32), axis=1)  # (B,)
         logits = tf.gather_nd(table, tf.stack([cache["static"], tokens], axis=1))
         logits += tf.one_hot(tf.fill(tf.shape(tokens), B), V) * count_a[:, None]
         return logits, {"static": cache["static"], "state": fed}
+
     return step
 
 
@@ -238,11 +266,15 @@ def test_two_passes_give_the_results_of_one(seed):
 
         first_pass = (tf.constant(first_length), grow_fed)
         one = greedy_search(counting_step(table), cache(length), limits, length, BOS, EOS)
-        two = greedy_search(counting_step(table), cache(first_length), limits, length, BOS, EOS, first_pass=first_pass)
+        two = greedy_search(
+            counting_step(table), cache(first_length), limits, length, BOS, EOS, first_pass=first_pass
+        )
         np.testing.assert_array_equal(one[0], two[0])
         np.testing.assert_allclose(one[1], two[1], rtol=1e-6)
         one = beam_search(counting_step(table), cache(length), limits, length, 3, BOS, EOS)
-        two = beam_search(counting_step(table), cache(first_length), limits, length, 3, BOS, EOS, first_pass=first_pass)
+        two = beam_search(
+            counting_step(table), cache(first_length), limits, length, 3, BOS, EOS, first_pass=first_pass
+        )
         np.testing.assert_array_equal(one[0], two[0])
         np.testing.assert_allclose(one[1], two[1], rtol=1e-6)
 

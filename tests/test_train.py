@@ -59,8 +59,14 @@ def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, c
     the same raw weights and the same average as an uninterrupted 8-step run."""
     momentum = 0.6
     # The paper's schedule: a budget schedule would decay to zero at step 4 in the first half.
-    args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0, checkpoint_seconds=10**6,
-                overrides={"ema_momentum": momentum, "schedule": "noam", "warmup_steps": 4})
+    args = dict(
+        data=corpus_tsv,
+        vocab_size=1200,
+        xla=False,
+        verbose=0,
+        checkpoint_seconds=10**6,
+        overrides={"ema_momentum": momentum, "schedule": "noam", "warmup_steps": 4},
+    )
 
     class Record(keras.callbacks.Callback):
         def __init__(self):
@@ -71,6 +77,7 @@ def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, c
             self.raw.append([np.array(v) for v in self.model.trainable_variables])
 
     import shutil
+
     split, whole = str(tmp_path / "split"), str(tmp_path / "whole")
     train(split, "tiny", steps=4, **args)
     assert checkpoint.read_state(split)["steps"] == 4
@@ -89,7 +96,10 @@ def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, c
         np.testing.assert_allclose(np.array(variable), expected, atol=1e-6, err_msg=variable.path)
     assert max(np.abs(a - r).max() for a, r in zip(average, record.raw[-1])) > 1e-3  # averaging did something
 
-    a, b = saved_weights(os.path.join(whole, "model.keras")), saved_weights(os.path.join(split, "model.keras"))
+    a, b = (
+        saved_weights(os.path.join(whole, "model.keras")),
+        saved_weights(os.path.join(split, "model.keras")),
+    )
     assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_allclose(a[name], b[name], atol=1e-6, err_msg=name)
@@ -113,10 +123,18 @@ class StepClock(keras.callbacks.Callback):
 
 def test_time_budget_sizes_the_schedule_and_a_spent_budget_changes_nothing(tmp_path, corpus_tsv, monkeypatch):
     clock = StepClock(0.25)  # 4 steps/s: a 30 s budget holds 120 steps, 48 s hold 192
-    monkeypatch.setattr(sys.modules["kformer.train"], "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(
+        sys.modules["kformer.train"], "time", types.SimpleNamespace(monotonic=clock.monotonic)
+    )
     out = str(tmp_path / "run")
-    args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0, overrides={"schedule": "budget"},
-                callbacks=[clock])
+    args = dict(
+        data=corpus_tsv,
+        vocab_size=1200,
+        xla=False,
+        verbose=0,
+        overrides={"schedule": "budget"},
+        callbacks=[clock],
+    )
     summary = train(out, "tiny", minutes=0.5, **args)
     state = checkpoint.read_state(out)
     assert summary["steps"] == state["steps"] == 120 and summary["steps_per_s"] == pytest.approx(4)
@@ -178,7 +196,9 @@ def test_train_writes_everything_and_resumes(tmp_path, corpus_tsv):
 
 
 def test_mismatched_config_or_corpus_overwrites_nothing(trained_dir, corpus_tsv):
-    before = {f: _sha(os.path.join(trained_dir, f)) for f in ("config.json", "model.keras", "tokenizer.model")}
+    before = {
+        f: _sha(os.path.join(trained_dir, f)) for f in ("config.json", "model.keras", "tokenizer.model")
+    }
     with pytest.raises(ValueError, match="another config"):
         train(trained_dir, "small", data=corpus_tsv, steps=1, verbose=0)
     with pytest.raises(ValueError, match="was trained on"):
@@ -209,6 +229,7 @@ def test_a_swapped_tokenizer_is_refused(tmp_path, trained_dir):
     import shutil
 
     from test_data import same_size_other_tokenizer
+
     out = str(tmp_path / "copy")
     shutil.copytree(trained_dir, out)
     _, _, tokenizer, _ = checkpoint.load(out)
@@ -222,6 +243,7 @@ def test_the_corpus_is_recorded_by_content_not_by_the_path_typed(tmp_path, corpu
     import shutil
 
     from kformer.evaluate import split_references
+
     shutil.copy(corpus_tsv, tmp_path / "pairs.tsv")
     monkeypatch.chdir(tmp_path)
     args = dict(vocab_size=1200, xla=False, verbose=0, checkpoint_seconds=10**6)
@@ -243,6 +265,7 @@ def test_the_corpus_is_recorded_by_content_not_by_the_path_typed(tmp_path, corpu
 
 def test_corrupted_checkpoint_is_a_clear_error(tmp_path, trained_dir):
     import shutil
+
     out = str(tmp_path / "copy")
     shutil.copytree(trained_dir, out)
     path = os.path.join(out, "model.keras")
@@ -252,7 +275,9 @@ def test_corrupted_checkpoint_is_a_clear_error(tmp_path, trained_dir):
     with pytest.raises(ValueError, match="model.keras: cannot restore"):
         checkpoint.load(out)
     with pytest.raises(ValueError, match="model.keras: cannot restore"):
-        train(out, "tiny", data=json.load(open(os.path.join(out, "corpus.json")))["data"], steps=20, verbose=0)
+        train(
+            out, "tiny", data=json.load(open(os.path.join(out, "corpus.json")))["data"], steps=20, verbose=0
+        )
     assert _sha(path) == damaged  # nothing overwritten
 
 
@@ -300,10 +325,15 @@ print(json.dumps({"compilations": bench.count_xla_compilations(dump), "train_sha
 
 def test_xla_compilations_bounded_by_bucket_shapes(tmp_path, corpus_tsv):
     from kformer.bench import xla_dump_flags
+
     dump = str(tmp_path / "xla")
     env = dict(os.environ, XLA_FLAGS=xla_dump_flags(dump))
-    result = subprocess.run([PYTHON, "-c", XLA_SCRIPT, str(tmp_path / "run"), corpus_tsv, dump],
-                            capture_output=True, text=True, env=env)
+    result = subprocess.run(
+        [PYTHON, "-c", XLA_SCRIPT, str(tmp_path / "run"), corpus_tsv, dump],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     # One compilation per distinct batch shape, never per batch: train shapes are the buckets.
@@ -319,13 +349,24 @@ def test_mixed_precision_trains_and_reloads_in_float32(tmp_path, corpus_tsv, pre
 
     def dtypes(model):  # (the functional model's own policy says nothing: its layers compute)
         layers = model._flatten_layers(include_self=False)
-        return {"compute": {layer.compute_dtype for layer in layers if layer.weights},
-                "weights": {w.dtype for w in model.weights}}
+        return {
+            "compute": {layer.compute_dtype for layer in layers if layer.weights},
+            "weights": {w.dtype for w in model.weights},
+        }
 
     seen = {}
     out = str(tmp_path / "run")
-    summary = train(out, "tiny", data=corpus_tsv, vocab_size=1200, steps=2, xla=False, precision=precision,
-                    verbose=0, callbacks=[Dtypes()])
+    summary = train(
+        out,
+        "tiny",
+        data=corpus_tsv,
+        vocab_size=1200,
+        steps=2,
+        xla=False,
+        precision=precision,
+        verbose=0,
+        callbacks=[Dtypes()],
+    )
     assert summary["steps"] == 2 and np.isfinite(summary["loss"]) and summary["precision"] == precision
     assert seen == {"compute": {precision}, "weights": {"float32"}}  # every weighted layer computes in it
     # weights were kept in float32; inference runs in float32

@@ -42,7 +42,7 @@ def test_greedy_equals_naive_prefix_rerun(random_model, batch, length):
     for row in range(batch):
         expected = python_naive_greedy(random_model, source[row][source[row] != 0], int(limits[row]))
         assert list(tokens[row][: len(expected)]) == expected
-        assert not tokens[row][len(expected):].any()
+        assert not tokens[row][len(expected) :].any()
 
 
 def test_graph_naive_search_equals_cached_search(random_model):
@@ -63,8 +63,9 @@ def test_graph_naive_search_equals_cached_search(random_model):
 def test_beam_of_one_equals_greedy_on_a_model(random_model):
     source = random_ids(np.random.default_rng(6), 4, 7, 40, pad_tail=3)
     translator = Translator(random_model, beam_size=1, alpha=0.0)
-    np.testing.assert_array_equal(translator.beam(source)["tokens"].numpy()[:, 0],
-                                  translator.greedy(source)["tokens"].numpy())
+    np.testing.assert_array_equal(
+        translator.beam(source)["tokens"].numpy()[:, 0], translator.greedy(source)["tokens"].numpy()
+    )
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
@@ -82,8 +83,10 @@ def test_rows_are_independent_of_batch_and_padding(random_model, search):
         expected = alone["tokens"].numpy()[0]
         got = together["tokens"].numpy()[i][..., : expected.shape[-1]]
         np.testing.assert_array_equal(got, expected)
-        assert not together["tokens"].numpy()[i][..., expected.shape[-1]:].any()
-        np.testing.assert_allclose(together["scores"].numpy()[i], alone["scores"].numpy()[0], rtol=1e-4, atol=1e-5)
+        assert not together["tokens"].numpy()[i][..., expected.shape[-1] :].any()
+        np.testing.assert_allclose(
+            together["scores"].numpy()[i], alone["scores"].numpy()[0], rtol=1e-4, atol=1e-5
+        )
 
 
 def test_one_trace_per_signature(random_model):
@@ -148,13 +151,17 @@ def test_long_text_is_truncated_with_a_warning(text_translator, caplog):
 
 def test_text_outside_the_vocabulary_is_output_as_it_is(text_translator, caplog):
     tokenizer = text_translator.tokenizer
-    assert all(tokenizer.encode(t) == [tokenizer.piece_to_id("▁"), tokenizer.unk_id()] for t in ("🙂🙃", "ᚠᛇᚻ"))
+    assert all(
+        tokenizer.encode(t) == [tokenizer.piece_to_id("▁"), tokenizer.unk_id()] for t in ("🙂🙃", "ᚠᛇᚻ")
+    )
     texts = ["🙂🙃 ᚠᛇᚻ", "  🙂  ", "Привет 🙂 我們", "我們試試看！"]
     with caplog.at_level(logging.WARNING, logger="kformer"):
         outputs = text_translator.translate(texts)
     assert outputs[:2] == ["🙂🙃 ᚠᛇᚻ", "🙂"]  # untranslated, not an invented sentence
-    assert outputs[2:] == [text_translator.tokenizer.decode(row) for row in text_translator.translate_ids(
-        [tokenizer.encode(t) for t in texts[2:]])[0]]  # mostly unknown: still translated
+    assert outputs[2:] == [
+        text_translator.tokenizer.decode(row)
+        for row in text_translator.translate_ids([tokenizer.encode(t) for t in texts[2:]])[0]
+    ]  # mostly unknown: still translated
     warnings = [r.getMessage() for r in caplog.records]
     assert sum("none of its characters is in the model's vocabulary" in w for w in warnings) == 2
     assert any(w.startswith("input 'Привет 🙂 我們': 7 of its 9 characters") for w in warnings)

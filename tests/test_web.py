@@ -40,13 +40,19 @@ def node_tokenize(model_path, texts, ids, tmp_path):
     need(NODE, "node not found: the page's tokenizer is checked with Node")
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"texts": texts, "ids": ids}), encoding="utf-8")
-    script = (f"import {{ readFileSync }} from 'node:fs'; import {{ SentencePiece }} from {json.dumps(TOKENIZER_JS)};"
-              "const [model, input] = process.argv.slice(1);"
-              "const sp = new SentencePiece(new Uint8Array(readFileSync(model)));"
-              "const job = JSON.parse(readFileSync(input, 'utf8'));"
-              "console.log(JSON.stringify([job.texts.map((t) => sp.encode(t)), job.ids.map((i) => sp.decode(i))]));")
-    result = subprocess.run([NODE, "--input-type=module", "-e", script, model_path, str(job)],
-                            capture_output=True, text=True, check=True)
+    script = (
+        f"import {{ readFileSync }} from 'node:fs'; import {{ SentencePiece }} from {json.dumps(TOKENIZER_JS)};"
+        "const [model, input] = process.argv.slice(1);"
+        "const sp = new SentencePiece(new Uint8Array(readFileSync(model)));"
+        "const job = JSON.parse(readFileSync(input, 'utf8'));"
+        "console.log(JSON.stringify([job.texts.map((t) => sp.encode(t)), job.ids.map((i) => sp.decode(i))]));"
+    )
+    result = subprocess.run(
+        [NODE, "--input-type=module", "-e", script, model_path, str(job)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(result.stdout)
 
 
@@ -70,16 +76,23 @@ def test_tokenizer_matches_sentencepiece_on_the_test_split(tokenizer, tmp_path):
 def test_tokenizer_refuses_what_it_cannot_read(tmp_path):
     import sentencepiece as spm
 
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f"] * 50), model_prefix=str(tmp_path / "bpe"),
-                                   vocab_size=12, model_type="bpe", minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["a b c d e f"] * 50),
+        model_prefix=str(tmp_path / "bpe"),
+        vocab_size=12,
+        model_type="bpe",
+        minloglevel=2,
+    )
     with pytest.raises(subprocess.CalledProcessError) as failure:
         node_tokenize(str(tmp_path / "bpe.model"), ["a"], [], tmp_path)
     assert "model type 2 is not unigram" in failure.value.stderr
 
 
 def need_packages():
-    need(all(os.path.isdir(folder) for folder in web.ROUTES.values()),
-         f"the page's JavaScript packages are missing: run `npm ci --prefix {web.WEB_DIR}`")
+    need(
+        all(os.path.isdir(folder) for folder in web.ROUTES.values()),
+        f"the page's JavaScript packages are missing: run `npm ci --prefix {web.WEB_DIR}`",
+    )
 
 
 def fetch(url):
@@ -102,19 +115,27 @@ def test_server_serves_the_page_model_and_runtime_only(artifacts):
         for runtime_file in ("ort/ort-wasm-simd-threaded.wasm", "litert/wasm/litert_wasm_internal.wasm"):
             status, headers, _ = fetch(root + runtime_file)
             assert status == 200 and headers["Content-Type"] == "application/wasm", runtime_file
-        for outside in ("model/../../etc/passwd", "package.json", "node_modules/onnxruntime-web/package.json",
-                        "model/"):
+        for outside in (
+            "model/../../etc/passwd",
+            "package.json",
+            "node_modules/onnxruntime-web/package.json",
+            "model/",
+        ):
             assert fetch(root + outside)[0] == 404, outside
 
 
 def test_web_command_errors_are_one_line(artifacts, tmp_path):
     partial = tmp_path / "onnx-fp32-only"
     shutil.copytree(artifacts, partial)
-    for case, expected in [(["--model", str(tmp_path)], "manifest.json not found"),
-                           (["--model", str(partial), "--variant", "int8"], None),
-                           (["--model", artifacts, "--variant", "fp16"], "invalid choice"),
-                           (["--model", artifacts, "--runtime", "litert", "--variant", "int8"],
-                            "the page runs litert with fixed")]:
+    for case, expected in [
+        (["--model", str(tmp_path)], "manifest.json not found"),
+        (["--model", str(partial), "--variant", "int8"], None),
+        (["--model", artifacts, "--variant", "fp16"], "invalid choice"),
+        (
+            ["--model", artifacts, "--runtime", "litert", "--variant", "int8"],
+            "the page runs litert with fixed",
+        ),
+    ]:
         if expected is None:  # an export without the int8 ONNX files
             manifest = json.loads((partial / "manifest.json").read_text())
             manifest["artifacts"] = [a for a in manifest["artifacts"] if a["variant"] != "int8"]
@@ -126,13 +147,18 @@ def test_web_command_errors_are_one_line(artifacts, tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        result = subprocess.run([PYTHON, "-m", "kformer.cli", "web", "--model", artifacts, "--port", port],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            [PYTHON, "-m", "kformer.cli", "web", "--model", artifacts, "--port", port],
+            capture_output=True,
+            text=True,
+        )
     assert result.returncode == 2 and "choose another --port" in result.stderr, result.stderr
 
 
 def need_browser():
-    need(os.path.exists(web.CHROMIUM), f"{web.CHROMIUM} not found: install Debian's chromium (make test does)")
+    need(
+        os.path.exists(web.CHROMIUM), f"{web.CHROMIUM} not found: install Debian's chromium (make test does)"
+    )
     need_packages()
 
 
@@ -164,7 +190,9 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
         info = page.evaluate("window.kformer.ready")
         assert (info["variant"], info["beamSize"]) == (variant, BEAM)
         page.context.set_offline(True)  # once loaded, the page translates with no network at all
-        assert page.evaluate("fetch('/model/manifest.json').then(() => 'online', () => 'offline')") == "offline"
+        assert (
+            page.evaluate("fetch('/model/manifest.json').then(() => 'online', () => 'offline')") == "offline"
+        )
         for beam in (1, BEAM):
             expected = open_runner(artifacts, web.PAGE_RUNTIMES[runtime][0], variant, beam).translate(lines)
             got = page.evaluate("([lines, beam]) => window.kformer.translate(lines, {beam})", [lines, beam])
@@ -194,8 +222,11 @@ def test_page_shows_a_corrupted_artifact(browser, artifacts, tmp_path):
 
 def test_web_command_serves_until_stopped(artifacts):
     need_packages()
-    process = subprocess.Popen([PYTHON, "-m", "kformer.cli", "web", "--model", artifacts, "--port", "0",
-                                "--variant", "int8"], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [PYTHON, "-m", "kformer.cli", "web", "--model", artifacts, "--port", "0", "--variant", "int8"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = process.stdout.readline()
         assert "127.0.0.1 only" in line and "runtime=onnx&variant=int8" in line, line
@@ -210,12 +241,20 @@ def test_web_command_serves_until_stopped(artifacts):
 def test_bench_web_measures_page_and_python(browser, artifacts, tmp_path):
     from export.benchmark import bench_web, print_web_table
 
-    results = bench_web(artifacts, sentences=3, rounds=1, screenshot=str(tmp_path / "shot.png"),
-                        browser=browser, progress=lambda *a, **k: None)
+    results = bench_web(
+        artifacts,
+        sentences=3,
+        rounds=1,
+        screenshot=str(tmp_path / "shot.png"),
+        browser=browser,
+        progress=lambda *a, **k: None,
+    )
     rows = results["rows"]
     assert {(r["runtime"], r["variant"], r["search"]) for r in rows} == {
-        (r, v, s) for r, v in [("onnx", "fp32"), ("onnx", "int8"), ("litert", "fixed")]
-        for s in ("greedy", f"beam{BEAM}")}
+        (r, v, s)
+        for r, v in [("onnx", "fp32"), ("onnx", "int8"), ("litert", "fixed")]
+        for s in ("greedy", f"beam{BEAM}")
+    }
     assert all(r["page_ms"] > 0 and r["python_ms"] > 0 and r["page_bytes"] > 1e6 for r in rows)
     assert (tmp_path / "shot.png").stat().st_size > 1000
     print_web_table(results)
