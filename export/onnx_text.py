@@ -18,8 +18,9 @@ def _const(name, value, dtype):
     return numpy_helper.from_array(np.asarray(value, dtype), name)
 
 
-def _tokenize_graph(tokenizer_proto, max_source_length, pad_id):
-    """text string (B,) -> source_ids int32 (B, S): SentencePiece, truncation, right padding."""
+def _tokenize_graph(tokenizer_proto, pad_id):
+    """text string (B,) -> source_ids int32 (B, S): SentencePiece and right padding (the core graph
+    keeps the first max_source_length of each row, as for ids)."""
     n = helper.make_node
     nodes = [
         n(
@@ -31,8 +32,7 @@ def _tokenize_graph(tokenizer_proto, max_source_length, pad_id):
         ),  # ragged: (M,) ids, (B+1,) row splits
         n("Slice", ["splits", "zero_1d", "minus_one_1d"], ["starts"]),
         n("Slice", ["splits", "one_1d", "big_1d"], ["ends"]),
-        n("Sub", ["ends", "starts"], ["full_lengths"]),
-        n("Min", ["full_lengths", "max_length"], ["lengths"]),  # (B,) truncated lengths
+        n("Sub", ["ends", "starts"], ["lengths"]),  # (B,)
         n("ReduceMax", ["lengths"], ["longest"], keepdims=0),
         n("Max", ["longest", "one"], ["width"]),  # at least one column, so an all-empty batch still runs
         n("Range", ["zero", "width", "one"], ["positions"]),  # (S,)
@@ -59,7 +59,6 @@ def _tokenize_graph(tokenizer_proto, max_source_length, pad_id):
         _const("one_1d", [1], np.int64),
         _const("minus_one_1d", [-1], np.int64),
         _const("big_1d", [np.iinfo(np.int64).max], np.int64),
-        _const("max_length", max_source_length, np.int64),
         _const("pad_1d", [pad_id], np.int32),
         _const("pad", pad_id, np.int32),
     ]
@@ -157,7 +156,7 @@ def build_text_model(core, tokenizer_proto, config, opset):
     with onnx.compose, whose pruning cannot see the outer-scope values the core's Loop body
     reads, and whose renaming does not reach them either."""
     pre = _prefixed(
-        _tokenize_graph(tokenizer_proto, config["max_source_length"], config["pad_id"]),
+        _tokenize_graph(tokenizer_proto, config["pad_id"]),
         "tokenize/",
         keep={"text", "source_ids"},
     )

@@ -540,7 +540,14 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("beam", [1, BEAM])
 def test_device_runners_need_no_tensorflow(artifacts, model_dir, beam):
-    texts = ["我們試試看！", "", "他很高興。", "   ", "🙂"]
+    texts = [
+        "我們試試看！",
+        "",
+        "他很高興。",
+        "   ",
+        "🙂",
+        "他很高興，因為他的朋友們都來參加了他的生日聚會。" * 2,
+    ]
     out = json.loads(_run_alone(NO_TENSORFLOW, artifacts, str(beam), json.dumps(texts))[-1])
     expected = KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH).translate(texts)
     assert out["onnx"] == out["tflite"] == out["onnx_text"] == expected and out["loaded"] == []
