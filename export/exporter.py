@@ -1,5 +1,6 @@
 """`kformer export`: build the translator once, write every format from it, verify each."""
 
+import functools
 import json
 import logging
 import os
@@ -14,11 +15,11 @@ import numpy as np
 
 from export import writers
 from export.module import ExportModule
-from export.runtime import DEFAULT_FORMATS, FORMATS, MANIFEST, sha256
+from export.runtime import DEFAULT_FORMATS, FORMATS, MANIFEST, VARIANTS, sha256
 from kformer import extras
 from kformer.config import BEAM_SIZE, LENGTH_PENALTY
 
-QUANTIZATIONS = ("fp16", "int8")
+QUANTIZATIONS = ("fp16", "int8")  # variants written only when asked for (--quantize)
 log = logging.getLogger("kformer")
 PACKAGES = (
     "tensorflow",
@@ -34,55 +35,46 @@ PACKAGES = (
 
 
 def _plan(formats, quantize, tokenizer_proto, config):
-    """(file, format, search, variant, writer) for every artifact to write."""
-    steps = []
-    if "savedmodel" in formats:
-        steps.append(("savedmodel", "savedmodel", "all", "fp32", writers.write_savedmodel))
-    if "tflite" in formats:  # one file per precision serves both searches (as two signatures)
-        for variant in ("fp32", *[q for q in QUANTIZATIONS if q in quantize], "fixed"):
-            steps.append(
-                (
-                    f"tflite/{variant}.tflite",
-                    "tflite",
-                    "all",
-                    variant,
-                    lambda m, p, v=variant: writers.write_tflite(m, p, v),
-                )
-            )
-    if "onnx" in formats:  # one file per precision serves both searches (an input switches them)
-        steps.append(("onnx/fp32.onnx", "onnx", "all", "fp32", writers.write_onnx))
-        steps.append(
+    """(file, format, variant, writer) for every artifact to write. Each file serves both searches:
+    TFLite's as two signatures, ONNX's behind an input, the others as they are."""
+
+    def variants(fmt):  # those that are not quantizations, and the quantizations asked for
+        return [v for v in VARIANTS[fmt] if v not in QUANTIZATIONS or v in quantize]
+
+    def beside(path, name):  # a file written before, in the same folder
+        return os.path.join(os.path.dirname(path), name)
+
+    onnx_writers = {
+        "fp32": writers.write_onnx,
+        "int8": lambda m, p: writers.quantize_onnx(beside(p, "fp32.onnx"), p),
+        "text": lambda m, p: writers.write_onnx_text(
+            beside(p, "fp32.onnx"), tokenizer_proto, config.to_dict(), p
+        ),
+    }
+    steps = (
+        [("savedmodel", "savedmodel", "fp32", writers.write_savedmodel)] if "savedmodel" in formats else []
+    )
+    if "tflite" in formats:
+        steps += [
+            (f"tflite/{v}.tflite", "tflite", v, functools.partial(writers.write_tflite, variant=v))
+            for v in variants("tflite")
+        ]
+    if "onnx" in formats:  # fp32 first: the others are made from it
+        steps += [
+            (f"onnx/{v}.onnx", "onnx", v, onnx_writers[v])
+            for v in ("fp32", "text", "int8")
+            if v in variants("onnx")
+        ]
+    if "ctranslate2" in formats:
+        steps += [
             (
-                "onnx/text.onnx",
-                "onnx",
-                "all",
-                "text",
-                lambda m, p: writers.write_onnx_text(
-                    os.path.join(os.path.dirname(p), "fp32.onnx"), tokenizer_proto, config.to_dict(), p
-                ),
+                f"ctranslate2/{v}",
+                "ctranslate2",
+                v,
+                functools.partial(writers.write_ctranslate2, tokenizer_proto=tokenizer_proto, variant=v),
             )
-        )
-        if "int8" in quantize:
-            steps.append(
-                (
-                    "onnx/int8.onnx",
-                    "onnx",
-                    "all",
-                    "int8",
-                    lambda m, p: writers.quantize_onnx(os.path.join(os.path.dirname(p), "fp32.onnx"), p),
-                )
-            )
-    if "ctranslate2" in formats:  # one model folder serves both searches
-        for variant in ("fp32", *[q for q in writers.CTRANSLATE2_VARIANTS[1:] if q in quantize]):
-            steps.append(
-                (
-                    f"ctranslate2/{variant}",
-                    "ctranslate2",
-                    "all",
-                    variant,
-                    lambda m, p, v=variant: writers.write_ctranslate2(m, tokenizer_proto, p, v),
-                )
-            )
+            for v in variants("ctranslate2")
+        ]
     return steps
 
 
@@ -129,8 +121,8 @@ def export(
             checkpoint.path(model_dir, checkpoint.TOKENIZER_FILE), os.path.join(work, "tokenizer.model")
         )
         artifacts, steps = [], _plan(formats, quantize, tokenizer_proto, config)
-        for number, (file, fmt, search, variant, write) in enumerate(steps, start=1):
-            progress(f"[{number}/{len(steps)}] {fmt} {search} {variant} -> {file} ...", end=" ", flush=True)
+        for number, (file, fmt, variant, write) in enumerate(steps, start=1):
+            progress(f"[{number}/{len(steps)}] {fmt} {variant} -> {file} ...", end=" ", flush=True)
             start = time.perf_counter()
             path = os.path.join(work, file)
             os.makedirs(os.path.dirname(path) or work, exist_ok=True)
@@ -140,7 +132,7 @@ def export(
                 {
                     "file": file,
                     "format": fmt,
-                    "search": search,
+                    "search": "all",  # both searches (older exports had a file for each)
                     "variant": variant,
                     "bytes": writers.file_size(path),
                     "seconds": round(seconds, 2),

@@ -9,7 +9,7 @@ import os
 import tensorflow as tf
 
 from export import onnx_rewrite
-from export.runtime import ExportError
+from export.runtime import VARIANTS, ExportError
 
 ONNX_OPSET = 17
 SEARCH_LOOPS = (
@@ -32,8 +32,6 @@ def write_savedmodel(module, path):
 
 # --- TFLite ---
 
-TFLITE_VARIANTS = ("fp32", "fp16", "int8", "fixed")
-
 
 def write_tflite(module, path, variant="fp32"):
     """Frozen graph -> TFLite with builtin ops only: both searches in one file, as the signatures
@@ -54,7 +52,7 @@ def write_tflite(module, path, variant="fp32"):
     elif variant == "int8":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     elif variant not in ("fp32", "fixed"):
-        raise ValueError(f"unknown TFLite variant {variant!r}; choose from {TFLITE_VARIANTS}")
+        raise ValueError(f"unknown TFLite variant {variant!r}; choose from {VARIANTS['tflite']}")
     try:
         flatbuffer = converter.convert()
     except Exception as e:  # the converter raises ConverterError and friends
@@ -238,10 +236,8 @@ def file_size(path):
 
 # --- CTranslate2 (optional extra `ctranslate2`) ---
 
-CTRANSLATE2_VARIANTS = ("fp32", "int8")
 
-
-def write_ctranslate2(module, tokenizer_proto, path, variant="fp32"):
+def write_ctranslate2(module, path, tokenizer_proto, variant="fp32"):
     """The same weights as a CTranslate2 TransformerSpec (post- or pre-LN as trained), written to
     the folder `path`. Set explicitly where CTranslate2's defaults differ from kformer: the
     interleaved sinusoid table, epsilon 1e-6, the tied output projection, the SentencePiece pieces
