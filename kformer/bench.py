@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from kformer import batching
+from kformer import batching, extras
 from kformer.config import DEFAULT_PRESET, PRECISIONS, search_label
 
 log = logging.getLogger("kformer")
@@ -121,6 +121,7 @@ def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, precision="auto", 
     from kformer.model import Transformer
     from kformer.train import choose_precision, compile_model, onednn_state
 
+    extras.require("keras_hub", "kformer bench train")  # its reference model; before any work
     precision, why = choose_precision(precision)
     config, dynamic, bucketed = _fixed_batches(config_name, steps, seed, overrides)
     runs = {

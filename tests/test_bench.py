@@ -95,6 +95,17 @@ def test_bench_train_compares_same_size_models_on_the_same_pairs(capsys):
     assert "keras_hub_bfloat16  bfloat16" in table
 
 
+def test_bench_train_without_its_extra_stops_before_any_work(monkeypatch):
+    from kformer import bench
+
+    monkeypatch.setitem(sys.modules, "keras_hub", None)  # as if installed without [bench]
+    monkeypatch.setattr(bench, "_fixed_batches", lambda *a, **k: pytest.fail("read the corpus first"))
+    with pytest.raises(
+        ValueError, match=r"kformer bench train needs keras_hub.*pip install 'kformer\[bench\]'"
+    ):
+        bench.bench_train("tiny")
+
+
 def test_runtimes_are_set_against_ctranslate2_of_the_same_search_and_precision():
     from export.benchmark import _against_ctranslate2
 
