@@ -15,13 +15,6 @@ DEFAULT_CORPUS = "default"  # Tatoeba zh-en, packaged
 DEFAULT_DIRECTION = "zh-en"
 BEAM_SIZE = 4  # the paper's beam width
 LENGTH_PENALTY = 0.6  # the paper's α (GNMT length penalty)
-
-
-def search_label(beam_size):
-    """How results name a search: "greedy" for beam size 1, else "beam" and its size ("beam4")."""
-    return "greedy" if beam_size == 1 else f"beam{beam_size}"
-
-
 EXTRA_OUTPUT_TOKENS = 50  # maximum output length = source length + 50 (the paper's rule)
 # Searches run first with buffers of source length + 8, then only the rows not done by then, in
 # buffers of the full length. On Tatoeba zh-en, 90% of training targets are within 6 tokens of their
@@ -34,6 +27,11 @@ PRECISIONS = {"float32": None, "bfloat16": "mixed_bfloat16", "float16": "mixed_f
 NORM_POSITIONS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu")
 SCHEDULES = ("budget", "noam")
+
+
+def search_label(beam_size):
+    """How results name a search: "greedy" for beam size 1, else "beam" and its size ("beam4")."""
+    return "greedy" if beam_size == 1 else f"beam{beam_size}"
 
 
 @dataclasses.dataclass(frozen=True)
