@@ -26,9 +26,10 @@ def extra_for(module):
 
 def missing(module, purpose):
     """One line for a missing `module`: what needs it and how to install it."""
-    extra = extra_for(module)
-    how = f"pip install 'kformer[{extra}]'" if extra else f"pip install {module.partition('.')[0]}"
-    return f"{purpose} needs {module.partition('.')[0]}, which is not installed: {how}"
+    name = module.partition(".")[0]  # "matplotlib" of "matplotlib.pyplot"
+    extra = extra_for(name)
+    how = f"pip install 'kformer[{extra}]'" if extra else f"pip install {name}"
+    return f"{purpose} needs {name}, which is not installed: {how}"
 
 
 def require(module, purpose):
