@@ -9,19 +9,22 @@ tf.where as one Where node, except the key/value cache writes: beam body 392 -> 
 284 -> 239; interleaved, same tokens (2026-11-24 22:20): 0.94-0.96x the time at batch 1,
 0.97-1.00x at batch 32 (every blend as a Where, cache writes included: beam at batch 32 1.16x
 slower; the cache writes are now additions, kformer.attention).
-Also, each weight is stored once: a folded transposed copy becomes a Transpose node.
+Also, each weight is stored once: a folded transposed copy becomes a Transpose node. A decoding
+step's attention products (kformer.attention writes each as a broadcast multiply and a sum, for
+TFLite) become matrix products.
 """
 
 import numpy as np
 from onnx import helper, numpy_helper
 
 
-def simplify(graph):
+def simplify(graph, opset):
     """Rewrites `graph` (and its Loop bodies) in place; returns {rewrite: count}."""
     counts = {
         "LayerNormalization": _layer_norms(graph, {}),
         "Where": _wheres(graph),
         "Transpose": _share_transposed_weights(graph),
+        "MatMul": _attention_products(graph, opset),
     }
     _prune(graph)
     return counts
@@ -227,6 +230,93 @@ def _wheres(graph):
                 count += 1
                 break
     return count
+
+
+def _attention_products(graph, opset):
+    """A decoding step's one query attends as q * k summed over D and weights * v summed over the
+    keys (kformer.attention: TFLite's XNNPACK repacks the keys of a batched matmul at every step).
+    In onnxruntime each is two or three element-wise passes over the (rows, H, T, D) cache, where a
+    matrix product of the same values is one (onnxruntime folds the Transpose of k into it):
+        ReduceSum(Mul(q (B, H, 1, D), k (B, H, T, D)), [3])  ->  Squeeze(MatMul(q, Transpose(k)), [2])
+        ReduceSum(Mul(Unsqueeze(w (B, H, T), [3]), v), [2])  ->  Squeeze(MatMul(Unsqueeze(w, [2]), v), [2])
+    Ranks and the query's static length 1 come from ONNX shape inference."""
+    shapes, constants = _shapes_and_constants(graph, opset)
+    count = 0
+    for g in graphs(graph):
+        made_by = _finder(g)
+        nodes = []
+        for node in g.node:
+            found = _attention_product(node, made_by, shapes, constants)
+            if found is None:
+                nodes.append(node)
+                continue
+            kind, x, y = found
+            name = node.name or node.output[0]
+            operand, product = f"{name}/operand", f"{name}/matmul"
+            if kind == "scores":  # x the query, y the keys
+                nodes += [
+                    helper.make_node("Transpose", [y], [operand], name=operand, perm=[0, 1, 3, 2]),
+                    helper.make_node("MatMul", [x, operand], [product], name=product),
+                ]
+            else:  # x the weights (B, H, T), y the values
+                nodes += [
+                    helper.make_node("Unsqueeze", [x, _axes_constant(g, 2)], [operand], name=operand),
+                    helper.make_node("MatMul", [operand, y], [product], name=product),
+                ]
+            nodes.append(
+                helper.make_node("Squeeze", [product, _axes_constant(g, 2)], list(node.output), name=name)
+            )
+            count += 1
+        del g.node[:]
+        g.node.extend(nodes)
+    return count
+
+
+def _attention_product(node, made_by, shapes, constants):
+    """("scores", query, keys) or ("context", weights (B, H, T), values) if `node` ends one of
+    _attention_products' two patterns, else None."""
+    product = made_by(node.input[0], "Mul") if node.op_type == "ReduceSum" and len(node.input) == 2 else None
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    axes = constants.get(node.input[1]) if product is not None else None
+    if axes is None or axes.size != 1 or attributes.get("keepdims", 1):
+        return None
+    a, b = product.input
+    if len(shapes.get(a) or ()) != 4 or len(shapes.get(b) or ()) != 4:
+        return None
+    axis = int(axes.reshape(())) % 4
+    for x, y in ((a, b), (b, a)):
+        if axis == 3 and shapes[x][2] == 1 and shapes[y][2] != 1:  # x: (B, H, 1, D)
+            return "scores", x, y
+        unsqueeze = made_by(x, "Unsqueeze") if axis == 2 else None
+        unsqueezed = constants.get(unsqueeze.input[-1]) if unsqueeze is not None else None
+        if unsqueezed is not None and unsqueezed.size == 1 and int(unsqueezed.reshape(())) % 4 == 3:
+            return "context", unsqueeze.input[0], y  # x: the weights as (B, H, T, 1)
+    return None
+
+
+def _axes_constant(graph, axis):
+    """The name of an int64 [axis] initializer of `graph`, added once."""
+    name = f"attention_axes_{axis}"
+    if not any(i.name == name for i in graph.initializer):
+        graph.initializer.append(numpy_helper.from_array(np.array([axis], np.int64), name))
+    return name
+
+
+def _shapes_and_constants(graph, opset):
+    """({value name: dims (None where unknown)}, {initializer name: array}) over `graph` and its
+    subgraphs, shapes from ONNX shape inference of a copy."""
+    import onnx
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    shapes, constants = {}, {}
+    for g in graphs(inferred):
+        for value in (*g.input, *g.value_info, *g.output):
+            if value.type.tensor_type.HasField("shape"):
+                dims = value.type.tensor_type.shape.dim
+                shapes[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        constants.update({i.name: numpy_helper.to_array(i) for i in g.initializer})
+    return shapes, constants
 
 
 def _prune(graph):

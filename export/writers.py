@@ -111,7 +111,7 @@ def write_onnx(module, path):
     except Exception as e:
         raise ExportError(f"ONNX conversion of the searches failed: {e}") from None
     _rename_io(proto, {t.name: t.name.split(":")[0] for t in frozen.inputs}, by_name)
-    onnx_rewrite.simplify(proto.graph)  # weights once, fewer nodes per decoding step
+    onnx_rewrite.simplify(proto.graph, ONNX_OPSET)  # weights once, fewer nodes per decoding step
     check_onnx(proto, path)
     onnx.save(proto, path)
     return path
