@@ -21,7 +21,7 @@ from onnx import helper, numpy_helper
 def simplify(graph, opset):
     """Rewrites `graph` (and its Loop bodies) in place; returns {rewrite: count}."""
     counts = {
-        "LayerNormalization": _layer_norms(graph, {}),
+        "LayerNormalization": _layer_norms(graph),
         "Where": _wheres(graph),
         "Transpose": _share_transposed_weights(graph),
         "MatMul": _attention_products(graph, opset),
@@ -82,6 +82,17 @@ def graphs(graph):
             yield from graphs(subgraph)
 
 
+def _with_constants(graph, outer=None):
+    """(g, {name: array} of the initializers g sees, its own and its enclosing graphs') for `graph`
+    and every graph nested in it."""
+    constants = dict(outer or {})
+    constants.update({i.name: numpy_helper.to_array(i) for i in graph.initializer})
+    yield graph, constants
+    for node in graph.node:
+        for subgraph in subgraphs(node):
+            yield from _with_constants(subgraph, constants)
+
+
 def _reads(graph):
     """Every name read by a node of `graph` or of its subgraphs (outer-scope reads included)."""
     for node in graph.node:
@@ -111,7 +122,7 @@ def _one_of(node, made_by, op_type):
     return None, None
 
 
-def _layer_norms(graph, outer_constants):
+def _layer_norms(graph):
     """Keras' LayerNormalization reaches ONNX as 13 nodes:
         mean = GlobalAveragePool(x); variance = GlobalAveragePool((x - mean) * (x - mean))
         s = gamma / Sqrt(variance + eps); y = x * s + (Neg(mean) * s + beta)
@@ -119,9 +130,11 @@ def _layer_norms(graph, outer_constants):
     (a decoding step) each mean is a ReduceMean over axis 1 instead. One LayerNormalization
     (opset 17) each, normalizing over the axes the means average: 2.. for GlobalAveragePool, the
     last for the ReduceMean."""
-    constants = dict(outer_constants)
-    constants.update({i.name: numpy_helper.to_array(i) for i in graph.initializer})
-    count = sum(_layer_norms(sub, constants) for node in graph.node for sub in subgraphs(node))
+    return sum(_layer_norms_of(g, constants) for g, constants in _with_constants(graph))
+
+
+def _layer_norms_of(graph, constants):
+    count = 0
     made_by = _finder(graph)
     for index, node in enumerate(graph.node):
         found = node.op_type == "Add" and _match_layer_norm(node, made_by, constants)
@@ -240,9 +253,9 @@ def _attention_products(graph, opset):
         ReduceSum(Mul(q (B, H, 1, D), k (B, H, T, D)), [3])  ->  Squeeze(MatMul(q, Transpose(k)), [2])
         ReduceSum(Mul(Unsqueeze(w (B, H, T), [3]), v), [2])  ->  Squeeze(MatMul(Unsqueeze(w, [2]), v), [2])
     Ranks and the query's static length 1 come from ONNX shape inference."""
-    shapes, constants = _shapes_and_constants(graph, opset)
+    shapes = _shapes(graph, opset)
     count = 0
-    for g in graphs(graph):
+    for g, constants in _with_constants(graph):
         made_by = _finder(g)
         nodes = []
         for node in g.node:
@@ -302,21 +315,20 @@ def _axes_constant(graph, axis):
     return name
 
 
-def _shapes_and_constants(graph, opset):
-    """({value name: dims (None where unknown)}, {initializer name: array}) over `graph` and its
-    subgraphs, shapes from ONNX shape inference of a copy."""
+def _shapes(graph, opset):
+    """{value name: dims (None where unknown)} over `graph` and its subgraphs, from ONNX shape
+    inference of a copy."""
     import onnx
 
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     inferred = onnx.shape_inference.infer_shapes(model).graph
-    shapes, constants = {}, {}
+    shapes = {}
     for g in graphs(inferred):
         for value in (*g.input, *g.value_info, *g.output):
             if value.type.tensor_type.HasField("shape"):
                 dims = value.type.tensor_type.shape.dim
                 shapes[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
-        constants.update({i.name: numpy_helper.to_array(i) for i in g.initializer})
-    return shapes, constants
+    return shapes
 
 
 def _prune(graph):
