@@ -252,8 +252,9 @@ def test_text_in_text_out(artifacts, model_dir):
 # spells an operation in more nodes (keras.ops.take's negative-index guard, a tensordot, a
 # logsumexp's infinity guard) shows up here. Lower them when a change removes nodes. (The ONNX
 # attention products as matrix products, onnx_rewrite._attention_products, are one node more per
-# attention, and cheaper: 88 -> 90 for greedy.)
-ONNX_STEP_NODES = [139, 138, 90, 89]
+# attention, and cheaper: 88 -> 90 for greedy; the top tokens' log-probabilities from one LogSoftmax,
+# onnx_rewrite._top_log_probs, five fewer: 90 -> 85.)
+ONNX_STEP_NODES = [134, 133, 85, 84]
 TFLITE_STEP_OPS = [133, 133, 97, 97]
 # The ONNX main graph runs once a call, and the idle search's part of it (at batch 1, ~5% of a
 # greedy call) is mostly the two passes' bookkeeping: 443 nodes before it was written in fewer.
@@ -309,7 +310,7 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             # tf2onnx's spelled-out LayerNorm is one node; a second pass finds nothing to do.
             nodes = [n.op_type for n in writers.onnx_nodes(proto.graph)]
             assert onnx_rewrite.simplify(proto.graph, writers.ONNX_OPSET) == dict.fromkeys(
-                ("LayerNormalization", "Where", "Transpose", "MatMul"), 0
+                ("LayerNormalization", "Where", "Transpose", "MatMul", "LogSoftmax"), 0
             )
             loops = [
                 len(g.node)
@@ -422,11 +423,18 @@ def test_the_tied_embedding_is_stored_once_as_its_lookup_table(transposed_first)
     assert list(transpose.input) == ["E"] and list(transpose.output) == ["E_T"]
 
 
+def _run_graph(graph, feeds):
+    """onnxruntime's outputs of a bare ONNX graph (the rewrite tests' before and after)."""
+    import onnxruntime
+
+    h = onnx.helper
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", writers.ONNX_OPSET)], ir_version=8)
+    return onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
+
+
 def test_blends_become_where():
     """tf2onnx's tf.where, Cast(c) * x + y * Cast(Not(c)), becomes one Where with the same values,
     also where it blends a graph input (a Loop body's carried state)."""
-    import onnxruntime
-
     h = onnx.helper
 
     def blend(c, x, y, out):
@@ -454,21 +462,15 @@ def test_blends_become_where():
         "y": np.array([5.0, -6.0, 7.0, 8.0], np.float32),
     }
 
-    def run(graph):
-        model = h.make_model(graph, opset_imports=[h.make_opsetid("", writers.ONNX_OPSET)], ir_version=8)
-        return onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
-
-    expected = run(graph)
+    expected = _run_graph(graph, feeds)
     assert onnx_rewrite.simplify(graph, writers.ONNX_OPSET)["Where"] == 2
     assert [n.op_type for n in graph.node] == ["Relu", "Where", "Where"]
-    np.testing.assert_array_equal(run(graph), expected)
+    np.testing.assert_array_equal(_run_graph(graph, feeds), expected)
 
 
 def test_step_attention_products_become_matmuls():
     """A step's q * k summed over D and weights * v summed over the keys (kformer.attention) become
     matrix products with the same values; a product of two full (B, H, T, D) tensors stays."""
-    import onnxruntime
-
     h, f32 = onnx.helper, onnx.TensorProto.FLOAT
     axes = {
         n: numpy_helper.from_array(np.array([a], np.int64), n) for n, a in (("a3", 3), ("a2", 2), ("m1", -1))
@@ -498,15 +500,51 @@ def test_step_attention_products_become_matmuls():
         "k": rng.normal(size=(2, 2, 5, 3)).astype(np.float32),
     }
 
-    def run(graph):
-        model = h.make_model(graph, opset_imports=[h.make_opsetid("", writers.ONNX_OPSET)], ir_version=8)
-        return onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
-
-    expected = run(graph)
+    expected = _run_graph(graph, feeds)
     assert onnx_rewrite.simplify(graph, writers.ONNX_OPSET)["MatMul"] == 2
     ops = [n.op_type for n in graph.node]
     assert ops.count("MatMul") == 2 and ops.count("Mul") == 1 and ops.count("ReduceSum") == 1, ops
-    for got, want in zip(run(graph), expected):
+    for got, want in zip(_run_graph(graph, feeds), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_top_log_probs_read_one_log_softmax():
+    """kformer.search's top-k log-probabilities, TopK(L).values - (m + Log(ReduceSum(Exp(L - m))))
+    with m = ReduceMax(L), become GatherElements(LogSoftmax(L), TopK(L).indices) with the same
+    values; the same nodes over the first axis (not the last, which LogSoftmax takes) stay."""
+    h, f32 = onnx.helper, onnx.TensorProto.FLOAT
+    constants = [
+        numpy_helper.from_array(np.array([3], np.int64), "k"),
+        numpy_helper.from_array(np.array([-1], np.int64), "last"),
+        numpy_helper.from_array(np.array([0], np.int64), "first"),
+    ]
+
+    def top_log_probs(logits, axis, sum_axes, out):
+        return [
+            h.make_node("ReduceMax", [logits], [f"{out}/m"], axes=[axis], keepdims=1),
+            h.make_node("Sub", [logits, f"{out}/m"], [f"{out}/d"]),
+            h.make_node("Exp", [f"{out}/d"], [f"{out}/e"]),
+            h.make_node("ReduceSum", [f"{out}/e", sum_axes], [f"{out}/s"], keepdims=1),
+            h.make_node("Log", [f"{out}/s"], [f"{out}/l"]),
+            h.make_node("Add", [f"{out}/m", f"{out}/l"], [f"{out}/total"]),
+            h.make_node("TopK", [logits, "k"], [f"{out}/values", f"{out}/tokens"], axis=axis),
+            h.make_node("Sub", [f"{out}/values", f"{out}/total"], [out]),
+        ]
+
+    graph = h.make_graph(
+        top_log_probs("logits", 1, "last", "log_probs") + top_log_probs("logits", 0, "first", "other"),
+        "g",
+        [h.make_tensor_value_info("logits", f32, ["rows", 50])],
+        [h.make_tensor_value_info(n, f32, None) for n in ("log_probs", "other")],
+        initializer=constants,
+    )
+    feeds = {"logits": np.random.default_rng(0).normal(scale=8, size=(4, 50)).astype(np.float32)}
+
+    expected = _run_graph(graph, feeds)
+    assert onnx_rewrite.simplify(graph, writers.ONNX_OPSET)["LogSoftmax"] == 1
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("LogSoftmax") == ops.count("GatherElements") == 1 and ops.count("Exp") == 1, ops
+    for got, want in zip(_run_graph(graph, feeds), expected):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
