@@ -100,6 +100,7 @@ def bench_runtimes(artifact_dir, sentences=200, rounds=3, batch1_sentences=16, p
     from export.runtime import load_manifest
     from kformer.evaluate import score, split_references
 
+    artifact_dir = os.path.abspath(artifact_dir)  # the workers run in the repository folder
     manifest = load_manifest(artifact_dir)
     sources, references = split_references(manifest["trained_in"], "test")
     sources, references = sources[:sentences], references[:sentences]

@@ -3,6 +3,7 @@ numbers. No timing is asserted; the benchmarks themselves print ratios measured 
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -104,6 +105,32 @@ def test_bench_train_without_its_extra_stops_before_any_work(monkeypatch):
         ValueError, match=r"kformer bench train needs keras_hub.*pip install 'kformer\[bench\]'"
     ):
         bench.bench_train("tiny")
+
+
+def test_bench_runtimes_takes_a_folder_relative_to_where_it_is_run(
+    artifacts, trained_dir, tmp_path, monkeypatch
+):
+    """Each measurement runs in a process of its own, started in the repository folder: a relative
+    export folder (`kformer bench runtimes --model ART`) must reach it as a path that still works there."""
+    from export import benchmark
+
+    shutil.copytree(artifacts, tmp_path / "ART")
+    with open(tmp_path / "ART" / "manifest.json", encoding="utf-8") as f:
+        manifest = json.load(f)
+    manifest["trained_in"] = trained_dir  # the model's test split is read for BLEU
+    with open(tmp_path / "ART" / "manifest.json", "w", encoding="utf-8") as f:
+        json.dump(manifest, f)
+    started = []
+
+    def start(argv, cwd, **kwargs):  # records the measurement's process instead of starting it
+        started.append(os.path.join(cwd, argv[3]))
+        raise InterruptedError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(benchmark.subprocess, "run", start)
+    with pytest.raises(InterruptedError):
+        benchmark.bench_runtimes("ART", sentences=2, rounds=1, progress=lambda *a, **k: None)
+    assert os.path.isfile(os.path.join(started[0], "manifest.json"))
 
 
 def test_runtimes_are_set_against_ctranslate2_of_the_same_search_and_precision():
