@@ -324,7 +324,7 @@ def _top_log_probs(graph, shapes):
     over L; its LogSoftmax is one vectorized kernel. The same values, up to float rounding, as
         GatherElements(LogSoftmax(L), TopK(L).indices)
     (the tokens are still ranked by L itself). Measured alone (V = 8000, 2026-11-25): 10 -> 8 us at
-    one row, 379 -> 308 us at 128 rows and k = 8; onnxruntime's ReduceLogSumExp was 3-5x slower."""
+    one row, 379 -> 308 us at 128 rows and k = 8; onnxruntime's ReduceLogSumExp was 2-5x slower."""
 
     def log_softmax(g, node, found):
         logits, indices = found
