@@ -121,7 +121,7 @@ def _finder(graph):
 def _replace(graph, match, replacement):
     """In `graph` and its subgraphs, each node for which `match(node, made_by, constants)` finds
     something becomes the nodes `replacement(g, node, found)` (which write the node's outputs);
-    returns how many were replaced."""
+    returns how many were replaced. Every rewrite below but the shared weights is one of these."""
     count = 0
     for g, constants in _with_constants(graph):
         made_by = _finder(g)
@@ -133,6 +133,11 @@ def _replace(graph, match, replacement):
         del g.node[:]
         g.node.extend(nodes)
     return count
+
+
+def _attributes(node):
+    """{name: value} of a node's attributes."""
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _one_of(node, made_by, op_type):
@@ -152,34 +157,22 @@ def _layer_norms(graph):
     (a decoding step) each mean is a ReduceMean over axis 1 instead. One LayerNormalization
     (opset 17) each, normalizing over the axes the means average: 2.. for GlobalAveragePool, the
     last for the ReduceMean."""
-    return sum(_layer_norms_of(g, constants) for g, constants in _with_constants(graph))
 
-
-def _layer_norms_of(graph, constants):
-    count = 0
-    made_by = _finder(graph)
-    for index, node in enumerate(graph.node):
-        found = node.op_type == "Add" and _match_layer_norm(node, made_by, constants)
-        if not found:
-            continue
+    def layer_norm(g, node, found):
         x, scale, offset, epsilon, axis = found
         vectors = [
             numpy_helper.from_array(scale, f"{node.name}/gamma"),
             numpy_helper.from_array(offset, f"{node.name}/beta"),
         ]
-        graph.initializer.extend(vectors)
-        graph.node[index].CopyFrom(
+        g.initializer.extend(vectors)
+        inputs = [x, vectors[0].name, vectors[1].name]
+        return [
             helper.make_node(
-                "LayerNormalization",
-                [x, vectors[0].name, vectors[1].name],
-                list(node.output),
-                name=node.name,
-                axis=axis,
-                epsilon=epsilon,
+                "LayerNormalization", inputs, list(node.output), name=node.name, axis=axis, epsilon=epsilon
             )
-        )
-        count += 1
-    return count
+        ]
+
+    return _replace(graph, _match_layer_norm, layer_norm)
 
 
 def _mean_of(name, made_by):
@@ -189,14 +182,16 @@ def _mean_of(name, made_by):
     if node is not None:
         return node, 2
     node = made_by(name, "ReduceMean")
-    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute} if node else {}
+    attributes = _attributes(node) if node else {}
     if len(attributes.get("axes", [])) != 1 or not attributes.get("keepdims", 1):
         return None, None
     return node, attributes["axes"][0]
 
 
 def _match_layer_norm(node, made_by, constants):
-    """(x, gamma (D,), beta (D,), epsilon, axis) if the Add `node` ends a LayerNorm, else None."""
+    """(x, gamma (D,), beta (D,), epsilon, axis) if `node` is the Add that ends a LayerNorm, else None."""
+    if node.op_type != "Add":
+        return None
     shift, scaled_name = _one_of(node, made_by, "Add")
     if shift is not None:  # x * s + (Neg(mean) * s + beta)
         mean_scaled, beta = _one_of(shift, made_by, "Mul")
@@ -244,27 +239,29 @@ def _wheres(graph):
     Where does (and gives x or y where the blend would give NaN from 0 * inf). (The key/value
     cache writes, for which onnxruntime's Where was slower than the blend, are no tf.where: see
     kformer.attention.)"""
-    count = sum(_wheres(sub) for node in graph.node for sub in subgraphs(node))
-    made_by = _finder(graph)
-    for index, node in enumerate(graph.node):
-        if node.op_type != "Add":
-            continue
-        products = [made_by(name, "Mul") for name in node.input]
-        if None in products:
-            continue
-        picks = [_one_of(product, made_by, "Cast") for product in products]  # (Cast(...), the other factor)
-        if any(cast is None for cast, _ in picks):
-            continue
-        (cast_a, a), (cast_b, b) = picks
-        for (keep, x), (drop, y) in (((cast_a, a), (cast_b, b)), ((cast_b, b), (cast_a, a))):
-            negation = made_by(drop.input[0], "Not")
-            if negation is not None and negation.input[0] == keep.input[0]:
-                graph.node[index].CopyFrom(
-                    helper.make_node("Where", [keep.input[0], x, y], list(node.output), name=node.name)
-                )
-                count += 1
-                break
-    return count
+
+    def where(g, node, found):
+        return [helper.make_node("Where", list(found), list(node.output), name=node.name)]
+
+    return _replace(graph, _blend, where)
+
+
+def _blend(node, made_by, constants):
+    """(c, x, y) if `node` is the Add that ends Cast(c) * x + y * Cast(Not(c)), else None."""
+    if node.op_type != "Add":
+        return None
+    products = [made_by(name, "Mul") for name in node.input]
+    if None in products:
+        return None
+    picks = [_one_of(product, made_by, "Cast") for product in products]  # (Cast(...), the other factor)
+    if any(cast is None for cast, _ in picks):
+        return None
+    (cast_a, a), (cast_b, b) = picks
+    for (keep, x), (drop, y) in (((cast_a, a), (cast_b, b)), ((cast_b, b), (cast_a, a))):
+        negation = made_by(drop.input[0], "Not")
+        if negation is not None and negation.input[0] == keep.input[0]:
+            return keep.input[0], x, y
+    return None
 
 
 def _attention_products(graph, shapes):
@@ -299,7 +296,7 @@ def _attention_product(node, made_by, constants, shapes):
     """("scores", query, keys) or ("context", weights (B, H, T), values) if `node` ends one of
     _attention_products' two patterns, else None."""
     product = made_by(node.input[0], "Mul") if node.op_type == "ReduceSum" and len(node.input) == 2 else None
-    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attributes = _attributes(node)
     axes = constants.get(node.input[1]) if product is not None else None
     if axes is None or axes.size != 1 or attributes.get("keepdims", 1):
         return None
@@ -344,7 +341,7 @@ def _top_log_prob(node, made_by, constants, shapes):
     total = made_by(node.input[1], "Add") if top is not None and node.input[0] == top.output[0] else None
     logits = top.input[0] if total is not None else None
     rank = len(shapes.get(logits) or ()) if logits is not None else 0
-    attributes = {a.name: helper.get_attribute_value(a) for a in top.attribute} if rank else {}
+    attributes = _attributes(top) if rank else {}
     if not rank or attributes.get("axis", -1) % rank != rank - 1 or not attributes.get("largest", 1):
         return None
     for i in (0, 1):
@@ -354,8 +351,7 @@ def _top_log_prob(node, made_by, constants, shapes):
         shifted = exp and made_by(exp.input[0], "Sub")
         if not shifted or list(shifted.input) != [logits, peak.output[0]] or peak.input[0] != logits:
             continue
-        maximum = {a.name: helper.get_attribute_value(a) for a in peak.attribute}
-        summed = {a.name: helper.get_attribute_value(a) for a in sum_.attribute}
+        maximum, summed = _attributes(peak), _attributes(sum_)
         sum_axes = constants.get(sum_.input[1]) if len(sum_.input) == 2 else None
         if (
             [axis % rank for axis in maximum.get("axes", [])] == [rank - 1]
