@@ -6,33 +6,10 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from kformer import portable
+
 # Letters used in shape comments: B batch, Tq query length, Tk key length, T buffer length,
 # H heads, D head size, M model width (d_model).
-
-
-def contract(x, kernel, axes=1, bias=None):
-    """tensordot(x, kernel, axes) [+ bias]: x's last `axes` dims against kernel's first `axes` dims.
-
-    When every dim of x but the batch is known as the graph is traced (a decoding step's (B, M)),
-    written as one matmul, with reshapes of constant shape where x or the result has more than two
-    dims, and the bias added to the matmul's (rows, N) result: for (B, M) by (M, N), one TFLite
-    FULLY_CONNECTED (with its bias) and one ONNX Gemm. A tensordot reads x's shape at run time
-    instead (ten TFLite ops, seven ONNX nodes, for each of the 12 products in a decoder step of the
-    demo model). Not a rank-3 by rank-2 tf.matmul, which exports as one node: TensorFlow runs that
-    broadcast product 1.3-1.5x slower (2026-11-25). Otherwise (training: lengths vary) a
-    tensordot, which TensorFlow differentiates as one plain matmul.
-    """
-    known = x.shape[1:]
-    if None in known:
-        product = ops.tensordot(x, kernel, axes)
-        return product if bias is None else product + bias
-    size = math.prod(known[len(known) - axes :])  # K: the contracted dims, flattened
-    rows = x if len(x.shape) == 2 else ops.reshape(x, (-1, size))  # (rows, K)
-    product = ops.matmul(rows, ops.reshape(kernel, (size, -1)))  # (rows, N)
-    if bias is not None:
-        product = product + ops.reshape(bias, (-1,))
-    shape = (*known[: len(known) - axes], *kernel.shape[axes:])  # the result's dims after the batch
-    return product if len(shape) == 1 else ops.reshape(product, (-1, *shape))
 
 
 @keras.saving.register_keras_serializable(package="kformer")
@@ -105,7 +82,7 @@ class MultiHeadAttention(keras.layers.Layer):
         """(B, L, M) through one or more of `query`/`key`/`value` at once -> one (B, H, L, D) each.
 
         One matrix product for all of them (their kernels side by side) and one transpose. Through
-        `contract`, not the sublayers' einsum: TensorFlow differentiates this einsum with a batched
+        `portable.contract`, not the sublayers' einsum: TensorFlow differentiates this einsum with a batched
         matmul and a sum over the batch, which made training ~10% slower on CPU (same forward).
         """
         # The queries carry the scores' 1/sqrt(D) in their weights: a frozen decoding step folds
@@ -120,9 +97,9 @@ class MultiHeadAttention(keras.layers.Layer):
         kernel = ops.concatenate(kernels, axis=-1)  # (M, H, n*D)
         bias = ops.concatenate(biases, axis=-1)  # (H, n*D)
         if len(x.shape) == 2:  # one decoding step (B, M): the kernel as (M, H, 1, n*D), one reshape
-            heads = contract(x, ops.expand_dims(kernel, 2), bias=bias)  # (B, H, 1, n*D)
+            heads = portable.contract(x, ops.expand_dims(kernel, 2), bias=bias)  # (B, H, 1, n*D)
         else:
-            heads = ops.transpose(contract(x, kernel, bias=bias), (0, 2, 1, 3))  # (B, H, L, n*D)
+            heads = ops.transpose(portable.contract(x, kernel, bias=bias), (0, 2, 1, 3))  # (B, H, L, n*D)
         return ops.split(heads, len(projections), axis=-1)
 
     def key_value(self, value):
@@ -138,22 +115,15 @@ class MultiHeadAttention(keras.layers.Layer):
         else:
             (q,) = self._project(query, self.query)
             k, v = self.key_value(value)  # (B, H, Tk, D)
-        if cache_slot is not None:
-            # Write the new token's key/value (B, H, 1, D) into its slot, one-hot: fixed shapes, no
-            # dynamic-update-slice, so the loop exports to TFLite and ONNX. Added, as the slot is
-            # still zero (buffers start as zeros; each step writes the next slot): the same values
-            # as a select, in two exported nodes where a select becomes three (and a shared two).
-            k = cache[0] + cache_slot * k  # (B, H, T, D)
-            v = cache[1] + cache_slot * v
+        if cache_slot is not None:  # the new token's key/value (B, H, 1, D) into its slot
+            k = portable.add_to_slot(cache[0], cache_slot, k)  # (B, H, T, D)
+            v = portable.add_to_slot(cache[1], cache_slot, v)
 
-        # A decoding step's one query: each product as a broadcast multiply and a sum, not a batched
-        # matmul of M = 1, which TFLite's XNNPACK runs by repacking the whole key or value buffer
-        # at every step (LiteRT 2.3.0, beam search at batch 32: 16% of the run in the repacking alone).
-        # Its rows (B, M) keep no query axis: scores and weights (B, H, Tk), against which its mask
-        # (B or 1, 1, Tk) broadcasts as it is (fewer nodes in the exported step).
+        # A decoding step's one query (B, M) keeps no query axis: scores and weights (B, H, Tk),
+        # against which its mask (B or 1, 1, Tk) broadcasts as it is (fewer nodes in the exported step).
         step = len(query.shape) == 2
         if step:
-            scores = ops.sum(q * k, axis=-1)  # (B, H, Tk)
+            scores = portable.one_query_scores(q, k)  # (B, H, Tk)
         else:
             scores = ops.einsum("bhqd,bhkd->bhqk", q, k)
         if attention_mask is not None:
@@ -167,12 +137,12 @@ class MultiHeadAttention(keras.layers.Layer):
         weights = tf.nn.softmax(ops.cast(scores, "float32"), axis=-1)
         weights = ops.cast(weights, q.dtype)
         if step:
-            context = ops.sum(ops.expand_dims(weights, -1) * v, axis=2)  # (B, H, D)
+            context = portable.one_query_context(weights, v)  # (B, H, D)
         else:
             context = ops.einsum("bhqk,bhkd->bhqd", weights, v)
         if not step:
             context = ops.transpose(context, (0, 2, 1, 3))  # (B, Tq, H, D)
-        output = contract(
+        output = portable.contract(
             context, self.output_projection.kernel, 2, self.output_projection.bias
         )  # (B, [Tq,] M)
         return output, {"cache": (k, v), "weights": weights}

@@ -4,10 +4,10 @@ import math
 
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import ops
 
-from kformer.attention import MultiHeadAttention, contract
+from kformer import portable
+from kformer.attention import MultiHeadAttention
 
 # Shape letters: B batch, S source length, T target length, M model width (d_model), V vocabulary.
 
@@ -54,10 +54,10 @@ class TokenEmbedding(keras.layers.Layer):
 
     def call(self, inputs, reverse=False):
         if reverse:
-            return contract(inputs, ops.transpose(ops.cast(self.embeddings, inputs.dtype)))
-        # tf.gather, not ops.take: take also wraps negative indices, three more ops per lookup in
-        # every decoding step of an exported graph; ids and positions are never negative.
-        return tf.gather(self.embeddings, inputs) * ops.cast(math.sqrt(self.d_model), self.compute_dtype)
+            return portable.contract(inputs, ops.transpose(ops.cast(self.embeddings, inputs.dtype)))
+        return portable.lookup(self.embeddings, inputs) * ops.cast(
+            math.sqrt(self.d_model), self.compute_dtype
+        )
 
     def get_config(self):
         config = super().get_config()
@@ -92,7 +92,7 @@ class PositionalEncoding(keras.layers.Layer):
             positions = start_index
         else:
             positions = ops.arange(ops.shape(inputs)[1]) + start_index
-        encoding = tf.gather(self.table, positions)  # (M,) or (L, M); see TokenEmbedding.call
+        encoding = portable.lookup(self.table, positions)  # (M,) or (L, M)
         return self.dropout_layer(inputs + ops.cast(encoding, inputs.dtype), training=training)  # broadcast
 
     def get_config(self):
@@ -124,9 +124,9 @@ class FeedForward(keras.layers.Layer):
         self.outer.build((*input_shape[:-1], self.d_ff))
 
     def call(self, inputs):
-        # The Dense layers' weights through `contract`: what Dense does, in fewer exported ops.
-        hidden = self.inner.activation(contract(inputs, self.inner.kernel, bias=self.inner.bias))
-        return contract(hidden, self.outer.kernel, bias=self.outer.bias)
+        # The Dense layers' weights through `portable.contract`: what Dense does, in fewer exported ops.
+        hidden = self.inner.activation(portable.contract(inputs, self.inner.kernel, bias=self.inner.bias))
+        return portable.contract(hidden, self.outer.kernel, bias=self.outer.bias)
 
     def get_config(self):
         config = super().get_config()

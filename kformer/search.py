@@ -5,10 +5,10 @@ batch-first tensors; either part may be `()`): static entries are fixed for a so
 keys/values, masks), state entries belong to one hypothesis (self-attention keys/values). Beam
 search tiles both to K beams once, and reorders only the state as beams are re-ranked.
 
-Every loop is a `tf.while_loop` over fixed-shape state:
-preallocated token buffers written with one-hot blends, tokens chosen with `top_k` (never
-argmax), no TensorArray, no Python loop over steps, so the same graph exports to SavedModel,
-TFLite and ONNX. With `first_pass`, a search runs two such loops: short buffers for all rows
+Every loop is a `tf.while_loop` over fixed-shape state: preallocated token buffers written with
+one-hot blends, tokens chosen with `top_k` (never argmax), no TensorArray, no Python loop over
+steps, so the same graph exports to SavedModel, TFLite and ONNX; the spellings that keep it so are
+kformer.portable's. With `first_pass`, a search runs two such loops: short buffers for all rows
 until only a quarter of them run on, then full-length buffers for those (`_in_two_passes`).
 
 Shape letters: B batch, K beam size, T buffer length (longest output), V vocabulary.
@@ -18,11 +18,12 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from kformer import portable
 from kformer.config import EXTRA_OUTPUT_TOKENS, LENGTH_PENALTY
 
-# The first pass stops once at most 1/4 of its rows are running (`_in_two_passes`). Demo model, 128
-# test sentences at batch 32, time vs all rows in the first pass: 1/4 0.53-0.67x, 1/8 0.57-0.72x,
-# 1/2 0.70-0.77x (TFLite and ONNX, greedy and beam 4; 2026-11-24).
+# The first pass stops once at most 1/4 of its rows are running (`_in_two_passes`). Demo model, test
+# sentences at batch 32, time against all rows in the first pass: 1/4 0.53-0.67x, 1/8 0.57-0.72x,
+# 1/2 0.70-0.77x (TFLite and ONNX, greedy and beam 4).
 FIRST_PASS_ENDS_AT = 4
 
 NEG_INF = -1.0e9  # finite: -inf would turn 0 * inf into NaN in the blends below
@@ -43,30 +44,6 @@ def output_limits(source_ids, pad_id, cap, extra=EXTRA_OUTPUT_TOKENS):
 def length_penalty(length, alpha):
     """GNMT length penalty ((5 + length) / 6)^alpha."""
     return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
-
-
-def _write(buffer, slot, values):
-    """buffer[..., i] = values where (T,) `slot` is True at i alone: a one-hot blend (no
-    dynamic-update-slice)."""
-    return tf.where(slot, tf.expand_dims(values, -1), buffer)
-
-
-def _top_log_probs(logits, k):
-    """The k most probable tokens of each row: ((..., k) log-probabilities, (..., k) token ids).
-
-    Ranks the logits and normalizes only the k picked (logit - logsumexp): the same tokens and
-    values as ranking log_softmax(logits), without writing a (rows, V) tensor of log-probabilities
-    and ranking it (together a quarter of a beam step's time in TFLite at 128 rows).
-    """
-    logits = tf.cast(logits, tf.float32)
-    values, tokens = tf.math.top_k(logits, k=k)
-    # log(sum(exp(logits))), shifted by the largest logit. tf.reduce_logsumexp also guards against
-    # infinite maxima (logits here are finite): IsInf, IsNaN and a select in every exported step.
-    # The maximum is reduced again rather than read from `values`: taken from top_k's output, XLA
-    # ran beam search 5-13x slower (demo model, 2026-11-25).
-    largest = tf.reduce_max(logits, axis=-1, keepdims=True)
-    log_total = largest + tf.math.log(tf.reduce_sum(tf.exp(logits - largest), axis=-1, keepdims=True))
-    return values - log_total, tokens
 
 
 class GreedyState(NamedTuple):
@@ -95,14 +72,14 @@ def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, 
 
         def body(s):
             logits, cache = step(s.last, s.cache, s.index)  # (B, V)
-            token_log_prob, token = (tf.squeeze(t, 1) for t in _top_log_probs(logits, 1))  # (B,)
+            token_log_prob, token = (tf.squeeze(t, 1) for t in portable.top_log_probs(logits, 1))  # (B,)
             token = tf.where(s.done, pad_id, token)
             scores = s.scores + tf.where(s.done, 0.0, token_log_prob)
             done = s.done | tf.equal(token, eos_id) | (s.index + 1 >= limits)
-            tokens = _write(s.tokens, tf.equal(positions, s.index), token)
+            tokens = portable.write_slot(s.tokens, tf.equal(positions, s.index), token)
             return [GreedyState(s.index + 1, token, tokens, scores, done, cache)]
 
-        return tf.while_loop(_running(length, rows_left), body, [state])[0]
+        return tf.while_loop(portable.loop_condition(length, rows_left), body, [state])[0]
 
     batch = tf.shape(limits)[0]
     first_length = buffer_length if first_pass is None else first_pass[0]
@@ -119,18 +96,6 @@ def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, 
     else:
         final = _in_two_passes(run, state, limits, first_length, buffer_length, first_pass[1], pad_id)
     return final.tokens, final.scores
-
-
-def extend(t, length, axis, value=0):
-    """t with `value` appended along `axis` up to `length`. A concatenation, not tf.pad: the TFLite
-    converter loses every dim of a pad with run-time paddings, and a loop variable whose shape it
-    lost is copied through a CAST at every step (see tile_beams)."""
-    shape = tf.shape(t)
-    axis = axis % t.shape.rank
-    filler = tf.fill(
-        tf.concat([shape[:axis], [length - shape[axis]], shape[axis + 1 :]], 0), tf.cast(value, t.dtype)
-    )
-    return tf.concat([t, filler], axis=axis)
 
 
 def _take_rows(state, rows, buffer_length, grow, beam_size, pad_id):
@@ -154,24 +119,10 @@ def _take_rows(state, rows, buffer_length, grow, beam_size, pad_id):
             taken = tf.nest.map_structure(lambda t: take(t, beam_size), value)
             fields[name] = {"static": taken["static"], "state": grow(taken["state"], buffer_length)}
         elif name.endswith("tokens"):  # the output buffers, (B, [K,] T1) -> (B, [K,] T)
-            fields[name] = extend(take(value), buffer_length, axis=-1, value=pad_id)
+            fields[name] = portable.extend(take(value), buffer_length, axis=-1, value=pad_id)
         else:
             fields[name] = take(value)
     return type(state)(**fields)
-
-
-def _running(length, rows_left):
-    """A search loop's condition: its step index is within the buffers of `length` and more than
-    `rows_left` rows are not `done`. Spelled for the exported step: no `maximum_iterations` (a
-    second counter repeating the first test), and <= / >= against bounds computed once (tf2onnx
-    casts both sides of an int32 < or > to float, two Cast nodes a test)."""
-    last, at_least = length - 1, rows_left + 1
-
-    def cond(s):
-        running = tf.reduce_sum(tf.cast(tf.logical_not(s.done), tf.int32))
-        return tf.logical_and(s.index <= last, running >= at_least)
-
-    return cond
 
 
 def _in_two_passes(run, state, limits, first_length, buffer_length, grow, pad_id, beam_size=1):
@@ -188,8 +139,8 @@ def _in_two_passes(run, state, limits, first_length, buffer_length, grow, pad_id
     instead of holding the whole batch. A batch of one row runs the first pass to its end. The
     tokens are those of one pass: a row's result does not depend on its batch or buffer length.
     (Dropping each row the step it is done needs a loop whose state changes shape at run time:
-    a `tf.cond` in the body made every step at batch 1 slower in onnxruntime, ~0.3 ms per If; nested
-    loops did not convert, see the README.)
+    a `tf.cond` in the body made every step at batch 1 slower in onnxruntime, ~0.3 ms per If, and
+    tf2onnx does not convert nested loops.)
     """
     first = run(state, limits, first_length, tf.shape(limits)[0] // FIRST_PASS_ENDS_AT)
     left = tf.logical_not(first.done)  # (B,)
@@ -247,14 +198,65 @@ def _reorder_state(cache, beam_indices, row_starts):
     }
 
 
-def tile_beams(cache, beam_size):
-    """(B, ...) -> (B * K, ...): each row repeated K times, beams of one row adjacent."""
-    # A gather, not tf.repeat: the TFLite converter loses every dim of a repeat's output, and then
-    # copies each key/value buffer once per step to change the loop variables' declared shapes.
-    # The row indices are computed once for every tensor (B is the same for all).
-    batch = tf.shape(tf.nest.flatten(cache)[0])[0]
-    rows = tf.range(batch * beam_size) // beam_size  # (B * K,)
-    return tf.nest.map_structure(lambda t: tf.gather(t, rows), cache)
+def _top_candidates(s, step, k, bos_id):
+    """Every alive beam extended by one token: the 2K best candidates of each row, as
+    (log-probabilities (B, 2K), the beam each extends (B, 2K), its token (B, 2K), the step's cache)."""
+    last = tf.reshape(tf.gather(s.alive_tokens, tf.maximum(s.index - 1, 0), axis=2), [-1])
+    last = tf.where(s.index >= 1, last, bos_id)  # >=: see portable.loop_condition
+    logits, cache = step(last, s.cache, s.index)  # (B * K, V)
+    # The 2K best of all K * V extensions are among the N = min(2K, V) best of each beam.
+    vocab = logits.shape[-1]  # static for a Keras model; 2K when unknown (then V >= 2K is assumed)
+    per_beam = 2 * k if vocab is None else min(2 * k, vocab)
+    log_probs, tokens = portable.top_log_probs(logits, per_beam)  # (B * K, N)
+    candidates = tf.reshape(
+        tf.expand_dims(s.alive_log_probs, 2) + tf.reshape(log_probs, [-1, k, per_beam]),
+        [-1, k * per_beam],
+    )  # (B, K * N)
+    top_log_probs, top_indices = tf.math.top_k(candidates, k=2 * k)  # (B, 2K)
+    top_tokens = tf.gather(tf.reshape(tokens, [-1, k * per_beam]), top_indices, batch_dims=1)
+    return top_log_probs, top_indices // per_beam, top_tokens, cache
+
+
+def _merge_finished(s, top_seqs, new_scores, k):
+    """The K best finished hypotheses (B, K, T) and scores (B, K): the old K and the candidates
+    that finish at this step (`new_scores`, NEG_INF for the others); a done row takes no more."""
+    new_scores = tf.where(tf.expand_dims(s.done, 1), NEG_INF, new_scores)
+    scores = tf.concat([s.finished_scores, new_scores], axis=1)  # (B, 3K)
+    finished_scores, pick = tf.math.top_k(scores, k=k)
+    return _gather_beams(tf.concat([s.finished_tokens, top_seqs], axis=1), pick), finished_scores
+
+
+def _traced(history, slot, alive_tokens, alive_log_probs):
+    """Row `index` of the history = the alive beams after this step (one pass: T buffers)."""
+    return (
+        tf.where(slot[None, :, None, None], alive_tokens[:, None], history[0]),
+        tf.where(slot[None, :, None], alive_log_probs[:, None], history[1]),
+    )
+
+
+def _first_beam_state(cache, limits, k, length, trace_length, pad_id):
+    """The state before the first step: buffers of `length`, the cache tiled to K beams, and a
+    trace of `trace_length` steps (None: no trace)."""
+    batch = tf.shape(limits)[0]
+    # Only beam 0 is alive at first, so the first step does not pick K copies of one token.
+    first = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG_INF)], axis=1)
+    empty = tf.fill([batch, k, length], pad_id)
+    trace = ()
+    if trace_length is not None:
+        trace = (
+            tf.fill([batch, trace_length, k, trace_length], pad_id),
+            tf.fill([batch, trace_length, k], NEG_INF),
+        )
+    return BeamState(
+        index=tf.constant(0),
+        alive_tokens=empty,
+        alive_log_probs=first,
+        finished_tokens=empty,
+        finished_scores=tf.fill([batch, k], NEG_INF),
+        done=tf.less_equal(limits, 0),
+        cache=portable.repeat_rows(cache, k),
+        trace=trace,
+    )
 
 
 def beam_search(
@@ -276,10 +278,8 @@ def beam_search(
     at once still leaves K alive), keeps the best K non-finishing ones alive, and merges the
     finishing ones (EOS, or the row's length limit) into the K best finished by
     log-probability / ((5 + length) / 6)^alpha. A row is done once the most probable candidate
-    of a step finishes (CTranslate2's and OpenNMT's rule); the loop ends when every row is done.
-    The exact rule (go on until no alive beam could beat the best finished even at the row's
-    largest penalty) took 1.41x the steps on the demo model's test split (15,260 vs 10,808 at
-    batch 1) for BLEU 26.70 vs 26.56: 31 of 1,069 translations differ (2026-11-25).
+    of a step finishes (CTranslate2's and OpenNMT's rule; the exact rule, until no alive beam
+    could beat the best finished, took 1.41x the steps on the demo model for +0.14 BLEU).
 
     Args:
         step, limits, buffer_length, first_pass: as in `greedy_search`; `cache` ({"static", "state"})
@@ -300,22 +300,11 @@ def beam_search(
         row_starts = tf.expand_dims(tf.range(tf.shape(limits)[0]) * k, 1)
 
         def body(s):
-            last = tf.reshape(tf.gather(s.alive_tokens, tf.maximum(s.index - 1, 0), axis=2), [-1])
-            last = tf.where(s.index >= 1, last, bos_id)  # >=: see _running
-            logits, cache = step(last, s.cache, s.index)  # (B * K, V)
-            # The 2K best of all K * V extensions are among the N = min(2K, V) best of each beam.
-            vocab = logits.shape[-1]  # static for a Keras model; 2K when unknown (then V >= 2K is assumed)
-            per_beam = 2 * k if vocab is None else min(2 * k, vocab)
-            log_probs, tokens = _top_log_probs(logits, per_beam)  # (B * K, N)
-            candidates = tf.reshape(
-                tf.expand_dims(s.alive_log_probs, 2) + tf.reshape(log_probs, [-1, k, per_beam]),
-                [-1, k * per_beam],
-            )  # (B, K * N)
-            top_log_probs, top_indices = tf.math.top_k(candidates, k=2 * k)  # (B, 2K)
-            top_beams = top_indices // per_beam
-            top_tokens = tf.gather(tf.reshape(tokens, [-1, k * per_beam]), top_indices, batch_dims=1)
+            top_log_probs, top_beams, top_tokens, cache = _top_candidates(s, step, k, bos_id)  # (B, 2K)
             slot = tf.equal(positions, s.index)  # (T,)
-            top_seqs = _write(_gather_beams(s.alive_tokens, top_beams), slot, top_tokens)  # (B, 2K, T)
+            top_seqs = portable.write_slot(
+                _gather_beams(s.alive_tokens, top_beams), slot, top_tokens
+            )  # (B, 2K, T)
             length = s.index + 1
             finishing = tf.equal(top_tokens, eos_id) | tf.expand_dims(length >= limits, 1)  # (B, 2K)
             valid = top_log_probs > NEG_INF / 2  # candidates of dead beams stay dead
@@ -326,66 +315,43 @@ def beam_search(
             alive_tokens = _gather_beams(top_seqs, alive_pick)
             cache = _reorder_state(cache, _gather_beams(top_beams, alive_pick), row_starts)
 
-            # Finished: merge the old K with the finishing candidates; keep the K best.
             new_scores = tf.where(finishing & valid, top_log_probs / length_penalty(length, alpha), NEG_INF)
-            new_scores = tf.where(tf.expand_dims(s.done, 1), NEG_INF, new_scores)  # done: no more
-            scores = tf.concat([s.finished_scores, new_scores], axis=1)  # (B, 3K)
-            seqs = tf.concat([s.finished_tokens, top_seqs], axis=1)
-            finished_scores, pick = tf.math.top_k(scores, k=k)
+            finished_tokens, finished_scores = _merge_finished(s, top_seqs, new_scores, k)
             # The most probable candidate (top_k sorts them) finishes: a gather, where [:, 0] is two nodes.
             # It covers a row at its limit (every candidate finishes) and is valid in a row not done.
             done = s.done | tf.gather(finishing, 0, axis=1)
-            history = s.trace
-            if trace:  # row `index` of the history = the alive beams after this step (one pass: T buffers)
-                history = (
-                    tf.where(slot[None, :, None, None], alive_tokens[:, None], history[0]),
-                    tf.where(slot[None, :, None], alive_log_probs[:, None], history[1]),
-                )
-            return [
-                BeamState(
-                    length,
-                    alive_tokens,
-                    alive_log_probs,
-                    _gather_beams(seqs, pick),
-                    finished_scores,
-                    done,
-                    cache,
-                    history,
-                )
-            ]
+            history = _traced(s.trace, slot, alive_tokens, alive_log_probs) if trace else s.trace
+            state = (
+                length,
+                alive_tokens,
+                alive_log_probs,
+                finished_tokens,
+                finished_scores,
+                done,
+                cache,
+                history,
+            )
+            return [BeamState(*state)]
 
-        return tf.while_loop(_running(length, rows_left), body, [state])[0]
+        return tf.while_loop(portable.loop_condition(length, rows_left), body, [state])[0]
 
     if trace and first_pass is not None:
         raise ValueError("a traced beam search runs in one pass (first_pass=None)")
-    batch = tf.shape(limits)[0]
     first_length = buffer_length if first_pass is None else first_pass[0]
-    # Only beam 0 is alive at first, so the first step does not pick K copies of one token.
-    first = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG_INF)], axis=1)
-    empty = tf.fill([batch, k, first_length], pad_id)
-    state = BeamState(
-        index=tf.constant(0),
-        alive_tokens=empty,
-        alive_log_probs=first,
-        finished_tokens=empty,
-        finished_scores=tf.fill([batch, k], NEG_INF),
-        done=tf.less_equal(limits, 0),
-        cache=tile_beams(cache, k),
-        trace=(
-            tf.fill([batch, buffer_length, k, buffer_length], pad_id),
-            tf.fill([batch, buffer_length, k], NEG_INF),
-        )
-        if trace
-        else (),
-    )
+    state = _first_beam_state(cache, limits, k, first_length, buffer_length if trace else None, pad_id)
     if first_pass is None:
         final = run(state, limits, buffer_length)
     else:
         final = _in_two_passes(
             run, state, limits, first_length, buffer_length, first_pass[1], pad_id, beam_size=k
         )
-    # Every row with limit >= 1 has finished hypotheses (all finish at the limit); an empty
-    # source (limit 0) gives empty outputs with score 0, like greedy search.
+    return _beam_outputs(final, limits, pad_id, trace)
+
+
+def _beam_outputs(final, limits, pad_id, trace):
+    """(tokens, scores[, trace]) of a final beam state. Every row with limit >= 1 has finished
+    hypotheses (all finish at the limit); an empty source (limit 0) gives empty outputs with score
+    0, like greedy search."""
     has_output = limits > 0
     tokens = tf.where(has_output[:, None, None], final.finished_tokens, pad_id)
     scores = tf.where(has_output[:, None], final.finished_scores, 0.0)
@@ -402,7 +368,7 @@ def naive_step(forward):
 
     def step(last, cache, index):
         prefix = cache["state"]  # (B, T): BOS + tokens so far
-        prefix = _write(prefix, tf.equal(tf.range(tf.shape(prefix)[1]), index), last)
+        prefix = portable.write_slot(prefix, tf.equal(tf.range(tf.shape(prefix)[1]), index), last)
         logits = forward(cache["static"], prefix[:, : index + 1])
         return logits[:, -1], {"static": cache["static"], "state": prefix}
 

@@ -4,7 +4,8 @@ import pytest
 from layer_test import run_layer_test
 
 from kformer import masks
-from kformer.attention import MultiHeadAttention, contract
+from kformer.attention import MultiHeadAttention
+from kformer.portable import contract
 
 HEADS, HEAD_SIZE, WIDTH = 2, 4, 8
 

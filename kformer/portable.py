@@ -1,0 +1,133 @@
+"""Export-safe spellings: operations written the way every exported runtime can run them well.
+
+The decoding loop runs identically in Keras, SavedModel, TFLite, onnxruntime and the browser. Some
+plain operations convert badly to one of them: into many nodes per decoding step, into an operator
+that copies a whole buffer each step, or into nothing runnable. Each function here is the spelling
+that converts well, says which runtime needs it, and, where kformer.export.onnx_rewrite turns the
+ONNX file's nodes back into a faster form, which rewrite does. The layers and the searches call
+these instead of spelling the operations themselves, so the constraints live in one place.
+
+Shape letters: B batch (or rows), H heads, T buffer length, D head size, K beams, V vocabulary.
+"""
+
+import math
+
+import tensorflow as tf
+from keras import ops
+
+
+def contract(x, kernel, axes=1, bias=None):
+    """tensordot(x, kernel, axes) [+ bias]: x's last `axes` dims against kernel's first `axes` dims.
+
+    For TFLite and ONNX: when every dim of x but the batch is known as the graph is traced (a
+    decoding step's (B, M)), one matmul with reshapes of constant shape, the bias added to its
+    (rows, N) result: one TFLite FULLY_CONNECTED (with its bias) and one ONNX Gemm. A tensordot
+    reads x's shape at run time instead (ten TFLite ops, seven ONNX nodes, for each product of a
+    decoder step). Not a rank-3 by rank-2 tf.matmul, which exports as one node but which
+    TensorFlow runs 1.3-1.5x slower. Otherwise (training: lengths vary) a tensordot, which
+    TensorFlow differentiates as one plain matmul.
+    """
+    known = x.shape[1:]
+    if None in known:
+        product = ops.tensordot(x, kernel, axes)
+        return product if bias is None else product + bias
+    size = math.prod(known[len(known) - axes :])  # K: the contracted dims, flattened
+    rows = x if len(x.shape) == 2 else ops.reshape(x, (-1, size))  # (rows, K)
+    product = ops.matmul(rows, ops.reshape(kernel, (size, -1)))  # (rows, N)
+    if bias is not None:
+        product = product + ops.reshape(bias, (-1,))
+    shape = (*known[: len(known) - axes], *kernel.shape[axes:])  # the result's dims after the batch
+    return product if len(shape) == 1 else ops.reshape(product, (-1, *shape))
+
+
+def lookup(table, ids):
+    """table[ids]: tf.gather, not keras.ops.take, which also wraps negative indices (three more
+    nodes per lookup in every exported decoding step; ids and positions are never negative)."""
+    return tf.gather(table, ids)
+
+
+def one_query_scores(q, k):
+    """A decoding step's attention scores: q (B, H, 1, D) against keys (B, H, T, D) -> (B, H, T).
+
+    A broadcast multiply and a sum, not a batched matmul with one query row, which TFLite's
+    XNNPACK runs by repacking the whole key buffer at every step. ONNX: onnx_rewrite's
+    _attention_products turns it back into a MatMul, which onnxruntime runs faster."""
+    return ops.sum(q * k, axis=-1)
+
+
+def one_query_context(weights, v):
+    """A decoding step's attention output: weights (B, H, T) over values (B, H, T, D) -> (B, H, D).
+    Spelled and undone as `one_query_scores`."""
+    return ops.sum(ops.expand_dims(weights, -1) * v, axis=2)
+
+
+def add_to_slot(buffer, slot, values):
+    """buffer + slot * values: writes values (B, H, 1, D) into the slot (1, 1, T, 1) of a
+    key/value buffer (B, H, T, D) that is still zero there (buffers start as zeros and each step
+    writes the next slot). Fixed shapes, no dynamic-update-slice (which TFLite and ONNX cannot
+    run in a loop as they must), and two exported nodes where a select is three."""
+    return buffer + slot * values
+
+
+def write_slot(buffer, slot, values):
+    """buffer[..., i] = values where (T,) `slot` is True at i alone: a one-hot blend (a select),
+    for the output-token buffers, whose slots are not zero (pad is a token). No
+    dynamic-update-slice, as `add_to_slot`."""
+    return tf.where(slot, tf.expand_dims(values, -1), buffer)
+
+
+def top_log_probs(logits, k):
+    """The k most probable tokens of each row: ((..., k) log-probabilities, (..., k) token ids).
+
+    For TFLite: ranks the logits and normalizes only the k picked (logit - logsumexp), the same
+    tokens and values as ranking log_softmax(logits), without writing a (rows, V) tensor of
+    log-probabilities and ranking it (a quarter of a beam step's time at 128 rows). top_k, never
+    argmax (which not every runtime has for every type). The log-sum-exp is spelled out:
+    tf.reduce_logsumexp also guards against infinite maxima (logits here are finite), three more
+    nodes a step. ONNX: onnx_rewrite's _top_log_probs turns it into one LogSoftmax and a gather.
+    """
+    logits = tf.cast(logits, tf.float32)
+    values, tokens = tf.math.top_k(logits, k=k)
+    # The maximum is reduced again rather than read from `values`: taken from top_k's output, XLA
+    # ran beam search 5-13x slower.
+    largest = tf.reduce_max(logits, axis=-1, keepdims=True)
+    log_total = largest + tf.math.log(tf.reduce_sum(tf.exp(logits - largest), axis=-1, keepdims=True))
+    return values - log_total, tokens
+
+
+def loop_condition(length, rows_left):
+    """A search loop's condition on its state `s` (fields index, done): the step index is within
+    the buffers of `length`, and more than `rows_left` rows are not done.
+
+    For tf2onnx: no `maximum_iterations` (a second counter repeating the first test), and <= / >=
+    against bounds computed once (tf2onnx casts both sides of an int32 < or > to float, two Cast
+    nodes a test)."""
+    last, at_least = length - 1, rows_left + 1
+
+    def cond(s):
+        running = tf.reduce_sum(tf.cast(tf.logical_not(s.done), tf.int32))
+        return tf.logical_and(s.index <= last, running >= at_least)
+
+    return cond
+
+
+def extend(t, length, axis, value=0):
+    """t with `value` appended along `axis` up to `length`. A concatenation, not tf.pad: the
+    TFLite converter loses every dim of a pad with run-time paddings, and a loop variable whose
+    shape it lost is copied through a CAST at every step."""
+    shape = tf.shape(t)
+    axis = axis % t.shape.rank
+    filler = tf.fill(
+        tf.concat([shape[:axis], [length - shape[axis]], shape[axis + 1 :]], 0), tf.cast(value, t.dtype)
+    )
+    return tf.concat([t, filler], axis=axis)
+
+
+def repeat_rows(tree, times):
+    """(B, ...) -> (B * times, ...) for every tensor of a nest: each row repeated, copies adjacent.
+    A gather, not tf.repeat: the TFLite converter loses every dim of a repeat's output, and then
+    copies each key/value buffer once per step to fit the loop variables' declared shapes. The
+    row indices are computed once for every tensor (B is the same for all)."""
+    batch = tf.shape(tf.nest.flatten(tree)[0])[0]
+    rows = tf.range(batch * times) // times  # (B * times,)
+    return tf.nest.map_structure(lambda t: tf.gather(t, rows), tree)
