@@ -1,32 +1,125 @@
-"""Run a CTranslate2 export of a kformer model: numpy, sentencepiece, ctranslate2 only.
+"""CTranslate2 (optional extra `ctranslate2`): the same weights as a CTranslate2 TransformerSpec.
 
-CTranslate2 decodes token strings; this runner maps ids to SentencePiece pieces and back, and
-applies kformer's output-length rule (source length + 50, at most the exported max length) per row.
-Its greedy tokens and scores (sum of log-probabilities) equal Keras'. Its beam search divides the
-log-probability by length^alpha (not GNMT's ((5 + length) / 6)^alpha), so beam outputs and scores
-may differ."""
+CTranslate2 decodes token strings; the runner maps ids to SentencePiece pieces and back, and
+applies kformer's output-length rule (source length + 50, at most the exported max length) per
+row. Its greedy tokens and scores (sum of log-probabilities) equal Keras'. Its beam search
+divides the log-probability by length^alpha (not GNMT's ((5 + length) / 6)^alpha), so beam
+outputs and scores may differ. The runner needs numpy, sentencepiece and ctranslate2 only."""
 
 import os
 
-import ctranslate2
 import numpy as np
 
-from export.runtime import Runner, find_artifact, verified_path
 from kformer.config import EXTRA_OUTPUT_TOKENS
+from kformer.export.format import Format
+from kformer.export.runner import ArtifactRunner
 
 
-class Ctranslate2Runner(Runner):
-    """Args: artifact_dir (from `kformer export --formats ctranslate2`), beam_size (1 or the
-    exported K), variant ("fp32" or "int8"), threads."""
+class Ctranslate2(Format):
+    name = "ctranslate2"
+    variants = ("fp32", "int8")  # int8: CTranslate2's own weight quantization
+
+    def write(self, module, path, variant="fp32"):
+        """Set explicitly where CTranslate2's defaults differ from kformer: the interleaved
+        sinusoid table, epsilon 1e-6, the tied output projection, the SentencePiece pieces as
+        vocabulary."""
+        import sentencepiece as spm
+        from ctranslate2.specs import common_spec, transformer_spec
+
+        model, c = module.translator.model, module.config
+        activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[c.activation]
+        spec = transformer_spec.TransformerSpec.from_config(
+            (c.num_encoder_layers, c.num_decoder_layers),
+            c.num_heads,
+            pre_norm=c.norm_position == "pre",
+            activation=activation,
+        )
+        _fill_spec(spec, model)
+        tokenizer = spm.SentencePieceProcessor(model_proto=module.tokenizer_proto)
+        pieces = [tokenizer.id_to_piece(i) for i in range(c.vocab_size)]
+        spec.register_source_vocabulary(pieces)
+        spec.register_target_vocabulary(pieces)
+        for name in ("unk", "bos", "eos"):  # spec.config.unk_token = the piece of config.unk_id, ...
+            setattr(spec.config, f"{name}_token", tokenizer.id_to_piece(getattr(c, f"{name}_id")))
+        spec.config.decoder_start_token = spec.config.bos_token
+        spec.config.layer_norm_epsilon = 1e-6
+        spec.validate()
+        spec.optimize(quantization=None if variant == "fp32" else "int8")
+        os.makedirs(path)
+        spec.save(path)
+
+    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32):
+        return Ctranslate2Runner(artifact_dir, beam_size, variant, threads, batch_size)
+
+
+def _weights(layer):
+    return [np.asarray(w) for w in layer.get_weights()]
+
+
+def _linear(spec, kernel, bias):
+    """kernel (inputs..., outputs) -> CTranslate2's (outputs, inputs)."""
+    spec.weight = kernel.reshape(-1, kernel.shape[-1]).T.copy()
+    spec.bias = bias
+
+
+def _fused(spec, layers):
+    """Projections of one input, kernels (M, H, D), stacked as CTranslate2 stores them."""
+    pairs = [_weights(layer) for layer in layers]
+    spec.weight = np.concatenate([k.reshape(k.shape[0], -1).T for k, _ in pairs])
+    spec.bias = np.concatenate([b.reshape(-1) for _, b in pairs])
+
+
+def _attention(spec, layer, norm, self_attention):
+    projections = [layer.query, layer.key, layer.value]
+    if self_attention:
+        _fused(spec.linear[0], projections)
+    else:
+        _fused(spec.linear[0], projections[:1])
+        _fused(spec.linear[1], projections[1:])
+    _linear(spec.linear[-1], *_weights(layer.output_projection))
+    spec.layer_norm.gamma, spec.layer_norm.beta = _weights(norm)
+
+
+def _feed_forward(spec, block):
+    _linear(spec.linear_0, *_weights(block.feed_forward.inner))
+    _linear(spec.linear_1, *_weights(block.feed_forward.outer))
+    spec.layer_norm.gamma, spec.layer_norm.beta = _weights(block.feed_forward_norm)
+
+
+def _fill_spec(spec, model):
+    """Copies a kformer Transformer's weights into a TransformerSpec of the same shape."""
+    source_embedding = _weights(model.source_embedding)[0]
+    target_embedding = _weights(model.target_embedding)[0]
+    spec.encoder.embeddings[0].weight = source_embedding
+    spec.decoder.embeddings.weight = target_embedding
+    spec.encoder.position_encodings.encodings = np.asarray(model.source_positions.table)
+    spec.decoder.position_encodings.encodings = np.asarray(model.target_positions.table)
+    if model.output_projection is None:
+        spec.decoder.projection.weight = target_embedding  # tied: logits = x E^T
+    else:
+        _linear(spec.decoder.projection, *_weights(model.output_projection))
+    for stack, norm in ((spec.encoder, model.encoder_norm), (spec.decoder, model.decoder_norm)):
+        if norm is not None:
+            stack.layer_norm.gamma, stack.layer_norm.beta = _weights(norm)
+    for layer_spec, block in zip(spec.encoder.layer, model.encoder_blocks):
+        _attention(layer_spec.self_attention, block.self_attention, block.self_attention_norm, True)
+        _feed_forward(layer_spec.ffn, block)
+    for layer_spec, block in zip(spec.decoder.layer, model.decoder_blocks):
+        _attention(layer_spec.self_attention, block.self_attention, block.self_attention_norm, True)
+        _attention(layer_spec.attention, block.cross_attention, block.cross_attention_norm, False)
+        _feed_forward(layer_spec.ffn, block)
+
+
+class Ctranslate2Runner(ArtifactRunner):
+    """A CTranslate2 model folder (fp32 or int8) on the CPU."""
+
+    fmt = Ctranslate2.name
 
     def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
-        super().__init__(artifact_dir, beam_size, batch_size)
-        entry = find_artifact(self.manifest, "ctranslate2", "all", variant)
-        self.translator = ctranslate2.Translator(
-            verified_path(artifact_dir, self.manifest, entry),
-            device="cpu",
-            intra_threads=threads or os.cpu_count() or 1,
-        )
+        import ctranslate2
+
+        super().__init__(artifact_dir, beam_size, variant, threads, batch_size)
+        self.translator = ctranslate2.Translator(self.path, device="cpu", intra_threads=self.threads)
 
     def _search(self, search, batch):
         c, cap = self.config, self.manifest["max_length"]
@@ -42,9 +135,7 @@ class Ctranslate2Runner(Runner):
             results = self.translator.translate_batch(
                 [rows[i] for i in chosen],
                 beam_size=self.beam_size,
-                length_penalty=self.manifest["alpha"]
-                if self.beam_size > 1
-                else 0.0,  # greedy: sum of log-probs
+                length_penalty=self.manifest["alpha"] if self.beam_size > 1 else 0.0,  # greedy: sum
                 max_decoding_length=limit,
                 return_scores=True,
                 return_end_token=True,
@@ -54,3 +145,6 @@ class Ctranslate2Runner(Runner):
                 tokens[i, : len(ids)] = ids
                 scores[i] = result.scores[0]
         return tokens, scores
+
+
+FORMAT = Ctranslate2()

@@ -1,25 +1,31 @@
-"""What every runner shares, without TensorFlow: the manifest, its checks, and text in/out.
+"""manifest.json of an export folder: what it holds, written once, read and verified by every runner.
 
-A runner needs only this file, kformer/batching.py, numpy, sentencepiece and its runtime."""
+Needs no TensorFlow: a device runner reads it with the standard library, numpy and sentencepiece."""
 
 import hashlib
 import json
 import os
+from importlib import metadata
 
-import numpy as np
-
-from kformer import batching
-from kformer.config import BEAM_SIZE, LENGTH_PENALTY, TransformerConfig
+from kformer.config import TransformerConfig
 
 MANIFEST = "manifest.json"
+TOKENIZER = "tokenizer.model"
+PACKAGES = (  # versions recorded in the manifest: what wrote and checked the files
+    "tensorflow",
+    "keras",
+    "tensorflow-text",
+    "tf2onnx",
+    "onnx",
+    "onnxruntime",
+    "ai-edge-litert",
+    "sentencepiece",
+    "ctranslate2",
+)
 
 
 class ArtifactError(ValueError):
     """A missing, corrupted or mismatched exported artifact; the message names the file."""
-
-
-class ExportError(RuntimeError):
-    """A conversion that produced something unusable; the message says what and where."""
 
 
 def sha256(path):
@@ -38,7 +44,63 @@ def sha256(path):
     return digest.hexdigest()
 
 
-def load_manifest(artifact_dir):
+def file_size(path):
+    """Bytes of a file, or of all the files of a folder (a SavedModel, a CTranslate2 model)."""
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+    return os.path.getsize(path)
+
+
+def describe(config, beam_size, alpha, max_length, onnx_opset, corpus, trained_in):
+    """A new manifest (without artifacts yet): the model, the searches' settings fixed at export,
+    the tokenizer, the inputs and outputs of every format, the versions that wrote it."""
+    return {
+        "kformer_export": 1,
+        "config": config.to_dict(),
+        "beam_size": beam_size,
+        "alpha": alpha,
+        "max_length": max_length,
+        "tokenizer": {"file": TOKENIZER, "sha256": None, "vocab_size": config.vocab_size},
+        "inputs": {"source_ids": {"dtype": "int32", "shape": ["batch", "length"], "pad_id": config.pad_id}},
+        "outputs": {
+            "greedy": {"tokens": ["int32", ["batch", "T"]], "scores": ["float32", ["batch"]]},
+            "beam": {"tokens": ["int32", ["batch", "beam", "T"]], "scores": ["float32", ["batch", "beam"]]},
+        },
+        "savedmodel_signatures": {
+            "greedy_ids": "source_ids -> tokens, scores",
+            "beam_ids": "source_ids -> tokens, scores",
+            "greedy_text": "text -> translation",
+            "beam_text": "text -> translation",
+        },
+        "onnx_io": {
+            "ids": "source_ids, beam -> tokens (batch, N, T), scores (batch, N)",
+            "text": "text, beam -> translation",
+            "beam": "bool scalar: true = beam search (N = beam_size), false = greedy (N = 1)",
+        },
+        "onnx_opset": onnx_opset,
+        "artifacts": [],
+        "versions": _versions(),
+        "trained_in": os.path.abspath(trained_in),
+        "corpus": corpus,
+    }
+
+
+def _versions():
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def write(folder, manifest):
+    with open(os.path.join(folder, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+
+
+def load(artifact_dir):
     path = os.path.join(artifact_dir, MANIFEST)
     if not os.path.exists(path):
         raise ArtifactError(f"{path} not found: is {artifact_dir} a `kformer export` folder?")
@@ -59,15 +121,14 @@ def verified_path(artifact_dir, manifest, entry):
     return path
 
 
-def find_artifact(manifest, fmt, search, variant="fp32"):
-    """The manifest entry of that format, search and variant; a file of search "all" serves both."""
+def find_artifact(manifest, fmt, variant="fp32"):
+    """The manifest entry of that format and variant: one file serves both searches."""
     for entry in manifest["artifacts"]:
-        if (entry["format"], entry["variant"]) == (fmt, variant) and entry["search"] in (search, "all"):
+        if (entry["format"], entry["variant"]) == (fmt, variant):
             return entry
-    have = sorted({f"{e['format']}/{e['search']}/{e['variant']}" for e in manifest["artifacts"]})
-    serving = "both searches" if search == "all" else f"the {search} search"
+    have = sorted(f"{e['format']}/{e['variant']}" for e in manifest["artifacts"])
     raise ArtifactError(
-        f"no {fmt} {variant} artifact for {serving} in this export (it has {have}); "
+        f"no {fmt} {variant} artifact for both searches in this export (it has {have}); "
         "re-run `kformer export` with that format or quantization"
     )
 
@@ -82,111 +143,3 @@ def load_tokenizer(artifact_dir, manifest):
     except ValueError as e:
         raise ArtifactError(str(e)) from None
     return tokenizer
-
-
-FORMATS = ("savedmodel", "tflite", "onnx", "ctranslate2")
-DEFAULT_FORMATS = ("savedmodel", "tflite", "onnx")  # ctranslate2 is an optional extra
-RUNTIMES = ("keras", *FORMATS)
-VARIANTS = {
-    "savedmodel": ("fp32",),
-    "tflite": ("fp32", "fp16", "int8", "fixed"),
-    "onnx": ("fp32", "int8", "text"),
-    "ctranslate2": ("fp32", "int8"),
-}
-
-
-def open_runner(
-    path,
-    runtime="keras",
-    variant="fp32",
-    beam_size=None,
-    batch_size=32,
-    threads=None,
-    alpha=None,
-    max_length=None,
-):
-    """The one way to get a translator: `path` is a training directory for runtime "keras" (the
-    reference; alpha and max_length apply) or a `kformer export` folder for the others (where they
-    were fixed at export). Imports only the chosen runtime."""
-    if runtime not in RUNTIMES:
-        raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
-    if runtime == "keras":
-        if variant != "fp32":
-            raise ValueError(f"--variant {variant} needs an exported runtime; the keras runtime is fp32")
-        from export.run_tf import KerasRunner
-
-        return KerasRunner(
-            path,
-            BEAM_SIZE if beam_size is None else beam_size,
-            LENGTH_PENALTY if alpha is None else alpha,
-            max_length,
-            batch_size,
-        )
-    if variant not in VARIANTS[runtime]:
-        raise ValueError(
-            f"--variant {variant} does not exist for {runtime}; choose one of {VARIANTS[runtime]}"
-        )
-    if alpha is not None or max_length is not None:
-        raise ValueError("--alpha and --max-len are fixed when exporting; they apply to --runtime keras only")
-    if runtime == "savedmodel":
-        from export.run_tf import SavedModelRunner
-
-        return SavedModelRunner(path, beam_size, batch_size)
-    if runtime == "tflite":
-        from export.run_tflite import TfliteRunner
-
-        return TfliteRunner(path, beam_size, variant, threads, batch_size)
-    if runtime == "ctranslate2":
-        from export.run_ctranslate2 import Ctranslate2Runner
-
-        return Ctranslate2Runner(path, beam_size, variant, threads, batch_size)
-    if variant == "text":
-        from export.run_onnx import OnnxTextRunner
-
-        return OnnxTextRunner(path, beam_size, threads, batch_size)
-    from export.run_onnx import OnnxRunner
-
-    return OnnxRunner(path, beam_size, variant, threads, batch_size)
-
-
-class Runner:
-    """One interface for every runtime:
-    `translate(list[str]) -> list[str]` and `translate_ids(list[list[int]]) -> (ids, scores)`.
-
-    Subclasses implement `_search(search, batch) -> (tokens, scores)` for an int32 (B, S) batch.
-    """
-
-    def __init__(self, artifact_dir, beam_size=None, batch_size=32):
-        self.artifact_dir = artifact_dir
-        self.manifest = load_manifest(artifact_dir)
-        self.config = self.manifest["config"]
-        self.tokenizer = load_tokenizer(artifact_dir, self.manifest)
-        exported = self.manifest["beam_size"]
-        self.beam_size = exported if beam_size is None else beam_size
-        if self.beam_size not in (1, exported):
-            raise ArtifactError(
-                f"this export has greedy search and beam size {exported}, not {self.beam_size}; "
-                f"re-export with --beam {self.beam_size}"
-            )
-        self.search_name = "beam" if self.beam_size > 1 else "greedy"
-        self.batch_size = batch_size
-
-    def search(self, batch):
-        """(B, S) int32 source ids (pad 0) -> (tokens, scores) of the chosen search."""
-        batch = np.asarray(batch)
-        if batch.dtype != np.int32 or batch.ndim != 2:
-            raise TypeError(
-                f"source_ids must be an int32 array of shape (batch, length), "
-                f"got {batch.dtype} with shape {batch.shape}"
-            )
-        return self._search(self.search_name, batch)
-
-    def translate_ids(self, ids):
-        return batching.translate_ids(
-            self.search, ids, self.batch_size, self.config["eos_id"], self.config["pad_id"]
-        )
-
-    def translate(self, texts):
-        return batching.translate_texts(
-            self.tokenizer, texts, self.config["max_source_length"], self.translate_ids
-        )

@@ -30,6 +30,7 @@ class ExportModule(tf.Module):
 
         self.translator = Translator(model, beam_size=beam_size, alpha=alpha, max_length=max_length)
         self.config = model.config
+        self.tokenizer_proto = tokenizer_proto  # for the formats that carry the tokenizer inside
         self.tokenizer = tf_text.FastSentencepieceTokenizer(tokenizer_proto)
         self.greedy_ids = self.translator.greedy
         self.beam_ids = self.translator.beam
@@ -44,9 +45,8 @@ class ExportModule(tf.Module):
         # Both searches run, one on the whole batch and the other on none of its rows, rather than
         # each in a branch of an If: onnxruntime prepacks a MatMul's weights only from the MatMul's
         # own scope or the one above, and a Loop body inside an If's branch is two scopes below the
-        # weights, which made beam search at batch 1 1.35x slower (measured 2026-11-24). The source
-        # is encoded once, for both: the demo model's main graph 717 -> 574 nodes, greedy at batch 1
-        # 0.98x the time (2026-11-25). Only the choice of output is an If.
+        # weights, which made beam search at batch 1 ~1.35x slower. The source is encoded once, for
+        # both (a fifth fewer nodes in the main graph). Only the choice of output is an If.
         rows = tf.where(beam, tf.shape(source_ids)[0], 0)  # the beam search's rows; the others are greedy's
         limits, length, cache, first_pass = self.translator.prepare(source_ids)
 

@@ -1,58 +1,214 @@
-"""Run an exported ONNX translator with onnxruntime: numpy, sentencepiece, onnxruntime only."""
+"""ONNX: both searches in one file behind a bool input, standard operators only.
 
-import os
+Inputs source_ids (B, S) int32 and beam (a bool scalar); outputs tokens (B, N, T) and scores
+(B, N), N = 1 for greedy search. Each pass of each search is one ONNX Loop (see
+ExportModule._either); the weights are stored once. Variants: fp32; int8 (int8 weights, fp32
+arithmetic); text (text in, text out: onnxruntime-extensions' SentencePiece ops around the fp32
+graph). The runners need numpy, sentencepiece and onnxruntime (and onnxruntime-extensions for
+text) only."""
+
+import logging
 
 import numpy as np
-import onnxruntime as ort
 
-from export.runtime import Runner, find_artifact, verified_path
 from kformer import batching
+from kformer.export.format import SEARCH_LOOPS, ExportError, Format, beside
+from kformer.export.runner import ArtifactRunner
+
+OPSET = 17
+
+
+class Onnx(Format):
+    name = "onnx"
+    variants = ("fp32", "text", "int8")  # fp32 first: the others are made from it
+    extension = ".onnx"
+
+    def write(self, module, path, variant="fp32"):
+        import onnx
+
+        if variant == "fp32":
+            proto = convert(module)
+        elif variant == "int8":
+            proto = quantize(onnx.load(beside(path, "fp32", self)))
+        else:
+            from kformer.export.onnx_text import build_text_model
+
+            core = onnx.load(beside(path, "fp32", self))
+            proto = build_text_model(core, module.tokenizer_proto, module.config.to_dict(), OPSET)
+        # The text graph adds a Loop of its own: SentencepieceDecoder row by row.
+        text = variant == "text"
+        check(proto, path, ("ai.onnx.contrib",) if text else (), 2 * SEARCH_LOOPS + text)
+        onnx.save(proto, path)
+
+    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32):
+        if variant == "text":
+            return OnnxTextRunner(artifact_dir, beam_size, variant, threads, batch_size)
+        return OnnxRunner(artifact_dir, beam_size, variant, threads, batch_size)
+
+
+def convert(module):
+    """The frozen "either" function -> an ONNX model with the manifest's input and output names,
+    simplified by onnx_rewrite (weights once, fewer nodes per decoding step)."""
+    import tensorflow as tf
+    import tf2onnx
+
+    from kformer.export import onnx_rewrite
+
+    frozen = module.frozen("either")
+    # Freezing flattens the {"tokens", "scores"} dict: tokens are the int32 output, scores float32.
+    by_name = {("tokens" if t.dtype == tf.int32 else "scores"): t.name for t in frozen.outputs}
+    logging.getLogger("tf2onnx").setLevel(logging.ERROR)  # it warns per loop variable at INFO/WARNING
+    try:
+        proto, _ = tf2onnx.convert.from_graph_def(
+            frozen.graph.as_graph_def(),
+            input_names=[t.name for t in frozen.inputs],
+            output_names=[t.name for t in frozen.outputs],
+            opset=OPSET,
+        )
+    except Exception as e:
+        raise ExportError(f"ONNX conversion of the searches failed: {e}") from None
+    _rename_io(proto, {t.name: t.name.split(":")[0] for t in frozen.inputs}, by_name)
+    onnx_rewrite.simplify(proto.graph, OPSET)
+    return proto
+
+
+def _rename_io(proto, inputs, outputs):
+    """Gives the graph the names of the manifest (source_ids, beam -> tokens, scores) through
+    Identity nodes, leaving tf2onnx's internal names (also used inside subgraphs) untouched.
+    inputs: {tf2onnx name: public name}; outputs: {public name: tf2onnx name}."""
+    from onnx import helper
+
+    graph = proto.graph
+    for graph_input in graph.input:
+        internal, graph_input.name = graph_input.name, inputs[graph_input.name]
+        graph.node.insert(
+            0, helper.make_node("Identity", [graph_input.name], [internal], name=f"{graph_input.name}_in")
+        )
+    for output in graph.output:
+        public = next(k for k, v in outputs.items() if v == output.name)
+        graph.node.append(helper.make_node("Identity", [output.name], [public], name=f"{public}_out"))
+        output.name = public
+
+
+def nodes(graph):
+    """Every node of a graph, including those of its Loop/If/Scan bodies."""
+    from kformer.export import onnx_rewrite
+
+    return (node for g in onnx_rewrite.graphs(graph) for node in g.node)
+
+
+def check(proto, path, extra_domains=(), top_level_loops=2 * SEARCH_LOOPS):
+    """Standard domains only (tf2onnx exits 0 even when it leaves others), a top-level Loop per
+    pass of each search (plus those of the text graph), and onnx.checker's approval."""
+    import onnx
+
+    allowed = ("", "ai.onnx", *extra_domains)
+    bad = sorted({f"{n.domain}:{n.op_type}" for n in nodes(proto.graph) if n.domain not in allowed})
+    if bad:
+        raise ExportError(f"{path}: non-standard ONNX ops {bad} (tf2onnx exits 0 even when it leaves these)")
+    loops = sum(1 for n in proto.graph.node if n.op_type == "Loop")
+    if loops != top_level_loops:
+        raise ExportError(
+            f"{path}: expected {top_level_loops} top-level ONNX Loop(s) (one per pass of each search), "
+            f"found {loops}"
+        )
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise ExportError(f"{path}: onnx.checker rejected the model: {e}") from None
+
+
+def quantize(model, min_size=65536):
+    """int8 weights, fp32 arithmetic. Each float matrix of at least `min_size` values is stored as
+    int8 with one fp32 scale per output column (per row for an embedding table) and restored by a
+    Cast and a Mul in the main graph, outside the decoding Loop, which onnxruntime folds into a
+    constant when it loads the file. The file shrinks ~4x, and translations keep fp32's
+    properties: they do not depend on the other sentences of a batch, and onnxruntime-web gives
+    onnxruntime's. Not onnxruntime's dynamic quantization, which scales activations by their
+    batch-wide range (a sentence's translation then depends on its batch), nor its MatMulNBits
+    kernels, which onnxruntime-web does not run to the same tokens."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    uses = {}  # initializer name -> {(op type, input index)}, Loop body included
+    for node in nodes(graph):
+        for index, name in enumerate(node.input):
+            uses.setdefault(name, set()).add((node.op_type, index))
+    kept, restore = [], []
+    for weight in graph.initializer:
+        values = numpy_helper.to_array(weight)
+        if weight.data_type != onnx.TensorProto.FLOAT or values.ndim != 2 or values.size < min_size:
+            kept.append(weight)
+            continue
+        # A MatMul's right operand (K, N) gets a scale per column; a lookup table (V, D) one per row.
+        axis = 0 if uses.get(weight.name) == {("MatMul", 1)} else 1
+        scale = np.abs(values).max(axis=axis, keepdims=True) / 127.0
+        scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+        quantized = np.clip(np.round(values / scale), -127, 127).astype(np.int8)
+        kept += [
+            numpy_helper.from_array(quantized, weight.name + "/int8"),
+            numpy_helper.from_array(scale, weight.name + "/scale"),
+        ]
+        restore += [
+            helper.make_node(
+                "Cast", [weight.name + "/int8"], [weight.name + "/float"], to=onnx.TensorProto.FLOAT
+            ),
+            helper.make_node("Mul", [weight.name + "/float", weight.name + "/scale"], [weight.name]),
+        ]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    restored = restore + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(restored)
+    return model
 
 
 def beam_switch(search):
-    """The ONNX files' `beam` input: which of their two searches runs."""
+    """The files' `beam` input: which of their two searches runs."""
     return np.array(search == "beam")
 
 
-class OnnxRunner(Runner):
-    """Args: artifact_dir (from `kformer export`), beam_size (1 or the exported K),
-    variant ("fp32" or "int8"), threads (intra-op threads; default: all cores)."""
+def _session(path, threads, custom_ops=False):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if custom_ops:
+        from onnxruntime_extensions import get_library_path
+
+        options.register_custom_ops_library(get_library_path())
+    options.intra_op_num_threads = threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+class OnnxRunner(ArtifactRunner):
+    """An ids file (fp32 or int8) in onnxruntime."""
+
+    fmt = Onnx.name
 
     def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
-        super().__init__(artifact_dir, beam_size, batch_size)
-        entry = find_artifact(self.manifest, "onnx", self.search_name, variant)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or os.cpu_count() or 1
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(
-            verified_path(artifact_dir, self.manifest, entry), options, providers=["CPUExecutionProvider"]
-        )
+        super().__init__(artifact_dir, beam_size, variant, threads, batch_size)
+        self.session = _session(self.path, self.threads)
 
     def _search(self, search, batch):
-        # The file holds both searches: tokens (B, N, T), scores (B, N), N = 1 for greedy.
+        # tokens (B, N, T), scores (B, N), N = 1 for greedy.
         tokens, scores = self.session.run(
             ["tokens", "scores"], {"source_ids": batch, "beam": beam_switch(search)}
         )
         return (tokens, scores) if search == "beam" else (tokens[:, 0], scores[:, 0])
 
 
-class OnnxTextRunner(Runner):
-    """The text-in/text-out ONNX file (SentencePiece inside the graph): needs onnxruntime and
-    onnxruntime-extensions only. Over-long inputs are truncated silently inside the graph.
-    Use it in a process without TensorFlow: the extensions library crashes next to TensorFlow
-    and tensorflow-text, which bundle their own SentencePiece and protobuf."""
+class OnnxTextRunner(ArtifactRunner):
+    """The text-in/text-out file (SentencePiece inside the graph). Use it in a process without
+    TensorFlow: the onnxruntime-extensions library crashes next to TensorFlow and
+    tensorflow-text, which bundle their own SentencePiece and protobuf."""
 
-    def __init__(self, artifact_dir, beam_size=None, threads=None, batch_size=32):
-        from onnxruntime_extensions import get_library_path
+    fmt = Onnx.name
 
-        super().__init__(artifact_dir, beam_size, batch_size)
-        entry = find_artifact(self.manifest, "onnx", self.search_name, "text")
-        options = ort.SessionOptions()
-        options.register_custom_ops_library(get_library_path())
-        options.intra_op_num_threads = threads or os.cpu_count() or 1
-        self.session = ort.InferenceSession(
-            verified_path(artifact_dir, self.manifest, entry), options, providers=["CPUExecutionProvider"]
-        )
+    def __init__(self, artifact_dir, beam_size=None, variant="text", threads=None, batch_size=32):
+        super().__init__(artifact_dir, beam_size, "text", threads, batch_size)
+        self.session = _session(self.path, self.threads, custom_ops=True)
 
     def translate(self, texts):
         _, untranslated = batching.encode_texts(self.tokenizer, texts, self.config["max_source_length"])
@@ -65,3 +221,6 @@ class OnnxTextRunner(Runner):
 
     def _search(self, search, batch):
         raise TypeError("the text ONNX file takes text; use OnnxRunner for token ids")
+
+
+FORMAT = Onnx()

@@ -1,18 +1,19 @@
 """Fewer, larger ONNX nodes where tf2onnx spells one operation as many.
 
-onnxruntime runs the decoding Loop's body node by node, every step, so the body's node count is a
-cost of its own. The rewrite is exact up to float rounding and keeps standard-domain ops; the
-export's parity checks run on its result. LayerNorm as one node: the demo model's beam file
-893 -> 773 nodes (523 -> 451 in the Loop body), greedy 666 -> 546; measured interleaved with the
-same tokens (2026-11-24): 0.81-1.0x the time at batch 1, 0.98-0.99x at batch 32. A float
-tf.where as one Where node, except the key/value cache writes: beam body 392 -> 332 nodes, greedy
-284 -> 239; interleaved, same tokens (2026-11-24 22:20): 0.94-0.96x the time at batch 1,
-0.97-1.00x at batch 32 (every blend as a Where, cache writes included: beam at batch 32 1.16x
-slower; the cache writes are now additions, kformer.attention).
-Also, each weight is stored once: a folded transposed copy becomes a Transpose node. A decoding
-step's attention products (kformer.attention writes each as a broadcast multiply and a sum, for
-TFLite) become matrix products, and the log-probabilities of its top tokens are read from one
-LogSoftmax (kformer.search spells out the log-sum-exp, for TFLite).
+onnxruntime runs the decoding Loop's body node by node at every step, so the body's node count is a
+cost of its own (a few microseconds a node at batch 1). Each rewrite is exact up to float rounding,
+keeps standard-domain ops, and runs before the export's parity checks:
+
+- LayerNorm: tf2onnx's thirteen nodes become one LayerNormalization (opset 17).
+- A float tf.where, which tf2onnx writes as Cast(c) * x + y * Cast(Not(c)), becomes one Where.
+  (The key/value cache writes are additions instead, kformer.portable.add_to_slot: as Where nodes
+  they made beam search at batch 32 slower.)
+- Each weight is stored once: tf2onnx folds transpose(E) of the tied output projection into a
+  second copy of the embedding table; it becomes a Transpose node, folded back at load.
+- A decoding step's attention products, which kformer.portable spells as a broadcast multiply and
+  a sum for TFLite, become matrix products.
+- The top tokens' log-probabilities, a log-sum-exp spelled out for TFLite (kformer.portable
+  .top_log_probs), are read from one LogSoftmax.
 """
 
 import functools
@@ -315,13 +316,13 @@ def _attention_product(node, made_by, constants, shapes):
 
 
 def _top_log_probs(graph, shapes):
-    """kformer.search ranks a step's logits L (rows, V) and normalizes only the top k, as
+    """kformer.portable.top_log_probs ranks a step's logits L (rows, V) and normalizes only the top k, as
     TopK(L).values - (m + Log(ReduceSum(Exp(L - m)))) with m = ReduceMax(L) (TFLite would write and
     rank a (rows, V) tensor of log-probabilities otherwise). In onnxruntime those are five passes
     over L; its LogSoftmax is one vectorized kernel. The same values, up to float rounding, as
         GatherElements(LogSoftmax(L), TopK(L).indices)
-    (the tokens are still ranked by L itself). Measured alone (V = 8000, 2026-11-25): 10 -> 8 us at
-    one row, 379 -> 308 us at 128 rows and k = 8; onnxruntime's ReduceLogSumExp was 2-5x slower."""
+    (the tokens are still ranked by L itself): about 0.8x the time alone at V = 8000, from one row
+    to 128. (onnxruntime's ReduceLogSumExp, one node too, was 2-5x slower.)"""
 
     def log_softmax(g, node, found):
         logits, indices = found

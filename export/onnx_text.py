@@ -4,7 +4,7 @@ search graph. Needs onnxruntime-extensions at run time."""
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from export.onnx_rewrite import graphs
+from kformer.export.onnx_rewrite import graphs
 
 CONTRIB = "ai.onnx.contrib"
 IR_VERSION = 10  # explicit: onnxruntime 1.31 rejects the IR 14 that newer onnx may default to

@@ -1,52 +1,56 @@
-"""Runners that need TensorFlow: the exported SavedModel, and the Keras model of a training folder."""
+"""SavedModel: the TensorFlow format, with text-in/text-out signatures (tensorflow-text inside).
 
-import numpy as np
-import tensorflow as tf
+Signatures greedy_ids / beam_ids (source_ids -> tokens, scores) and greedy_text / beam_text
+(text -> translation), one folder, the weights once."""
 
-from export.runtime import Runner, find_artifact, verified_path
-from kformer.config import BEAM_SIZE, LENGTH_PENALTY
+from kformer.export.format import Format
+from kformer.export.runner import ArtifactRunner
 
 
-class SavedModelRunner(Runner):
-    def __init__(self, artifact_dir, beam_size=None, batch_size=32):
-        super().__init__(artifact_dir, beam_size, batch_size)
+class SavedModel(Format):
+    name = "savedmodel"
+
+    def file(self, variant):
+        return "savedmodel"  # one folder, fp32 only
+
+    def write(self, module, path, variant="fp32"):
+        import tensorflow as tf
+
+        signatures = {
+            f"{search}_{kind}": getattr(module, f"{search}_{kind}").get_concrete_function()
+            for search in ("greedy", "beam")
+            for kind in ("ids", "text")
+        }
+        tf.saved_model.save(module, path, signatures=signatures)
+
+    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32):
+        return SavedModelRunner(artifact_dir, beam_size, variant, threads, batch_size)
+
+
+class SavedModelRunner(ArtifactRunner):
+    """The SavedModel in TensorFlow (`threads` is TensorFlow's business)."""
+
+    fmt = SavedModel.name
+
+    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
+        super().__init__(artifact_dir, beam_size, variant, threads, batch_size)
+        import tensorflow as tf
         import tensorflow_text  # noqa: F401  (registers the SentencePiece ops of the text signatures)
 
-        entry = find_artifact(self.manifest, "savedmodel", "all", "fp32")
-        self.loaded = tf.saved_model.load(verified_path(artifact_dir, self.manifest, entry))
+        self.loaded = tf.saved_model.load(self.path)
 
     def _search(self, search, batch):
+        import tensorflow as tf
+
         result = self.loaded.signatures[f"{search}_ids"](source_ids=tf.constant(batch))
         return result["tokens"].numpy(), result["scores"].numpy()
 
     def translate_text(self, texts):
         """The text-in/text-out signature: SentencePiece inside the graph."""
+        import tensorflow as tf
+
         fn = self.loaded.signatures[f"{self.search_name}_text"]
         return [t.decode("utf-8") for t in fn(text=tf.constant(texts, tf.string))["translation"].numpy()]
 
 
-class KerasRunner:
-    """The training folder's Keras model behind the same interface (the reference runtime)."""
-
-    def __init__(self, model_dir, beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_length=None, batch_size=32):
-        from kformer import checkpoint
-        from kformer.translate import Translator
-
-        model, self.config, self.tokenizer, _ = checkpoint.load(model_dir)
-        self.translator = Translator(
-            model,
-            self.tokenizer,
-            beam_size=max(1, beam_size),
-            alpha=alpha,
-            max_length=max_length,
-            batch_size=batch_size,
-        )
-
-    def search(self, batch):
-        return self.translator.search(np.asarray(batch, np.int32))
-
-    def translate_ids(self, ids):
-        return self.translator.translate_ids(ids)
-
-    def translate(self, texts):
-        return self.translator.translate(texts)
+FORMAT = SavedModel()

@@ -1,36 +1,93 @@
-"""Run an exported TFLite translator with LiteRT: numpy, sentencepiece, ai-edge-litert only."""
+"""TFLite: builtin operators only, both searches in one file as the signatures "greedy" and
+"beam" (the converter stores equal constants once, so the weights are stored once).
 
-import os
+Variants: fp32; fp16 (float16 weights); int8 (dynamic-range quantized weights, float
+activations); fixed (fp32 with the input shape fixed to (1, max_source_length), for LiteRT.js in
+the web page, which cannot resize inputs). The runner needs numpy, sentencepiece and
+ai-edge-litert only."""
 
 import numpy as np
-from ai_edge_litert.interpreter import Interpreter
 
-from export.runtime import Runner, find_artifact, verified_path
+from kformer.export.format import ExportError, Format
+from kformer.export.runner import ArtifactRunner
 
 
-class TfliteRunner(Runner):
-    """Args: artifact_dir (from `kformer export`), beam_size (1 or the exported K),
-    variant ("fp32", "fp16", "int8", or "fixed": fp32 with input shape (1, max_source_length),
-    the web page's file, run here one padded row at a time), threads."""
+class Tflite(Format):
+    name = "tflite"
+    variants = ("fp32", "fp16", "int8", "fixed")
+    extension = ".tflite"
+
+    def write(self, module, path, variant="fp32"):
+        """Frozen searches (an unfrozen loop converts, then fails at invoke with READ_VARIABLE) ->
+        one flatbuffer, checked for builtins only."""
+        import tensorflow as tf
+
+        if variant not in self.variants:
+            raise ValueError(f"unknown TFLite variant {variant!r}; choose from {self.variants}")
+        functions = []
+        for name in ("greedy", "beam"):
+            function = module.frozen(name, variant == "fixed")
+            function.graph.name = name  # the signature's name
+            functions.append(function)
+        converter = tf.lite.TFLiteConverter.from_concrete_functions(functions, module)
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex fallback
+        if variant in ("fp16", "int8"):
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        if variant == "fp16":
+            converter.target_spec.supported_types = [tf.float16]
+        try:
+            flatbuffer = converter.convert()
+        except Exception as e:  # the converter raises ConverterError and friends
+            raise ExportError(f"TFLite conversion of the searches failed: {e}") from None
+        check_ops(flatbuffer, path)
+        with open(path, "wb") as f:
+            f.write(flatbuffer)
+
+    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32):
+        return TfliteRunner(artifact_dir, beam_size, variant, threads, batch_size)
+
+
+def operators(flatbuffer):
+    """Names of the operators in a TFLite flatbuffer: builtins by name, others by custom code."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(flatbuffer, 0))
+    names = {value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
+    ops = set()
+    for code in model.operatorCodes:
+        builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
+        if builtin == schema.BuiltinOperator.CUSTOM:
+            ops.add("CUSTOM:" + bytes(code.customCode or b"").decode())
+        else:
+            ops.add(names.get(builtin, str(builtin)))
+    return ops
+
+
+def check_ops(flatbuffer, path):
+    """A converter that succeeds proves nothing: Flex or custom ops need the TensorFlow runtime."""
+    bad = sorted(op for op in operators(flatbuffer) if op.startswith("CUSTOM:"))
+    if bad:
+        raise ExportError(f"{path}: Flex/custom ops {bad} would need the TensorFlow runtime; builtins only")
+
+
+class TfliteRunner(ArtifactRunner):
+    """A TFLite file in LiteRT. The "fixed" file runs one padded row at a time."""
+
+    fmt = Tflite.name
 
     def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
-        super().__init__(artifact_dir, beam_size, batch_size)
-        entry = find_artifact(self.manifest, "tflite", self.search_name, variant)
-        # Delegate clustering off: with LiteRT 2.3.0's default, an interpreter made after another of
-        # the same file was freed now and then gave other scores or tokens on its first call (2 to 6
-        # of 39 fresh interpreters on the tiny test model's file as exported at 11164ea). Tensors
-        # are no longer kept apart (experimental_preserve_all_tensors, 1.17-1.2x the time): with
-        # the decoding graphs of 2026-11-25 no fresh interpreter differed without it (README: Design).
+        from ai_edge_litert.interpreter import Interpreter
+
+        super().__init__(artifact_dir, beam_size, variant, threads, batch_size)
+        # Delegate clustering off: with LiteRT's default, an interpreter made after another of the
+        # same file was freed now and then gave other scores or tokens on its first call
+        # (test_fresh_tflite_interpreters_agree). Tensors are not kept apart
+        # (experimental_preserve_all_tensors costs 1.17-1.2x the time and is not needed for the
+        # decoding graphs as they are written now; the same test guards it).
         interpreter = Interpreter(
-            model_path=verified_path(artifact_dir, self.manifest, entry),
-            num_threads=threads or os.cpu_count() or 1,
-            experimental_disable_delegate_clustering=True,
+            model_path=self.path, num_threads=self.threads, experimental_disable_delegate_clustering=True
         )
-        # A file of both searches has the signatures "greedy" and "beam"; a one-search file has one.
-        signatures = interpreter.get_signature_list()
-        self.signature = interpreter.get_signature_runner(
-            self.search_name if self.search_name in signatures else next(iter(signatures))
-        )
+        self.signature = interpreter.get_signature_runner(self.search_name)
         ((self.input_name, self.input),) = self.signature.get_input_details().items()
         # Outputs by dtype: tokens are the int32 output, scores the float32 one.
         outputs = {np.dtype(d["dtype"]): name for name, d in self.signature.get_output_details().items()}
@@ -45,7 +102,8 @@ class TfliteRunner(Runner):
         return self._invoke(batch)
 
     def _invoke(self, batch):
-        results = self.signature(
-            **{self.input_name: batch}
-        )  # resizes to the batch's shape (dynamic batch, length)
+        results = self.signature(**{self.input_name: batch})  # resizes to the batch's (B, S)
         return tuple(results[name] for name in self.outputs)
+
+
+FORMAT = Tflite()

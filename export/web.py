@@ -12,7 +12,7 @@ import os
 import posixpath
 import urllib.parse
 
-from export.runtime import find_artifact, load_manifest
+from kformer.export.manifest import find_artifact, load
 
 WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
 NODE_MODULES = os.path.join(WEB_DIR, "node_modules")
@@ -52,8 +52,8 @@ def check(artifact_dir, runtime="onnx", variant="fp32"):
             f"{missing[0]} not found: install the page's packages with `npm ci --prefix {WEB_DIR}` "
             "(the README's commands do it)"
         )
-    manifest = load_manifest(artifact_dir)
-    find_artifact(manifest, fmt, "all", variant)  # the page loads one file for both searches
+    manifest = load(artifact_dir)
+    find_artifact(manifest, fmt, variant)  # the page loads one file for both searches
     return manifest
 
 

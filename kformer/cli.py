@@ -7,8 +7,6 @@ import logging
 import os
 import sys
 
-from export.runtime import DEFAULT_FORMATS, FORMATS, RUNTIMES, VARIANTS
-from export.web import PAGE_RUNTIMES
 from kformer import extras
 from kformer.config import (
     BEAM_SIZE,
@@ -20,6 +18,8 @@ from kformer.config import (
     TransformerConfig,
 )
 from kformer.distributed import CONNECT_TIMEOUT_SECONDS, STRATEGIES
+from kformer.export.formats import DEFAULT_FORMATS, FORMATS, RUNTIMES, VARIANTS
+from kformer.export.web import PAGE_RUNTIMES
 
 
 def _start_tensorflow(args):
@@ -27,10 +27,10 @@ def _start_tensorflow(args):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     training = args.command in ("train", "demo") or (args.command == "bench" and args.what == "train")
     if training and "tensorflow" not in sys.modules:
-        # oneDNN's CPU kernels, which TensorFlow turns on by default only on some CPUs: kformer's
-        # training step 4-7% faster on this project's AMD EPYC machine (same batches, interleaved
-        # runs). TensorFlow reads this when it starts (a `main` called after it started, as in
-        # the tests, changes nothing: its subprocesses would inherit it); an explicit 0 wins.
+        # oneDNN's CPU kernels, which TensorFlow turns on by default only on some CPUs (kformer's
+        # training step is 4-7% faster with them on the AMD EPYC CPUs it was measured on). TensorFlow reads this when it
+        # starts (a `main` called after it started, as in the tests, changes nothing: its
+        # subprocesses would inherit it); an explicit 0 wins.
         os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     if getattr(args, "runtime", "keras") != "keras" or args.command in ("bench", "web"):
         return  # exported runtimes run without TensorFlow; bench sets XLA flags before it starts
@@ -92,8 +92,8 @@ def _train(args):
 
 
 def _translate(args):
-    from export.runtime import open_runner
     from kformer import data as data_lib
+    from kformer.export.formats import open_runner
 
     runner = open_runner(
         args.model,
@@ -130,7 +130,7 @@ def _attention(args):
 
 
 def _export(args):
-    from export.exporter import export, print_summary
+    from kformer.export.exporter import export, print_summary
 
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     quantize = [q.strip() for q in (args.quantize or "").split(",") if q.strip()]
@@ -172,34 +172,32 @@ def _demo(args):
 
 
 def _bench(args):
+    needs_model = {"decode": "a training directory", "runtimes": "a `kformer export` folder",
+                   "web": "a `kformer export` folder with ONNX files"}  # fmt: skip
+    if args.what in needs_model and not args.model:
+        raise ValueError(f"bench {args.what} needs --model ({needs_model[args.what]})")
     if args.what == "runtimes":
-        from export.benchmark import bench_runtimes, print_table
+        from kformer.bench.runtimes import bench_runtimes, print_table
 
-        if not args.model:
-            raise ValueError("bench runtimes needs --model ART (a `kformer export` folder)")
         results = bench_runtimes(args.model, sentences=args.sentences, rounds=args.rounds)
     elif args.what == "web":
-        from export.benchmark import bench_web
-        from export.benchmark import print_web_table as print_table
+        from kformer.bench.web import bench_web
+        from kformer.bench.web import print_web_table as print_table
 
-        if not args.model:
-            raise ValueError("bench web needs --model ART (a `kformer export` folder with ONNX files)")
         results = bench_web(
             args.model, sentences=args.sentences, rounds=args.rounds, screenshot=args.screenshot
         )
     elif args.what == "train":
-        from kformer import bench
+        from kformer.bench import train
 
-        bench.count_xla_compilations_from_here()  # before TensorFlow starts
-        results = bench.bench_train(args.config, steps=args.steps, precision=args.precision)
-        print_table = bench.print_train_table
+        train.count_xla_compilations_from_here()  # before TensorFlow starts
+        results = train.bench_train(args.config, steps=args.steps, precision=args.precision)
+        print_table = train.print_train_table
     else:
-        from kformer import bench
+        from kformer.bench.decode import bench_decode
+        from kformer.bench.decode import print_decode_table as print_table
 
-        if not args.model:
-            raise ValueError("bench decode needs --model DIR (a training directory)")
-        results = bench.bench_decode(args.model)
-        print_table = bench.print_decode_table
+        results = bench_decode(args.model)
     print_table(results)
     if args.json:
         with open(args.json, "w") as f:
@@ -207,7 +205,7 @@ def _bench(args):
 
 
 def _web(args):
-    from export import web
+    from kformer.export import web
 
     server, url = web.serve(args.model, args.port, args.runtime, args.variant)
     print(f"serving {args.model} on 127.0.0.1 only; open {url}  (Ctrl-C stops)", flush=True)
@@ -227,17 +225,9 @@ def _precision_options(p):
         help="compute precision of training; weights stay float32 (auto: bfloat16 on a CPU with "
         "bfloat16 instructions and oneDNN, else float32; float16 is for GPUs)",
     )
-    p.add_argument(
-        "--mixed-precision", dest="precision", action="store_const", const="float16", help=argparse.SUPPRESS
-    )  # the earlier name of --precision float16
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="kformer", description="Train, translate with and export encoder-decoder Transformers."
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-
+def _add_train(commands):
     p = commands.add_parser("train", help="train (or resume) a model in --out")
     p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
     p.add_argument(
@@ -279,7 +269,7 @@ def build_parser():
         choices=STRATEGIES,
         default="default",
         help="mirrored: data-parallel over the local accelerators; multi-worker: over the "
-        "workers of TF_CONFIG (run the same command on each; README: several machines)",
+        "workers of TF_CONFIG (run the same command on each, --out on storage every worker reads)",
     )
     p.add_argument(
         "--connect-timeout",
@@ -290,6 +280,8 @@ def build_parser():
     )
     p.set_defaults(run=_train)
 
+
+def _add_translate(commands):
     p = commands.add_parser("translate", help="translate TEXT arguments, or stdin one sentence per line")
     p.add_argument("--model", required=True, help="training directory, or an export folder with --runtime")
     p.add_argument("--runtime", default="keras", choices=RUNTIMES)
@@ -315,6 +307,8 @@ def build_parser():
     p.add_argument("text", nargs="*")
     p.set_defaults(run=_translate)
 
+
+def _add_attention(commands):
     p = commands.add_parser("attention", help="picture of the encoder-decoder alignment for a sentence (PNG)")
     p.add_argument("--model", required=True, help="training directory")
     p.add_argument("--out", default="alignment.png")
@@ -323,6 +317,8 @@ def build_parser():
     p.add_argument("text")
     p.set_defaults(run=_attention)
 
+
+def _add_export(commands):
     p = commands.add_parser(
         "export", help="write SavedModel, TFLite and ONNX (and CTranslate2) translators, verified"
     )
@@ -343,6 +339,8 @@ def build_parser():
     )
     p.set_defaults(run=_export)
 
+
+def _add_evaluate(commands):
     p = commands.add_parser("evaluate", help="BLEU and chrF on a held-out split or on files")
     p.add_argument("--model", required=True, help="training directory")
     p.add_argument("--split", default="test", choices=["test", "dev"])
@@ -354,12 +352,16 @@ def build_parser():
     p.add_argument("--limit", type=_positive(int), help="only the first N sentences")
     p.set_defaults(run=_evaluate)
 
+
+def _add_demo(commands):
     p = commands.add_parser("demo", help="train on the default corpus, report BLEU, show translations")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
     p.add_argument("--minutes", type=_positive(float), default=20)
     p.set_defaults(run=_demo)
 
+
+def _add_web(commands):
     p = commands.add_parser("web", help="serve a page that translates in the browser with an export")
     p.add_argument("--model", required=True, help="export folder")
     p.add_argument("--port", type=_positive(int, zero_allowed=True), default=8000, help="0: any free port")
@@ -376,6 +378,8 @@ def build_parser():
     )
     p.set_defaults(run=_web)
 
+
+def _add_bench(commands):
     p = commands.add_parser("bench", help="benchmarks: ratios measured in one run")
     p.add_argument("what", choices=["train", "decode", "runtimes", "web"])
     p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
@@ -392,6 +396,24 @@ def build_parser():
     _precision_options(p)
     p.add_argument("--json", help="also write the results to this file")
     p.set_defaults(run=_bench)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="kformer", description="Train, translate with and export encoder-decoder Transformers."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    for add in (
+        _add_train,
+        _add_translate,
+        _add_attention,
+        _add_export,
+        _add_evaluate,
+        _add_demo,
+        _add_web,
+        _add_bench,
+    ):
+        add(commands)
     return parser
 
 
@@ -405,7 +427,7 @@ def main(argv=None):
     log.setLevel(logging.INFO)
     log.propagate = False
     logging.getLogger("tensorflow").setLevel(logging.ERROR)  # converters are chatty at INFO/WARNING
-    from export.runtime import ExportError
+    from kformer.export.format import ExportError
 
     try:
         args.run(args)

@@ -450,7 +450,7 @@ def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_ind
     options.deterministic = True
     # No autotuning: its background thread models every window `group_by_window` opens, and with
     # Keras' validation (the dev iterator is dropped each epoch and waits for that thread) it stalled
-    # `fit` for 12-48 s in some epochs (a third of an epoch of `small` on 2 cores, 2026-11-25). This
+    # `fit` for 12-48 s in some epochs (a third of an epoch of `small` on 2 cores). This
     # pipeline needs no tuning: it batches token ids already in memory (~150 batches/s on one core).
     options.autotune.enabled = False
     return ds.with_options(options).prefetch(2)

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from kformer import batching, search
 from kformer.config import BEAM_SIZE, FIRST_PASS_EXTRA_TOKENS, LENGTH_PENALTY
+from kformer.export.runner import Runner
 
 SOURCE_SPEC = tf.TensorSpec([None, None], tf.int32, name="source_ids")
 
@@ -137,3 +138,20 @@ class Translator(tf.Module):
             self.config.max_source_length,
             lambda ids: self.translate_ids(ids, beam_size),
         )
+
+
+class KerasRunner(Runner):
+    """The training folder's Keras model behind the runners' interface: the reference runtime."""
+
+    def __init__(self, model_dir, beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_length=None, batch_size=32):
+        from kformer import checkpoint
+
+        model, config, tokenizer, _ = checkpoint.load(model_dir)
+        beam_size = max(1, beam_size)
+        super().__init__(config.to_dict(), tokenizer, beam_size, batch_size)
+        self.translator = Translator(
+            model, tokenizer, beam_size=beam_size, alpha=alpha, max_length=max_length, batch_size=batch_size
+        )
+
+    def _search(self, search, batch):
+        return self.translator.search(batch)

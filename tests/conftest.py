@@ -11,13 +11,24 @@ import pytest  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from export.exporter import export  # noqa: E402
-from export.runtime import FORMATS  # noqa: E402
 from kformer import data as data_lib  # noqa: E402
 from kformer.config import preset  # noqa: E402
+from kformer.export.exporter import export  # noqa: E402
+from kformer.export.formats import FORMATS  # noqa: E402
 from kformer.model import Transformer  # noqa: E402
 
 PYTHON = sys.executable
+
+
+def python_lines(script, *args, env=None):
+    """Runs `python -c script args...` in a process of its own; its output lines. A failure fails
+    the test with the end of the process's stderr."""
+    from kformer import subprocesses
+
+    try:
+        return subprocesses.run_python(script, *args, env=env).strip().splitlines()
+    except subprocesses.Failed as e:
+        pytest.fail(f"the process failed:\n{e}")
 
 
 @pytest.fixture(scope="session")
@@ -90,7 +101,7 @@ def artifacts(model_dir, tmp_path_factory):
     export(
         model_dir,
         out,
-        formats=FORMATS,
+        formats=tuple(FORMATS),
         quantize=("fp16", "int8"),
         beam_size=BEAM,
         max_length=MAX_LENGTH,

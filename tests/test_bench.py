@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BEAM
+from conftest import BEAM, python_lines
 
-from export.benchmark import worker
-from kformer.bench import bench_decode, print_decode_table, print_train_table
+from kformer.bench.decode import bench_decode, print_decode_table
+from kformer.bench.runtimes import worker
+from kformer.bench.train import print_train_table
 
 
 def test_bench_decode_times_the_same_work_in_every_variant(model_dir, capsys):  # noqa: F811
@@ -28,7 +29,7 @@ def test_bench_decode_times_the_same_work_in_every_variant(model_dir, capsys):  
 
 
 def test_runtime_worker_measures_the_runtime_it_names(artifacts, tmp_path):  # noqa: F811
-    from export.run_onnx import OnnxRunner
+    from kformer.export.onnx import OnnxRunner
 
     sources = ["我們試試看！", "他很高興。", "好"]
     job = tmp_path / "job.json"
@@ -45,7 +46,7 @@ def test_reference_model_trains_one_step():
     import numpy as np
     from conftest import random_ids
 
-    from kformer.bench import reference_model
+    from kformer.bench.train import reference_model
     from kformer.config import preset
     from kformer.train import compile_model
 
@@ -64,7 +65,7 @@ def test_reference_model_trains_one_step():
 
 @pytest.mark.slow
 def test_bench_train_compares_same_size_models_on_the_same_pairs(capsys):
-    from kformer.bench import bench_train
+    from kformer.bench.train import bench_train
 
     results = bench_train("tiny", steps=3, rounds=1, precision="bfloat16", overrides={"batch_tokens": 128})
     assert results["variants"] == [
@@ -97,7 +98,7 @@ def test_bench_train_compares_same_size_models_on_the_same_pairs(capsys):
 
 
 def test_bench_train_without_its_extra_stops_before_any_work(monkeypatch):
-    from kformer import bench
+    from kformer.bench import train as bench
 
     monkeypatch.setitem(sys.modules, "keras_hub", None)  # as if installed without [bench]
     monkeypatch.setattr(bench, "_fixed_batches", lambda *a, **k: pytest.fail("read the corpus first"))
@@ -110,9 +111,9 @@ def test_bench_train_without_its_extra_stops_before_any_work(monkeypatch):
 def test_bench_runtimes_takes_a_folder_relative_to_where_it_is_run(
     artifacts, trained_dir, tmp_path, monkeypatch
 ):
-    """Each measurement runs in a process of its own, started in the repository folder: a relative
-    export folder (`kformer bench runtimes --model ART`) must reach it as a path that still works there."""
-    from export import benchmark
+    """Each measurement runs in a process of its own, started in another folder: a relative export
+    folder (`kformer bench runtimes --model ART`) must reach it as a path that still works there."""
+    from kformer.bench import runtimes
 
     shutil.copytree(artifacts, tmp_path / "ART")
     with open(tmp_path / "ART" / "manifest.json", encoding="utf-8") as f:
@@ -127,14 +128,14 @@ def test_bench_runtimes_takes_a_folder_relative_to_where_it_is_run(
         raise InterruptedError
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(benchmark.subprocess, "run", start)
+    monkeypatch.setattr(subprocess, "run", start)
     with pytest.raises(InterruptedError):
-        benchmark.bench_runtimes("ART", sentences=2, rounds=1, progress=lambda *a, **k: None)
+        runtimes.bench_runtimes("ART", sentences=2, rounds=1, progress=lambda *a, **k: None)
     assert os.path.isfile(os.path.join(started[0], "manifest.json"))
 
 
 def test_runtimes_are_set_against_ctranslate2_of_the_same_search_and_precision():
-    from export.benchmark import _against_ctranslate2
+    from kformer.bench.runtimes import _against_ctranslate2
 
     def row(runtime, variant, search, latency, per_s):
         return {
@@ -158,7 +159,7 @@ def test_runtimes_are_set_against_ctranslate2_of_the_same_search_and_precision()
 
 
 def test_ratios_to_ctranslate2_are_taken_round_by_round():
-    from export.benchmark import _against_ctranslate2, _median_row
+    from kformer.bench.runtimes import _against_ctranslate2, _median_row
 
     def rounds(runtime, latencies):
         return _median_row(
@@ -186,7 +187,7 @@ def test_ratios_to_ctranslate2_are_taken_round_by_round():
 
 
 def test_runtime_rounds_are_reduced_to_medians_and_the_highest_peak_memory():
-    from export.benchmark import _median_row
+    from kformer.bench.runtimes import _median_row
 
     rounds = [
         {
@@ -214,9 +215,8 @@ def test_runtime_rounds_are_reduced_to_medians_and_the_highest_peak_memory():
 
 def test_xla_dump_folder_is_removed_at_exit():
     script = (
-        "import os; from kformer import bench; bench.count_xla_compilations_from_here(); "
-        "dump = os.environ[bench.XLA_DUMP_ENV]; open(os.path.join(dump, 'x.txt'), 'w').write('hlo'); print(dump)"
+        "import os; from kformer.bench import train; train.count_xla_compilations_from_here(); "
+        "dump = os.environ[train.XLA_DUMP_ENV]; open(os.path.join(dump, 'x.txt'), 'w').write('hlo'); print(dump)"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    dump = result.stdout.strip().splitlines()[-1]
+    dump = python_lines(script)[-1]
     assert dump and not os.path.exists(dump), dump  # `bench train` leaked ~100 MB a run before

@@ -37,7 +37,7 @@ def test_train_command_writes_a_training_directory(tmp_path, corpus_tsv, capsys)
     assert {"config.json", "tokenizer.model", "model.keras"} <= set(os.listdir(out))
 
 
-def test_train_precision_option_and_its_earlier_name():
+def test_train_precision_option():
     from kformer.cli import build_parser
 
     def precision(*argv):
@@ -45,7 +45,6 @@ def test_train_precision_option_and_its_earlier_name():
 
     assert precision() == "auto"
     assert precision("--precision", "bfloat16") == "bfloat16"
-    assert precision("--mixed-precision") == "float16"  # kept for scripts written before --precision
     with pytest.raises(SystemExit):
         precision("--precision", "half")
 

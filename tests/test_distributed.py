@@ -9,7 +9,7 @@ import time
 import types
 
 import pytest
-from conftest import PYTHON
+from conftest import PYTHON, python_lines
 
 from kformer import checkpoint
 from kformer import data as data_lib
@@ -67,7 +67,7 @@ STEP_SCRIPT = r"""
 import json, sys
 import numpy as np
 import tensorflow as tf
-if sys.argv[1] == "mirrored":  # two replicas on this machine's CPU
+if sys.argv[1] == "mirrored":  # two replicas on the CPU
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     devices = [d.name for d in tf.config.list_logical_devices("CPU")]
@@ -136,9 +136,7 @@ def _check_step_report(text):
 
 
 def test_mirrored_strategy_takes_the_step_of_one_process():
-    result = subprocess.run([PYTHON, "-c", STEP_SCRIPT, "mirrored"], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    _check_step_report(result.stdout)
+    _check_step_report("\n".join(python_lines(STEP_SCRIPT, "mirrored")))
 
 
 def test_two_workers_take_the_step_of_one_process(tmp_path):
@@ -256,13 +254,13 @@ def test_the_time_budget_stops_every_worker_when_one_worker_is_out_of_time(monke
     agreed on. Here this worker has time left, and the (simulated) other worker has none."""
     import keras
 
-    from kformer import train as train_module
+    from kformer import callbacks
 
     def other_worker_out_of_time(strategy, value, reduction="SUM"):
         return value + 1 if reduction == "SUM" else value
 
-    monkeypatch.setattr(train_module.distributed, "agree", other_worker_out_of_time)
-    budget = train_module.Budget(schedule=None, minutes=10)
+    monkeypatch.setattr(callbacks.distributed, "agree", other_worker_out_of_time)
+    budget = callbacks.Budget(schedule=None, minutes=10)
     model = types.SimpleNamespace(
         optimizer=types.SimpleNamespace(iterations=keras.Variable(1)), stop_training=False
     )

@@ -1,10 +1,9 @@
 import json
-import subprocess
 
 import keras
 import numpy as np
 import pytest
-from conftest import PYTHON, random_ids
+from conftest import python_lines, random_ids
 
 from kformer.config import preset
 from kformer.model import Transformer
@@ -85,8 +84,7 @@ m = keras.saving.load_model({path!r})
 out = m({{"source_ids": d["source_ids"], "target_ids": d["target_ids"]}})
 print(json.dumps({{"diff": float(np.abs(np.asarray(out) - d["expected"]).max()), "config": m.config.to_dict()}}))
 """
-    result = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, check=True)
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = json.loads(python_lines(script)[-1])
     assert report["diff"] < 1e-6
     assert report["config"] == model.config.to_dict()
 
@@ -138,10 +136,10 @@ def _hub_name(path):
 
 def test_model_matches_keras_hub_layers_with_the_same_weights():
     """An independent implementation: keras-hub's TransformerEncoder/Decoder, ReversibleEmbedding and
-    SinePositionEncoding (kformer.bench.reference_model) given kformer's weights give the same logits."""
+    SinePositionEncoding (kformer.bench.train.reference_model) given kformer's weights give the same logits."""
     import keras
 
-    from kformer.bench import reference_model
+    from kformer.bench.train import reference_model
 
     config = preset("tiny", vocab_size=50, num_encoder_layers=2, num_decoder_layers=2)
     keras.utils.set_random_seed(0)

@@ -2,55 +2,18 @@ import glob
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import types
 
 import keras
 import numpy as np
 import pytest
-from conftest import PYTHON, saved_weights
+from conftest import python_lines, saved_weights
 
 from kformer import checkpoint
 from kformer.config import preset
-from kformer.train import (
-    BudgetSchedule,
-    LabelSmoothedCrossEntropy,
-    MaskedAccuracy,
-    TransformerSchedule,
-    budget_warmup,
-    train,
-)
-
-
-def test_schedule_follows_the_paper():
-    schedule = TransformerSchedule(d_model=512, warmup_steps=4000)
-    for step in (1, 100, 4000, 20000):
-        expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
-        assert float(schedule(step - 1)) == pytest.approx(expected, rel=1e-5)  # optimizer steps count from 0
-
-
-def test_budget_schedule_warms_up_linearly_then_decays_to_zero():
-    schedule = BudgetSchedule(peak=1e-3, warmup_steps=10, total_steps=110)
-    lr = [float(schedule(i)) for i in range(120)]  # optimizer iterations 0, 1, ...
-    assert lr[0] == pytest.approx(1e-4) and lr[4] == pytest.approx(5e-4)
-    assert max(lr) == pytest.approx(1e-3) and lr.index(max(lr)) == 9  # the peak ends the warm-up
-    assert lr[59] == pytest.approx(1e-3 * 51 / 100)  # halfway down the linear decay
-    assert lr[109] == pytest.approx(1e-3 / 100) and lr[110:] == [0.0] * 10  # the last step, then nothing
-    schedule.set(20, 220)  # the budget callback re-sizes it in place
-    assert float(schedule(19)) == pytest.approx(1e-3) and float(schedule(219)) == pytest.approx(1e-3 / 200)
-
-
-def test_budget_schedule_holds_the_peak_before_its_decay_fraction():
-    schedule = BudgetSchedule(peak=1e-3, warmup_steps=10, total_steps=100, decay_fraction=0.3)
-    lr = [float(schedule(i)) for i in range(100)]
-    assert lr[9:70] == pytest.approx([1e-3] * 61)  # held from the end of the warm-up to step 70
-    assert lr[84] == pytest.approx(1e-3 * 16 / 30) and lr[99] == pytest.approx(1e-3 / 30)
-
-
-def test_warmup_is_a_fraction_of_the_estimated_steps_capped_by_the_config():
-    config = preset("small").replace(warmup_fraction=0.05, warmup_steps=300)
-    assert [budget_warmup(config, total) for total in (10, 1000, 4000, 10**6)] == [1, 50, 200, 300]
+from kformer.schedules import budget_warmup
+from kformer.train import train
 
 
 def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, corpus_tsv):
@@ -106,9 +69,9 @@ def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, c
 
 
 class StepClock(keras.callbacks.Callback):
-    """A clock for `kformer.train` that advances `seconds_per_step` at each training step (listed
+    """A clock for `kformer.callbacks` that advances `seconds_per_step` at each training step (listed
     before kformer's callbacks, it ticks before they read it): the budget logic sees a machine of
-    exactly known speed, whatever this machine's speed or stalls are today."""
+    exactly known speed, whatever the real machine's speed or stalls."""
 
     def __init__(self, seconds_per_step):
         super().__init__()
@@ -124,7 +87,7 @@ class StepClock(keras.callbacks.Callback):
 def test_time_budget_sizes_the_schedule_and_a_spent_budget_changes_nothing(tmp_path, corpus_tsv, monkeypatch):
     clock = StepClock(0.25)  # 4 steps/s: a 30 s budget holds 120 steps, 48 s hold 192
     monkeypatch.setattr(
-        sys.modules["kformer.train"], "time", types.SimpleNamespace(monotonic=clock.monotonic)
+        sys.modules["kformer.callbacks"], "time", types.SimpleNamespace(monotonic=clock.monotonic)
     )
     out = str(tmp_path / "run")
     args = dict(
@@ -153,26 +116,6 @@ def test_time_budget_sizes_the_schedule_and_a_spent_budget_changes_nothing(tmp_p
     assert resumed["schedule"]["warmup_steps"] == state["schedule"]["warmup_steps"]
     assert resumed["schedule"]["total_steps"] == pytest.approx(192)
     assert resumed["seconds"] == pytest.approx(48)
-
-
-def test_label_smoothed_loss_against_numpy():
-    rng = np.random.default_rng(0)
-    logits = rng.normal(size=(2, 3, 5)).astype("float32")
-    labels = np.array([[1, 4, 0], [2, 0, 0]], "int32")
-    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    target = np.full((2, 3, 5), 0.1 / 5)
-    target[np.arange(2)[:, None], np.arange(3)[None], labels] += 0.9
-    per_token = -(target * log_probs).sum(-1)
-    mask = labels != 0
-    expected = per_token[mask].mean()
-    assert float(LabelSmoothedCrossEntropy(0.1)(labels, logits)) == pytest.approx(expected, rel=1e-5)
-
-
-def test_masked_accuracy_ignores_padding():
-    logits = np.eye(5, dtype="float32")[[[1, 2, 3], [4, 4, 4]]]
-    metric = MaskedAccuracy()
-    metric.update_state(np.array([[1, 2, 0], [4, 1, 0]]), logits)
-    assert float(metric.result()) == pytest.approx(3 / 4)
 
 
 def _sha(path):
@@ -307,8 +250,8 @@ def test_time_budget_stops_and_saves(tmp_path, corpus_tsv):
 
 XLA_SCRIPT = r"""
 import json, sys
-from kformer import bench
 from kformer import data as data_lib
+from kformer.bench import train as bench
 from kformer.train import train, prepare
 out, corpus, dump = sys.argv[1:4]
 train(out, "tiny", data=corpus, vocab_size=1200, epochs=3, xla=True, verbose=0, checkpoint_seconds=10**6)
@@ -324,18 +267,11 @@ print(json.dumps({"compilations": bench.count_xla_compilations(dump), "train_sha
 
 
 def test_xla_compilations_bounded_by_bucket_shapes(tmp_path, corpus_tsv):
-    from kformer.bench import xla_dump_flags
+    from kformer.bench.train import xla_dump_flags
 
     dump = str(tmp_path / "xla")
     env = dict(os.environ, XLA_FLAGS=xla_dump_flags(dump))
-    result = subprocess.run(
-        [PYTHON, "-c", XLA_SCRIPT, str(tmp_path / "run"), corpus_tsv, dump],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = json.loads(python_lines(XLA_SCRIPT, str(tmp_path / "run"), corpus_tsv, dump, env=env)[-1])
     # One compilation per distinct batch shape, never per batch: train shapes are the buckets.
     assert report["train_shapes"] <= report["buckets"], report
     assert 1 < report["compilations"] <= report["train_shapes"] + report["dev_shapes"], report
@@ -371,74 +307,3 @@ def test_mixed_precision_trains_and_reloads_in_float32(tmp_path, corpus_tsv, pre
     assert seen == {"compute": {precision}, "weights": {"float32"}}  # every weighted layer computes in it
     # weights were kept in float32; inference runs in float32
     assert dtypes(checkpoint.load(out).model) == {"compute": {"float32"}, "weights": {"float32"}}
-
-
-def test_auto_precision_is_bfloat16_only_where_the_cpu_multiplies_it_through_onednn(tmp_path, monkeypatch):
-    import tensorflow as tf
-
-    from kformer import train as train_lib
-
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 fma\nbogomips\t: 4000\n")
-    flags = train_lib.cpu_flags(str(cpuinfo))
-    assert {"avx512_bf16", "avx2"} <= flags and "bogomips" not in flags
-    assert train_lib.cpu_flags(str(tmp_path / "absent")) == set()
-
-    def machine(flags, onednn="on", gpus=()):
-        monkeypatch.setattr(train_lib, "cpu_flags", lambda: set(flags))
-        monkeypatch.setattr(train_lib, "onednn_state", lambda: onednn)
-        monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: list(gpus))
-        return train_lib.choose_precision("auto")[0]
-
-    assert machine({"avx2", "avx512f", "avx512_bf16"}) == "bfloat16"
-    assert machine({"avx2", "amx_bf16"}) == "bfloat16"
-    assert machine({"avx2", "avx512f"}) == "float32"  # bfloat16 without the instructions is slower
-    assert machine({"avx512_bf16"}, onednn="off") == "float32"  # and without oneDNN's kernels too
-    assert machine({"avx512_bf16"}, gpus=["GPU:0"]) == "float32"
-    assert train_lib.choose_precision("float16") == ("float16", "as asked")
-    with pytest.raises(ValueError, match="--precision 'half'"):
-        train_lib.choose_precision("half")
-
-
-def test_label_smoothed_loss_gradient_against_numpy():
-    """d loss / d logits = (softmax - smoothed target) / non-pad count on real tokens, 0 on pads."""
-    import tensorflow as tf
-
-    rng = np.random.default_rng(1)
-    logits = rng.normal(size=(2, 3, 5)).astype("float32")
-    labels = np.array([[1, 4, 0], [2, 3, 0]], "int32")
-    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-    target = np.full((2, 3, 5), 0.1 / 5)
-    target[np.arange(2)[:, None], np.arange(3)[None], labels] += 0.9
-    mask = (labels != 0)[..., None]
-    expected = (probs - target) * mask / mask.sum()
-    variable = tf.Variable(logits)
-    with tf.GradientTape() as tape:
-        loss = LabelSmoothedCrossEntropy(0.1)(labels, variable)
-    np.testing.assert_allclose(tape.gradient(loss, variable).numpy(), expected, atol=1e-6)
-
-
-def test_fused_adam_is_adam_with_a_moving_average_in_one_kernel_each():
-    """FusedAdam's weights, moments and moving average equal Adam's arithmetic written in numpy,
-    step for step on a decaying rate, and its graph runs the fused kernels (not Keras' ops)."""
-    import tensorflow as tf
-
-    from kformer.optimizer import FusedAdam
-
-    rng = np.random.default_rng(0)
-    start = rng.normal(size=(7, 5)).astype("float32")
-    grads = rng.normal(size=(4, 7, 5)).astype("float32")
-    rate = keras.optimizers.schedules.ExponentialDecay(1e-2, 2, 0.5)
-    variable = keras.Variable(start)
-    optimizer = FusedAdam(rate, beta_1=0.9, beta_2=0.98, epsilon=1e-9, use_ema=True, ema_momentum=0.8)
-    apply = tf.function(lambda g: optimizer.apply_gradients([(g, variable)]))
-    w, m, v, average = start.astype("float64"), 0.0, 0.0, None
-    for t, g in enumerate(grads, start=1):
-        apply(g)
-        m, v = 0.9 * m + 0.1 * g, 0.98 * v + 0.02 * g**2
-        w = w - 1e-2 * 0.5 ** ((t - 1) / 2) * np.sqrt(1 - 0.98**t) / (1 - 0.9**t) * m / (np.sqrt(v) + 1e-9)
-        average = w if average is None else 0.8 * average + 0.2 * w
-        np.testing.assert_allclose(variable.numpy(), w, atol=1e-6)
-        np.testing.assert_allclose(optimizer._model_variables_moving_average[0].numpy(), average, atol=1e-6)
-    ops = {op.type for op in apply.get_concrete_function(grads[0]).graph.get_operations()}
-    assert {"ResourceApplyAdam", "ResourceApplyGradientDescent"} <= ops

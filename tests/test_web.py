@@ -15,9 +15,9 @@ import urllib.request
 import pytest
 from conftest import BEAM, PYTHON
 
-from export import web
-from export.runtime import open_runner
 from kformer import data
+from kformer.export import web
+from kformer.export.formats import open_runner
 
 NODE = shutil.which("node")
 TOKENIZER_JS = os.path.join(web.WEB_DIR, "sentencepiece.js")
@@ -239,7 +239,7 @@ def test_web_command_serves_until_stopped(artifacts):
 
 @pytest.mark.slow
 def test_bench_web_measures_page_and_python(browser, artifacts, tmp_path):
-    from export.benchmark import bench_web, print_web_table
+    from kformer.bench.web import bench_web, print_web_table
 
     results = bench_web(
         artifacts,

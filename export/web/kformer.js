@@ -31,7 +31,7 @@ async function sha256(bytes) {
   return [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
 }
 
-/** The bytes of a manifest entry, after checking its sha256 (as export/runtime.verified_path). */
+/** The bytes of a manifest entry, after checking its sha256 (as export/manifest.verified_path). */
 async function verifiedBytes(entry) {
   const url = modelUrl + entry.file;
   const response = await fetch(url);
@@ -43,11 +43,11 @@ async function verifiedBytes(entry) {
   return bytes;
 }
 
-/** The file of that format and the page's variant: one file holds both searches ("all"). */
+/** The file of that format and the page's variant: one file holds both searches. */
 function findArtifact(manifest, format) {
-  const entry = manifest.artifacts.find((a) => a.format === format && a.search === "all" && a.variant === variant);
+  const entry = manifest.artifacts.find((a) => a.format === format && a.variant === variant);
   if (!entry) {
-    const have = manifest.artifacts.filter((a) => a.format === format).map((a) => `${a.search}/${a.variant}`);
+    const have = manifest.artifacts.filter((a) => a.format === format).map((a) => `${a.format}/${a.variant}`);
     throw new ArtifactError(`no ${format} ${variant} file in this export (it has ${have.join(", ") || "none"});` +
                             ` re-export with --formats ${format}` + (variant === "int8" ? " --quantize int8" : ""));
   }
@@ -86,7 +86,7 @@ const RUNTIMES = {
       const model = await lrt.loadAndCompile(bytes, { accelerator: "wasm", cpuOptions: { numThreads: threads } });
       const length = model.getInputDetails()[0].shape[1]; // the file's fixed (1, max_source_length) input
       // LiteRT.js cannot resize inputs: one row at a time, padded to the fixed length (as
-      // export/run_tflite.py does for this file).
+      // export/tflite.py does for this file).
       // One file, both searches: the signatures "greedy" and "beam".
       return async (batch, rows, width, beam) => {
         const parts = [];

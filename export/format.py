@@ -1,0 +1,51 @@
+"""What an export format is: its variants, its files, how each is written and run.
+
+One module per format (savedmodel, tflite, onnx, ctranslate2) subclasses `Format`; the registry
+of them is `kformer.export.formats`. A format module imports its converter and runtime only
+inside the functions that use them, so that listing the formats imports neither."""
+
+import os
+
+QUANTIZATIONS = ("fp16", "int8")  # variants written only when asked for (`kformer export --quantize`)
+# A search runs in two passes, each one loop (kformer.search._in_two_passes): an ONNX Loop, a
+# TFLite WHILE. The writers check the count: a converter that unrolled or dropped a loop fails.
+SEARCH_LOOPS = 2
+
+
+class ExportError(RuntimeError):
+    """A conversion that produced something unusable; the message says what and where."""
+
+
+class Format:
+    """One format of `kformer export`. Every file it writes serves both searches.
+
+    Subclasses set:
+        name: the format's name in the CLI and the manifest.
+        variants: its variants, in the order they are written (the first, fp32, before those
+            made from it); those in QUANTIZATIONS only when asked for.
+    and implement `write(module, path, variant)` (module: a `kformer.export.module.ExportModule`)
+    and `open(artifact_dir, variant, beam_size, threads, batch_size) -> Runner`.
+    """
+
+    name = None
+    variants = ("fp32",)
+    extension = ""  # of the file of each variant; "" for a folder
+
+    def file(self, variant):
+        """The path of a variant's file inside the export folder."""
+        return f"{self.name}/{variant}{self.extension}"
+
+    def planned(self, quantize=()):
+        """The variants to write: every one that is not a quantization, and those asked for."""
+        return [v for v in self.variants if v not in QUANTIZATIONS or v in quantize]
+
+    def write(self, module, path, variant):
+        raise NotImplementedError
+
+    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32):
+        raise NotImplementedError
+
+
+def beside(path, variant, fmt):
+    """The file of another variant of the same format, written before `path` in its folder."""
+    return os.path.join(os.path.dirname(path), os.path.basename(fmt.file(variant)))

@@ -1,0 +1,5 @@
+"""Benchmarks, not tests: each prints ratios measured in one run on the same inputs (interleaved,
+so a change in the machine's speed hits every variant alike) and never fails on an absolute time.
+
+train: kformer's training step against keras-hub's; decode: the cached loop against the naive
+re-run; runtimes: every exported runtime against CTranslate2; web: the page against Python."""

@@ -1,0 +1,244 @@
+"""`kformer bench train`: kformer's training step against the same-size keras-hub model, with and
+without XLA, per precision, on the same batches interleaved."""
+
+import atexit
+import glob
+import logging
+import os
+import shutil
+import tempfile
+import time
+
+from kformer import extras
+from kformer.config import DEFAULT_PRESET, PRECISIONS
+
+log = logging.getLogger("kformer")
+
+XLA_DUMP_ENV = "KFORMER_XLA_DUMP"
+
+
+def xla_dump_flags(directory):
+    """XLA_FLAGS that make XLA write one file per compiled train step (set before TensorFlow starts)."""
+    return f"--xla_dump_to={directory} --xla_dump_hlo_as_text"
+
+
+def count_xla_compilations_from_here():
+    """Makes XLA dump what it compiles from now on, so `bench_train` can count its compilations.
+    XLA reads its flags once, when TensorFlow starts: call this before importing it."""
+    dump = tempfile.mkdtemp(prefix="kformer-xla-")
+    atexit.register(shutil.rmtree, dump, ignore_errors=True)  # ~100 MB of HLO text per run
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_dump_flags(dump)).strip()
+    os.environ[XLA_DUMP_ENV] = dump
+
+
+def count_xla_compilations(directory, function="one_step_on_data"):
+    """Number of XLA compilations of Keras' train step recorded in an XLA dump folder."""
+    return len(glob.glob(os.path.join(directory, f"*{function}*before_optimizations.txt")))
+
+
+def _fixed_batches(config_name, count, seed, overrides=None):
+    """`count` training batches of the default corpus (all bucket shapes mixed), twice: as training
+    without XLA batches them (grouped by both lengths, padded to the longest row) and with XLA
+    (padded to the bucket)."""
+    from kformer import data as data_lib
+    from kformer.train import prepare
+
+    with tempfile.TemporaryDirectory() as work:
+        config, tokenizer, splits, _ = prepare(work, config_name, overrides=overrides)
+    encoded = data_lib.encode_pairs(tokenizer, splits["train"], config)
+
+    def batches(pad_to_bucket):
+        dataset = data_lib.make_dataset(
+            encoded, config, training=True, seed=seed, pad_to_bucket=pad_to_bucket
+        )
+        return [(dict((k, v.numpy()) for k, v in x.items()), y.numpy()) for x, y in dataset.take(count)]
+
+    return config, batches(False), batches(True)
+
+
+def reference_model(config, dtype=None):
+    """The same-size model built from keras-hub layers (post-LN TransformerEncoder/Decoder, a tied
+    ReversibleEmbedding scaled by sqrt(d_model), sine positions): the yardstick of `bench train`.
+    `dtype`: a Keras dtype policy (e.g. "mixed_bfloat16"), as kformer's model takes it."""
+    import keras
+    import keras_hub
+    from keras import ops
+
+    inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in ("source_ids", "target_ids")}
+    embedding = keras_hub.layers.ReversibleEmbedding(
+        config.vocab_size, config.d_model, dtype=dtype, name="embedding"
+    )
+    positions = keras_hub.layers.SinePositionEncoding(dtype=dtype)
+    dropout = keras.layers.Dropout(config.dropout, dtype=dtype)
+    layer_args = dict(
+        intermediate_dim=config.d_ff,
+        num_heads=config.num_heads,
+        dropout=config.dropout,
+        dtype=dtype,
+        activation=config.activation,
+        layer_norm_epsilon=1e-6,
+        normalize_first=config.norm_position == "pre",
+    )
+
+    def embed(ids):
+        x = embedding(ids) * config.d_model**0.5
+        return dropout(x + positions(x))
+
+    source_mask = ops.not_equal(inputs["source_ids"], config.pad_id)
+    x = embed(inputs["source_ids"])
+    for i in range(config.num_encoder_layers):
+        encoder = keras_hub.layers.TransformerEncoder(**layer_args, name=f"transformer_encoder_{i}")
+        x = encoder(x, padding_mask=source_mask)
+    y = embed(inputs["target_ids"])
+    for i in range(config.num_decoder_layers):
+        y = keras_hub.layers.TransformerDecoder(**layer_args, name=f"transformer_decoder_{i}")(
+            y,
+            x,
+            decoder_padding_mask=ops.not_equal(inputs["target_ids"], config.pad_id),
+            encoder_padding_mask=source_mask,
+        )
+    return keras.Model(inputs, embedding(y, reverse=True), name="keras_hub_reference")
+
+
+def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, precision="auto", rounds=3, overrides=None):
+    """Real (non-pad) source+target tokens/s of `train_on_batch` on the same batches, in rounds
+    interleaved batch by batch: kformer as it trains (`precision`, "auto" as `kformer train`
+    picks it) without XLA (batches padded to their longest row) and with XLA (padded to the
+    bucket, so shapes are bounded), and the same-size keras-hub model (padded to the longest row)
+    as a Keras user trains it: float32, keras.optimizers.Adam with the same settings and moving
+    average; kformer's loss and metric (the same functions, and the faster). When the precision
+    is not float32, kformer in float32 and keras-hub in that precision run too, so each precision
+    has its own ratio.
+
+    Every distinct batch shape is run once before timing, so compilation is not timed (it is
+    reported as warm-up seconds: XLA compiles once per bucket shape, which a short run pays for).
+    """
+    from kformer.precision import choose_precision, onednn_state
+
+    extras.require("keras_hub", "kformer bench train")  # its reference model; before any work
+    precision, why = choose_precision(precision)
+    config, dynamic, bucketed = _fixed_batches(config_name, steps, seed, overrides)
+    runs = {
+        "kformer": ("kformer", precision, False, dynamic),
+        "kformer_xla": ("kformer", precision, True, bucketed),
+        "keras_hub": ("keras_hub", "float32", False, dynamic),
+    }
+    if precision != "float32":
+        runs["kformer_float32"] = ("kformer", "float32", False, dynamic)
+        runs[f"keras_hub_{precision}"] = ("keras_hub", precision, False, dynamic)
+    variants = {name: _compiled(config, seed, *run) for name, run in runs.items()}
+    _time_interleaved(variants, steps, rounds)
+    results = {
+        "config": config_name,
+        "steps": steps,
+        "rounds": rounds,
+        "real_tokens": variants["kformer"]["real"],
+        "pairs_per_step": sum(len(y) for _, y in dynamic) / steps,
+        "precision": precision,
+        "precision_why": why,
+        "variants": list(variants),
+        "distinct_bucket_shapes": len({y.shape for _, y in bucketed}),
+        "onednn": onednn_state(),
+    }
+    _add_speeds(results, variants, steps, precision)
+    dump = os.environ.get(XLA_DUMP_ENV)
+    if dump:
+        results["xla_compilations"] = count_xla_compilations(dump)
+    return results
+
+
+def _compiled(config, seed, model_kind, precision, xla, batches):
+    """A compiled model of `model_kind` ("kformer" or "keras_hub"), run once on every distinct
+    batch shape (the warm-up: tracing and compiling), with its batches' token counts."""
+    import keras
+
+    from kformer.model import Transformer
+    from kformer.train import compile_model
+
+    keras.utils.set_random_seed(seed)
+    dtype = PRECISIONS[precision]
+    model = Transformer(config, dtype=dtype) if model_kind == "kformer" else reference_model(config, dtype)
+    model = compile_model(model, config, xla=xla, fused=model_kind == "kformer")
+    start = time.perf_counter()
+    for x, y in {(x["source_ids"].shape, y.shape): (x, y) for x, y in batches}.values():
+        model.train_on_batch(x, y)
+    real = sum(int((x["source_ids"] != config.pad_id).sum() + (y != config.pad_id).sum()) for x, y in batches)
+    padded = sum(x["source_ids"].size + y.size for x, y in batches)
+    return {
+        "model": model,
+        "batches": batches,
+        "warmup_s": time.perf_counter() - start,
+        "real": real,
+        "padding": 1 - real / padded,
+        "parameters": model.count_params(),
+        "seconds": [],
+        "precision": precision,
+    }
+
+
+def _time_interleaved(variants, steps, rounds):
+    """Adds each round's seconds to every variant's "seconds", batch by batch in turn, so a change
+    in the machine's speed hits all alike."""
+    for _ in range(rounds):
+        for v in variants.values():
+            v["seconds"].append(0.0)
+        for i in range(steps):
+            for v in variants.values():
+                x, y = v["batches"][i]
+                start = time.perf_counter()
+                v["model"].train_on_batch(x, y)
+                v["seconds"][-1] += time.perf_counter() - start
+
+
+def _add_speeds(results, variants, steps, precision):
+    """Each variant's median speed, and the ratios between them, into `results`."""
+    import statistics
+
+    for name, v in variants.items():
+        seconds, real = statistics.median(v["seconds"]), v["real"]
+        results[name] = {
+            "steps_per_s": steps / seconds,
+            "real_tokens_per_s": real / seconds,
+            **{k: v[k] for k in ("precision", "padding", "warmup_s", "parameters")},
+        }
+        log.info("%s: %.2f steps/s, %.0f real tokens/s", name, steps / seconds, real / seconds)
+    speed = {name: results[name]["real_tokens_per_s"] for name in variants}
+    results["xla_speedup"] = speed["kformer_xla"] / speed["kformer"]
+    results["vs_keras_hub"] = speed["kformer"] / speed["keras_hub"]  # each as it trains by default
+    results["vs_keras_hub_same_precision"] = speed["kformer"] / speed.get(
+        f"keras_hub_{precision}", speed["keras_hub"]
+    )
+    if precision != "float32":
+        results["vs_keras_hub_float32"] = speed["kformer_float32"] / speed["keras_hub"]
+        results["precision_speedup"] = speed["kformer"] / speed["kformer_float32"]
+
+
+def print_train_table(results):
+    print(
+        f"train bench, config {results['config']}: {results['steps']} batches ({results['pairs_per_step']:.0f} "
+        f"pairs each, {results['real_tokens']} real source+target tokens), median of {results['rounds']} "
+        f"rounds interleaved batch by batch; oneDNN CPU kernels {results['onednn']}; kformer's precision "
+        f"{results['precision']} ({results['precision_why']})"
+    )
+    print(
+        f"{'':18} {'precision':>9} {'steps/s':>8} {'real tokens/s':>14} {'padding':>8} {'warm-up s':>10} "
+        f"{'parameters':>11}"
+    )
+    for name in results["variants"]:
+        r = results[name]
+        print(
+            f"{name:18} {r['precision']:>9} {r['steps_per_s']:8.2f} {r['real_tokens_per_s']:14.0f} "
+            f"{r['padding']:8.0%} {r['warmup_s']:10.1f} {r['parameters']:11,}"
+        )
+    precision = results["precision"]
+    print(f"kformer ({precision}) vs keras-hub (float32), real tokens/s: {results['vs_keras_hub']:.2f}x")
+    if precision != "float32":
+        print(
+            f"same precision: {precision} {results['vs_keras_hub_same_precision']:.2f}x, float32 "
+            f"{results['vs_keras_hub_float32']:.2f}x; kformer {precision} vs float32: "
+            f"{results['precision_speedup']:.2f}x"
+        )
+    print(
+        f"XLA vs no XLA: {results['xla_speedup']:.2f}x; XLA compilations of the train step: "
+        f"{results.get('xla_compilations', 'not counted')} (bucket shapes: {results['distinct_bucket_shapes']})"
+    )

@@ -1,0 +1,127 @@
+"""Keras callbacks of a training run: the budget (steps or minutes), the NaN guard, the checkpoints."""
+
+import logging
+import math
+import time
+
+import keras
+from keras import ops
+
+from kformer import checkpoint, distributed
+from kformer.schedules import BudgetSchedule, budget_warmup
+
+log = logging.getLogger("kformer")
+
+
+def steps_done(model):
+    """The optimizer's step count (`int(variable)` fails on a multi-worker MirroredVariable)."""
+    return int(ops.convert_to_numpy(model.optimizer.iterations))
+
+
+class Budget(keras.callbacks.Callback):
+    """Stops cleanly after `max_steps` optimizer steps in total or when the time budget is spent
+    (`minutes` in all, of which `spent_seconds` were used by earlier runs of this directory).
+
+    With a time budget and a `BudgetSchedule`, the steps the rest of the budget allows are
+    re-estimated every `every` steps from the speed measured in this run (the first step, which
+    compiles, is not counted), so warm-up and decay fit the budget whatever the machine's speed.
+
+    With several workers (`strategy`), every time decision is agreed on (the first clock to run
+    out stops all, the schedule is sized from the mean estimate), so the workers stop at the same
+    step and train on the same learning rate.
+    """
+
+    def __init__(self, schedule, max_steps=None, minutes=None, spent_seconds=0.0, every=25, strategy=None):
+        super().__init__()
+        self.schedule, self.max_steps, self.every, self.strategy = schedule, max_steps, every, strategy
+        self.seconds = None if minutes is None else minutes * 60.0
+        self.spent_seconds = spent_seconds
+        self.reason = None
+
+    def on_train_begin(self, logs=None):
+        self.start = time.monotonic()
+        self.first = None  # (step, time) after the first step of this run
+
+    def elapsed(self):
+        return self.spent_seconds + time.monotonic() - self.start
+
+    def steps_per_second(self):
+        """Speed of this run after its first step (which traces/compiles)."""
+        if self.first is None:
+            return float("nan")
+        return (steps_done(self.model) - self.first[0]) / max(time.monotonic() - self.first[1], 1e-9)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = steps_done(self.model)
+        if self.first is None:
+            self.first = (step, time.monotonic())
+        elif self.seconds is not None and (step - self.first[0]) % self.every == 0:
+            self._estimate(step)
+        if self.max_steps is not None and step >= self.max_steps:
+            self.reason, self.model.stop_training = f"reached {self.max_steps} steps", True
+        elif (
+            self.seconds is not None and distributed.agree(self.strategy, self.elapsed() >= self.seconds) > 0
+        ):
+            self.reason, self.model.stop_training = f"time budget of {self.seconds / 60:g} min used", True
+
+    def _estimate(self, step):
+        schedule = self.schedule
+        if not isinstance(schedule, BudgetSchedule):
+            return
+        rate = self.steps_per_second()
+        total = distributed.agree(
+            self.strategy, step + max(self.seconds - self.elapsed(), 0.0) * rate, "MEAN"
+        )
+        warmup = float(schedule.warmup_steps)
+        first_estimate = step - self.first[0] == self.every
+        if first_estimate and step < warmup:  # size the warm-up too
+            warmup = budget_warmup(self.model.config, total)
+        schedule.set(warmup, total)
+        if first_estimate:
+            log.info(
+                "%.2f steps/s: learning rate %s (re-estimated as training goes)", rate, schedule.describe()
+            )
+
+
+class StopOnNaN(keras.callbacks.Callback):
+    """Stops at the first non-finite loss; the last good checkpoint is kept, not overwritten."""
+
+    def __init__(self):
+        super().__init__()
+        self.failed_at = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            self.failed_at = steps_done(self.model)
+            self.model.stop_training = True
+
+
+class Checkpoint(keras.callbacks.Callback):
+    """Saves model.keras (weights + optimizer state) and training.json every `every_seconds` and
+    at the end of each epoch (also the last, cut-short one), atomically, so a kill loses at most
+    that much progress. Runs before Keras' end-of-fit averaging, so the raw weights are kept."""
+
+    def __init__(self, path, budget, every_seconds=300, nan_guard=None):
+        super().__init__()
+        self.path, self.budget, self.every_seconds, self.nan_guard = path, budget, every_seconds, nan_guard
+        self.last = time.monotonic()
+
+    def save(self):
+        if self.nan_guard is not None and self.nan_guard.failed_at is not None:
+            return
+        state = {
+            "steps": steps_done(self.model),
+            "seconds": self.budget.elapsed(),
+            "schedule": self.budget.schedule.get_config(),
+            "replicas": self.model.distribute_strategy.num_replicas_in_sync,
+        }
+        checkpoint.save(self.model, self.path, state)
+        self.last = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if time.monotonic() - self.last >= self.every_seconds:
+            self.save()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.save()

@@ -1,0 +1,155 @@
+"""kformer.export.onnx_rewrite on small hand-made graphs: each rewrite gives onnxruntime's values
+before and after, and leaves alone what it must not touch."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from kformer.export import onnx_rewrite
+from kformer.export.onnx import OPSET
+
+
+@pytest.mark.parametrize("transposed_first", [True, False])
+def test_the_tied_embedding_is_stored_once_as_its_lookup_table(transposed_first):
+    """Whichever copy tf2onnx writes first, the table a Gather reads is kept (int8 then scales it
+    per token) and the output projection reads its transpose."""
+    table = np.arange(64 * 32, dtype=np.float32).reshape(64, 32) / 100  # (V, M)
+    copies = [numpy_helper.from_array(table, "E"), numpy_helper.from_array(table.T.copy(), "E_T")]
+    h = onnx.helper
+    graph = h.make_graph(
+        [h.make_node("Gather", ["E", "ids"], ["x"]), h.make_node("MatMul", ["x", "E_T"], ["logits"])],
+        "g",
+        [h.make_tensor_value_info("ids", onnx.TensorProto.INT64, [2])],
+        [h.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [2, 64])],
+        initializer=copies[::-1] if transposed_first else copies,
+    )
+    onnx_rewrite.simplify(graph, OPSET)
+    assert [i.name for i in graph.initializer] == ["E"]
+    (transpose,) = [n for n in graph.node if n.op_type == "Transpose"]
+    assert list(transpose.input) == ["E"] and list(transpose.output) == ["E_T"]
+
+
+def _run_graph(graph, feeds):
+    """onnxruntime's outputs of a bare ONNX graph (the rewrite tests' before and after)."""
+    import onnxruntime
+
+    h = onnx.helper
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET)], ir_version=8)
+    return onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
+
+
+def test_blends_become_where():
+    """tf2onnx's tf.where, Cast(c) * x + y * Cast(Not(c)), becomes one Where with the same values,
+    also where it blends a graph input (a Loop body's carried state)."""
+    h = onnx.helper
+
+    def blend(c, x, y, out):
+        return [
+            h.make_node("Cast", [c], [f"{out}/c"], to=onnx.TensorProto.FLOAT),
+            h.make_node("Not", [c], [f"{out}/n"]),
+            h.make_node("Cast", [f"{out}/n"], [f"{out}/nc"], to=onnx.TensorProto.FLOAT),
+            h.make_node("Mul", [f"{out}/c", x], [f"{out}/a"]),
+            h.make_node("Mul", [y, f"{out}/nc"], [f"{out}/b"]),
+            h.make_node("Add", [f"{out}/a", f"{out}/b"], [out]),
+        ]
+
+    vector = [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [4]) for n in ("x", "y")]
+    graph = h.make_graph(
+        [h.make_node("Relu", ["y"], ["relu"])]
+        + blend("c", "relu", "x", "inner")
+        + blend("c", "inner", "inner", "out"),
+        "g",
+        [h.make_tensor_value_info("c", onnx.TensorProto.BOOL, [4]), *vector],
+        [h.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [4])],
+    )
+    feeds = {
+        "c": np.array([True, False, True, False]),
+        "x": np.array([1.0, -2.0, -3.0, 4.0], np.float32),
+        "y": np.array([5.0, -6.0, 7.0, 8.0], np.float32),
+    }
+
+    expected = _run_graph(graph, feeds)
+    assert onnx_rewrite.simplify(graph, OPSET)["Where"] == 2
+    assert [n.op_type for n in graph.node] == ["Relu", "Where", "Where"]
+    np.testing.assert_array_equal(_run_graph(graph, feeds), expected)
+
+
+def test_step_attention_products_become_matmuls():
+    """A step's q * k summed over D and weights * v summed over the keys (kformer.attention) become
+    matrix products with the same values; a product of two full (B, H, T, D) tensors stays."""
+    h, f32 = onnx.helper, onnx.TensorProto.FLOAT
+    axes = {
+        n: numpy_helper.from_array(np.array([a], np.int64), n) for n, a in (("a3", 3), ("a2", 2), ("m1", -1))
+    }
+    graph = h.make_graph(
+        [
+            h.make_node("Mul", ["k", "q"], ["qk"]),
+            h.make_node("ReduceSum", ["qk", "a3"], ["scores"], keepdims=0),  # (B, H, T)
+            h.make_node("Softmax", ["scores"], ["weights"]),
+            h.make_node("Unsqueeze", ["weights", "m1"], ["weights4"]),
+            h.make_node("Mul", ["weights4", "k"], ["wv"]),
+            h.make_node("ReduceSum", ["wv", "a2"], ["context"], keepdims=0),  # (B, H, D)
+            h.make_node("Mul", ["k", "k"], ["kk"]),
+            h.make_node("ReduceSum", ["kk", "a3"], ["norms"], keepdims=0),  # not attention: stays
+        ],
+        "g",
+        [
+            h.make_tensor_value_info("q", f32, ["B", 2, 1, 3]),
+            h.make_tensor_value_info("k", f32, ["B", 2, "T", 3]),
+        ],
+        [h.make_tensor_value_info(n, f32, None) for n in ("context", "norms")],
+        initializer=list(axes.values()),
+    )
+    rng = np.random.default_rng(0)
+    feeds = {
+        "q": rng.normal(size=(2, 2, 1, 3)).astype(np.float32),
+        "k": rng.normal(size=(2, 2, 5, 3)).astype(np.float32),
+    }
+
+    expected = _run_graph(graph, feeds)
+    assert onnx_rewrite.simplify(graph, OPSET)["MatMul"] == 2
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("MatMul") == 2 and ops.count("Mul") == 1 and ops.count("ReduceSum") == 1, ops
+    for got, want in zip(_run_graph(graph, feeds), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_top_log_probs_read_one_log_softmax():
+    """kformer.search's top-k log-probabilities, TopK(L).values - (m + Log(ReduceSum(Exp(L - m))))
+    with m = ReduceMax(L), become GatherElements(LogSoftmax(L), TopK(L).indices) with the same
+    values; the same nodes over the first axis (not the last, which LogSoftmax takes) stay."""
+    h, f32 = onnx.helper, onnx.TensorProto.FLOAT
+    constants = [
+        numpy_helper.from_array(np.array([3], np.int64), "k"),
+        numpy_helper.from_array(np.array([-1], np.int64), "last"),
+        numpy_helper.from_array(np.array([0], np.int64), "first"),
+    ]
+
+    def top_log_probs(logits, axis, sum_axes, out):
+        return [
+            h.make_node("ReduceMax", [logits], [f"{out}/m"], axes=[axis], keepdims=1),
+            h.make_node("Sub", [logits, f"{out}/m"], [f"{out}/d"]),
+            h.make_node("Exp", [f"{out}/d"], [f"{out}/e"]),
+            h.make_node("ReduceSum", [f"{out}/e", sum_axes], [f"{out}/s"], keepdims=1),
+            h.make_node("Log", [f"{out}/s"], [f"{out}/l"]),
+            h.make_node("Add", [f"{out}/m", f"{out}/l"], [f"{out}/total"]),
+            h.make_node("TopK", [logits, "k"], [f"{out}/values", f"{out}/tokens"], axis=axis),
+            h.make_node("Sub", [f"{out}/values", f"{out}/total"], [out]),
+        ]
+
+    graph = h.make_graph(
+        top_log_probs("logits", 1, "last", "log_probs") + top_log_probs("logits", 0, "first", "other"),
+        "g",
+        [h.make_tensor_value_info("logits", f32, ["rows", 50])],
+        [h.make_tensor_value_info(n, f32, None) for n in ("log_probs", "other")],
+        initializer=constants,
+    )
+    feeds = {"logits": np.random.default_rng(0).normal(scale=8, size=(4, 50)).astype(np.float32)}
+
+    expected = _run_graph(graph, feeds)
+    assert onnx_rewrite.simplify(graph, OPSET)["LogSoftmax"] == 1
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("LogSoftmax") == ops.count("GatherElements") == 1 and ops.count("Exp") == 1, ops
+    for got, want in zip(_run_graph(graph, feeds), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

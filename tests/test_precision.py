@@ -1,0 +1,30 @@
+"""Which precision `--precision auto` picks, by the CPU's flags, oneDNN and GPUs."""
+
+import pytest
+
+
+def test_auto_precision_is_bfloat16_only_where_the_cpu_multiplies_it_through_onednn(tmp_path, monkeypatch):
+    import tensorflow as tf
+
+    from kformer import precision as precision_lib
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 fma\nbogomips\t: 4000\n")
+    flags = precision_lib.cpu_flags(str(cpuinfo))
+    assert {"avx512_bf16", "avx2"} <= flags and "bogomips" not in flags
+    assert precision_lib.cpu_flags(str(tmp_path / "absent")) == set()
+
+    def machine(flags, onednn="on", gpus=()):
+        monkeypatch.setattr(precision_lib, "cpu_flags", lambda: set(flags))
+        monkeypatch.setattr(precision_lib, "onednn_state", lambda: onednn)
+        monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: list(gpus))
+        return precision_lib.choose_precision("auto")[0]
+
+    assert machine({"avx2", "avx512f", "avx512_bf16"}) == "bfloat16"
+    assert machine({"avx2", "amx_bf16"}) == "bfloat16"
+    assert machine({"avx2", "avx512f"}) == "float32"  # bfloat16 without the instructions is slower
+    assert machine({"avx512_bf16"}, onednn="off") == "float32"  # and without oneDNN's kernels too
+    assert machine({"avx512_bf16"}, gpus=["GPU:0"]) == "float32"
+    assert precision_lib.choose_precision("float16") == ("float16", "as asked")
+    with pytest.raises(ValueError, match="--precision 'half'"):
+        precision_lib.choose_precision("half")

@@ -1,0 +1,36 @@
+"""The learning-rate schedules against their formulas."""
+
+import pytest
+
+from kformer.config import preset
+from kformer.schedules import BudgetSchedule, TransformerSchedule, budget_warmup
+
+
+def test_schedule_follows_the_paper():
+    schedule = TransformerSchedule(d_model=512, warmup_steps=4000)
+    for step in (1, 100, 4000, 20000):
+        expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+        assert float(schedule(step - 1)) == pytest.approx(expected, rel=1e-5)  # optimizer steps count from 0
+
+
+def test_budget_schedule_warms_up_linearly_then_decays_to_zero():
+    schedule = BudgetSchedule(peak=1e-3, warmup_steps=10, total_steps=110)
+    lr = [float(schedule(i)) for i in range(120)]  # optimizer iterations 0, 1, ...
+    assert lr[0] == pytest.approx(1e-4) and lr[4] == pytest.approx(5e-4)
+    assert max(lr) == pytest.approx(1e-3) and lr.index(max(lr)) == 9  # the peak ends the warm-up
+    assert lr[59] == pytest.approx(1e-3 * 51 / 100)  # halfway down the linear decay
+    assert lr[109] == pytest.approx(1e-3 / 100) and lr[110:] == [0.0] * 10  # the last step, then nothing
+    schedule.set(20, 220)  # the budget callback re-sizes it in place
+    assert float(schedule(19)) == pytest.approx(1e-3) and float(schedule(219)) == pytest.approx(1e-3 / 200)
+
+
+def test_budget_schedule_holds_the_peak_before_its_decay_fraction():
+    schedule = BudgetSchedule(peak=1e-3, warmup_steps=10, total_steps=100, decay_fraction=0.3)
+    lr = [float(schedule(i)) for i in range(100)]
+    assert lr[9:70] == pytest.approx([1e-3] * 61)  # held from the end of the warm-up to step 70
+    assert lr[84] == pytest.approx(1e-3 * 16 / 30) and lr[99] == pytest.approx(1e-3 / 30)
+
+
+def test_warmup_is_a_fraction_of_the_estimated_steps_capped_by_the_config():
+    config = preset("small").replace(warmup_fraction=0.05, warmup_steps=300)
+    assert [budget_warmup(config, total) for total in (10, 1000, 4000, 10**6)] == [1, 50, 200, 300]
