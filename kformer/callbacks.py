@@ -97,14 +97,45 @@ class StopOnNaN(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+class InputPosition(keras.callbacks.Callback):
+    """Knows the iterator `fit` reads its batches from, so that `Checkpoint` saves its position with
+    the weights, and sets a resumed run's new iterator to the saved position (`restore_from`) before
+    the first step: the run continues the batch stream exactly where the checkpoint left it, in
+    seconds at any step, instead of rebuilding every batch already trained on. It wraps
+    `model.train_function`, which Keras calls with that iterator. Only for fit without a
+    tf.distribute strategy, whose iterator is a plain tf.data one that tf.train.Checkpoint saves."""
+
+    def __init__(self, restore_from=None):
+        super().__init__()
+        self.iterator, self.restore_from = None, restore_from
+
+    def on_train_begin(self, logs=None):
+        self.train_function = train_function = self.model.train_function
+
+        def recording(iterator):
+            if iterator is not self.iterator:
+                self.iterator = iterator
+                if self.restore_from is not None:
+                    checkpoint.restore_input(iterator, self.restore_from)
+                    self.restore_from = None
+            return train_function(iterator)
+
+        self.model.train_function = recording
+
+    def on_train_end(self, logs=None):
+        self.model.train_function = self.train_function
+
+
 class Checkpoint(keras.callbacks.Callback):
     """Saves model.keras (weights + optimizer state) and training.json every `every_seconds` and
     at the end of each epoch (also the last, cut-short one), atomically, so a kill loses at most
-    that much progress. Runs before Keras' end-of-fit averaging, so the raw weights are kept."""
+    that much progress; with `position` (an `InputPosition`), the input stream's position too.
+    Runs before Keras' end-of-fit averaging, so the raw weights are kept."""
 
-    def __init__(self, path, budget, every_seconds=300, nan_guard=None):
+    def __init__(self, path, budget, every_seconds=300, nan_guard=None, position=None):
         super().__init__()
         self.path, self.budget, self.every_seconds, self.nan_guard = path, budget, every_seconds, nan_guard
+        self.position = position
         self.last = time.monotonic()
 
     def save(self):
@@ -116,7 +147,8 @@ class Checkpoint(keras.callbacks.Callback):
             "schedule": self.budget.schedule.get_config(),
             "replicas": self.model.distribute_strategy.num_replicas_in_sync,
         }
-        checkpoint.save(self.model, self.path, state)
+        iterator = None if self.position is None else self.position.iterator
+        checkpoint.save(self.model, self.path, state, input_iterator=iterator)
         self.last = time.monotonic()
 
     def on_train_batch_end(self, batch, logs=None):

@@ -6,7 +6,10 @@ A run directory holds:
     corpus.json      which corpus (absolute path, sha256) and direction the splits come from
     model.keras      weights to translate with + optimizer state, written atomically
                      (config.json binds the tokenizer by its sha256)
-    training.json    where training stands: steps, seconds spent of the budget, the schedule in force
+    training.json    where training stands: steps, seconds spent of the budget, the schedule in force,
+                     and the name of the input position saved with the model (`input-STEPS.*`)
+    input-STEPS.*    the position of the training batch stream at that step (a tf.data iterator
+                     checkpoint: the shuffle's order and the length windows), for an exact resume
     logs/            TensorBoard events and history.csv
 
 With weight averaging on, model.keras stores the *averaged* weights as the model's weights, so
@@ -27,6 +30,7 @@ MODEL_FILE = "model.keras"
 STATE_FILE = "training.json"
 PENDING_STATE_FILE = "training.pending.json"  # see `save`
 LOGS_DIR = "logs"
+INPUT_PREFIX = "input-"  # + steps: a tf.data iterator checkpoint (.index and .data-* files)
 
 Run = collections.namedtuple("Run", "model config tokenizer corpus")
 
@@ -78,23 +82,54 @@ def swap_average(model):
         average.assign(value)
 
 
-def save(model, model_path, state=None):
+def save(model, model_path, state=None, input_iterator=None):
     """Writes model.keras (averaged weights as the model's, see the module doc) atomically, and
     training.json with `state` (its "steps" the optimizer's). Two files cannot be replaced at once:
     the state is written first as training.pending.json, so a kill between the two renames leaves
-    the state that belongs to the new model.keras for `read_state` to find."""
+    the state that belongs to the new model.keras for `read_state` to find. With `input_iterator`
+    (the iterator `fit` reads), its position is saved too, named in the state ("input"), and the
+    positions of earlier saves are removed once the new state is in place."""
+    run_dir = os.path.dirname(model_path)
+    if input_iterator is not None:
+        import tensorflow as tf
+
+        name = f"{INPUT_PREFIX}{state['steps']}"
+        tf.train.Checkpoint(iterator=input_iterator).write(path(run_dir, name))
+        state = {**state, "input": name}
     tmp = _temporary(model_path)
     swap_average(model)
     try:
         model.save(tmp)
     finally:
         swap_average(model)
-    run_dir = os.path.dirname(model_path)
     if state is not None:
         write_json(path(run_dir, PENDING_STATE_FILE), state)
     os.replace(tmp, model_path)
     if state is not None:
         os.replace(path(run_dir, PENDING_STATE_FILE), path(run_dir, STATE_FILE))
+    if input_iterator is not None:
+        _remove_inputs(run_dir, keep=state["input"])
+
+
+def _remove_inputs(run_dir, keep):
+    """Removes the input positions (`input-STEPS.*`) other than `keep`: those of earlier saves, and
+    the partial files of a save that was killed."""
+    for name in os.listdir(run_dir):
+        if name.startswith(INPUT_PREFIX) and name.split(".")[0] != keep:
+            os.remove(path(run_dir, name))
+
+
+def saved_input(run_dir, state):
+    """The path of the input position saved with the checkpoint whose `state` is given, or None."""
+    name = state.get("input")
+    return path(run_dir, name) if name and os.path.exists(path(run_dir, name + ".index")) else None
+
+
+def restore_input(iterator, input_path):
+    """Sets `iterator` (a fresh iterator over the same seeded dataset) to a saved position."""
+    import tensorflow as tf
+
+    tf.train.Checkpoint(iterator=iterator).read(input_path).assert_consumed()
 
 
 def restore(model, model_path):

@@ -379,11 +379,29 @@ def steps_per_epoch(encoded, config, pad_to_bucket=True):
     return round(sum(n / sizes[key[0]] for key, n in counts.items()))
 
 
+def _endless_passes(source, target, seed):
+    """The pairs (ragged rows `source`, `target`) without end, each pass in a new random order:
+    pass p's order is a stateless function of (seed, p), so a saved iterator position
+    (kformer.callbacks.InputPosition) is the pass and the place in it, not a buffer of what is
+    still to come, as a shuffle buffer over the whole corpus would be."""
+    import tensorflow as tf
+
+    count = tf.shape(source.row_lengths())[0]
+
+    def one_pass(number):
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(count), tf.stack([tf.cast(seed, tf.int64), number])
+        )
+        return tf.data.Dataset.from_tensor_slices((tf.gather(source, order), tf.gather(target, order)))
+
+    return tf.data.Dataset.counter().flat_map(one_pass)
+
+
 def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_index=0, pad_to_bucket=True):
     """tf.data of ({"source_ids": (B, S), "target_ids": (B, T)}, labels (B, T)), int32, pad 0.
 
     target_ids = BOS + target (the decoder input, shifted right); labels = target + EOS.
-    training=True: shuffled each pass (seeded), repeated forever, full batches only.
+    training=True: repeated forever, each pass in a new seeded order, full batches only.
     A batch holds `bucket_plan`'s number of pairs for the bucket of its longer side.
     pad_to_bucket=True: rows grouped by that bucket and padded to its length, so the batch shapes
     are exactly the buckets (this bounds XLA compilations); False: rows grouped also by the
@@ -402,11 +420,13 @@ def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_ind
             np.concatenate([np.asarray(r, np.int32) for r in rows]), [len(r) for r in rows]
         )
 
-    ds = tf.data.Dataset.from_tensor_slices((ragged(encoded.source), ragged(encoded.target)))
+    source, target = ragged(encoded.source), ragged(encoded.target)
+    if training:
+        ds = _endless_passes(source, target, seed)
+    else:
+        ds = tf.data.Dataset.from_tensor_slices((source, target))
     if num_shards > 1:
         ds = ds.shard(num_shards, shard_index)
-    if training:
-        ds = ds.shuffle(len(encoded), seed=seed, reshuffle_each_iteration=True).repeat()
 
     bos, eos = tf.constant([config.bos_id]), tf.constant([config.eos_id])
 

@@ -12,9 +12,9 @@ import os
 
 import keras
 
-from kformer import checkpoint, distributed
+from kformer import checkpoint, distributed, locks
 from kformer import data as data_lib
-from kformer.callbacks import Budget, Checkpoint, StopOnNaN, steps_done
+from kformer.callbacks import Budget, Checkpoint, InputPosition, StopOnNaN, steps_done
 from kformer.config import (
     DEFAULT_CORPUS,
     DEFAULT_DIRECTION,
@@ -132,6 +132,7 @@ class Training:
     real_tokens_per_step: float = 0.0  # non-pad source + target tokens of an average batch
     writes: bool = True  # False on a worker other than the chief
     precision: str = "float32"  # compute precision (`choose_precision`); weights are float32
+    release: object = locks.nothing  # drops the run folder's lock (kformer.locks), held from `start`
 
     def finish(self, history):
         """Raises if the loss went NaN; returns the summary (steps, minutes, last metrics, why it stopped)."""
@@ -166,11 +167,14 @@ def train(out_dir, config_name=DEFAULT_PRESET, **options):
     """Trains (or resumes) a model in `out_dir` (see `start` for the options). Returns a summary
     dict (steps, minutes, loss, token accuracy, why it stopped)."""
     run = start(out_dir, config_name, **options)
-    if run.done:
-        return {"steps": run.steps, "stopped": run.done}
-    with distributed.worker_failures():
-        history = run.model.fit(**run.fit_args)
-    return run.finish(history)
+    try:
+        if run.done:
+            return {"steps": run.steps, "stopped": run.done}
+        with distributed.worker_failures():
+            history = run.model.fit(**run.fit_args)
+        return run.finish(history)
+    finally:
+        run.release()
 
 
 def start(
@@ -198,12 +202,62 @@ def start(
     xla=None: XLA when a GPU is visible (on CPUs it needs batches padded to the bucket and compiles
     each bucket's shape, and ran no faster than the grouped batches without it).
     precision: "auto", "float32", "bfloat16" or "float16" (`choose_precision`; weights stay float32,
-    so a run may resume in another precision, and it translates and exports in float32)."""
+    so a run may resume in another precision, and it translates and exports in float32).
+    The run folder is locked (kformer.locks) from here until the returned run's `release()`; a
+    second process on it is refused."""
+    strategy = distributed.make_strategy(strategy) if isinstance(strategy, str) else strategy
+    release = locks.hold(out_dir, "train") if distributed.is_chief(strategy) else locks.nothing
+    try:
+        run = _start(
+            out_dir,
+            config_name,
+            data,
+            direction,
+            minutes,
+            steps,
+            epochs,
+            xla,
+            precision,
+            batch_tokens,
+            seed,
+            strategy,
+            vocab_size,
+            overrides,
+            checkpoint_seconds,
+            callbacks,
+            verbose,
+        )
+    except BaseException:
+        release()
+        raise
+    run.release = release
+    return run
+
+
+def _start(
+    out_dir,
+    config_name,
+    data,
+    direction,
+    minutes,
+    steps,
+    epochs,
+    xla,
+    precision,
+    batch_tokens,
+    seed,
+    strategy,
+    vocab_size,
+    overrides,
+    checkpoint_seconds,
+    callbacks,
+    verbose,
+):
+    """`start` once the run folder is locked."""
     import tensorflow as tf
 
     xla = bool(tf.config.list_physical_devices("GPU")) if xla is None else xla
     precision, why = choose_precision(precision)
-    strategy = distributed.make_strategy(strategy) if isinstance(strategy, str) else strategy
     overrides = {**(overrides or {}), **({} if batch_tokens is None else {"batch_tokens": batch_tokens})}
     with distributed.chief_first(strategy) as chief:  # only the chief writes the run directory
         _check_the_chief_started(out_dir, chief)
@@ -221,6 +275,7 @@ def start(
             checkpoint.create(
                 out_dir, config, tokenizer, corpus
             )  # training starts: the run's files appear now
+    plain = strategy is None  # fit's iterator is then a plain tf.data one, whose position can be saved
     strategy = strategy or tf.distribute.get_strategy()
     log.info("compute precision: %s (%s)", precision, why)
     model, schedule = _compiled_model(out_dir, config, precision, xla, strategy, max_steps)
@@ -231,10 +286,11 @@ def start(
     _log_schedule(schedule, config, max_steps)
     budget = Budget(schedule, max_steps, minutes, float(state.get("seconds", 0.0)), strategy=strategy)
     nan_guard = StopOnNaN()
-    callbacks = [*callbacks, budget, nan_guard]
+    position, replay = _input_position(out_dir, state, done, plain)
+    callbacks = [*callbacks, budget, nan_guard, *([position] if position else [])]
     if chief:  # other workers compute the same weights and logs, and write nothing
-        callbacks += _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard)
-    fit_args = _fit_args(encoded, config, xla, seed, done, per_epoch, max_steps, callbacks, verbose)
+        callbacks += _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position)
+    fit_args = _fit_args(encoded, config, xla, seed, done, per_epoch, max_steps, callbacks, verbose, replay)
     train_split = encoded["train"]
     real = sum(len(s) + len(t) + 1 for s, t in zip(train_split.source, train_split.target))  # + EOS
     return Training(
@@ -351,6 +407,18 @@ def _resumed(model, schedule, out_dir, strategy, state, max_steps):
     return done, state
 
 
+def _input_position(out_dir, state, done, plain):
+    """-> (the InputPosition callback or None, batches to replay). Without a strategy, the batch
+    stream's position is saved with each checkpoint and a resumed run restores it; with one (its
+    iterator cannot be saved), or for a checkpoint saved without it, the stream is rebuilt from the
+    start and the `done` batches already trained on are skipped (exact, but ~150 batches/s)."""
+    saved = checkpoint.saved_input(out_dir, state) if done else None
+    replay = 0 if not done or (plain and saved) else done
+    if replay:
+        log.info("rebuilding the %d batches already trained on to continue the same batch stream", replay)
+    return (InputPosition(restore_from=saved) if plain else None), replay
+
+
 def _log_schedule(schedule, config, max_steps):
     if isinstance(schedule, BudgetSchedule):
         sized = " for now: sized to the budget from the measured speed" if max_steps is None else ""
@@ -359,20 +427,21 @@ def _log_schedule(schedule, config, max_steps):
         log.info("learning rate: the paper's schedule, %d warm-up steps", config.warmup_steps)
 
 
-def _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard):
-    """The callbacks that write: checkpoints, history.csv, TensorBoard."""
+def _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position):
+    """The callbacks that write: checkpoints (with the input position), history.csv, TensorBoard."""
     logs_dir = checkpoint.path(out_dir, checkpoint.LOGS_DIR)
     os.makedirs(logs_dir, exist_ok=True)
+    model_path = checkpoint.path(out_dir, checkpoint.MODEL_FILE)
     return [
-        Checkpoint(checkpoint.path(out_dir, checkpoint.MODEL_FILE), budget, checkpoint_seconds, nan_guard),
+        Checkpoint(model_path, budget, checkpoint_seconds, nan_guard, position),
         keras.callbacks.CSVLogger(os.path.join(logs_dir, "history.csv"), append=True),
         keras.callbacks.TensorBoard(logs_dir, write_graph=False),
     ]
 
 
-def _fit_args(encoded, config, xla, seed, done, per_epoch, max_steps, callbacks, verbose):
-    """model.fit's arguments: the seeded batch stream after the `done` batches already trained on,
-    the dev split, and epochs counted from where the run stands."""
+def _fit_args(encoded, config, xla, seed, done, per_epoch, max_steps, callbacks, verbose, replay):
+    """model.fit's arguments: the seeded batch stream (after `replay` batches skipped), the dev
+    split, and epochs counted from where the run stands (`done` steps)."""
     train_ds = data_lib.make_dataset(encoded["train"], config, training=True, seed=seed, pad_to_bucket=xla)
     dev_ds = (
         data_lib.make_dataset(encoded["dev"], config, training=False, pad_to_bucket=xla)
@@ -382,7 +451,7 @@ def _fit_args(encoded, config, xla, seed, done, per_epoch, max_steps, callbacks,
     # With only a time budget, epochs are capped at a number no budget here reaches (for the display).
     total_epochs = math.ceil(max_steps / per_epoch) if max_steps is not None else 1000
     return dict(
-        x=train_ds.skip(done),
+        x=train_ds.skip(replay) if replay else train_ds,
         validation_data=dev_ds,
         # A finite dev set without validation_steps makes Keras warn "ran out of data" each epoch.
         validation_steps=None if dev_ds is None else sum(1 for _ in dev_ds),

@@ -1,7 +1,9 @@
 import glob
 import hashlib
 import json
+import logging
 import os
+import shutil
 import sys
 import types
 
@@ -136,6 +138,55 @@ def test_train_writes_everything_and_resumes(tmp_path, corpus_tsv):
     model, config, tokenizer, _ = checkpoint.load(out)
     assert config.vocab_size == tokenizer.get_piece_size() and model.config == config
     assert len(open(os.path.join(out, "logs", "history.csv")).read().strip().splitlines()) >= 3
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def test_a_resume_restores_the_input_position_and_continues_the_same_batches(tmp_path, corpus_tsv):
+    """The batch stream's position is saved with each checkpoint (only the newest kept) and a
+    resumed run sets its new iterator to it instead of rebuilding the batches already trained on;
+    stopped at 5 and resumed to 9, it ends with the weights of a run of 9 steps. Without a saved
+    position (a run that saved none), it rebuilds them and ends the same."""
+    args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0, checkpoint_seconds=10**6)
+    stopped, whole, replayed = (str(tmp_path / name) for name in ("stopped", "whole", "replayed"))
+    train(stopped, "tiny", steps=5, **args)
+    assert checkpoint.read_state(stopped)["input"] == "input-5"
+    assert sorted(n for n in os.listdir(stopped) if n.startswith("input-")) == [
+        "input-5.data-00000-of-00001",
+        "input-5.index",
+    ]
+    shutil.copytree(stopped, replayed)
+    for name in glob.glob(os.path.join(replayed, "input-*")):
+        os.remove(name)
+    lines, log = _Lines(), logging.getLogger("kformer")
+    level = log.level
+    log.addHandler(lines)
+    log.setLevel(logging.INFO)
+    try:
+        train(stopped, "tiny", steps=9, **args)
+        restored = list(lines.lines)
+        train(replayed, "tiny", steps=9, **args)
+    finally:
+        log.removeHandler(lines)
+        log.setLevel(level)
+    assert not [line for line in restored if "rebuilding" in line]
+    assert [line for line in lines.lines if "rebuilding the 5 batches" in line]
+    os.makedirs(whole)
+    for name in (checkpoint.CONFIG_FILE, checkpoint.TOKENIZER_FILE, checkpoint.CORPUS_FILE):
+        shutil.copy(checkpoint.path(stopped, name), whole)  # the same tokenizer
+    train(whole, "tiny", steps=9, **args)
+    reference = saved_weights(checkpoint.path(whole, checkpoint.MODEL_FILE))
+    for run in (stopped, replayed):
+        weights = saved_weights(checkpoint.path(run, checkpoint.MODEL_FILE))
+        for name in reference:
+            np.testing.assert_allclose(weights[name], reference[name], atol=1e-6, err_msg=f"{run}: {name}")
 
 
 def test_mismatched_config_or_corpus_overwrites_nothing(trained_dir, corpus_tsv):
