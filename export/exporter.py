@@ -1,18 +1,16 @@
 """`kformer export`: build the translator once, write every format from it, verify each."""
 
-import contextlib
 import os
 import shutil
-import tempfile
 import time
 
-from kformer import extras
+from kformer import extras, folders
 from kformer.config import BEAM_SIZE, LENGTH_PENALTY
 from kformer.export import manifest as manifest_lib
 from kformer.export.format import QUANTIZATIONS
 from kformer.export.formats import DEFAULT_FORMATS, FORMATS
 
-WORK_PREFIX = ".kformer-export-"  # the temporary sibling an export is written in, then renamed
+WORK_PREFIX = ".kformer-export-"  # the temporary sibling an export is written in (kformer.folders)
 
 
 def export(
@@ -40,7 +38,7 @@ def export(
     manifest = manifest_lib.describe(
         config, beam_size, alpha, module.translator.max_length, onnx.OPSET, corpus, model_dir
     )
-    with _work_folder(out_dir) as work:
+    with folders.work_folder(out_dir, WORK_PREFIX) as work:
         shutil.copy(tokenizer_file, os.path.join(work, manifest_lib.TOKENIZER))
         manifest["tokenizer"]["sha256"] = manifest_lib.sha256(os.path.join(work, manifest_lib.TOKENIZER))
         manifest["artifacts"] = _write_formats(module, work, formats, quantize, progress)
@@ -87,33 +85,6 @@ def _write_formats(module, work, formats, quantize, progress):
         artifacts.append(entry)
         progress(f"{entry['bytes'] / 1e6:.1f} MB, {seconds:.1f}s")
     return artifacts
-
-
-@contextlib.contextmanager
-def _work_folder(out_dir):
-    """A temporary sibling of `out_dir` to write in, renamed to `out_dir` when the block ends
-    without an error and removed when it fails: a failed export leaves nothing half-done. The
-    folders of killed exports (whose process is gone) are removed on the way in."""
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    _remove_abandoned_work(parent)
-    work = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=parent)
-    try:
-        yield work
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    if os.path.exists(out_dir):
-        os.rmdir(out_dir)  # empty, checked by _check_request
-    os.replace(work, out_dir)
-
-
-def _remove_abandoned_work(parent):
-    """Removes the temporary folders of exports that were killed (their process no longer runs)."""
-    for name in os.listdir(parent):
-        pid = name[len(WORK_PREFIX) :].split("-")[0] if name.startswith(WORK_PREFIX) else ""
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}") and os.path.exists("/proc/self"):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
 def print_summary(manifest, out_dir):

@@ -3,7 +3,9 @@
 A run directory holds:
     config.json      the TransformerConfig (model sizes and the training recipe)
     tokenizer.model  the joint SentencePiece model
-    corpus.json      which corpus (absolute path, sha256) and direction the splits come from
+    corpus.json      which corpus (absolute path, sha256) and direction the splits come from, and
+                     where it was prepared: "data" (this folder's data/) or a prepared folder's path
+    data/            the corpus as `kformer prepare` writes it: splits, tokenizer, train shards
     model.keras      weights to translate with + optimizer state, written atomically
                      (config.json binds the tokenizer by its sha256)
     training.json    where training stands: steps, seconds spent of the budget, the schedule in force,
@@ -30,6 +32,7 @@ MODEL_FILE = "model.keras"
 STATE_FILE = "training.json"
 PENDING_STATE_FILE = "training.pending.json"  # see `save`
 LOGS_DIR = "logs"
+DATA_DIR = "data"  # the run's prepared corpus (kformer.prepare), unless it trains on one given
 INPUT_PREFIX = "input-"  # + steps: a tf.data iterator checkpoint (.index and .data-* files)
 
 Run = collections.namedtuple("Run", "model config tokenizer corpus")
@@ -39,15 +42,18 @@ def path(run_dir, name):
     return os.path.join(run_dir, name)
 
 
-def create(run_dir, config, tokenizer, corpus):
+def create(run_dir, config, tokenizer, corpus, prepared=None):
     """Writes a new run's config.json, tokenizer.model and corpus.json (nothing for an existing run),
-    and removes the temporary file a save killed midway leaves."""
+    moves a corpus prepared for it (`prepared`, a folder outside the run) to data/, and removes the
+    temporary file a save killed midway leaves."""
     os.makedirs(run_dir, exist_ok=True)
     stale = _temporary(path(run_dir, MODEL_FILE))
     if os.path.exists(stale):
         os.remove(stale)
     if os.path.exists(path(run_dir, CONFIG_FILE)):
         return
+    if prepared is not None and corpus.get("prepared") == DATA_DIR:
+        os.replace(prepared, path(run_dir, DATA_DIR))
     tmp = path(run_dir, TOKENIZER_FILE + ".tmp")
     with open(tmp, "wb") as f:
         f.write(tokenizer.serialized_model_proto())
@@ -159,13 +165,19 @@ def read_state(run_dir, steps=None):
 
 
 def read_corpus(run_dir):
-    """corpus.json: {"data": "default" | path | [source path, target path], "direction", "sha256"}."""
+    """corpus.json: {"data": "default" | path | [source path, target path] | a prepared folder,
+    "direction", "sha256", "prepared": "data" or a prepared folder's absolute path}."""
     return read_json(path(run_dir, CORPUS_FILE))
 
 
-def corpus_pairs(run_dir):
-    """The (pairs, report) of the corpus a run was trained on, checked against its recorded digest."""
-    return data_lib.recorded_pairs(read_corpus(run_dir), path(run_dir, CORPUS_FILE))
+def prepared_folder(run_dir):
+    """The prepared corpus a run trains on (kformer.prepare): its data/ or the folder it was given."""
+    if not os.path.exists(path(run_dir, CORPUS_FILE)):
+        raise ValueError(
+            f"{path(run_dir, CORPUS_FILE)} not found: is {run_dir} a kformer training directory?"
+        )
+    prepared = read_corpus(run_dir).get("prepared", DATA_DIR)
+    return path(run_dir, DATA_DIR) if prepared == DATA_DIR else prepared
 
 
 def load(run_dir):

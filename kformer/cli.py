@@ -91,6 +91,24 @@ def _train(args):
     print(json.dumps(summary, indent=2))
 
 
+def _prepare(args):
+    from kformer.prepare import prepare, summary
+
+    manifest = prepare(
+        _data_spec(args.data),
+        args.out,
+        args.direction,
+        args.vocab_size,
+        dev=args.dev,
+        test=args.test,
+        split_size=args.split_size,
+        shards=args.shards,
+        sample=args.tokenizer_sample,
+        seed=args.seed,
+    )
+    print(f"wrote {args.out}: {summary(manifest)}")
+
+
 def _translate(args):
     from kformer import data as data_lib
     from kformer.export.formats import open_runner
@@ -172,8 +190,11 @@ def _demo(args):
 
 
 def _bench(args):
-    needs_model = {"decode": "a training directory", "runtimes": "a `kformer export` folder",
-                   "web": "a `kformer export` folder with ONNX files"}  # fmt: skip
+    needs_model = {
+        "decode": "a training directory",
+        "runtimes": "a `kformer export` folder",
+        "web": "a `kformer export` folder with ONNX files",
+    }
     if args.what in needs_model and not args.model:
         raise ValueError(f"bench {args.what} needs --model ({needs_model[args.what]})")
     if args.what == "runtimes":
@@ -234,7 +255,8 @@ def _add_train(commands):
         "--data",
         nargs="+",
         metavar="PATH",
-        help="'default' (Tatoeba zh-en), a TSV of source<TAB>target, or two aligned text files",
+        help="'default' (Tatoeba zh-en), a TSV of source<TAB>target or two aligned text files (each "
+        "plain or gzip; prepared into the run folder), or a `kformer prepare` folder",
     )
     p.add_argument(
         "--direction",
@@ -279,6 +301,42 @@ def _add_train(commands):
         help="multi-worker: give up if the other workers are not all reachable by then",
     )
     p.set_defaults(run=_train)
+
+
+def _add_prepare(commands):
+    from kformer import prepare
+
+    p = commands.add_parser(
+        "prepare", help="a corpus of any size into a folder that training reads as a stream"
+    )
+    p.add_argument(
+        "--data",
+        nargs="+",
+        metavar="PATH",
+        help="'default' (Tatoeba zh-en), a TSV of source<TAB>target, or two aligned text files; each plain or gzip",
+    )
+    p.add_argument("--out", required=True, help="new folder for the prepared corpus")
+    p.add_argument("--direction", default=DEFAULT_DIRECTION, help="language pair source-target")
+    p.add_argument("--vocab-size", type=_positive(int), default=TransformerConfig.vocab_size)
+    p.add_argument("--dev", metavar="TSV", help="the dev split from this file instead of from the corpus")
+    p.add_argument("--test", metavar="TSV", help="the test split from this file instead of from the corpus")
+    p.add_argument(
+        "--split-size",
+        type=_positive(int),
+        default=prepare.SPLIT_SIZE,
+        help="pairs at most in the dev and in the test split taken from the corpus",
+    )
+    p.add_argument(
+        "--shards", type=_positive(int), help=f"train shards (default: one per {prepare.SHARD_PAIRS:,} pairs)"
+    )
+    p.add_argument(
+        "--tokenizer-sample",
+        type=_positive(int),
+        default=prepare.TOKENIZER_SAMPLE,
+        help="train pairs the tokenizer is trained on, at most",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=_prepare)
 
 
 def _add_translate(commands):
@@ -404,6 +462,7 @@ def build_parser():
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for add in (
+        _add_prepare,
         _add_train,
         _add_translate,
         _add_attention,

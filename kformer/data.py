@@ -6,9 +6,12 @@ Any corpus works the same way: the default (Tatoeba zh-en from the `hsg` package
 
 import collections
 import dataclasses
+import gzip
 import hashlib
 import io
+import itertools
 import os
+import zlib
 from importlib import metadata
 
 import numpy as np
@@ -78,6 +81,47 @@ def _read_bytes(path):
         raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
 
 
+class CorpusFile:
+    """A corpus file read once, as a stream: plain or gzip-compressed (told by its first bytes,
+    whatever its name), counting the bytes read so far (for progress)."""
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            self.size = os.path.getsize(path)
+            self._file = open(path, "rb")
+        except OSError as e:
+            raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
+        self.bytes_read = 0
+
+    def readinto(self, buffer):  # the raw stream under the line reader
+        count = self._file.readinto(buffer)
+        self.bytes_read += count
+        return count
+
+    def lines(self):
+        """(number, raw line) from the first line on; CorpusError for a truncated or corrupt gzip."""
+        raw = io.BufferedReader(_RawReader(self), 1 << 20)
+        stream = gzip.GzipFile(fileobj=raw) if raw.peek(2)[:2] == b"\x1f\x8b" else raw
+        try:
+            yield from _raw_lines(stream)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise CorpusError(f"{self.path}: not a complete gzip file ({e})") from None
+        finally:
+            self._file.close()
+
+
+class _RawReader(io.RawIOBase):
+    def __init__(self, source):
+        self.source = source
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        return self.source.readinto(buffer)
+
+
 def _raw_lines(stream):
     """Lines of a binary stream or file as bytes, split at \n only, "\r\n" endings and a leading BOM
     removed. A lone \r stays inside its line: splitting there too would shift every later line
@@ -87,10 +131,12 @@ def _raw_lines(stream):
         yield number, _without_bom(raw) if number == 1 else raw
 
 
-def _decoded_lines(path, report):
-    """Yields (line_number, text) for every line of a UTF-8 file; text is None for a line that is
-    not valid UTF-8 (counted as malformed)."""
-    for number, raw in _raw_lines(io.BytesIO(_read_bytes(path))):
+def _decoded_lines(source, report):
+    """Yields (line_number, text) for every line of a UTF-8 corpus file (a `CorpusFile`, or a
+    path), as it is read; text is None for a line that is not valid UTF-8 (counted as malformed)."""
+    source = source if isinstance(source, CorpusFile) else CorpusFile(source)
+    path = source.path
+    for number, raw in source.lines():
         report.lines += 1
         try:
             yield number, raw.decode("utf-8")
@@ -114,8 +160,10 @@ def read_text_file(path):
     return list(stream_lines(io.BytesIO(_read_bytes(path)), path))
 
 
-def read_tsv(path, source_column, target_column, columns, report):
-    for number, line in _decoded_lines(path, report):
+def read_tsv(source, source_column, target_column, columns, report):
+    """(source, target) columns of each line of a TSV (a `CorpusFile` or a path), as read."""
+    path = source.path if isinstance(source, CorpusFile) else source
+    for number, line in _decoded_lines(source, report):
         if line is None:
             continue
         if not line.strip():
@@ -129,60 +177,83 @@ def read_tsv(path, source_column, target_column, columns, report):
 
 
 def read_aligned(source_path, target_path, report):
-    """Line i of one file translates line i of the other; a bad line drops its pair only."""
-    source = list(_decoded_lines(source_path, report))
-    target = list(_decoded_lines(target_path, ReadReport()))
-    if len(source) != len(target):
-        raise CorpusError(
-            f"{source_path} has {len(source)} lines but {target_path} has {len(target)}; "
-            "aligned files need one sentence per line on both sides"
-        )
-    for (_, s), (number, t) in zip(source, target):
+    """Line i of one file translates line i of the other; a bad line drops its pair only. Read as
+    a stream: files of different lengths are an error when the shorter one ends."""
+    missing = object()
+    source, target = _decoded_lines(source_path, report), _decoded_lines(target_path, ReadReport())
+    source_path, target_path = (
+        f.path if isinstance(f, CorpusFile) else f for f in (source_path, target_path)
+    )
+    lines = itertools.zip_longest(source, target, fillvalue=(0, missing))
+    for number, ((_, s), (_, t)) in enumerate(lines, 1):
+        if s is missing or t is missing:
+            counts = {source_path: number - 1, target_path: number - 1}
+            counts[source_path if t is missing else target_path] += 1 + sum(1 for _ in lines)
+            raise CorpusError(
+                f"{source_path} has {counts[source_path]} lines but {target_path} has "
+                f"{counts[target_path]}; aligned files need one sentence per line on both sides"
+            )
         if t is None:
             report.skip(target_path, number, "invalid UTF-8")
         elif s is not None:
             yield s, t
 
 
-def read_corpus(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION):
-    """Reads and cleans a corpus. Returns (pairs, report).
+def raw_pairs(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION, report=None):
+    """(the corpus' (source, target) lines as read, the `CorpusFile`s being read), a stream.
 
     data: "default" (Tatoeba zh-en; `direction` picks zh-en or en-zh), a TSV path of
-    (source, target) lines, or a (source_path, target_path) pair of aligned text files.
-    Cleaning: strip, skip malformed lines (counted, with file:line), drop empty pairs and
-    untranslated copies, drop exact duplicate pairs (first one kept).
-    """
-    report = ReadReport()
+    (source, target) lines, or a (source_path, target_path) pair of aligned text files, each
+    plain or gzip. Malformed lines are skipped and counted in `report`, with file:line."""
+    report = ReadReport() if report is None else report
     if isinstance(data, (list, tuple)):
         if len(data) != 2:
             raise CorpusError(f"give one TSV or two aligned files, got {len(data)} paths")
-        raw, name = read_aligned(data[0], data[1], report), f"{data[0]} + {data[1]}"
-    elif data == DEFAULT_CORPUS:
+        files = [CorpusFile(data[0]), CorpusFile(data[1])]
+        return read_aligned(files[0], files[1], report), files
+    if data == DEFAULT_CORPUS:
         source, target = _parse_direction(direction)
         if {source, target} != set(_TATOEBA_COLUMNS):
             raise CorpusError(
                 f"the default corpus is Chinese-English: direction must be zh-en or en-zh, got {direction}"
             )
-        name = default_corpus_path()
-        raw = read_tsv(name, _TATOEBA_COLUMNS[source], _TATOEBA_COLUMNS[target], 4, report)
-    else:
-        raw, name = read_tsv(data, 0, 1, 2, report), data
+        files = [CorpusFile(default_corpus_path())]
+        return read_tsv(files[0], _TATOEBA_COLUMNS[source], _TATOEBA_COLUMNS[target], 4, report), files
+    files = [CorpusFile(data)]
+    return read_tsv(files[0], 0, 1, 2, report), files
 
-    seen, pairs = set(), []
+
+def clean_pairs(raw, report):
+    """Pairs with whitespace runs made single spaces; empty pairs and untranslated copies
+    (source == target) dropped and counted in `report`."""
     for source_text, target_text in raw:
         pair = (" ".join(source_text.split()), " ".join(target_text.split()))
         if not pair[0] or not pair[1]:
             report.empty += 1
         elif pair[0] == pair[1]:
             report.copies += 1
-        elif pair in seen:
+        else:
+            yield pair
+
+
+def read_corpus(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION):
+    """Reads and cleans a corpus that fits in memory (`raw_pairs`, `clean_pairs`), dropping
+    exact duplicate pairs (first one kept). Returns (pairs, report); `kformer.prepare` does the
+    same as a stream, for corpora of any size."""
+    report = ReadReport()
+    raw, files = raw_pairs(data, direction, report)
+    seen, pairs = set(), []
+    for pair in clean_pairs(raw, report):
+        if pair in seen:
             report.duplicates += 1
         else:
             seen.add(pair)
             pairs.append(pair)
     report.pairs = len(pairs)
     if not pairs:
-        raise CorpusError(f"{name}: no usable sentence pairs ({report.summary()})")
+        raise CorpusError(
+            f"{' + '.join(f.path for f in files)}: no usable sentence pairs ({report.summary()})"
+        )
     return pairs, report
 
 
@@ -197,32 +268,20 @@ def corpus_record(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION):
         if isinstance(data, (list, tuple))
         else [data]
     )
-    digest = hashlib.sha256()
+    digest = hashlib.sha256()  # of the files' bytes one after the other, read in blocks
     for file in files:
-        digest.update(_read_bytes(file))
+        try:
+            with open(file, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+        except OSError as e:
+            raise CorpusError(f"{file}: cannot read ({e.strerror})") from None
     resolved = [os.path.abspath(f) for f in files]
     return {
         "data": DEFAULT_CORPUS if data == DEFAULT_CORPUS else resolved[0] if len(resolved) == 1 else resolved,
         "direction": direction,
         "sha256": digest.hexdigest(),
     }
-
-
-def recorded_pairs(record, where="corpus.json"):
-    """The pairs of a recorded corpus, after checking they are the ones the run was trained on."""
-    data = record["data"] if isinstance(record["data"], str) else tuple(record["data"])
-    if "sha256" in record:  # runs from before the digest was recorded have none
-        for file in [] if data == DEFAULT_CORPUS else [data] if isinstance(data, str) else data:
-            if not os.path.exists(file):
-                raise CorpusError(
-                    f"{file} (the corpus recorded in {where}) not found; it was moved or deleted"
-                )
-        if corpus_record(data, record["direction"])["sha256"] != record["sha256"]:
-            raise CorpusError(
-                f"{data} changed since the run was trained (its sha256 differs from {where}): "
-                "its held-out splits would no longer be held out"
-            )
-    return read_corpus(data, record["direction"])
 
 
 def _parse_direction(direction):
@@ -312,6 +371,44 @@ class EncodedPairs:
     def __len__(self):
         return len(self.source)
 
+    def lengths(self):
+        return np.array([len(s) for s in self.source]), np.array([len(t) for t in self.target])
+
+    def ragged(self):
+        """(source, target) as int32 RaggedTensors, one row a pair."""
+        source_lengths, target_lengths = self.lengths()
+        return (
+            _ragged(np.concatenate([np.asarray(r, np.int32) for r in self.source]), source_lengths),
+            _ragged(np.concatenate([np.asarray(r, np.int32) for r in self.target]), target_lengths),
+        )
+
+
+@dataclasses.dataclass
+class ArrayPairs:
+    """Token ids of many pairs in four flat arrays (no Python object per pair or token): the
+    ids of all sources one after the other and each one's length, the same for the targets."""
+
+    source: np.ndarray
+    source_lengths: np.ndarray
+    target: np.ndarray
+    target_lengths: np.ndarray
+    dropped_too_long: int = 0
+
+    def __len__(self):
+        return len(self.source_lengths)
+
+    def lengths(self):
+        return self.source_lengths, self.target_lengths
+
+    def ragged(self):
+        return _ragged(self.source, self.source_lengths), _ragged(self.target, self.target_lengths)
+
+
+def _ragged(values, lengths):
+    import tensorflow as tf
+
+    return tf.RaggedTensor.from_row_lengths(tf.cast(values, tf.int32), np.asarray(lengths, np.int64))
+
 
 def encode_pairs(tokenizer, pairs, config):
     """Tokenizes pairs; drops pairs whose source exceeds max_source_length or whose target
@@ -372,11 +469,18 @@ def steps_per_epoch(encoded, config, pad_to_bucket=True):
     """Batches per pass over `encoded` in the endless training stream: the pairs of each batch key
     over its batch size, summed (a key's partial batch fills in the next pass, so this is the mean;
     counting full batches of one pass would undercount the grouped batches by ~20%)."""
+    return steps_per_epoch_of(*encoded.lengths(), None, config, pad_to_bucket)
+
+
+def steps_per_epoch_of(source_lengths, target_lengths, counts, config, pad_to_bucket=True):
+    """`steps_per_epoch` of pairs given by their lengths (`counts`: how many pairs have each pair
+    of lengths; None: one each), e.g. a prepared corpus' length histogram."""
     sizes = bucket_plan(config)[1]
-    counts = collections.Counter(
-        _batch_keys([len(s) for s in encoded.source], [len(t) for t in encoded.target], config, pad_to_bucket)
-    )
-    return round(sum(n / sizes[key[0]] for key, n in counts.items()))
+    counts = np.ones(len(source_lengths), np.int64) if counts is None else counts
+    totals = collections.Counter()
+    for key, n in zip(_batch_keys(source_lengths, target_lengths, config, pad_to_bucket), counts):
+        totals[key] += int(n)
+    return round(sum(n / sizes[key[0]] for key, n in totals.items()))
 
 
 def _endless_passes(source, target, seed):
@@ -415,18 +519,19 @@ def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_ind
     if not len(encoded):
         raise ValueError("no sentence pairs to batch (all were empty or too long?)")
 
-    def ragged(rows):
-        return tf.RaggedTensor.from_row_lengths(
-            np.concatenate([np.asarray(r, np.int32) for r in rows]), [len(r) for r in rows]
-        )
-
-    source, target = ragged(encoded.source), ragged(encoded.target)
+    source, target = encoded.ragged()
     if training:
         ds = _endless_passes(source, target, seed)
     else:
         ds = tf.data.Dataset.from_tensor_slices((source, target))
     if num_shards > 1:
         ds = ds.shard(num_shards, shard_index)
+    return _batched(ds, config, training, pad_to_bucket)
+
+
+def _batched(ds, config, training, pad_to_bucket):
+    """(source, target) id rows -> the batches of `make_dataset`."""
+    import tensorflow as tf
 
     bos, eos = tf.constant([config.bos_id]), tf.constant([config.eos_id])
 
@@ -471,6 +576,96 @@ def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_ind
     # No autotuning: its background thread models every window `group_by_window` opens, and with
     # Keras' validation (the dev iterator is dropped each epoch and waits for that thread) it stalled
     # `fit` for 12-48 s in some epochs (a third of an epoch of `small` on 2 cores). This
-    # pipeline needs no tuning: it batches token ids already in memory (~150 batches/s on one core).
+    # pipeline needs no tuning: ~150 batches/s on one core from memory, and its parallel reads
+    # from shards (`prepared_dataset`) have fixed widths.
     options.autotune.enabled = False
     return ds.with_options(options).prefetch(2)
+
+
+# --- a prepared corpus (kformer.prepare): its train split, from memory or streamed from its shards ---
+
+IN_MEMORY_TOKENS = 16_000_000  # a train split of at most this many ids (~300k pairs) is read into memory
+SHUFFLE_PAIRS = 20_000  # the shuffle buffer of a streamed train split
+
+
+def prepared_lengths(manifest, config):
+    """(source lengths, target lengths, pairs of each) of a prepared train split, the pairs too
+    long for `config` left out; and how many those are."""
+    counts = np.array(manifest["lengths"]["counts"], np.int64).reshape(-1, 3)
+    source, target, n = counts.T
+    kept = (
+        (source > 0)
+        & (source <= config.max_source_length)
+        & (target > 0)
+        & (target < config.max_target_length)
+    )
+    return source[kept], target[kept], n[kept], int(n[~kept].sum())
+
+
+def prepared_steps_per_epoch(manifest, config, pad_to_bucket=True):
+    """`steps_per_epoch` of a prepared train split, from its length histogram."""
+    return steps_per_epoch_of(*prepared_lengths(manifest, config)[:3], config, pad_to_bucket)
+
+
+def read_prepared(paths, dtype, config):
+    """The pairs of a prepared train split's shards, in memory as `ArrayPairs` (over-long ones
+    dropped). Each record is [source length, source ids..., target ids...]; records are decoded a
+    batch at a time with array operations, never one Python object per pair."""
+    import tensorflow as tf
+
+    parts, dropped = [], 0
+    for records in tf.data.TFRecordDataset(paths).batch(1 << 16):
+        records = records.numpy()
+        ids = np.frombuffer(b"".join(records), dtype)
+        sizes = np.array([len(r) for r in records]) // ids.itemsize  # ids a record
+        starts = np.cumsum(sizes) - sizes
+        source_lengths = ids[starts].astype(np.int64)
+        target_lengths = sizes - 1 - source_lengths
+        keep = (source_lengths > 0) & (source_lengths <= config.max_source_length)
+        keep &= (target_lengths > 0) & (target_lengths < config.max_target_length)
+        dropped += int((~keep).sum())
+        # Each id's part of its record: 0 the length, 1 the source, 2 the target.
+        part = np.full(len(ids), 2, np.int8)
+        part[starts] = 0
+        in_source = np.zeros(len(ids) + 1, np.int64)
+        np.add.at(in_source, starts + 1, 1)
+        np.add.at(in_source, starts + 1 + source_lengths, -1)
+        part[np.cumsum(in_source[:-1]) > 0] = 1
+        kept = np.repeat(keep, sizes)
+        parts.append(
+            (ids[kept & (part == 1)], source_lengths[keep], ids[kept & (part == 2)], target_lengths[keep])
+        )
+    if not parts or not sum(len(p[1]) for p in parts):
+        raise ValueError("no sentence pairs to batch (all were empty or too long?)")
+    source, source_lengths, target, target_lengths = (np.concatenate(column) for column in zip(*parts))
+    return ArrayPairs(source, source_lengths, target, target_lengths, dropped)
+
+
+def stream_prepared(paths, dtype, config, seed=0, pad_to_bucket=True):
+    """The endless training batches of a prepared train split read from its shards as a stream:
+    each pass takes the shards in a new seeded order, reads a few at once (interleaved), and
+    shuffles pairs in a buffer of SHUFFLE_PAIRS; memory does not grow with the corpus."""
+    import tensorflow as tf
+
+    files = tf.constant(paths)
+
+    def one_pass(number):
+        return tf.data.Dataset.from_tensor_slices(
+            tf.random.experimental.stateless_shuffle(files, tf.stack([tf.cast(seed, tf.int64), number]))
+        )
+
+    def decode(record):
+        ids = tf.cast(tf.io.decode_raw(record, tf.dtypes.as_dtype(dtype)), tf.int32)
+        return ids[1 : 1 + ids[0]], ids[1 + ids[0] :]
+
+    def fits(source, target):
+        return (0 < tf.size(source) <= config.max_source_length) & (
+            0 < tf.size(target) < config.max_target_length
+        )
+
+    ds = tf.data.Dataset.counter().flat_map(one_pass)
+    ds = ds.interleave(
+        tf.data.TFRecordDataset, cycle_length=min(len(paths), 4), num_parallel_calls=2, deterministic=True
+    )
+    ds = ds.map(decode, num_parallel_calls=2, deterministic=True).filter(fits)
+    return _batched(ds.shuffle(SHUFFLE_PAIRS, seed=seed), config, True, pad_to_bucket)

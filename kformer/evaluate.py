@@ -8,6 +8,7 @@ import sacrebleu
 
 from kformer import checkpoint
 from kformer import data as data_lib
+from kformer import prepare as prepare_lib
 from kformer.config import BEAM_SIZE, LENGTH_PENALTY
 from kformer.translate import Translator
 
@@ -15,11 +16,11 @@ log = logging.getLogger("kformer")
 
 
 def split_references(model_dir, split="test"):
-    """(sources, references) of a split of the corpus the model was trained on. All translations
-    of one source sentence become its references (Tatoeba often has several)."""
-    pairs, _ = checkpoint.corpus_pairs(model_dir)
+    """(sources, references) of a held-out split of the corpus the model was trained on, as it was
+    prepared (kformer.prepare). All translations of one source sentence become its references
+    (Tatoeba often has several)."""
     grouped = collections.OrderedDict()
-    for source, target in data_lib.split_pairs(pairs)[split]:
+    for source, target in prepare_lib.held_out(checkpoint.prepared_folder(model_dir), split):
         grouped.setdefault(source, []).append(target)
     return list(grouped), list(grouped.values())
 

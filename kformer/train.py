@@ -6,14 +6,17 @@ kformer.checkpoint's.
 """
 
 import dataclasses
+import hashlib
 import logging
 import math
 import os
+import shutil
 
 import keras
 
-from kformer import checkpoint, distributed, locks
+from kformer import checkpoint, distributed, folders, locks
 from kformer import data as data_lib
+from kformer import prepare as prepare_lib
 from kformer.callbacks import Budget, Checkpoint, InputPosition, StopOnNaN, steps_done
 from kformer.config import (
     DEFAULT_CORPUS,
@@ -70,6 +73,9 @@ def _requested_config(out_dir, config_name, overrides):
     return saved
 
 
+DATA_PREFIX = ".kformer-data-"  # a new run's corpus, prepared beside its folder until training starts
+
+
 def prepare(
     out_dir,
     config_name=DEFAULT_PRESET,
@@ -78,42 +84,82 @@ def prepare(
     vocab_size=TransformerConfig.vocab_size,
     overrides=None,
 ):
-    """Reads and splits the corpus; trains the tokenizer of a new run (in memory) or loads a resumed
-    run's, checking the run was trained on this corpus. Writes nothing: `checkpoint.create` writes a
-    new run's files once training is known to start, so a failed start leaves no folder behind.
-    Returns (config, tokenizer, splits, corpus record)."""
+    """The run's corpus, prepared (kformer.prepare), and its tokenizer and config. A new run's
+    corpus is prepared into a temporary sibling of `out_dir`, which `checkpoint.create` moves in
+    once training starts (so a failed start leaves no folder behind); a resumed run's is the one it
+    recorded, after checking it is the corpus asked for; a prepared folder given as `data` is read
+    where it is (its direction is the one it was prepared in). Writes nothing in `out_dir`.
+    Returns (config, tokenizer, prepared folder, corpus record)."""
     overrides = dict(overrides or {})
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"--out {out_dir} is a file, not a folder; choose a folder name")
     config = _requested_config(out_dir, config_name, overrides)
-    corpus = data_lib.corpus_record(data, direction)
-    if config is not None and os.path.exists(checkpoint.path(out_dir, checkpoint.CORPUS_FILE)):
-        saved = checkpoint.read_corpus(out_dir)
-        if (saved.get("sha256"), saved["direction"]) != (corpus["sha256"], corpus["direction"]):
-            raise ValueError(
-                f"{out_dir} was trained on {saved['data']} ({saved['direction']}), not on {data} "
-                f"({direction}) as it is now; use a new --out directory."
-            )
-
-    pairs, report = data_lib.read_corpus(data, direction)
-    log.info("corpus: %s", report.summary())
-    splits = data_lib.split_pairs(pairs)
-    log.info("split by source sentence: %s", {k: len(v) for k, v in splits.items()})
-
-    tokenizer_path = checkpoint.path(out_dir, checkpoint.TOKENIZER_FILE)
+    if config is not None:
+        folder, corpus = _recorded_corpus(out_dir, data, direction)
+    elif prepare_lib.is_prepared(data):
+        folder, corpus = os.path.abspath(data), _prepared_record(data)
+    else:
+        folder = _prepare_beside(out_dir, data, direction, vocab_size)
+        corpus = {**prepare_lib.load(folder)["corpus"], "prepared": checkpoint.DATA_DIR}
+    manifest = prepare_lib.load(folder)
+    log.info("corpus: %s", prepare_lib.summary(manifest))
+    tokenizer_path = (
+        os.path.join(folder, prepare_lib.TOKENIZER)
+        if config is None
+        else checkpoint.path(out_dir, checkpoint.TOKENIZER_FILE)
+    )
+    tokenizer = data_lib.load_tokenizer(tokenizer_path)
     if config is None:
-        log.info("training a joint SentencePiece tokenizer (%d pieces) on the train split", vocab_size)
-        tokenizer = data_lib.train_tokenizer([text for pair in splits["train"] for text in pair], vocab_size)
         config = preset(
             config_name,
             vocab_size=tokenizer.get_piece_size(),
             tokenizer_sha256=tokenizer_digest(tokenizer),
             **overrides,
         )
-    else:
-        tokenizer = data_lib.load_tokenizer(tokenizer_path)
-        config.check_tokenizer(tokenizer, tokenizer_path)
-    return config, tokenizer, splits, corpus
+    config.check_tokenizer(tokenizer, tokenizer_path)
+    if tokenizer_digest(tokenizer) != manifest["tokenizer"]["sha256"]:
+        raise ValueError(f"{folder} was prepared with another tokenizer than {tokenizer_path}'s")
+    return config, tokenizer, folder, corpus
+
+
+def _prepared_record(folder):
+    """What a run records of a prepared folder it trains on: the folder and its manifest's digest."""
+    manifest_path = os.path.join(folder, prepare_lib.MANIFEST)
+    with open(manifest_path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    source = prepare_lib.load(folder)["corpus"]
+    return {
+        "data": os.path.abspath(folder),
+        "direction": source["direction"],
+        "sha256": digest,
+        "prepared": os.path.abspath(folder),
+    }
+
+
+def _recorded_corpus(out_dir, data, direction):
+    """(prepared folder, corpus record) of a resumed run, if `data` is the corpus it was trained on."""
+    saved = checkpoint.read_corpus(out_dir)
+    requested = (
+        _prepared_record(data) if prepare_lib.is_prepared(data) else data_lib.corpus_record(data, direction)
+    )
+    if (saved.get("sha256"), saved["direction"]) != (requested["sha256"], requested["direction"]):
+        raise ValueError(
+            f"{out_dir} was trained on {saved['data']} ({saved['direction']}), not on {data} "
+            f"({direction}) as it is now; use a new --out directory."
+        )
+    return checkpoint.prepared_folder(out_dir), saved
+
+
+def _prepare_beside(out_dir, data, direction, vocab_size):
+    """A new run's corpus prepared into a temporary sibling of `out_dir` (one of a killed start is
+    removed first)."""
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    folders.remove_abandoned(parent, DATA_PREFIX)
+    folder = os.path.join(parent, f"{DATA_PREFIX}{os.getpid()}-{os.path.basename(os.path.abspath(out_dir))}")
+    shutil.rmtree(folder, ignore_errors=True)
+    prepare_lib.prepare(data, folder, direction, vocab_size, lock=False)  # the run's lock covers it
+    return folder
 
 
 @dataclasses.dataclass
@@ -262,19 +308,23 @@ def _start(
     with distributed.chief_first(strategy) as chief:  # only the chief writes the run directory
         _check_the_chief_started(out_dir, chief)
         keras.utils.set_random_seed(seed)
-        config, tokenizer, splits, corpus = prepare(
+        config, tokenizer, folder, corpus = prepare(
             out_dir, config_name, data, direction, vocab_size, overrides
         )
-        encoded = _encode(splits, tokenizer, config)
-        per_epoch = _steps_per_epoch(encoded["train"], config, xla)
+        try:
+            encoded = _encode(folder, tokenizer, config)
+            per_epoch = _steps_per_epoch(encoded, config, xla)
+        except BaseException:
+            if os.path.basename(folder).startswith(DATA_PREFIX):  # prepared for a start that failed
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
         max_steps = _max_steps(steps, epochs, minutes, per_epoch)
         state = checkpoint.read_state(out_dir)
         if _budget_spent(out_dir, minutes, state):
             return Training(None, config, tokenizer, {}, "budget already spent", state.get("steps", 0))
-        if chief:
-            checkpoint.create(
-                out_dir, config, tokenizer, corpus
-            )  # training starts: the run's files appear now
+        if chief:  # training starts: the run's files appear now, its prepared corpus moves in
+            checkpoint.create(out_dir, config, tokenizer, corpus, folder)
+            encoded.folder = checkpoint.prepared_folder(out_dir)
     plain = strategy is None  # fit's iterator is then a plain tf.data one, whose position can be saved
     strategy = strategy or tf.distribute.get_strategy()
     log.info("compute precision: %s (%s)", precision, why)
@@ -291,8 +341,8 @@ def _start(
     if chief:  # other workers compute the same weights and logs, and write nothing
         callbacks += _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position)
     fit_args = _fit_args(encoded, config, xla, seed, done, per_epoch, max_steps, callbacks, verbose, replay)
-    train_split = encoded["train"]
-    real = sum(len(s) + len(t) + 1 for s, t in zip(train_split.source, train_split.target))  # + EOS
+    source, target, counts = encoded.lengths
+    real = int(((source + target + 1) * counts).sum())  # non-pad tokens of one pass, EOS included
     return Training(
         model,
         config,
@@ -317,29 +367,56 @@ def _check_the_chief_started(out_dir, chief):
         )
 
 
-def _encode(splits, tokenizer, config):
-    """Each split's pairs as token ids, dropping (with a warning) pairs over the max lengths."""
-    encoded = {name: data_lib.encode_pairs(tokenizer, pairs, config) for name, pairs in splits.items()}
-    for name, split in encoded.items():
-        if split.dropped_too_long:
+@dataclasses.dataclass
+class _Corpus:
+    """What training reads of a prepared corpus: where it is, its manifest, the dev split's ids,
+    and the lengths of the train pairs that fit the model (source, target, pairs of each)."""
+
+    folder: str
+    manifest: dict
+    dev: data_lib.EncodedPairs
+    lengths: tuple
+
+
+def _encode(folder, tokenizer, config):
+    """The prepared corpus for training; pairs over the max lengths are dropped, with a warning."""
+    manifest = prepare_lib.load(folder)
+    source, target, counts, dropped = data_lib.prepared_lengths(manifest, config)
+    dev = data_lib.encode_pairs(tokenizer, prepare_lib.held_out(folder, "dev"), config)
+    for name, count in (("train", dropped), ("dev", dev.dropped_too_long)):
+        if count:
             log.warning(
                 "%s: dropped %d pairs longer than max lengths (%d source, %d target tokens)",
                 name,
-                split.dropped_too_long,
+                count,
                 config.max_source_length,
                 config.max_target_length,
             )
-    return encoded
+    return _Corpus(folder, manifest, dev, (source, target, counts))
 
 
-def _steps_per_epoch(train_split, config, xla):
-    per_epoch = data_lib.steps_per_epoch(train_split, config, pad_to_bucket=xla)
+def _steps_per_epoch(encoded, config, xla):
+    per_epoch = data_lib.prepared_steps_per_epoch(encoded.manifest, config, pad_to_bucket=xla)
     if per_epoch < 1:
         raise ValueError(
-            f"the train split ({len(train_split)} pairs) fills no batch of "
+            f"the train split ({int(encoded.lengths[2].sum())} pairs) fills no batch of "
             f"batch_tokens={config.batch_tokens}; lower --batch-tokens"
         )
     return per_epoch
+
+
+def _train_dataset(encoded, config, xla, seed):
+    """The endless seeded training batches: the train split read into memory when it is small
+    (data.IN_MEMORY_TOKENS; each pass then in a new order of all pairs), else streamed from its
+    shards (bounded memory)."""
+    paths = prepare_lib.shard_paths(encoded.folder, encoded.manifest)
+    dtype = encoded.manifest["train"]["dtype"]
+    source, target, counts = encoded.lengths
+    if int(((source + target) * counts).sum()) <= data_lib.IN_MEMORY_TOKENS:
+        pairs = data_lib.read_prepared(paths, dtype, config)
+        return data_lib.make_dataset(pairs, config, training=True, seed=seed, pad_to_bucket=xla)
+    log.info("streaming the train split from %d shards", len(paths))
+    return data_lib.stream_prepared(paths, dtype, config, seed, pad_to_bucket=xla)
 
 
 def _max_steps(steps, epochs, minutes, per_epoch):
@@ -442,10 +519,10 @@ def _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position):
 def _fit_args(encoded, config, xla, seed, done, per_epoch, max_steps, callbacks, verbose, replay):
     """model.fit's arguments: the seeded batch stream (after `replay` batches skipped), the dev
     split, and epochs counted from where the run stands (`done` steps)."""
-    train_ds = data_lib.make_dataset(encoded["train"], config, training=True, seed=seed, pad_to_bucket=xla)
+    train_ds = _train_dataset(encoded, config, xla, seed)
     dev_ds = (
-        data_lib.make_dataset(encoded["dev"], config, training=False, pad_to_bucket=xla)
-        if len(encoded["dev"])
+        data_lib.make_dataset(encoded.dev, config, training=False, pad_to_bucket=xla)
+        if len(encoded.dev)
         else None
     )
     # With only a time budget, epochs are capped at a number no budget here reaches (for the display).

@@ -90,7 +90,15 @@ def model_dir(tmp_path_factory, tokenizer):
     keras.utils.set_random_seed(3)
     Transformer(config).save(str(out / "model.keras"))
     config.save(str(out / "config.json"))
-    (out / "corpus.json").write_text(json.dumps({"data": "default", "direction": "zh-en"}))
+    (out / "corpus.json").write_text(
+        json.dumps({"data": "default", "direction": "zh-en", "prepared": "data"})
+    )
+    splits = data_lib.split_pairs(data_lib.read_corpus()[0])  # the held-out splits, as prepare writes them
+    (out / "data").mkdir()
+    for name in ("dev", "test"):
+        (out / "data" / f"{name}.tsv").write_text(
+            "".join(f"{s}\t{t}\n" for s, t in splits[name]), encoding="utf-8"
+        )
     return str(out)
 
 

@@ -13,6 +13,7 @@ from conftest import PYTHON, python_lines
 
 from kformer import checkpoint
 from kformer import data as data_lib
+from kformer import prepare as prepare_lib
 from kformer.distributed import cluster_from_env
 from kformer.train import prepare
 
@@ -195,10 +196,8 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
     survivor = _log(logs, "a0.log")
     assert "a worker stopped during training" in survivor and "Traceback" not in survivor, survivor[-3000:]
     saved = checkpoint.read_state(out)["steps"]
-    config, tokenizer, splits, _ = prepare(out, "tiny", data=corpus_tsv, vocab_size=1200)  # writes nothing
-    per_epoch = data_lib.steps_per_epoch(
-        data_lib.encode_pairs(tokenizer, splits["train"], config), config, pad_to_bucket=False
-    )
+    config, _, folder, _ = prepare(out, "tiny", data=corpus_tsv, vocab_size=1200)  # writes nothing
+    per_epoch = data_lib.prepared_steps_per_epoch(prepare_lib.load(folder), config, pad_to_bucket=False)
     assert saved >= 20 and saved % per_epoch == 0, (saved, per_epoch)  # an epoch's end: a saved checkpoint
 
     # 2. Restart both: training resumes from the chief's last checkpoint and reaches the target.
@@ -228,6 +227,7 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
     assert sorted(os.listdir(out)) == [
         "config.json",
         "corpus.json",
+        "data",  # the prepared corpus
         "logs",
         "model.keras",
         "tokenizer.model",

@@ -485,12 +485,13 @@ def test_device_runners_need_no_tensorflow(artifacts, model_dir, beam):
 
 
 def test_a_killed_exports_work_folder_is_removed_by_the_next_export(tmp_path):
-    from kformer.export.exporter import WORK_PREFIX, _remove_abandoned_work
+    from kformer.export.exporter import WORK_PREFIX
+    from kformer.folders import remove_abandoned
 
     dead, alive = tmp_path / f"{WORK_PREFIX}999999999-x", tmp_path / f"{WORK_PREFIX}{os.getpid()}-y"
     for folder in (dead, alive):
         (folder / "onnx").mkdir(parents=True)
-    _remove_abandoned_work(str(tmp_path))
+    remove_abandoned(str(tmp_path), WORK_PREFIX)
     assert not dead.exists() and alive.exists()
 
 

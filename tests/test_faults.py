@@ -78,7 +78,10 @@ def test_sigkill_at_random_moments_loses_nothing_and_resumes_exactly(tmp_path, c
     for reference, steps in ((whole_at_kill, step), (whole, STEPS)):  # fresh models, never killed or stopped
         os.makedirs(reference)
         for name in (checkpoint.CONFIG_FILE, checkpoint.TOKENIZER_FILE, checkpoint.CORPUS_FILE):
-            shutil.copy(checkpoint.path(out, name), reference)  # the same tokenizer
+            shutil.copy(checkpoint.path(out, name), reference)  # the same tokenizer and corpus
+        shutil.copytree(
+            checkpoint.path(out, checkpoint.DATA_DIR), checkpoint.path(reference, checkpoint.DATA_DIR)
+        )
         train(reference, "tiny", steps=steps, **args)
     _assert_same_weights(killed_model, checkpoint.path(whole_at_kill, checkpoint.MODEL_FILE))
     _assert_same_weights(

@@ -27,8 +27,9 @@ def test_a_second_process_is_refused_and_a_killed_holder_blocks_nothing(tmp_path
         holder.kill()
         holder.wait()
     release = locks.hold(folder, "train")  # the kernel dropped the killed process's lock
+    assert os.listdir(tmp_path) == [".run.lock"]  # beside the folder, which it does not create
     release()
-    assert not os.path.exists(folder)  # the lock lives beside the folder, which it does not create
+    assert os.listdir(tmp_path) == []  # removed when let go
 
 
 def test_the_lock_is_reentrant_within_a_process(tmp_path):

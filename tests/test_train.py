@@ -49,6 +49,7 @@ def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, c
     os.makedirs(whole)
     for name in ("config.json", "tokenizer.model", "corpus.json"):  # the same tokenizer, a fresh model
         shutil.copy(os.path.join(split, name), whole)
+    shutil.copytree(os.path.join(split, "data"), os.path.join(whole, "data"))  # the same corpus
     record = Record()
     train(whole, "tiny", steps=8, callbacks=[record], **args)
     train(split, "tiny", steps=8, **args)
@@ -180,7 +181,10 @@ def test_a_resume_restores_the_input_position_and_continues_the_same_batches(tmp
     assert [line for line in lines.lines if "rebuilding the 5 batches" in line]
     os.makedirs(whole)
     for name in (checkpoint.CONFIG_FILE, checkpoint.TOKENIZER_FILE, checkpoint.CORPUS_FILE):
-        shutil.copy(checkpoint.path(stopped, name), whole)  # the same tokenizer
+        shutil.copy(checkpoint.path(stopped, name), whole)  # the same tokenizer and corpus
+    shutil.copytree(
+        checkpoint.path(stopped, checkpoint.DATA_DIR), checkpoint.path(whole, checkpoint.DATA_DIR)
+    )
     train(whole, "tiny", steps=9, **args)
     reference = saved_weights(checkpoint.path(whole, checkpoint.MODEL_FILE))
     for run in (stopped, replayed):
@@ -234,6 +238,8 @@ def test_a_swapped_tokenizer_is_refused(tmp_path, trained_dir):
 
 
 def test_the_corpus_is_recorded_by_content_not_by_the_path_typed(tmp_path, corpus_tsv, monkeypatch):
+    """A run resumes from any folder with the corpus given by any path, refuses a changed corpus,
+    and evaluates on the splits it prepared whatever becomes of the corpus file."""
     import shutil
 
     from kformer.evaluate import split_references
@@ -251,8 +257,7 @@ def test_the_corpus_is_recorded_by_content_not_by_the_path_typed(tmp_path, corpu
     assert sources
     with open(tmp_path / "pairs.tsv", "a", encoding="utf-8") as f:
         f.write("新的。\tNew.\n")
-    with pytest.raises(ValueError, match="changed since the run was trained"):
-        split_references(run, "test")
+    assert split_references(run, "test")[0] == sources  # the run keeps its prepared splits
     with pytest.raises(ValueError, match="was trained on"):
         train(run, "tiny", data=str(tmp_path / "pairs.tsv"), steps=3, **args)
 
@@ -302,15 +307,17 @@ def test_time_budget_stops_and_saves(tmp_path, corpus_tsv):
 XLA_SCRIPT = r"""
 import json, sys
 from kformer import data as data_lib
+from kformer import prepare as prepare_lib
 from kformer.bench import train as bench
 from kformer.train import train, prepare
 out, corpus, dump = sys.argv[1:4]
 train(out, "tiny", data=corpus, vocab_size=1200, epochs=3, xla=True, verbose=0, checkpoint_seconds=10**6)
-config, tokenizer, splits, _ = prepare(out, "tiny", data=corpus)
-encoded = data_lib.encode_pairs(tokenizer, splits["train"], config)
+config, tokenizer, folder, _ = prepare(out, "tiny", data=corpus)
+manifest = prepare_lib.load(folder)
+encoded = data_lib.read_prepared(prepare_lib.shard_paths(folder, manifest), manifest["train"]["dtype"], config)
 train_shapes = {tuple(y.shape) for _, y in data_lib.make_dataset(encoded, config, training=True).take(300)}
 # Validation runs the same-named step on the dev split, whose last batch per bucket may be partial.
-dev = data_lib.encode_pairs(tokenizer, splits["dev"], config)
+dev = data_lib.encode_pairs(tokenizer, prepare_lib.held_out(folder, "dev"), config)
 dev_shapes = {tuple(y.shape) for _, y in data_lib.make_dataset(dev, config, training=False)}
 print(json.dumps({"compilations": bench.count_xla_compilations(dump), "train_shapes": len(train_shapes),
                   "dev_shapes": len(dev_shapes), "buckets": len(data_lib.bucket_plan(config)[0])}))

@@ -41,11 +41,15 @@ def _fixed_batches(config_name, count, seed, overrides=None):
     without XLA batches them (grouped by both lengths, padded to the longest row) and with XLA
     (padded to the bucket)."""
     from kformer import data as data_lib
+    from kformer import prepare as prepare_lib
     from kformer.train import prepare
 
-    with tempfile.TemporaryDirectory() as work:
-        config, tokenizer, splits, _ = prepare(work, config_name, overrides=overrides)
-    encoded = data_lib.encode_pairs(tokenizer, splits["train"], config)
+    with tempfile.TemporaryDirectory() as work:  # the corpus is prepared beside the run folder, in here
+        config, _, folder, _ = prepare(os.path.join(work, "run"), config_name, overrides=overrides)
+        manifest = prepare_lib.load(folder)
+        encoded = data_lib.read_prepared(
+            prepare_lib.shard_paths(folder, manifest), manifest["train"]["dtype"], config
+        )
 
     def batches(pad_to_bucket):
         dataset = data_lib.make_dataset(
