@@ -251,28 +251,13 @@ def start(
     so a run may resume in another precision, and it translates and exports in float32).
     The run folder is locked (kformer.locks) from here until the returned run's `release()`; a
     second process on it is refused."""
-    strategy = distributed.make_strategy(strategy) if isinstance(strategy, str) else strategy
+    options = dict(locals())  # every argument, for _start
+    options["strategy"] = strategy = (
+        distributed.make_strategy(strategy) if isinstance(strategy, str) else strategy
+    )
     release = locks.hold(out_dir, "train") if distributed.is_chief(strategy) else locks.nothing
     try:
-        run = _start(
-            out_dir,
-            config_name,
-            data,
-            direction,
-            minutes,
-            steps,
-            epochs,
-            xla,
-            precision,
-            batch_tokens,
-            seed,
-            strategy,
-            vocab_size,
-            overrides,
-            checkpoint_seconds,
-            callbacks,
-            verbose,
-        )
+        run = _start(**options)
     except BaseException:
         release()
         raise
