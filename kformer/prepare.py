@@ -109,7 +109,7 @@ def _prepare_in(work, data, direction, vocab_size, dev, test, split_size, shards
     return {
         "kformer_prepared": 1,
         "corpus": corpus,
-        "read": {**report_dict(report)},
+        "read": report_dict(report),
         "pairs": {"train": counts["train"], **{name: len(p) for name, p in {**held_out, **splits}.items()}},
         "held_out": {
             name: "file " + os.path.abspath(given[name]) if name in given else "hash" for name in HELD_OUT
