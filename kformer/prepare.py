@@ -43,7 +43,7 @@ HELD_OUT = {"dev": "dev.tsv", "test": "test.tsv"}
 FRACTIONS = {"test": (0.0, 0.02), "dev": (0.02, 0.04)}  # of source hashes: kformer.data.split_pairs'
 SPLIT_SIZE = 3000  # pairs at most in each held-out split
 SHARD_PAIRS = 100_000  # train pairs a shard holds (the default number of shards follows)
-TOKENIZER_SAMPLE = 500_000  # train pairs the tokenizer is trained on, at most
+TOKENIZER_SAMPLE = 300_000  # train pairs the tokenizer trains on, at most (its training peaks memory)
 LENGTH_CAP = 512  # the histogram counts longer pairs at this length
 CHUNK = 50_000  # pairs handled at once: deduplicated, tokenized
 
