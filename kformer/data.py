@@ -89,19 +89,17 @@ class CorpusFile:
         self.path = path
         try:
             self.size = os.path.getsize(path)
-            self._file = open(path, "rb")
+            self._file = open(path, "rb", buffering=1 << 20)
         except OSError as e:
             raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
-        self.bytes_read = 0
 
-    def readinto(self, buffer):  # the raw stream under the line reader
-        count = self._file.readinto(buffer)
-        self.bytes_read += count
-        return count
+    @property
+    def bytes_read(self):
+        return 0 if self._file.closed else self._file.tell()
 
     def lines(self):
         """(number, raw line) from the first line on; CorpusError for a truncated or corrupt gzip."""
-        raw = io.BufferedReader(_RawReader(self), 1 << 20)
+        raw = self._file
         stream = gzip.GzipFile(fileobj=raw) if raw.peek(2)[:2] == b"\x1f\x8b" else raw
         try:
             yield from _raw_lines(stream)
@@ -109,17 +107,6 @@ class CorpusFile:
             raise CorpusError(f"{self.path}: not a complete gzip file ({e})") from None
         finally:
             self._file.close()
-
-
-class _RawReader(io.RawIOBase):
-    def __init__(self, source):
-        self.source = source
-
-    def readable(self):
-        return True
-
-    def readinto(self, buffer):
-        return self.source.readinto(buffer)
 
 
 def _raw_lines(stream):
@@ -268,19 +255,12 @@ def corpus_record(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION):
         if isinstance(data, (list, tuple))
         else [data]
     )
-    digest = hashlib.sha256()  # of the files' bytes one after the other, read in blocks
-    for file in files:
-        try:
-            with open(file, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
-        except OSError as e:
-            raise CorpusError(f"{file}: cannot read ({e.strerror})") from None
+    digest = files_sha256(files)
     resolved = [os.path.abspath(f) for f in files]
     return {
         "data": DEFAULT_CORPUS if data == DEFAULT_CORPUS else resolved[0] if len(resolved) == 1 else resolved,
         "direction": direction,
-        "sha256": digest.hexdigest(),
+        "sha256": digest,
     }
 
 
@@ -291,16 +271,35 @@ def _parse_direction(direction):
     return parts
 
 
-def split_pairs(pairs, dev_fraction=0.02, test_fraction=0.02):
-    """Deterministic train/dev/test split by source-sentence identity.
+def files_sha256(paths):
+    """The sha256 (hex) of the files' bytes one after the other, read in blocks."""
+    digest = hashlib.sha256()
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+        except OSError as e:
+            raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
+    return digest.hexdigest()
 
-    A source sentence's split depends only on a hash of its text, so all its translations land
-    in the same split, and the split never changes when the corpus grows or is reordered.
-    """
+
+DEV_FRACTION = TEST_FRACTION = 0.02  # of source sentences, by `source_position`
+
+
+def source_position(source):
+    """A source sentence's place in [0, 1), from a hash of its text: its split (test below
+    TEST_FRACTION, dev next), so all its translations share a split whatever the corpus order."""
+    return int.from_bytes(hashlib.sha256(source.encode("utf-8")).digest()[:8], "big") / 2.0**64
+
+
+def split_pairs(pairs, dev_fraction=DEV_FRACTION, test_fraction=TEST_FRACTION):
+    """Deterministic train/dev/test split by source-sentence identity (`source_position`): the
+    split never changes when the corpus grows or is reordered. In memory; `kformer.prepare`
+    splits a stream by the same rule."""
     splits = {"train": [], "dev": [], "test": []}
     for pair in pairs:
-        digest = hashlib.sha256(pair[0].encode("utf-8")).digest()
-        u = int.from_bytes(digest[:8], "big") / 2.0**64  # uniform in [0, 1)
+        u = source_position(pair[0])
         name = "test" if u < test_fraction else "dev" if u < test_fraction + dev_fraction else "train"
         splits[name].append(pair)
     return splits

@@ -40,7 +40,10 @@ log = logging.getLogger("kformer")
 MANIFEST = "prepared.json"
 TOKENIZER = "tokenizer.model"
 HELD_OUT = {"dev": "dev.tsv", "test": "test.tsv"}
-FRACTIONS = {"test": (0.0, 0.02), "dev": (0.02, 0.04)}  # of source hashes: kformer.data.split_pairs'
+FRACTIONS = {  # of source positions (kformer.data.source_position), as data.split_pairs splits
+    "test": (0.0, data_lib.TEST_FRACTION),
+    "dev": (data_lib.TEST_FRACTION, data_lib.TEST_FRACTION + data_lib.DEV_FRACTION),
+}
 SPLIT_SIZE = 3000  # pairs at most in each held-out split
 SHARD_PAIRS = 100_000  # train pairs a shard holds (the default number of shards follows)
 TOKENIZER_SAMPLE = 300_000  # train pairs the tokenizer trains on, at most (its training peaks memory)
@@ -162,11 +165,6 @@ def _held_out_file(path):
     return pairs
 
 
-def _source_hash(source):
-    """A source sentence's position in [0, 1): kformer.data.split_pairs' rule."""
-    return int.from_bytes(hashlib.sha256(source.encode("utf-8")).digest()[:8], "big") / 2.0**64
-
-
 class _HeldOutSplit:
     """The pairs of one held-out split: sources whose hash lies in [low, high), those of smallest
     hash first, at most `size` pairs. `offer` returns the pairs it does not keep (for train): the
@@ -217,7 +215,7 @@ def _split(data, direction, report, held_out, split_size, train):
             if pair[0] in excluded:
                 counts["held_out_sources"] += 1
                 continue
-            u = _source_hash(pair[0])
+            u = data_lib.source_position(pair[0])
             split = next((split for split in taken.values() if split.low <= u < split.high), None)
             to_train = [pair] if split is None else split.offer(u, pair)
             for p in to_train:
@@ -329,7 +327,12 @@ def _write_shards(train_file, count, tokenizer, work, shards, seed):
         os.remove(part.name)
         path = os.path.join(work, name)
         written.append(
-            {"file": name, "pairs": len(records), "bytes": os.path.getsize(path), "sha256": _sha256(path)}
+            {
+                "file": name,
+                "pairs": len(records),
+                "bytes": os.path.getsize(path),
+                "sha256": data_lib.files_sha256([path]),
+            }
         )
     return written, histogram
 
@@ -340,14 +343,6 @@ def _read_part(path):
         while size := f.read(4):
             records.append(f.read(int.from_bytes(size, "little")))
     return records
-
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_tsv(path, pairs):

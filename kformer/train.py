@@ -6,7 +6,6 @@ kformer.checkpoint's.
 """
 
 import dataclasses
-import hashlib
 import logging
 import math
 import os
@@ -124,9 +123,7 @@ def prepare(
 
 def _prepared_record(folder):
     """What a run records of a prepared folder it trains on: the folder and its manifest's digest."""
-    manifest_path = os.path.join(folder, prepare_lib.MANIFEST)
-    with open(manifest_path, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
+    digest = data_lib.files_sha256([os.path.join(folder, prepare_lib.MANIFEST)])
     source = prepare_lib.load(folder)["corpus"]
     return {
         "data": os.path.abspath(folder),
