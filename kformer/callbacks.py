@@ -2,12 +2,16 @@
 
 import logging
 import math
+import shutil
+import signal
+import tempfile
 import time
 
 import keras
 from keras import ops
 
 from kformer import checkpoint, distributed
+from kformer.distributed import Preempted
 from kformer.schedules import BudgetSchedule, budget_warmup
 
 log = logging.getLogger("kformer")
@@ -157,3 +161,56 @@ class Checkpoint(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.save()
+
+
+class StopOnSigterm(keras.callbacks.Callback):
+    """Makes SIGTERM, what a preemptible VM, Kubernetes or a batch scheduler sends before it stops a
+    machine, save the run and stop training (raising `Preempted`) after the current step, instead of
+    losing the work since the last checkpoint. The save is `save` (the chief's `Checkpoint.save`;
+    None on other workers).
+
+    TensorFlow's PreemptionCheckpointHandler does the agreeing: the worker that got the signal
+    tells the others through the cluster's coordination service, and all stop after the same step
+    (a worker a step ahead would wait forever in that step's all-reduce); no collective is added to
+    the steps. It is built for tf.train.Checkpoint and custom training loops: here its save and
+    exit are kformer's, and its own checkpoint manager, never written, lives in a temporary folder.
+    As TensorFlow does, on a GCP VM it watches GCP's maintenance notices instead of SIGTERM on a
+    GPU VM, and does nothing on a CPU VM."""
+
+    def __init__(self, save=None):
+        super().__init__()
+        self.save, self.handler = save, None
+
+    def on_train_begin(self, logs=None):
+        import tensorflow as tf
+
+        self.folder = tempfile.mkdtemp(prefix="kformer-preemption-")
+        self.default = signal.getsignal(signal.SIGTERM)
+        self.handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+            getattr(self.model.distribute_strategy, "cluster_resolver", None),
+            tf.train.CheckpointManager(tf.train.Checkpoint(), self.folder, max_to_keep=1),
+            termination_config=tf.distribute.experimental.TerminationConfig(
+                exit_fn=self._stop, save_fn=self.save or (lambda: None)
+            ),
+        )
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.handler.save_checkpoint_if_preempted()  # saves and calls _stop at the agreed step
+
+    def on_train_end(self, logs=None):
+        self._release()
+        # What the handler's __del__ does; its watcher thread holds it, so __del__ would wait for
+        # the process's end. A no-op for a single process.
+        self.handler._stop_cluster_wise_termination_watcher_thread()
+
+    def _stop(self):
+        self._release()
+        saved = "the chief saved it" if self.save is None else "saved model.keras"
+        raise Preempted(
+            f"stopped by SIGTERM after step {steps_done(self.model)} ({saved}); "
+            "run the same command to resume"
+        )
+
+    def _release(self):
+        signal.signal(signal.SIGTERM, self.default)
+        shutil.rmtree(self.folder, ignore_errors=True)

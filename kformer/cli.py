@@ -17,7 +17,7 @@ from kformer.config import (
     PRESETS,
     TransformerConfig,
 )
-from kformer.distributed import CONNECT_TIMEOUT_SECONDS, STRATEGIES
+from kformer.distributed import CONNECT_TIMEOUT_SECONDS, STRATEGIES, Preempted
 from kformer.export.formats import DEFAULT_FORMATS, FORMATS, RUNTIMES, VARIANTS
 from kformer.export.web import PAGE_RUNTIMES
 
@@ -208,6 +208,11 @@ def _bench(args):
         results = bench_web(
             args.model, sentences=args.sentences, rounds=args.rounds, screenshot=args.screenshot
         )
+    elif args.what == "data":
+        from kformer.bench.data import bench_data
+        from kformer.bench.data import print_data_table as print_table
+
+        results = bench_data(args.pairs, args.config, args.work)
     elif args.what == "train":
         from kformer.bench import train
 
@@ -439,7 +444,7 @@ def _add_web(commands):
 
 def _add_bench(commands):
     p = commands.add_parser("bench", help="benchmarks: ratios measured in one run")
-    p.add_argument("what", choices=["train", "decode", "runtimes", "web"])
+    p.add_argument("what", choices=["train", "data", "decode", "runtimes", "web"])
     p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
     p.add_argument("--model", help="training directory (decode) or export folder (runtimes, web)")
     p.add_argument(
@@ -451,6 +456,16 @@ def _add_bench(commands):
     p.add_argument("--steps", type=_positive(int), default=30)
     p.add_argument("--rounds", type=_positive(int), default=3, help="interleaved rounds (runtimes, web)")
     p.add_argument("--screenshot", help="web: save a picture of the page here (PNG)")
+    p.add_argument(
+        "--pairs",
+        type=_positive(int),
+        nargs="+",
+        default=[1_000_000],
+        help="data: synthetic corpus sizes (pairs), one row each",
+    )
+    p.add_argument(
+        "--work", help="data: where the synthetic corpora are written, then deleted (default: temp)"
+    )
     _precision_options(p)
     p.add_argument("--json", help="also write the results to this file")
     p.set_defaults(run=_bench)
@@ -490,6 +505,9 @@ def main(argv=None):
 
     try:
         args.run(args)
+    except Preempted as e:  # saved: the same command resumes
+        print(f"kformer {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
     except (ValueError, OSError, FloatingPointError, ExportError) as e:
         # User errors (CorpusError and ArtifactError are ValueErrors; OSError: a path that is a folder,
         # not writable or full; FloatingPointError: a NaN loss) are one line; a bug keeps its traceback.

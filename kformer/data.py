@@ -640,10 +640,22 @@ def read_prepared(paths, dtype, config):
     return ArrayPairs(source, source_lengths, target, target_lengths, dropped)
 
 
-def stream_prepared(paths, dtype, config, seed=0, pad_to_bucket=True):
+def worker_part(paths, workers=1, rank=0):
+    """(shard files, pair shards, pair shard index) that input worker `rank` of `workers` reads of a
+    prepared train split: every `workers`-th shard file from `rank`, so that no two workers read
+    the same file; with fewer files than workers, all files and every `workers`-th pair."""
+    if workers <= 1:
+        return list(paths), 1, 0
+    if len(paths) < workers:
+        return list(paths), workers, rank
+    return list(paths[rank::workers]), 1, 0
+
+
+def stream_prepared(paths, dtype, config, seed=0, pad_to_bucket=True, num_shards=1, shard_index=0):
     """The endless training batches of a prepared train split read from its shards as a stream:
     each pass takes the shards in a new seeded order, reads a few at once (interleaved), and
-    shuffles pairs in a buffer of SHUFFLE_PAIRS; memory does not grow with the corpus."""
+    shuffles pairs in a buffer of SHUFFLE_PAIRS; memory does not grow with the corpus.
+    `num_shards`/`shard_index`: this input worker keeps every `num_shards`-th pair."""
     import tensorflow as tf
 
     files = tf.constant(paths)
@@ -666,5 +678,7 @@ def stream_prepared(paths, dtype, config, seed=0, pad_to_bucket=True):
     ds = ds.interleave(
         tf.data.TFRecordDataset, cycle_length=min(len(paths), 4), num_parallel_calls=2, deterministic=True
     )
+    if num_shards > 1:
+        ds = ds.shard(num_shards, shard_index)
     ds = ds.map(decode, num_parallel_calls=2, deterministic=True).filter(fits)
     return _batched(ds.shuffle(SHUFFLE_PAIRS, seed=seed), config, True, pad_to_bucket)

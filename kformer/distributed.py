@@ -2,15 +2,18 @@
 
 `multi-worker` is TensorFlow's MultiWorkerMirroredStrategy, configured the standard way by the
 TF_CONFIG environment variable: every worker runs the same command, TF_CONFIG alone says who is who.
-Keras splits each global batch evenly over all replicas (each worker builds the same seeded batch
-stream and keeps its part), so any number of workers trains the same model as one process does.
-The run directory must be on storage every worker can read; only the chief writes to it.
+Each worker reads only its own shards of the prepared train split (`data.worker_part`) into batches
+of batch_tokens / replicas tokens, and the replicas' gradients are averaged: a step trains on about
+batch_tokens tokens whatever the number of workers. The run directory must be on storage every
+worker can read; only the chief writes to it. SIGTERM on any worker makes all of them stop after the
+same step, the chief saving it (`callbacks.StopOnSigterm`).
 """
 
 import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 
@@ -66,6 +69,23 @@ def cluster_from_env(environ=os.environ):
     return workers, rank
 
 
+def local_cluster(workers):
+    """The environments ({"TF_CONFIG": ...}) of `workers` processes forming a cluster on this
+    machine (free ports of 127.0.0.1): to try multi-worker training, or to measure it."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(workers)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    addresses = [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]
+    for s in sockets:
+        s.close()
+    return [
+        {"TF_CONFIG": json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": i}})}
+        for i in range(workers)
+    ]
+
+
 def make_strategy(name, connect_timeout=CONNECT_TIMEOUT_SECONDS):
     """The tf.distribute strategy for `name` (one of STRATEGIES), or None for the default.
 
@@ -107,9 +127,14 @@ def _cluster(strategy):
     return resolver, (resolver.cluster_spec().as_dict() if resolver is not None else {})
 
 
-def is_multi_worker(strategy):
+def workers(strategy):
+    """How many processes train together (1 without a cluster)."""
     _, jobs = _cluster(strategy)
-    return len(jobs.get("chief", [])) + len(jobs.get("worker", [])) > 1
+    return max(len(jobs.get("chief", [])) + len(jobs.get("worker", [])), 1)
+
+
+def is_multi_worker(strategy):
+    return workers(strategy) > 1
 
 
 def is_chief(strategy):
@@ -145,6 +170,12 @@ def chief_first(strategy):
     finally:
         if chief:
             agree(strategy, 0)
+
+
+class Preempted(Exception):
+    """Training stopped on SIGTERM (here or on another worker), its last step saved."""
+
+    exit_code = 128 + signal.SIGTERM  # the status of a process ended by SIGTERM: not finished
 
 
 class WorkerLost(ConnectionError):

@@ -16,7 +16,7 @@ import keras
 from kformer import checkpoint, distributed, folders, locks
 from kformer import data as data_lib
 from kformer import prepare as prepare_lib
-from kformer.callbacks import Budget, Checkpoint, InputPosition, StopOnNaN, steps_done
+from kformer.callbacks import Budget, Checkpoint, InputPosition, StopOnNaN, StopOnSigterm, steps_done
 from kformer.config import (
     DEFAULT_CORPUS,
     DEFAULT_DIRECTION,
@@ -320,9 +320,22 @@ def _start(
     nan_guard = StopOnNaN()
     position, replay = _input_position(out_dir, state, done, plain)
     callbacks = [*callbacks, budget, nan_guard, *([position] if position else [])]
-    if chief:  # other workers compute the same weights and logs, and write nothing
-        callbacks += _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position)
-    fit_args = _fit_args(encoded, config, xla, seed, done, per_epoch, max_steps, callbacks, verbose, replay)
+    # Other workers compute the same weights and logs, and write nothing.
+    writers = _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position) if chief else []
+    callbacks += [*writers, StopOnSigterm(writers[0].save if writers else None)]
+    fit_args = _fit_args(
+        encoded,
+        config,
+        xla,
+        seed,
+        done,
+        per_epoch,
+        max_steps,
+        callbacks,
+        verbose,
+        replay,
+        None if plain else strategy,
+    )
     source, target, counts = encoded.lengths
     real = int(((source + target + 1) * counts).sum())  # non-pad tokens of one pass, EOS included
     return Training(
@@ -387,18 +400,55 @@ def _steps_per_epoch(encoded, config, xla):
     return per_epoch
 
 
-def _train_dataset(encoded, config, xla, seed):
-    """The endless seeded training batches: the train split read into memory when it is small
-    (data.IN_MEMORY_TOKENS; each pass then in a new order of all pairs), else streamed from its
-    shards (bounded memory)."""
-    paths = prepare_lib.shard_paths(encoded.folder, encoded.manifest)
+def _train_dataset(encoded, config, xla, seed, workers=1, rank=0):
+    """The endless seeded training batches of input worker `rank` of `workers` (its part:
+    `data.worker_part`): read into memory when that is small (data.IN_MEMORY_TOKENS; each pass
+    then in a new order of all its pairs), else streamed from its shards (bounded memory)."""
+    all_paths = prepare_lib.shard_paths(encoded.folder, encoded.manifest)
+    paths, num_shards, shard_index = data_lib.worker_part(all_paths, workers, rank)
+    if workers > 1:
+        log.info(
+            "input worker %d of %d reads %s",
+            rank,
+            workers,
+            f"{len(paths)} of {len(all_paths)} train shards"
+            if num_shards == 1
+            else f"every {num_shards}th pair of the {len(all_paths)} train shard(s)",
+        )
     dtype = encoded.manifest["train"]["dtype"]
     source, target, counts = encoded.lengths
-    if int(((source + target) * counts).sum()) <= data_lib.IN_MEMORY_TOKENS:
+    tokens = int(((source + target) * counts).sum()) * len(paths) / len(all_paths) / num_shards
+    if tokens <= data_lib.IN_MEMORY_TOKENS:
         pairs = data_lib.read_prepared(paths, dtype, config)
-        return data_lib.make_dataset(pairs, config, training=True, seed=seed, pad_to_bucket=xla)
+        return data_lib.make_dataset(pairs, config, True, seed, num_shards, shard_index, pad_to_bucket=xla)
     log.info("streaming the train split from %d shards", len(paths))
-    return data_lib.stream_prepared(paths, dtype, config, seed, pad_to_bucket=xla)
+    return data_lib.stream_prepared(paths, dtype, config, seed, xla, num_shards, shard_index)
+
+
+def _worker_datasets(encoded, config, xla, seed, strategy, replay):
+    """The training batches of a tf.distribute strategy: each worker reads only its part of the
+    train split (`_train_dataset`) into batches of batch_tokens / replicas tokens, one for each of
+    its replicas a step; a resumed run rebuilds and skips the batches already trained on."""
+    replicas = strategy.num_replicas_in_sync
+    per_replica = config.replace(batch_tokens=config.batch_tokens // replicas)
+
+    def worker_dataset(context):
+        ds = _train_dataset(
+            encoded, per_replica, xla, seed, context.num_input_pipelines, context.input_pipeline_id
+        )
+        return ds.skip(replay * replicas // context.num_input_pipelines) if replay else ds
+
+    workers = distributed.workers(strategy)
+    shards = len(prepare_lib.shard_paths(encoded.folder, encoded.manifest))
+    if shards >= workers > 1 and shards % workers:
+        log.warning(
+            "%d train shards over %d workers: some workers read more shards than others, and pass over "
+            "their pairs less often (kformer prepare --shards, a multiple of %d, evens them)",
+            shards,
+            workers,
+            workers,
+        )
+    return strategy.distribute_datasets_from_function(worker_dataset)
 
 
 def _max_steps(steps, epochs, minutes, per_epoch):
@@ -456,8 +506,8 @@ def _resumed(model, schedule, out_dir, strategy, state, max_steps):
     log.info("resuming %s from step %d (%.1f min trained)", model_path, done, float(state["seconds"]) / 60)
     if state.get("replicas", 1) != strategy.num_replicas_in_sync:
         log.info(
-            "%d replicas now, %d before: each global batch is split among them as before, so the "
-            "training continues unchanged",
+            "%d replicas now, %d before: the train split is divided among the workers anew, so the "
+            "batches differ from those the interrupted run would have taken next",
             strategy.num_replicas_in_sync,
             state.get("replicas", 1),
         )
@@ -487,7 +537,7 @@ def _log_schedule(schedule, config, max_steps):
 
 
 def _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position):
-    """The callbacks that write: checkpoints (with the input position), history.csv, TensorBoard."""
+    """The callbacks that write: checkpoints (with the input position; first), history.csv, TensorBoard."""
     logs_dir = checkpoint.path(out_dir, checkpoint.LOGS_DIR)
     os.makedirs(logs_dir, exist_ok=True)
     model_path = checkpoint.path(out_dir, checkpoint.MODEL_FILE)
@@ -498,10 +548,14 @@ def _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position):
     ]
 
 
-def _fit_args(encoded, config, xla, seed, done, per_epoch, max_steps, callbacks, verbose, replay):
-    """model.fit's arguments: the seeded batch stream (after `replay` batches skipped), the dev
-    split, and epochs counted from where the run stands (`done` steps)."""
-    train_ds = _train_dataset(encoded, config, xla, seed)
+def _fit_args(encoded, config, xla, seed, done, per_epoch, max_steps, callbacks, verbose, replay, strategy):
+    """model.fit's arguments: the seeded batch stream (after `replay` batches skipped; each worker's
+    own with a strategy), the dev split, and epochs counted from where the run stands (`done` steps)."""
+    if strategy is None:
+        train_ds = _train_dataset(encoded, config, xla, seed)
+        train_ds = train_ds.skip(replay) if replay else train_ds
+    else:
+        train_ds = _worker_datasets(encoded, config, xla, seed, strategy, replay)
     dev_ds = (
         data_lib.make_dataset(encoded.dev, config, training=False, pad_to_bucket=xla)
         if len(encoded.dev)
@@ -510,7 +564,7 @@ def _fit_args(encoded, config, xla, seed, done, per_epoch, max_steps, callbacks,
     # With only a time budget, epochs are capped at a number no budget here reaches (for the display).
     total_epochs = math.ceil(max_steps / per_epoch) if max_steps is not None else 1000
     return dict(
-        x=train_ds.skip(replay) if replay else train_ds,
+        x=train_ds,
         validation_data=dev_ds,
         # A finite dev set without validation_steps makes Keras warn "ran out of data" each epoch.
         validation_steps=None if dev_ds is None else sum(1 for _ in dev_ds),

@@ -220,3 +220,45 @@ def test_xla_dump_folder_is_removed_at_exit():
     )
     dump = python_lines(script)[-1]
     assert dump and not os.path.exists(dump), dump  # `bench train` leaked ~100 MB a run before
+
+
+def test_synthetic_corpus_joins_two_or_three_pairs_on_both_sides(tmp_path, corpus_pairs):
+    import gzip
+
+    from kformer.bench.data import synthetic_corpus
+
+    path = str(tmp_path / "pairs.tsv.gz")
+    assert synthetic_corpus(path, 1000, base=corpus_pairs) == 1000
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        written = [tuple(line.rstrip("\n").split("\t")) for line in f]
+    assert len(written) == 1000 and written[: len(corpus_pairs)] == corpus_pairs
+    english = {t: s for s, t in corpus_pairs}
+    for source, target in written[len(corpus_pairs) :]:
+        # The English side is whole base sentences joined by spaces; the Chinese side is theirs, in order.
+        parts, words = [], target.split(" ")
+        while words:
+            cut = next(k for k in range(1, len(words) + 1) if " ".join(words[:k]) in english)
+            parts.append(" ".join(words[:cut]))
+            words = words[cut:]
+        assert len(parts) in (2, 3) and source == "".join(english[p] for p in parts), (source, target)
+    assert len(set(written)) > 990  # joins seldom repeat
+
+
+def test_bench_data_measures_every_step_in_its_own_process_and_deletes_its_files(
+    tmp_path, corpus_pairs, capsys
+):
+    from kformer.bench.data import bench_size, print_data_table
+
+    work = tmp_path / "work"
+    work.mkdir()
+    row = bench_size(2000, str(work), config="tiny", many_steps=30, pipeline_batches=20, base=corpus_pairs)
+    assert os.listdir(work) == []  # the corpus, the prepared folder and the runs are gone
+    assert 1900 < row["distinct"] <= 2000 and row["prepare_peak_mb"] > 50 and row["bytes_per_pair"] > 10
+    train = row["train"]
+    assert 0 < train["to_fit"] < train["to_first_step"] < train["seconds"] and train["peak_mb"] > 100
+    assert train["steps_per_s"] > 0 and train["pipeline_batches_per_s"] > 0
+    for name, steps in (("few", 20), ("many", 30)):
+        assert row[f"trained_{name}"]["resumed_from"] == 0 and row[f"resume_{name}"]["resumed_from"] == steps
+    assert len(row["worker_peak_mb"]) == 2 and min(row["worker_peak_mb"]) > 100
+    print_data_table({"config": "tiny", "sizes": [row]})
+    assert capsys.readouterr().out.splitlines()[-1].split()[:2] == ["2,000", f"{row['distinct']:,}"]

@@ -3,35 +3,19 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import types
 
+import numpy as np
 import pytest
-from conftest import PYTHON, python_lines
+from conftest import PYTHON, python_lines, saved_weights
 
 from kformer import checkpoint
 from kformer import data as data_lib
 from kformer import prepare as prepare_lib
-from kformer.distributed import cluster_from_env
+from kformer.distributed import cluster_from_env, local_cluster
 from kformer.train import prepare
-
-
-def _tf_config(ports, index):
-    return json.dumps(
-        {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
-    )
-
-
-def _free_ports(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 @pytest.mark.parametrize(
@@ -107,11 +91,12 @@ print(json.dumps({"replicas": strategy.num_replicas_in_sync, "losses": [single_l
 """
 
 
-def _start_workers(ports, argv, cwd, log_dir, tag):
-    """One process per port, each with its TF_CONFIG; stdout+stderr to log_dir/{tag}{index}.log."""
+def _start_workers(cluster, argv, cwd, log_dir, tag):
+    """One process per worker of `cluster` (`local_cluster`), each with its TF_CONFIG;
+    stdout+stderr to log_dir/{tag}{index}.log."""
     processes = []
-    for index in range(len(ports)):
-        env = dict(os.environ, TF_CONFIG=_tf_config(ports, index))
+    for index, worker_env in enumerate(cluster):
+        env = dict(os.environ, **worker_env)
         log = open(os.path.join(log_dir, f"{tag}{index}.log"), "w")
         processes.append(subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT))
     return processes
@@ -141,9 +126,9 @@ def test_mirrored_strategy_takes_the_step_of_one_process():
 
 
 def test_two_workers_take_the_step_of_one_process(tmp_path):
-    ports = _free_ports(2)
+    cluster = local_cluster(2)
     workers = _start_workers(
-        ports, [PYTHON, "-c", STEP_SCRIPT, "multi-worker"], str(tmp_path), str(tmp_path), "step"
+        cluster, [PYTHON, "-c", STEP_SCRIPT, "multi-worker"], str(tmp_path), str(tmp_path), "step"
     )
     assert _wait(workers) == [0, 0], _log(tmp_path, "step0.log")[-3000:]
     for index in range(2):
@@ -178,10 +163,10 @@ def _summary(log_text):
 
 def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_tsv):
     out, logs = str(tmp_path / "run"), str(tmp_path)
-    ports = _free_ports(2)
+    cluster = local_cluster(2)
     # 1. Train until the chief has saved a checkpoint (each epoch saves), then kill worker 1.
     workers = _start_workers(
-        ports, _train_command(corpus_tsv, out, "--steps", "2000"), str(tmp_path), logs, "a"
+        cluster, _train_command(corpus_tsv, out, "--steps", "2000"), str(tmp_path), logs, "a"
     )
     state_file = checkpoint.path(out, checkpoint.STATE_FILE)
     deadline = time.monotonic() + 240
@@ -202,7 +187,7 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
 
     # 2. Restart both: training resumes from the chief's last checkpoint and reaches the target.
     workers = _start_workers(
-        ports, _train_command(corpus_tsv, out, "--steps", str(saved + 20)), str(tmp_path), logs, "b"
+        cluster, _train_command(corpus_tsv, out, "--steps", str(saved + 20)), str(tmp_path), logs, "b"
     )
     assert _wait(workers) == [0, 0], _log(logs, "b1.log")[-3000:]
     for index in range(2):
@@ -214,7 +199,7 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
     # 3. A time budget: the workers agree on when it is spent and stop at the same step.
     minutes = checkpoint.read_state(out)["seconds"] / 60 + 0.2
     workers = _start_workers(
-        ports, _train_command(corpus_tsv, out, "--minutes", f"{minutes:.4f}"), str(tmp_path), logs, "c"
+        cluster, _train_command(corpus_tsv, out, "--minutes", f"{minutes:.4f}"), str(tmp_path), logs, "c"
     )
     assert _wait(workers) == [0, 0], _log(logs, "c1.log")[-3000:]
     chief, other = (_summary(_log(logs, f"c{index}.log")) for index in range(2))
@@ -238,8 +223,8 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
 
 def test_a_worker_alone_gives_up_in_bounded_time(tmp_path, corpus_tsv):
     out = str(tmp_path / "run")
-    ports = _free_ports(2)
-    env = dict(os.environ, TF_CONFIG=_tf_config(ports, 1))  # worker 0 never starts
+    cluster = local_cluster(2)
+    env = dict(os.environ, **cluster[1])  # worker 0 never starts
     command = _train_command(corpus_tsv, out, "--steps", "5")
     command[command.index("--connect-timeout") + 1] = "3"
     started = time.monotonic()
@@ -268,3 +253,48 @@ def test_the_time_budget_stops_every_worker_when_one_worker_is_out_of_time(monke
     budget.on_train_begin()
     budget.on_train_batch_end(0)
     assert model.stop_training and budget.reason == "time budget of 10 min used"
+
+
+def test_sigterm_on_one_worker_stops_all_at_one_saved_step_and_a_restart_ends_as_if_uninterrupted(
+    tmp_path, corpus_tsv
+):
+    """A preemptible VM gets SIGTERM before it is stopped: every worker stops after the same step,
+    the chief saves it, all exit 143; started again, the run reaches the step count and the weights
+    of a run nobody stopped."""
+    cluster, logs, steps = local_cluster(2), str(tmp_path), 200
+    whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
+    workers = _start_workers(
+        cluster, _train_command(corpus_tsv, whole, "--steps", str(steps)), logs, logs, "w"
+    )
+    assert _wait(workers) == [0, 0], _log(logs, "w1.log")[-3000:]
+
+    workers = _start_workers(
+        cluster, _train_command(corpus_tsv, stopped, "--steps", str(steps)), logs, logs, "a"
+    )
+    deadline = time.monotonic() + 240
+    while not (os.path.exists(checkpoint.path(stopped, checkpoint.STATE_FILE))):  # the first epoch's save
+        assert time.monotonic() < deadline and all(w.poll() is None for w in workers), _log(logs, "a0.log")[
+            -3000:
+        ]
+        time.sleep(0.1)
+    workers[1].send_signal(signal.SIGTERM)
+    assert _wait(workers, timeout=120) == [143, 143], _log(logs, "a0.log")[-3000:]
+    saved = checkpoint.read_state(stopped)["steps"]
+    assert 0 < saved < steps
+    for index, who in enumerate(("saved model.keras", "the chief saved it")):
+        text = _log(logs, f"a{index}.log")
+        assert f"kformer train: stopped by SIGTERM after step {saved} ({who}); run the same command" in text
+        assert "Traceback" not in text
+        assert f"input worker {index} of 2 reads every 2th pair of the 1 train shard(s)" in text
+
+    workers = _start_workers(
+        cluster, _train_command(corpus_tsv, stopped, "--steps", str(steps)), logs, logs, "b"
+    )
+    assert _wait(workers) == [0, 0], _log(logs, "b1.log")[-3000:]
+    assert f"resuming {stopped}/model.keras from step {saved}" in _log(logs, "b0.log")
+    assert checkpoint.read_state(stopped)["steps"] == checkpoint.read_state(whole)["steps"] == steps
+    reference = saved_weights(checkpoint.path(whole, checkpoint.MODEL_FILE))
+    weights = saved_weights(checkpoint.path(stopped, checkpoint.MODEL_FILE))
+    assert sorted(weights) == sorted(reference)
+    for name in reference:
+        np.testing.assert_allclose(weights[name], reference[name], atol=1e-6, err_msg=name)

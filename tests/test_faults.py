@@ -89,6 +89,37 @@ def test_sigkill_at_random_moments_loses_nothing_and_resumes_exactly(tmp_path, c
     )
 
 
+def test_sigterm_saves_the_step_it_stopped_at_and_a_resume_ends_as_if_uninterrupted(tmp_path, corpus_tsv):
+    """What a preemptible VM or Kubernetes sends before stopping the machine: `kformer train` saves
+    the step it is at (not the last periodic checkpoint), says so in one line, exits 143."""
+    out, whole = str(tmp_path / "stopped"), str(tmp_path / "whole")
+    command = [PYTHON, "-m", "kformer.cli", "train", "--config", "tiny", "--data", corpus_tsv]
+    command += ["--vocab-size", "1200", "--out", out, "--steps", "3000", "--no-xla"]
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 300
+    while not os.path.exists(checkpoint.path(out, checkpoint.STATE_FILE)):  # the first epoch's save
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
+        time.sleep(0.05)
+    time.sleep(0.3)  # into the next epoch
+    process.terminate()
+    stderr = process.communicate(timeout=120)[1]
+    assert process.returncode == 143, stderr[-3000:]
+    step = checkpoint.read_state(out)["steps"]
+    assert _saved_step(out) == step and 0 < step < 3000
+    assert stderr.rstrip().endswith(
+        f"kformer train: stopped by SIGTERM after step {step} (saved model.keras); run the same command to resume"
+    )
+    assert "Traceback" not in stderr
+    args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0)
+    assert train(out, "tiny", steps=step + 10, **args)["steps"] == step + 10  # resumed
+    train(whole, "tiny", steps=step + 10, **args)
+    _assert_same_weights(
+        checkpoint.path(out, checkpoint.MODEL_FILE), checkpoint.path(whole, checkpoint.MODEL_FILE)
+    )
+
+
 def _assert_same_weights(path_a, path_b):
     a, b = saved_weights(path_a), saved_weights(path_b)  # model weights and optimizer state (step, moments)
     assert a.keys() == b.keys()

@@ -18,16 +18,17 @@ from kformer import prepare as prepare_lib
 from kformer.config import tokenizer_digest
 
 
-def _shard_pairs(folder):
-    """Every train pair of a prepared folder's shards, as (source ids, target ids) tuples."""
+def _shard_pairs(folder, paths=None):
+    """Every train pair of a prepared folder's shards (or of `paths`, some of them), as (source
+    ids, target ids) tuples."""
     import tensorflow as tf
 
     manifest = prepare_lib.load(folder)
     dtype = np.dtype(manifest["train"]["dtype"])
     pairs = []
-    for record in tf.data.TFRecordDataset(prepare_lib.shard_paths(folder, manifest)):
-        ids = np.frombuffer(record.numpy(), dtype)
-        pairs.append((tuple(ids[1 : 1 + ids[0]].tolist()), tuple(ids[1 + ids[0] :].tolist())))
+    for record in tf.data.TFRecordDataset(paths or prepare_lib.shard_paths(folder, manifest)):
+        ids = np.frombuffer(record.numpy(), dtype).tolist()
+        pairs.append((tuple(ids[1 : 1 + ids[0]]), tuple(ids[1 + ids[0] :])))
     return pairs
 
 
@@ -250,3 +251,30 @@ def test_the_command_writes_a_folder_and_refuses_to_overwrite_it(tmp_path, corpu
     again = subprocess.run(command, capture_output=True, text=True)
     assert again.returncode == 2 and "exists and is not an empty folder" in again.stderr
     assert prepare_lib.load(out)["pairs"]["train"] > 0
+
+
+def test_each_input_worker_reads_only_its_own_shards(tmp_path, corpus_tsv):
+    from kformer import train as train_lib
+    from kformer.config import preset
+
+    out = str(tmp_path / "prepared")
+    prepare_lib.prepare(corpus_tsv, out, vocab_size=1200, shards=3)
+    manifest = prepare_lib.load(out)
+    paths = prepare_lib.shard_paths(out, manifest)
+    assert data_lib.worker_part(paths, 2, 0) == (paths[0::2], 1, 0)
+    assert data_lib.worker_part(paths, 2, 1) == (paths[1:2], 1, 0)
+    assert data_lib.worker_part(paths, 4, 3) == (paths, 4, 3)  # fewer files than workers: by pair
+    assert data_lib.worker_part(paths) == (paths, 1, 0)
+
+    tokenizer = data_lib.load_tokenizer(os.path.join(out, prepare_lib.TOKENIZER))
+    config = preset("tiny", vocab_size=tokenizer.get_piece_size())
+    encoded = train_lib._encode(out, tokenizer, config)
+    for rank, own in ((0, paths[0::2]), (1, paths[1:2])):
+        seen = set()
+        for inputs, labels in train_lib._train_dataset(encoded, config, False, 0, 2, rank).take(100):
+            for source, target in zip(inputs["source_ids"].numpy(), labels.numpy()):
+                seen.add(
+                    (tuple(source[source > 0].tolist()), tuple(target[target > 0][:-1].tolist()))
+                )  # + EOS
+        expected = set(_shard_pairs(out, own))
+        assert seen <= expected and len(seen) > len(expected) / 2, rank  # from each of its shards
