@@ -76,7 +76,7 @@ class Budget(keras.callbacks.Callback):
         total = distributed.agree(
             self.strategy, step + max(self.seconds - self.elapsed(), 0.0) * rate, "MEAN"
         )
-        warmup = float(schedule.warmup_steps)
+        warmup = schedule.steps()[0]
         first_estimate = step - self.first[0] == self.every
         if first_estimate and step < warmup:  # size the warm-up too
             warmup = budget_warmup(self.model.config, total)

@@ -164,6 +164,9 @@ def chief_first(strategy):
     whether this process is the chief."""
     chief = is_chief(strategy)
     if not chief:
+        log.info(
+            "waiting for the chief to write the run's files (and prepare its corpus, if it was given a file)"
+        )
         agree(strategy, 0)
     try:
         yield chief

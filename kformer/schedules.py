@@ -46,19 +46,24 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
         falling = (total - step + 1.0) / decay
         return self.peak * ops.clip(ops.minimum(rising, falling), 0.0, 1.0)
 
+    def steps(self):
+        """(warm-up steps, total steps) as numbers (`float(variable)` fails on a distributed one)."""
+        return tuple(float(ops.convert_to_numpy(v)) for v in (self.warmup_steps, self.total_steps))
+
     def describe(self):
-        total = float(self.total_steps)
-        decay_start = max(float(self.warmup_steps), total - self.decay_fraction * total)
+        warmup, total = self.steps()
+        decay_start = max(warmup, total - self.decay_fraction * total)
         return (
-            f"linear warm-up over {float(self.warmup_steps):.0f} steps to {self.peak:.2g}, held until step "
+            f"linear warm-up over {warmup:.0f} steps to {self.peak:.2g}, held until step "
             f"{decay_start:.0f}, then linear decay to 0 at step {total:.0f}"
         )
 
     def get_config(self):
+        warmup, total = self.steps()
         return {
             "peak": self.peak,
-            "warmup_steps": float(self.warmup_steps),
-            "total_steps": float(self.total_steps),
+            "warmup_steps": warmup,
+            "total_steps": total,
             "decay_fraction": self.decay_fraction,
         }
 

@@ -1,6 +1,9 @@
 """The learning-rate schedules against their formulas."""
 
+import json
+
 import pytest
+from conftest import python_lines
 
 from kformer.config import preset
 from kformer.schedules import BudgetSchedule, TransformerSchedule, budget_warmup
@@ -34,3 +37,27 @@ def test_budget_schedule_holds_the_peak_before_its_decay_fraction():
 def test_warmup_is_a_fraction_of_the_estimated_steps_capped_by_the_config():
     config = preset("small").replace(warmup_fraction=0.05, warmup_steps=300)
     assert [budget_warmup(config, total) for total in (10, 1000, 4000, 10**6)] == [1, 50, 200, 300]
+
+
+# Under a tf.distribute strategy (here two CPU replicas) the step counts are distributed variables.
+DISTRIBUTED_SCRIPT = r"""
+import json
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from kformer.schedules import BudgetSchedule
+with tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")]).scope():
+    schedule = BudgetSchedule(peak=1e-3, warmup_steps=10, total_steps=110)
+print(json.dumps({"describe": schedule.describe(), "config": schedule.get_config()}))
+"""
+
+
+def test_budget_schedule_describes_itself_under_a_distribution_strategy():
+    report = json.loads(python_lines(DISTRIBUTED_SCRIPT)[-1])
+    assert report["describe"].startswith("linear warm-up over 10 steps to 0.001")
+    assert report["config"] == {
+        "peak": 1e-3,
+        "warmup_steps": 10.0,
+        "total_steps": 110.0,
+        "decay_fraction": 1.0,
+    }

@@ -148,20 +148,17 @@ def _two_workers(prepared, out, config, steps):
         "--strategy",
         "multi-worker",
     )
-    processes = []
-    for env in local_cluster(2):
+    processes, logs = [], [tempfile.TemporaryFile("w+") for _ in range(2)]
+    for env, log_file in zip(local_cluster(2), logs):
         processes.append(
-            subprocess.Popen(
-                argv, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
+            subprocess.Popen(argv, env={**os.environ, **env}, stdout=log_file, stderr=subprocess.STDOUT)
         )
     peaks = []
-    for process in processes:
+    for process, log_file in zip(processes, logs):
         _, status, usage = os.wait4(process.pid, 0)
+        log_file.seek(0)
         if os.waitstatus_to_exitcode(status):
-            raise RuntimeError(
-                f"a worker of the two-worker run failed (exit {os.waitstatus_to_exitcode(status)})"
-            )
+            raise RuntimeError(f"a worker of the two-worker run failed: {log_file.read()[-2000:]}")
         peaks.append(usage.ru_maxrss / 1024)
     return peaks
 
