@@ -7,7 +7,7 @@ import json
 import os
 from importlib import metadata
 
-from kformer.config import TransformerConfig
+from kformer.config import TransformerConfig, read_json
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.model"
@@ -104,11 +104,7 @@ def load(artifact_dir):
     path = os.path.join(artifact_dir, MANIFEST)
     if not os.path.exists(path):
         raise ArtifactError(f"{path} not found: is {artifact_dir} a `kformer export` folder?")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise ArtifactError(f"{path}: not valid JSON ({e})") from None
+    return read_json(path, ArtifactError)
 
 
 def verified_path(artifact_dir, manifest, entry):

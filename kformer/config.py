@@ -186,12 +186,13 @@ def write_json(path, value):
     os.replace(tmp, path)
 
 
-def read_json(path):
+def read_json(path, error=ValueError):
+    """The JSON value in `path`; `error` (a ValueError) naming the file if it is not valid JSON."""
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        raise error(f"{path}: not valid JSON ({e})") from None
 
 
 PRESETS = {

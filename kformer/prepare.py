@@ -22,7 +22,6 @@ needs it) array [source length, source ids..., target ids...]. Progress shows pa
 
 import hashlib
 import heapq
-import json
 import logging
 import math
 import os
@@ -34,7 +33,7 @@ import numpy as np
 
 from kformer import data as data_lib
 from kformer import folders, locks
-from kformer.config import DEFAULT_DIRECTION, TransformerConfig, tokenizer_digest
+from kformer.config import DEFAULT_DIRECTION, TransformerConfig, read_json, tokenizer_digest, write_json
 
 log = logging.getLogger("kformer")
 MANIFEST = "prepared.json"
@@ -82,7 +81,7 @@ def prepare(
                 work, data, direction, vocab_size, dev, test, split_size, shards, sample, seed
             )
             manifest["seconds"] = round(time.monotonic() - start, 1)
-            _write_json(os.path.join(work, MANIFEST), manifest)
+            write_json(os.path.join(work, MANIFEST), manifest)
     finally:
         release()
     log.info("prepared %s in %.0f s: %s", out_dir, manifest["seconds"], summary(manifest))
@@ -350,11 +349,6 @@ def _write_tsv(path, pairs):
         f.writelines(f"{s}\t{t}\n" for s, t in pairs)
 
 
-def _write_json(path, value):
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1)
-
-
 class _Progress:
     """A line every few seconds: how far, how fast, and when it will be done."""
 
@@ -415,11 +409,7 @@ def load(folder):
     path = os.path.join(folder, MANIFEST)
     if not os.path.isfile(path):
         raise PreparedError(f"{path} not found: {folder} is not a finished `kformer prepare` folder")
-    try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except json.JSONDecodeError as e:
-        raise PreparedError(f"{path}: not valid JSON ({e})") from None
+    manifest = read_json(path, PreparedError)
     for name in [TOKENIZER, *HELD_OUT.values(), *(s["file"] for s in manifest["train"]["shards"])]:
         if not os.path.isfile(os.path.join(folder, name)):
             raise PreparedError(f"{os.path.join(folder, name)} is missing (listed in {path})")
