@@ -29,16 +29,18 @@ FIRST_PASS_ENDS_AT = 4
 NEG_INF = -1.0e9  # finite: -inf would turn 0 * inf into NaN in the blends below
 
 
-def output_limits(source_ids, pad_id, cap, extra=EXTRA_OUTPUT_TOKENS):
-    """Per-row maximum output length: source length + `extra` (the paper's rule), at most `cap`;
-    0 for an empty source, which yields an empty output.
+def output_limits(source_ids, pad_id, cap, extra=EXTRA_OUTPUT_TOKENS, buffer_cap=None):
+    """Per-row maximum output length: source length + `extra` (the paper's rule), at most `cap`
+    (an int or an int32 scalar tensor, a run-time option); 0 for an empty source, which yields an
+    empty output.
 
-    Returns ((B,) limits, T). The buffer length T = min(S + extra, cap) depends only on the
-    padded input shape, never on values, so XLA compiles one program per input shape.
+    Returns ((B,) limits, T), the buffer length T = min(S + extra, buffer_cap) (default: cap).
+    Give a Python int `buffer_cap` >= cap for XLA, whose buffers may depend on the padded input
+    shape but not on values: one program per input shape.
     """
     source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, pad_id), tf.int32), axis=1)
     limits = tf.where(source_lengths > 0, tf.minimum(source_lengths + extra, cap), 0)
-    return limits, tf.minimum(tf.shape(source_ids)[1] + extra, cap)
+    return limits, tf.minimum(tf.shape(source_ids)[1] + extra, cap if buffer_cap is None else buffer_cap)
 
 
 def length_penalty(length, alpha):
@@ -46,16 +48,54 @@ def length_penalty(length, alpha):
     return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
 
 
+def banned_logits(logits, tokens, runs, index, ngram):
+    """logits (R, V) with every token that would repeat an n-gram of the output set to NEG_INF
+    (`no_repeat_ngram_size` of CTranslate2 and fairseq: no n-gram of `ngram` tokens occurs twice;
+    ngram <= 0: nothing is banned). The search's log-probabilities are then those of the tokens
+    left (logits minus their log-sum-exp).
+
+    tokens (R, T): the output so far (positions < index); runs (R, T): `repeat_runs` of it. Token
+    tokens[j] is banned when the ngram - 1 tokens before position j are the last ngram - 1 tokens.
+    The mask is a scatter of the banned tokens into a (R * (V + 1),) count, a spare column per row
+    taking the positions not banned: fixed shapes (the number of banned tokens varies by row and
+    step), a pass over (R, V) per step rather than a one-hot of (R, T, V), and no update of a
+    buffer in place (TFLite SCATTER_ND and ONNX ScatterND make a new tensor)."""
+    rows, vocab = tf.shape(logits)[0], tf.shape(logits)[1]
+    positions = tf.range(tf.shape(tokens)[1])  # (T,)
+    banned = (runs >= ngram - 1) & (positions < index) & (ngram > 0)  # (R, T)
+    columns = tf.where(banned, tokens, vocab)  # a banned token's column, else the spare column
+    flat = tf.reshape(tf.expand_dims(tf.range(rows) * (vocab + 1), 1) + columns, [-1, 1])  # (R * T, 1)
+    hits = tf.scatter_nd(flat, tf.ones_like(flat[:, 0]), tf.expand_dims(rows * (vocab + 1), 0))
+    hit = tf.reshape(hits, [rows, vocab + 1])[:, :vocab] > 0  # (R, V)
+    return tf.where(hit, tf.cast(NEG_INF, logits.dtype), logits)
+
+
+def repeat_runs(runs, tokens, token, index):
+    """The runs after `token` (...,) is written at position `index` of `tokens` (..., T), from
+    those before (`runs` (..., T); the tokens at positions < index are read).
+
+    runs[..., j] (j <= index) is the length of the longest common suffix of the output's first j
+    tokens and of all its tokens: how many of the last tokens repeat the ones before position j.
+    Appending a token t: the run at j + 1 grows by one where tokens[j] == t, else it is 0. One
+    shift per step, whatever the n-gram size (a run-time input)."""
+    positions = tf.range(tf.shape(tokens)[-1])
+    grown = tf.where(tf.equal(tokens, token[..., None]) & (positions < index), runs + 1, 0)  # runs at j + 1
+    return tf.concat([tf.zeros_like(grown[..., :1]), grown[..., :-1]], axis=-1)
+
+
 class GreedyState(NamedTuple):
     index: tf.Tensor  # () step
     last: tf.Tensor  # (B,) token fed at this step
     tokens: tf.Tensor  # (B, T) output buffer, pad after the end
+    runs: tf.Tensor  # (B, T) int32 `repeat_runs` of the output, for the n-gram repeat guard
     scores: tf.Tensor  # (B,) sum of log-probabilities of the output tokens
     done: tf.Tensor  # (B,) bool: the row has stopped (EOS or its limit)
     cache: object  # the step function's cache, batch-first tensors
 
 
-def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, first_pass=None):
+def greedy_search(
+    step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, first_pass=None, no_repeat_ngram=0
+):
     """Picks the most probable token at every step; each row stops at EOS or at its limit.
 
     Args:
@@ -64,6 +104,8 @@ def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, 
         limits: (B,) int32 maximum output length per row (0 = empty output).
         buffer_length: scalar int32 T >= max(limits), the length of the output buffers.
         first_pass: None (one pass), or `(T1, grow)` to search in two passes (see `_in_two_passes`).
+        no_repeat_ngram: int or int32 scalar: no n-gram of this size is output twice (0: off;
+            `banned_logits`).
     Returns (tokens (B, T) int32 with EOS kept and pad after, scores (B,) float32 log-probability).
     """
 
@@ -72,12 +114,14 @@ def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, 
 
         def body(s):
             logits, cache = step(s.last, s.cache, s.index)  # (B, V)
+            logits = banned_logits(logits, s.tokens, s.runs, s.index, no_repeat_ngram)
             token_log_prob, token = (tf.squeeze(t, 1) for t in portable.top_log_probs(logits, 1))  # (B,)
             token = tf.where(s.done, pad_id, token)
             scores = s.scores + tf.where(s.done, 0.0, token_log_prob)
             done = s.done | tf.equal(token, eos_id) | (s.index + 1 >= limits)
+            runs = repeat_runs(s.runs, s.tokens, token, s.index)
             tokens = portable.write_slot(s.tokens, tf.equal(positions, s.index), token)
-            return [GreedyState(s.index + 1, token, tokens, scores, done, cache)]
+            return [GreedyState(s.index + 1, token, tokens, runs, scores, done, cache)]
 
         return tf.while_loop(portable.loop_condition(length, rows_left), body, [state])[0]
 
@@ -87,6 +131,7 @@ def greedy_search(step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, 
         index=tf.constant(0),
         last=tf.fill([batch], bos_id),
         tokens=tf.fill([batch, first_length], pad_id),
+        runs=tf.zeros([batch, first_length], tf.int32),
         scores=tf.zeros([batch]),
         done=tf.less_equal(limits, 0),
         cache=cache,
@@ -118,8 +163,9 @@ def _take_rows(state, rows, buffer_length, grow, beam_size, pad_id):
         elif name == "cache":
             taken = tf.nest.map_structure(lambda t: take(t, beam_size), value)
             fields[name] = {"static": taken["static"], "state": grow(taken["state"], buffer_length)}
-        elif name.endswith("tokens"):  # the output buffers, (B, [K,] T1) -> (B, [K,] T)
-            fields[name] = portable.extend(take(value), buffer_length, axis=-1, value=pad_id)
+        elif name.endswith("tokens") or name.endswith("runs"):  # the buffers, (B, [K,] T1) -> (B, [K,] T)
+            fill = pad_id if name.endswith("tokens") else 0
+            fields[name] = portable.extend(take(value), buffer_length, axis=-1, value=fill)
         else:
             fields[name] = take(value)
     return type(state)(**fields)
@@ -174,6 +220,7 @@ def _in_two_passes(run, state, limits, first_length, buffer_length, grow, pad_id
 class BeamState(NamedTuple):
     index: tf.Tensor  # () step
     alive_tokens: tf.Tensor  # (B, K, T)
+    alive_runs: tf.Tensor  # (B, K, T) int32 `repeat_runs` of the alive beams
     alive_log_probs: tf.Tensor  # (B, K) sum of log-probabilities, NEG_INF for dead slots
     finished_tokens: tf.Tensor  # (B, K, T)
     finished_scores: tf.Tensor  # (B, K) length-penalized scores, NEG_INF for empty slots
@@ -198,12 +245,21 @@ def _reorder_state(cache, beam_indices, row_starts):
     }
 
 
-def _top_candidates(s, step, k, bos_id):
-    """Every alive beam extended by one token: the 2K best candidates of each row, as
-    (log-probabilities (B, 2K), the beam each extends (B, 2K), its token (B, 2K), the step's cache)."""
+def _top_candidates(s, step, k, bos_id, no_repeat_ngram):
+    """Every alive beam extended by one token (none that repeats an n-gram): the 2K best
+    candidates of each row, as (log-probabilities (B, 2K), the beam each extends (B, 2K), its
+    token (B, 2K), the step's cache)."""
     last = tf.reshape(tf.gather(s.alive_tokens, tf.maximum(s.index - 1, 0), axis=2), [-1])
     last = tf.where(s.index >= 1, last, bos_id)  # >=: see portable.loop_condition
     logits, cache = step(last, s.cache, s.index)  # (B * K, V)
+    rows = tf.shape(logits)[:1]  # B * K
+    logits = banned_logits(
+        logits,
+        tf.reshape(s.alive_tokens, tf.concat([rows, [-1]], 0)),
+        tf.reshape(s.alive_runs, tf.concat([rows, [-1]], 0)),
+        s.index,
+        no_repeat_ngram,
+    )
     # The 2K best of all K * V extensions are among the N = min(2K, V) best of each beam.
     vocab = logits.shape[-1]  # static for a Keras model; 2K when unknown (then V >= 2K is assumed)
     per_beam = 2 * k if vocab is None else min(2 * k, vocab)
@@ -250,6 +306,7 @@ def _first_beam_state(cache, limits, k, length, trace_length, pad_id):
     return BeamState(
         index=tf.constant(0),
         alive_tokens=empty,
+        alive_runs=tf.zeros([batch, k, length], tf.int32),
         alive_log_probs=first,
         finished_tokens=empty,
         finished_scores=tf.fill([batch, k], NEG_INF),
@@ -271,6 +328,7 @@ def beam_search(
     pad_id=0,
     trace=False,
     first_pass=None,
+    no_repeat_ngram=0,
 ):
     """Beam search with GNMT length penalty; alive and finished hypotheses are kept apart.
 
@@ -285,6 +343,8 @@ def beam_search(
         step, limits, buffer_length, first_pass: as in `greedy_search`; `cache` ({"static", "state"})
             has batch B (tiled here).
         beam_size: K.
+        alpha: the length penalty's exponent, a float or a float32 scalar tensor.
+        no_repeat_ngram: as in `greedy_search`, for each hypothesis.
         trace: also return the alive hypotheses after every step, for pictures (one pass only):
             {"tokens": (B, T, K, T), "log_probs": (B, T, K), "steps": ()}.
     Returns (tokens (B, K, T) int32 best first, scores (B, K) float32 penalized log-probability)
@@ -300,7 +360,9 @@ def beam_search(
         row_starts = tf.expand_dims(tf.range(tf.shape(limits)[0]) * k, 1)
 
         def body(s):
-            top_log_probs, top_beams, top_tokens, cache = _top_candidates(s, step, k, bos_id)  # (B, 2K)
+            top_log_probs, top_beams, top_tokens, cache = _top_candidates(
+                s, step, k, bos_id, no_repeat_ngram
+            )  # (B, 2K)
             slot = tf.equal(positions, s.index)  # (T,)
             top_seqs = portable.write_slot(
                 _gather_beams(s.alive_tokens, top_beams), slot, top_tokens
@@ -313,7 +375,14 @@ def beam_search(
             alive_candidates = tf.where(finishing | ~valid, NEG_INF, top_log_probs)
             alive_log_probs, alive_pick = tf.math.top_k(alive_candidates, k=k)  # (B, K) into 2K
             alive_tokens = _gather_beams(top_seqs, alive_pick)
-            cache = _reorder_state(cache, _gather_beams(top_beams, alive_pick), row_starts)
+            alive_beams = _gather_beams(top_beams, alive_pick)  # (B, K): the beam each continues
+            cache = _reorder_state(cache, alive_beams, row_starts)
+            alive_runs = repeat_runs(  # alive_tokens before this step's position are its beam's
+                _gather_beams(s.alive_runs, alive_beams),
+                alive_tokens,
+                _gather_beams(top_tokens, alive_pick),
+                s.index,
+            )
 
             new_scores = tf.where(finishing & valid, top_log_probs / length_penalty(length, alpha), NEG_INF)
             finished_tokens, finished_scores = _merge_finished(s, top_seqs, new_scores, k)
@@ -324,6 +393,7 @@ def beam_search(
             state = (
                 length,
                 alive_tokens,
+                alive_runs,
                 alive_log_probs,
                 finished_tokens,
                 finished_scores,

@@ -271,9 +271,18 @@ def test_two_passes_give_the_results_of_one(seed):
         )
         np.testing.assert_array_equal(one[0], two[0])
         np.testing.assert_allclose(one[1], two[1], rtol=1e-6)
-        one = beam_search(counting_step(table), cache(length), limits, length, 3, BOS, EOS)
+        guard = {"no_repeat_ngram": 2}  # its buffers are grown with the others
+        one = beam_search(counting_step(table), cache(length), limits, length, 3, BOS, EOS, **guard)
         two = beam_search(
-            counting_step(table), cache(first_length), limits, length, 3, BOS, EOS, first_pass=first_pass
+            counting_step(table),
+            cache(first_length),
+            limits,
+            length,
+            3,
+            BOS,
+            EOS,
+            first_pass=first_pass,
+            **guard,
         )
         np.testing.assert_array_equal(one[0], two[0])
         np.testing.assert_allclose(one[1], two[1], rtol=1e-6)
@@ -299,3 +308,86 @@ def test_the_long_rows_of_a_batch_continue_without_the_others(beam_size):
     assert stepped == [8] + [2] * 7, stepped
     best = tokens if beam_size == 1 else tokens[:, 0]
     np.testing.assert_array_equal(tf.reduce_sum(tf.cast(best == A, tf.int32), axis=1), limits)
+
+
+def has_repeated_ngram(tokens, n):
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+def guarded_log_probs(logits, output, n):
+    """Log-probabilities of the next token after `output`, the tokens that would repeat an n-gram
+    removed and the rest renormalized: the rule, spelled out on Python lists."""
+    banned = (
+        {
+            output[j + n - 1]
+            for j in range(len(output) - n + 1)
+            if tuple(output[j : j + n - 1]) == tuple(output[len(output) - n + 1 :])
+        }
+        if n > 0
+        else set()
+    )
+    allowed = [t for t in range(V) if t not in banned]
+    total = np.logaddexp.reduce([logits[t] for t in allowed])
+    return {t: logits[t] - total for t in allowed}
+
+
+def random_loopy_rows(rng, rows):
+    """Chains whose most probable continuation often returns to a token seen before."""
+    return tf.constant((rng.normal(size=(rows, V, V)) * 3).astype(np.float32))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_greedy_never_repeats_an_ngram_and_follows_the_renormalized_best(n):
+    rng = np.random.default_rng(n)
+    table = random_loopy_rows(rng, 4)
+    limits = tf.constant([9, 9, 5, 0], tf.int32)
+    cache = {"static": tf.range(4), "state": ()}
+    tokens, scores = greedy_search(markov_step(table), cache, limits, 9, BOS, EOS, no_repeat_ngram=n)
+    for r in range(4):
+        output, log_prob, last = [], 0.0, BOS
+        while len(output) < int(limits[r]) and (not output or output[-1] != EOS):
+            log_probs = guarded_log_probs(table[r, last].numpy(), output, n)
+            token = max(log_probs, key=log_probs.get)
+            output.append(token)
+            log_prob += log_probs[token]
+            last = token
+        assert list(tokens[r, : len(output)].numpy()) == output, (r, output)
+        assert not has_repeated_ngram(output, n)
+        assert scores[r].numpy() == pytest.approx(log_prob, rel=1e-4, abs=1e-4)
+    unguarded, _ = greedy_search(markov_step(table), cache, limits, 9, BOS, EOS)
+    assert any(has_repeated_ngram(list(row), n) for row in unguarded.numpy())  # the guard did something
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_wide_guarded_beam_equals_brute_force(n):
+    """alpha 0 and a beam as wide as every live prefix: the best sequence with no repeated n-gram,
+    by enumeration with the renormalized probabilities."""
+    rng = np.random.default_rng(10 + n)
+    table = random_loopy_rows(rng, 1)
+    limit, k = 5, 64
+    tokens, scores = beam_search(
+        markov_step(table),
+        {"static": tf.range(1), "state": ()},
+        tf.constant([limit]),
+        limit,
+        k,
+        BOS,
+        EOS,
+        alpha=0.0,
+        no_repeat_ngram=n,
+    )
+    best = (-math.inf, None)
+    for length in range(1, limit + 1):
+        for seq in itertools.product(range(V), repeat=length):
+            if EOS in seq[:-1] or (length < limit and seq[-1] != EOS) or has_repeated_ngram(seq, n):
+                continue
+            log_prob, last = 0.0, BOS
+            for i, token in enumerate(seq):
+                log_prob += guarded_log_probs(table[0, last].numpy(), list(seq[:i]), n).get(token, -math.inf)
+                last = token
+            best = max(best, (log_prob, seq))
+    assert tuple(tokens[0, 0, : len(best[1])].numpy()) == best[1]
+    assert scores[0, 0].numpy() == pytest.approx(best[0], rel=1e-4)
+    for hypothesis in tokens[0].numpy():
+        assert not has_repeated_ngram([t for t in hypothesis if t != 0], n)
