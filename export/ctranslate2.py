@@ -10,9 +10,12 @@ import os
 
 import numpy as np
 
+from kformer.batching import NEG_INF_SCORE
 from kformer.config import EXTRA_OUTPUT_TOKENS
 from kformer.export.format import Format
 from kformer.export.runner import ArtifactRunner
+
+NEG_INF = 2 * NEG_INF_SCORE  # a hypothesis slot CTranslate2 did not fill
 
 
 class Ctranslate2(Format):
@@ -48,8 +51,8 @@ class Ctranslate2(Format):
         os.makedirs(path)
         spec.save(path)
 
-    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32):
-        return Ctranslate2Runner(artifact_dir, beam_size, variant, threads, batch_size)
+    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
+        return Ctranslate2Runner(artifact_dir, beam_size, variant, threads, batch_size, **options)
 
 
 def _weights(layer):
@@ -115,36 +118,42 @@ class Ctranslate2Runner(ArtifactRunner):
 
     fmt = Ctranslate2.name
 
-    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
+    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
         import ctranslate2
 
-        super().__init__(artifact_dir, beam_size, variant, threads, batch_size)
+        super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
         self.translator = ctranslate2.Translator(self.path, device="cpu", intra_threads=self.threads)
 
-    def _search(self, search, batch):
-        c, cap = self.config, self.manifest["max_length"]
+    def _search(self, options, batch):
+        c, cap, k = self.config, options.max_length, options.beam_size
         rows = [
             [self.tokenizer.id_to_piece(int(t)) for t in row if t != c["pad_id"]]
             for row in batch[:, : c["max_source_length"]]
         ]
         limits = [min(len(row) + EXTRA_OUTPUT_TOKENS, cap) if row else 0 for row in rows]
-        tokens = np.full((len(rows), min(batch.shape[1] + EXTRA_OUTPUT_TOKENS, cap)), c["pad_id"], np.int32)
-        scores = np.zeros(len(rows), np.float32)
+        tokens = np.full(
+            (len(rows), k, min(batch.shape[1] + EXTRA_OUTPUT_TOKENS, cap)), c["pad_id"], np.int32
+        )
+        scores = np.full((len(rows), k), NEG_INF, np.float32)
+        scores[:, 0] = 0.0  # an empty source: one empty hypothesis
         for limit in sorted(set(limits) - {0}):  # one call per output limit: CTranslate2 takes one per batch
             chosen = [i for i, row_limit in enumerate(limits) if row_limit == limit]
             results = self.translator.translate_batch(
                 [rows[i] for i in chosen],
-                beam_size=self.beam_size,
-                length_penalty=self.manifest["alpha"] if self.beam_size > 1 else 0.0,  # greedy: sum
+                beam_size=k,
+                num_hypotheses=k,
+                length_penalty=options.alpha if k > 1 else 0.0,  # greedy: sum
+                no_repeat_ngram_size=max(0, options.no_repeat_ngram),
                 max_decoding_length=limit,
                 return_scores=True,
                 return_end_token=True,
             )
             for i, result in zip(chosen, results):
-                ids = [self.tokenizer.piece_to_id(piece) for piece in result.hypotheses[0]]
-                tokens[i, : len(ids)] = ids
-                scores[i] = result.scores[0]
-        return tokens, scores
+                for n, (hypothesis, score) in enumerate(zip(result.hypotheses, result.scores)):
+                    ids = [self.tokenizer.piece_to_id(piece) for piece in hypothesis]
+                    tokens[i, n, : len(ids)] = ids
+                    scores[i, n] = score
+        return (tokens, scores) if k > 1 else (tokens[:, 0], scores[:, 0])
 
 
 FORMAT = Ctranslate2()

@@ -5,10 +5,11 @@ import shutil
 import time
 
 from kformer import extras, folders
-from kformer.config import BEAM_SIZE, LENGTH_PENALTY
+from kformer.config import BEAM_SIZE, LENGTH_PENALTY, NO_REPEAT_NGRAM
 from kformer.export import manifest as manifest_lib
 from kformer.export.format import QUANTIZATIONS
 from kformer.export.formats import DEFAULT_FORMATS, FORMATS
+from kformer.options import SearchOptions
 
 WORK_PREFIX = ".kformer-export-"  # the temporary sibling an export is written in (kformer.folders)
 
@@ -21,23 +22,25 @@ def export(
     beam_size=BEAM_SIZE,
     alpha=LENGTH_PENALTY,
     max_length=None,
+    no_repeat_ngram=NO_REPEAT_NGRAM,
     progress=print,
 ):
     """Writes the chosen formats of the model in `model_dir` to `out_dir` (which must not exist)
     with the tokenizer and a manifest, then checks every artifact against Keras
-    (`kformer.export.verify`). Returns the manifest: its "artifacts" carry each one's "check"."""
+    (`kformer.export.verify`). Returns the manifest: its "artifacts" carry each one's "check".
+    beam_size is fixed in the files; alpha, max_length and no_repeat_ngram are the defaults of
+    their run-time inputs, kept in the manifest."""
     from kformer import checkpoint
     from kformer.export import onnx, verify
     from kformer.export.module import ExportModule
 
     _check_request(formats, quantize, out_dir)
     model, config, tokenizer, corpus = checkpoint.load(model_dir)
+    options = SearchOptions(beam_size, alpha, max_length, no_repeat_ngram).checked(config.max_target_length)
     tokenizer_file = checkpoint.path(model_dir, checkpoint.TOKENIZER_FILE)
     with open(tokenizer_file, "rb") as f:
-        module = ExportModule(model, f.read(), beam_size=beam_size, alpha=alpha, max_length=max_length)
-    manifest = manifest_lib.describe(
-        config, beam_size, alpha, module.translator.max_length, onnx.OPSET, corpus, model_dir
-    )
+        module = ExportModule(model, f.read(), beam_size=beam_size)
+    manifest = manifest_lib.describe(config, options, onnx.OPSET, corpus, model_dir)
     with folders.work_folder(out_dir, WORK_PREFIX) as work:
         shutil.copy(tokenizer_file, os.path.join(work, manifest_lib.TOKENIZER))
         manifest["tokenizer"]["sha256"] = manifest_lib.sha256(os.path.join(work, manifest_lib.TOKENIZER))

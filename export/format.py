@@ -24,7 +24,8 @@ class Format:
         variants: its variants, in the order they are written (the first, fp32, before those
             made from it); those in QUANTIZATIONS only when asked for.
     and implement `write(module, path, variant)` (module: a `kformer.export.module.ExportModule`)
-    and `open(artifact_dir, variant, beam_size, threads, batch_size) -> Runner`.
+    and `open(artifact_dir, variant, beam_size, threads, batch_size, **options) -> Runner`
+    (options: the runner's default search options).
     """
 
     name = None
@@ -42,7 +43,7 @@ class Format:
     def write(self, module, path, variant):
         raise NotImplementedError
 
-    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32):
+    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
         raise NotImplementedError
 
 

@@ -10,6 +10,7 @@ from importlib import metadata
 from kformer.config import TransformerConfig, read_json
 
 MANIFEST = "manifest.json"
+VERSION = 2  # 2: the searches take alpha, max_length and no_repeat_ngram as inputs
 TOKENIZER = "tokenizer.model"
 PACKAGES = (  # versions recorded in the manifest: what wrote and checked the files
     "tensorflow",
@@ -51,30 +52,51 @@ def file_size(path):
     return os.path.getsize(path)
 
 
-def describe(config, beam_size, alpha, max_length, onnx_opset, corpus, trained_in):
-    """A new manifest (without artifacts yet): the model, the searches' settings fixed at export,
-    the tokenizer, the inputs and outputs of every format, the versions that wrote it."""
+def describe(config, options, onnx_opset, corpus, trained_in):
+    """A new manifest (without artifacts yet): the model, the beam size fixed at export and the
+    defaults of the run-time options (checked `kformer.options.SearchOptions`), the tokenizer,
+    the inputs and outputs of every format, the versions that wrote it."""
     return {
-        "kformer_export": 1,
+        "kformer_export": VERSION,
         "config": config.to_dict(),
-        "beam_size": beam_size,
-        "alpha": alpha,
-        "max_length": max_length,
+        "beam_size": options.beam_size,
+        "alpha": options.alpha,
+        "max_length": options.max_length,
+        "no_repeat_ngram": options.no_repeat_ngram,
         "tokenizer": {"file": TOKENIZER, "sha256": None, "vocab_size": config.vocab_size},
-        "inputs": {"source_ids": {"dtype": "int32", "shape": ["batch", "length"], "pad_id": config.pad_id}},
+        "inputs": {
+            "source_ids": {"dtype": "int32", "shape": ["batch", "length"], "pad_id": config.pad_id},
+            "alpha": {"dtype": "float32", "shape": [], "default": options.alpha, "searches": ["beam"]},
+            "max_length": {
+                "dtype": "int32",
+                "shape": [],
+                "default": options.max_length,
+                "clipped_to": [1, config.max_target_length],
+            },
+            "no_repeat_ngram": {
+                "dtype": "int32",
+                "shape": [],
+                "default": options.no_repeat_ngram,
+                "off": "<= 0",
+            },
+        },
         "outputs": {
             "greedy": {"tokens": ["int32", ["batch", "T"]], "scores": ["float32", ["batch"]]},
             "beam": {"tokens": ["int32", ["batch", "beam", "T"]], "scores": ["float32", ["batch", "beam"]]},
         },
         "savedmodel_signatures": {
-            "greedy_ids": "source_ids -> tokens, scores",
-            "beam_ids": "source_ids -> tokens, scores",
-            "greedy_text": "text -> translation",
-            "beam_text": "text -> translation",
+            "greedy_ids": "source_ids, max_length, no_repeat_ngram -> tokens, scores",
+            "beam_ids": "source_ids, alpha, max_length, no_repeat_ngram -> tokens, scores",
+            "greedy_text": "text, max_length, no_repeat_ngram -> translation",
+            "beam_text": "text, alpha, max_length, no_repeat_ngram -> translation",
+        },
+        "tflite_signatures": {
+            "greedy": "source_ids, max_length, no_repeat_ngram -> tokens, scores",
+            "beam": "source_ids, alpha, max_length, no_repeat_ngram -> tokens, scores",
         },
         "onnx_io": {
-            "ids": "source_ids, beam -> tokens (batch, N, T), scores (batch, N)",
-            "text": "text, beam -> translation",
+            "ids": "source_ids, beam, alpha, max_length, no_repeat_ngram -> tokens (batch, N, T), scores (batch, N)",
+            "text": "text, beam, alpha, max_length, no_repeat_ngram -> translation (one sentence per row)",
             "beam": "bool scalar: true = beam search (N = beam_size), false = greedy (N = 1)",
         },
         "onnx_opset": onnx_opset,
@@ -104,7 +126,19 @@ def load(artifact_dir):
     path = os.path.join(artifact_dir, MANIFEST)
     if not os.path.exists(path):
         raise ArtifactError(f"{path} not found: is {artifact_dir} a `kformer export` folder?")
-    return read_json(path, ArtifactError)
+    manifest = read_json(path, ArtifactError)
+    if manifest.get("kformer_export") != VERSION:
+        raise ArtifactError(
+            f"{path}: written by another kformer (export format {manifest.get('kformer_export')}, "
+            f"this kformer reads {VERSION}); export the model again"
+        )
+    return manifest
+
+
+def target_language(manifest):
+    """The language the export translates into ("en" of "zh-en"), or None if not recorded."""
+    direction = (manifest.get("corpus") or {}).get("direction") or ""
+    return direction.split("-")[-1] or None
 
 
 def verified_path(artifact_dir, manifest, entry):

@@ -40,10 +40,9 @@ class Onnx(Format):
         check(proto, path, ("ai.onnx.contrib",) if text else (), 2 * SEARCH_LOOPS + text)
         onnx.save(proto, path)
 
-    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32):
-        if variant == "text":
-            return OnnxTextRunner(artifact_dir, beam_size, variant, threads, batch_size)
-        return OnnxRunner(artifact_dir, beam_size, variant, threads, batch_size)
+    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
+        runner = OnnxTextRunner if variant == "text" else OnnxRunner
+        return runner(artifact_dir, beam_size, variant, threads, batch_size, **options)
 
 
 def convert(module):
@@ -164,9 +163,14 @@ def quantize(model, min_size=65536):
     return model
 
 
-def beam_switch(search):
-    """The files' `beam` input: which of their two searches runs."""
-    return np.array(search == "beam")
+def option_inputs(options):
+    """The files' inputs besides the source: `beam` (which of their two searches runs) and every
+    option (alpha too, which greedy search does not read)."""
+    return {
+        "beam": np.array(options.search == "beam"),
+        "alpha": np.array(options.alpha, np.float32),
+        **options.inputs(),
+    }
 
 
 def _session(path, threads, custom_ops=False):
@@ -187,16 +191,16 @@ class OnnxRunner(ArtifactRunner):
 
     fmt = Onnx.name
 
-    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
-        super().__init__(artifact_dir, beam_size, variant, threads, batch_size)
+    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
+        super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
         self.session = _session(self.path, self.threads)
 
-    def _search(self, search, batch):
+    def _search(self, options, batch):
         # tokens (B, N, T), scores (B, N), N = 1 for greedy.
         tokens, scores = self.session.run(
-            ["tokens", "scores"], {"source_ids": batch, "beam": beam_switch(search)}
+            ["tokens", "scores"], {"source_ids": batch, **option_inputs(options)}
         )
-        return (tokens, scores) if search == "beam" else (tokens[:, 0], scores[:, 0])
+        return (tokens, scores) if options.search == "beam" else (tokens[:, 0], scores[:, 0])
 
 
 class OnnxTextRunner(ArtifactRunner):
@@ -206,20 +210,33 @@ class OnnxTextRunner(ArtifactRunner):
 
     fmt = Onnx.name
 
-    def __init__(self, artifact_dir, beam_size=None, variant="text", threads=None, batch_size=32):
-        super().__init__(artifact_dir, beam_size, "text", threads, batch_size)
+    def __init__(self, artifact_dir, beam_size=None, variant="text", threads=None, batch_size=32, **options):
+        super().__init__(artifact_dir, beam_size, "text", threads, batch_size, **options)
         self.session = _session(self.path, self.threads, custom_ops=True)
 
-    def translate(self, texts):
-        _, untranslated = batching.encode_texts(self.tokenizer, texts, self.config["max_source_length"])
-        outputs = []
-        for start in range(0, len(texts), self.batch_size):
-            batch = np.array(texts[start : start + self.batch_size], dtype=object)
-            feed = {"text": batch, "beam": beam_switch(self.search_name)}
-            outputs += [str(t) for t in self.session.run(["translation"], feed)[0]]
-        return [untranslated.get(i, output) for i, output in enumerate(outputs)]
+    def translations(self, texts, **options):
+        """As Runner's: the text split into units here, each unit's text tokenized in the graph;
+        the best translation only (the file returns no alternatives or scores: nbest 1, score 0)."""
+        options = self.checked(self.options, **options)
+        if options.nbest > 1:
+            raise ValueError(
+                "the text ONNX file returns one translation per text; use --variant fp32 for --nbest"
+            )
 
-    def _search(self, search, batch):
+        def translate_units(units):
+            outputs = []
+            for start in range(0, len(units), self.batch_size):
+                batch = np.array([u.text for u in units[start : start + self.batch_size]], dtype=object)
+                feed = {"text": batch, **option_inputs(options)}
+                outputs += [[(str(t), 0.0)] for t in self.session.run(["translation"], feed)[0]]
+            return outputs
+
+        c = self.config
+        return batching.translate_texts(
+            self.tokenizer, texts, c["max_source_length"], translate_units, self.joiner
+        )
+
+    def _search(self, options, batch):
         raise TypeError("the text ONNX file takes text; use OnnxRunner for token ids")
 
 

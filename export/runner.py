@@ -6,24 +6,32 @@ import os
 
 import numpy as np
 
-from kformer import batching
+from kformer import batching, sentences
 from kformer.export import manifest as manifest_lib
+from kformer.options import SearchOptions
 
 
 class Runner:
-    """`translate(list[str]) -> list[str]`, `translate_ids(list[list[int]]) -> (ids, scores)` and
-    `search((B, S) int32) -> (tokens, scores)` of one search (greedy for beam size 1, else beam).
+    """`translate(texts) -> list[str]`, `translations(texts) -> list[Translation]` (with scores and
+    alternatives), `translate_ids(ids) -> (ids, scores)` and `search((B, S) int32) -> (tokens,
+    scores)`. Each takes search options (kformer.options.SearchOptions fields: beam_size, alpha,
+    max_length, no_repeat_ngram, nbest) as keywords, over the runner's own.
 
-    Subclasses implement `_search(search, batch) -> (tokens, scores)` for an int32 (B, S) batch,
-    search "greedy" or "beam". `config` is the model's config as a dict.
+    Subclasses implement `_search(options, batch) -> (tokens, scores)` for an int32 (B, S) batch
+    and checked options (`options.search` is "greedy" or "beam"). `config` is the model's config
+    as a dict; `language` the target language (how sentences are joined).
     """
 
-    def __init__(self, config, tokenizer, beam_size, batch_size=32):
-        self.config, self.tokenizer = config, tokenizer
-        self.beam_size, self.batch_size = beam_size, batch_size
-        self.search_name = "beam" if beam_size > 1 else "greedy"
+    def __init__(self, config, tokenizer, options, batch_size=32, language=None):
+        self.config, self.tokenizer, self.batch_size = config, tokenizer, batch_size
+        self.joiner = sentences.joiner(language)
+        self.options = self.checked(options)
 
-    def search(self, batch):
+    def checked(self, options, **changes):
+        """`options` with the `changes` that are not None, checked for this model and runtime."""
+        return options.replace(**changes).checked(self.config["max_target_length"])
+
+    def search(self, batch, **options):
         """(B, S) int32 source ids (pad 0) -> (tokens, scores) of the chosen search."""
         batch = np.asarray(batch)
         if batch.dtype != np.int32 or batch.ndim != 2:
@@ -31,20 +39,44 @@ class Runner:
                 f"source_ids must be an int32 array of shape (batch, length), "
                 f"got {batch.dtype} with shape {batch.shape}"
             )
-        return self._search(self.search_name, batch)
+        return self._search(self.checked(self.options, **options), batch)
 
-    def _search(self, search, batch):
+    def _search(self, options, batch):
         raise NotImplementedError
 
-    def translate_ids(self, ids):
-        return batching.translate_ids(
-            self.search, ids, self.batch_size, self.config["eos_id"], self.config["pad_id"]
+    def _search_units(self, ids, options):
+        c = self.config
+        return batching.search_units(
+            lambda batch: self._search(options, batch),
+            ids,
+            self.batch_size,
+            c["eos_id"],
+            c["pad_id"],
+            options.nbest,
         )
 
-    def translate(self, texts):
+    def translate_ids(self, ids, **options):
+        """Lists of source ids -> (lists of output ids, scores), best hypothesis only."""
+        units = self._search_units(ids, self.checked(self.options, **options))
+        return [unit[0][0] for unit in units], [unit[0][1] for unit in units]
+
+    def translations(self, texts, **options):
+        """Texts -> `batching.Translation`s: sentences split and rejoined, scores, alternatives."""
+        options = self.checked(self.options, **options)
         return batching.translate_texts(
-            self.tokenizer, texts, self.config["max_source_length"], self.translate_ids
+            self.tokenizer,
+            texts,
+            self.config["max_source_length"],
+            lambda units: batching.decoded(
+                self.tokenizer, self._search_units([u.ids for u in units], options)
+            ),
+            self.joiner,
+            options.nbest,
         )
+
+    def translate(self, texts, **options):
+        """Texts -> their translations (strings)."""
+        return [t.text for t in self.translations(texts, **options)]
 
 
 class ArtifactRunner(Runner):
@@ -52,22 +84,36 @@ class ArtifactRunner(Runner):
     and verified first; `path` is the verified file of `fmt`'s `variant`.
 
     Args: artifact_dir, beam_size (1 or the exported K; default K), variant, threads (intra-op
-    threads; default: all cores), batch_size (sentences per call in `translate`)."""
+    threads; default: all cores), batch_size (sentences per call in `translate`), and search
+    options (alpha, max_length, no_repeat_ngram, nbest; default: the manifest's)."""
 
     fmt = None  # the format's name in the manifest
 
-    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
+    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
         self.artifact_dir = artifact_dir
         self.manifest = manifest_lib.load(artifact_dir)
         tokenizer = manifest_lib.load_tokenizer(artifact_dir, self.manifest)
-        exported = self.manifest["beam_size"]
-        beam_size = exported if beam_size is None else beam_size
-        if beam_size not in (1, exported):
-            raise manifest_lib.ArtifactError(
-                f"this export has greedy search and beam size {exported}, not {beam_size}; "
-                f"re-export with --beam {beam_size}"
-            )
-        super().__init__(self.manifest["config"], tokenizer, beam_size, batch_size)
+        defaults = SearchOptions(
+            beam_size=self.manifest["beam_size"],
+            alpha=self.manifest["alpha"],
+            max_length=self.manifest["max_length"],
+            no_repeat_ngram=self.manifest["no_repeat_ngram"],
+        )
+        config, language = self.manifest["config"], manifest_lib.target_language(self.manifest)
+        super().__init__(
+            config, tokenizer, defaults.replace(beam_size=beam_size, **options), batch_size, language
+        )
         self.variant, self.threads = variant, threads or os.cpu_count() or 1
         entry = manifest_lib.find_artifact(self.manifest, self.fmt, variant)
         self.path = manifest_lib.verified_path(artifact_dir, self.manifest, entry)
+
+    def checked(self, options, **changes):
+        """As Runner's, and the beam size is one the file has (its buffers are shaped by it)."""
+        options = super().checked(options, **changes)
+        exported = self.manifest["beam_size"]
+        if options.beam_size not in (1, exported):
+            raise manifest_lib.ArtifactError(
+                f"this export has greedy search and beam size {exported}, not {options.beam_size}; "
+                f"re-export with --beam {options.beam_size}"
+            )
+        return options

@@ -23,8 +23,8 @@ class SavedModel(Format):
         }
         tf.saved_model.save(module, path, signatures=signatures)
 
-    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32):
-        return SavedModelRunner(artifact_dir, beam_size, variant, threads, batch_size)
+    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
+        return SavedModelRunner(artifact_dir, beam_size, variant, threads, batch_size, **options)
 
 
 class SavedModelRunner(ArtifactRunner):
@@ -32,25 +32,29 @@ class SavedModelRunner(ArtifactRunner):
 
     fmt = SavedModel.name
 
-    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
-        super().__init__(artifact_dir, beam_size, variant, threads, batch_size)
+    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
+        super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
         import tensorflow as tf
         import tensorflow_text  # noqa: F401  (registers the SentencePiece ops of the text signatures)
 
         self.loaded = tf.saved_model.load(self.path)
 
-    def _search(self, search, batch):
+    def _search(self, options, batch):
         import tensorflow as tf
 
-        result = self.loaded.signatures[f"{search}_ids"](source_ids=tf.constant(batch))
+        inputs = {name: tf.constant(value) for name, value in options.inputs().items()}
+        result = self.loaded.signatures[f"{options.search}_ids"](source_ids=tf.constant(batch), **inputs)
         return result["tokens"].numpy(), result["scores"].numpy()
 
-    def translate_text(self, texts):
-        """The text-in/text-out signature: SentencePiece inside the graph."""
+    def translate_text(self, texts, **options):
+        """The text-in/text-out signature (SentencePiece inside the graph), one sentence per text."""
         import tensorflow as tf
 
-        fn = self.loaded.signatures[f"{self.search_name}_text"]
-        return [t.decode("utf-8") for t in fn(text=tf.constant(texts, tf.string))["translation"].numpy()]
+        options = self.checked(self.options, **options)
+        inputs = {name: tf.constant(value) for name, value in options.inputs().items()}
+        fn = self.loaded.signatures[f"{options.search}_text"]
+        translations = fn(text=tf.constant(texts, tf.string), **inputs)["translation"].numpy()
+        return [t.decode("utf-8") for t in translations]
 
 
 FORMAT = SavedModel()

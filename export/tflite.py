@@ -25,7 +25,7 @@ class Tflite(Format):
         if variant not in self.variants:
             raise ValueError(f"unknown TFLite variant {variant!r}; choose from {self.variants}")
         functions = []
-        for name in ("greedy", "beam"):
+        for name in ("greedy", "beam"):  # signatures with the inputs source_ids and the options
             function = module.frozen(name, variant == "fixed")
             function.graph.name = name  # the signature's name
             functions.append(function)
@@ -43,8 +43,8 @@ class Tflite(Format):
         with open(path, "wb") as f:
             f.write(flatbuffer)
 
-    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32):
-        return TfliteRunner(artifact_dir, beam_size, variant, threads, batch_size)
+    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
+        return TfliteRunner(artifact_dir, beam_size, variant, threads, batch_size, **options)
 
 
 def operators(flatbuffer):
@@ -75,10 +75,10 @@ class TfliteRunner(ArtifactRunner):
 
     fmt = Tflite.name
 
-    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32):
+    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
         from ai_edge_litert.interpreter import Interpreter
 
-        super().__init__(artifact_dir, beam_size, variant, threads, batch_size)
+        super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
         # Delegate clustering off: with LiteRT's default, an interpreter made after another of the
         # same file was freed now and then gave other scores or tokens on its first call
         # (test_fresh_tflite_interpreters_agree). Tensors are not kept apart
@@ -87,23 +87,25 @@ class TfliteRunner(ArtifactRunner):
         interpreter = Interpreter(
             model_path=self.path, num_threads=self.threads, experimental_disable_delegate_clustering=True
         )
-        self.signature = interpreter.get_signature_runner(self.search_name)
-        ((self.input_name, self.input),) = self.signature.get_input_details().items()
-        # Outputs by dtype: tokens are the int32 output, scores the float32 one.
-        outputs = {np.dtype(d["dtype"]): name for name, d in self.signature.get_output_details().items()}
-        self.outputs = outputs[np.dtype(np.int32)], outputs[np.dtype(np.float32)]
+        self.signatures = {name: interpreter.get_signature_runner(name) for name in ("greedy", "beam")}
+        # The fixed file's (1, max_source_length) input; (-1, -1) in the others.
+        self.length = self.signatures["greedy"].get_input_details()["source_ids"]["shape_signature"][1]
 
-    def _search(self, search, batch):
-        _, length = self.input["shape_signature"]
-        if length != -1:  # the "fixed" file: rows cut or padded to the fixed length, run one at a time
-            batch = np.pad(batch[:, :length], [(0, 0), (0, length - min(batch.shape[1], length))])
-            rows = [self._invoke(batch[row : row + 1]) for row in range(len(batch))]
+    def _search(self, options, batch):
+        if self.length != -1:  # the "fixed" file: rows cut or padded to the fixed length, run one at a time
+            batch = np.pad(
+                batch[:, : self.length], [(0, 0), (0, self.length - min(batch.shape[1], self.length))]
+            )
+            rows = [self._invoke(options, batch[row : row + 1]) for row in range(len(batch))]
             return tuple(np.concatenate(parts) for parts in zip(*rows))
-        return self._invoke(batch)
+        return self._invoke(options, batch)
 
-    def _invoke(self, batch):
-        results = self.signature(**{self.input_name: batch})  # resizes to the batch's (B, S)
-        return tuple(results[name] for name in self.outputs)
+    def _invoke(self, options, batch):
+        signature = self.signatures[options.search]
+        results = signature(source_ids=batch, **options.inputs())  # resizes to the batch's (B, S)
+        # Outputs by dtype: tokens are the int32 output, scores the float32 one.
+        by_dtype = {value.dtype: value for value in results.values()}
+        return by_dtype[np.dtype(np.int32)], by_dtype[np.dtype(np.float32)]
 
 
 FORMAT = Tflite()

@@ -84,11 +84,17 @@ def verify(artifact_dir, model, config, tokenizer, sources, references=None, lan
     beams = {"greedy": 1, "beam": manifest["beam_size"]}
     keras = {
         search: Translator(
-            model, tokenizer, beam_size=beam, alpha=manifest["alpha"], max_length=manifest["max_length"]
+            model,
+            tokenizer,
+            beam_size=beam,
+            alpha=manifest["alpha"],
+            max_length=manifest["max_length"],
+            no_repeat_ngram=manifest["no_repeat_ngram"],
         )
         for search, beam in beams.items()
     }
-    expected = {search: translator.translate(sources) for search, translator in keras.items()}
+    language = manifest_lib.target_language(manifest)
+    expected = {search: translator.translate(sources, language) for search, translator in keras.items()}
     bleu = {
         search: score(outputs, references, language)["bleu"] if references else None
         for search, outputs in expected.items()
@@ -128,7 +134,7 @@ def _exact(entry, search):
 
 def _check_tokens(runner, translator, search, config, where):
     for batch in probe_batches(config):
-        expected = getattr(translator, search)(batch)["tokens"].numpy()
+        expected, _ = translator.search(batch)
         tokens, _ = runner.search(batch)
         if not np.array_equal(tokens, expected):
             raise ExportError(f"{where} gives tokens different from Keras on a probe batch {batch.shape}")

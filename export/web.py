@@ -21,7 +21,7 @@ ROUTES = {
     "/litert/": os.path.join(NODE_MODULES, "@litertjs", "core"),
     "/litert-utils/": os.path.join(NODE_MODULES, "@litertjs", "wasm-utils", "dist"),
 }
-PAGE_FILES = ("index.html", "kformer.js", "sentencepiece.js")
+PAGE_FILES = ("index.html", "kformer.js", "sentencepiece.js", "sentences.js")
 # runtime in the page -> (export format, variants it can run)
 PAGE_RUNTIMES = {"onnx": ("onnx", ("fp32", "int8")), "litert": ("tflite", ("fixed",))}
 CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright's own browser download is not reachable here

@@ -1,66 +1,199 @@
 """Text <-> id batching around a translation graph. Pure Python + numpy (no TensorFlow), so the
-device runners of `export/` share it with `kformer.translate`."""
+device runners of `export/` share it with `kformer.translate`; export/web/kformer.js follows it
+line for line.
 
+A text is cut into units the model can take (kformer.sentences: lines, then sentences, and a
+sentence over the model's source length at its clauses), the units of all texts are translated
+together in length-sorted batches, and each text's translation is its units' joined in order.
+"""
+
+import dataclasses
 import logging
+from typing import NamedTuple
 
 import numpy as np
 
+from kformer import sentences as sentences_lib
+
 log = logging.getLogger("kformer")
+NEG_INF_SCORE = -1.0e8  # scores at or below it mark a beam slot without a hypothesis (search.NEG_INF)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+    text: str
+    score: float  # the search's own: log-probability (greedy) or it over the length penalty (beam)
+
+
+@dataclasses.dataclass(frozen=True)
+class Translation:
+    """A text's translation, its score, and its alternatives (best first, the translation first).
+    A text of several units (sentences) scores the sum of its units' scores; its alternative i
+    joins each unit's i-th hypothesis (its last, if it has fewer), duplicates left out."""
+
+    text: str
+    score: float
+    alternatives: tuple
+
+    def to_dict(self):
+        return {
+            "translation": self.text,
+            "score": self.score,
+            "alternatives": [{"translation": h.text, "score": h.score} for h in self.alternatives],
+        }
+
+
+class Unit(NamedTuple):
+    """A piece of a text the model translates in one go: a sentence, or part of an over-long one."""
+
+    text: str
+    ids: list  # its token ids, at most the model's max_source_length
 
 
 def _quoted(text, width=24):
     return repr(text if len(text) <= width else text[: width - 1] + "…")
 
 
-def encode_texts(tokenizer, texts, max_source_length):
-    """SentencePiece ids per text, and the texts to output as they are.
-
-    Returns (ids, untranslated): blank texts get [] (an empty translation). A text none of whose
-    characters is in the vocabulary (emoji only, a script the corpus lacks) also gets [], and
-    `untranslated[index]` is the text, to be output unchanged with a warning: from <unk> pieces
-    alone the model would invent a sentence. A text mostly outside the vocabulary is translated,
-    with a warning. Over-long texts are truncated, with a warning.
-    """
-    ids, untranslated = [], {}
-    for index, text in enumerate(texts):
-        text = text.strip()
-        row = tokenizer.encode(text) if text else []
-        # Every character the tokenizer was trained to cover is one of its pieces (unigram models
-        # keep them all), so a character that is no piece is one that becomes <unk>.
-        characters = "".join(text.split())
-        unknown = sum(tokenizer.piece_to_id(c) == tokenizer.unk_id() for c in characters)
-        if characters and unknown == len(characters):
-            log.warning(
-                "input %s: none of its characters is in the model's vocabulary; output untranslated",
-                _quoted(text),
-            )
-            untranslated[index] = text
-            row = []
-        elif unknown * 2 > len(characters):
-            log.warning(
-                "input %s: %d of its %d characters are not in the model's vocabulary; "
-                "its translation may be invented",
-                _quoted(text),
-                unknown,
-                len(characters),
-            )
-        if len(row) > max_source_length:
-            log.warning(
-                "input %s has %d tokens; truncated to the model's maximum source length %d",
-                _quoted(text),
-                len(row),
-                max_source_length,
-            )
-        ids.append(row[:max_source_length])
-    return ids, untranslated
+def _readable(tokenizer, sentence):
+    """False (with a warning) when none of the sentence's characters is in the vocabulary: from
+    <unk> pieces alone the model would invent a sentence, so it is output as it is. A sentence
+    mostly outside the vocabulary is translated, with a warning."""
+    # Every character the tokenizer was trained to cover is one of its pieces (unigram models
+    # keep them all), so a character that is no piece is one that becomes <unk>.
+    characters = "".join(sentence.split())
+    unknown = sum(tokenizer.piece_to_id(c) == tokenizer.unk_id() for c in characters)
+    if unknown == len(characters):
+        log.warning(
+            "input %s: none of its characters is in the model's vocabulary; output untranslated",
+            _quoted(sentence),
+        )
+        return False
+    if unknown * 2 > len(characters):
+        log.warning(
+            "input %s: %d of its %d characters are not in the model's vocabulary; "
+            "its translation may be invented",
+            _quoted(sentence),
+            unknown,
+            len(characters),
+        )
+    return True
 
 
-def translate_texts(tokenizer, texts, max_source_length, translate_ids):
-    """list[str] -> list[str] through `translate_ids(ids) -> (output ids, scores)`, with the
-    defined results of `encode_texts` for blank, unreadable and over-long texts."""
-    ids, untranslated = encode_texts(tokenizer, texts, max_source_length)
-    outputs, _ = translate_ids(ids)
-    return [untranslated.get(i, tokenizer.decode(row)) for i, row in enumerate(outputs)]
+def _fitted(tokenizer, sentence, max_source_length):
+    """A sentence as Units of at most max_source_length tokens: the whole sentence if it fits,
+    else its clauses packed in order (by their own token counts), and only a clause that alone is
+    over the limit cut (`_cut`), with a warning."""
+    ids = tokenizer.encode(sentence)
+    if len(ids) <= max_source_length:
+        return [Unit(sentence, ids)]
+    packed, current, count = [], "", 0
+    for clause in sentences_lib.split_clauses(sentence):
+        size = len(tokenizer.encode(clause.strip(sentences_lib.WHITESPACE)))
+        if current and count + size > max_source_length:
+            packed.append(current)
+            current, count = "", 0
+        current, count = current + clause, count + size
+    packed.append(current)
+    pieces = []
+    for text in packed:
+        text = text.strip(sentences_lib.WHITESPACE)
+        ids = tokenizer.encode(text)
+        if len(ids) <= max_source_length:
+            pieces.append(Unit(text, ids))
+            continue
+        log.warning(
+            "input %s has %d tokens and no clause break within the model's maximum source "
+            "length %d; cut into pieces of at most %d tokens",
+            _quoted(text),
+            len(ids),
+            max_source_length,
+            max_source_length,
+        )
+        pieces += _cut(tokenizer, text, max_source_length)
+    return pieces
+
+
+def _cut(tokenizer, text, max_source_length):
+    """Units of a text with no clause break: each the longest run of characters that encodes to
+    at most max_source_length tokens (found by bisection, among at most 8 characters a token).
+    Cut between characters, not tokens, so that every runtime tokenizes each piece alike (the
+    text ONNX file tokenizes inside its graph)."""
+    units = []
+    while text:
+        fits, over = 1, min(len(text), 8 * max_source_length) + 1
+        while over - fits > 1:
+            middle = (fits + over) // 2
+            if len(tokenizer.encode(text[:middle].strip(sentences_lib.WHITESPACE))) <= max_source_length:
+                fits = middle
+            else:
+                over = middle
+        piece = text[:fits].strip(sentences_lib.WHITESPACE)
+        if piece:
+            units.append(Unit(piece, tokenizer.encode(piece)[:max_source_length]))
+        text = text[fits:]
+    return units
+
+
+def segment_texts(tokenizer, texts, max_source_length):
+    """Cuts texts into units: returns (units, layouts). units: every Unit to translate;
+    layouts[t]: text t as its lines, each a list of an index into units or a string to output as
+    it is (a sentence none of whose characters is in the vocabulary). A blank text is one empty
+    line; nothing is ever an error."""
+    units_all, layouts = [], []
+    for text in texts:
+        lines = []
+        for line in text.strip(sentences_lib.WHITESPACE).split("\n"):
+            units = []
+            for sentence in sentences_lib.split_sentences(line):
+                if not _readable(tokenizer, sentence):
+                    units.append(sentence)
+                    continue
+                for unit in _fitted(tokenizer, sentence, max_source_length):
+                    units.append(len(units_all))
+                    units_all.append(unit)
+            lines.append(units)
+        layouts.append(lines)
+    return units_all, layouts
+
+
+def join_translations(layout, hypotheses, joiner, nbest):
+    """One text's Translation from its layout and each unit's hypotheses [(text, score), ...]."""
+
+    def version(i):  # the text's alternative i: each unit's i-th hypothesis, or its last
+        texts, score = [], 0.0
+        for units in layout:
+            parts = []
+            for unit in units:
+                if isinstance(unit, str):
+                    parts.append(unit)
+                    continue
+                text, unit_score = hypotheses[unit][min(i, len(hypotheses[unit]) - 1)]
+                parts.append(text)
+                score += unit_score
+            texts.append(joiner.join(parts))
+        return Hypothesis("\n".join(texts), score)
+
+    alternatives, seen = [], set()
+    for i in range(nbest):
+        hypothesis = version(i)
+        if hypothesis.text not in seen:
+            seen.add(hypothesis.text)
+            alternatives.append(hypothesis)
+    return Translation(alternatives[0].text, alternatives[0].score, tuple(alternatives))
+
+
+def translate_texts(tokenizer, texts, max_source_length, translate_units, joiner=" ", nbest=1):
+    """list[str] -> list[Translation] through `translate_units(units) -> per Unit a list of
+    (translation, score)`, best first. `joiner` goes between the sentences of a line (see
+    kformer.sentences.joiner)."""
+    units, layouts = segment_texts(tokenizer, texts, max_source_length)
+    hypotheses = translate_units(units)
+    return [join_translations(layout, hypotheses, joiner, nbest) for layout in layouts]
+
+
+def decoded(tokenizer, hypotheses):
+    """`search_units`' hypotheses with their ids decoded to text: per unit [(text, score), ...]."""
+    return [[(tokenizer.decode(output), score) for output, score in unit] for unit in hypotheses]
 
 
 def length_sorted_batches(ids, batch_size):
@@ -82,16 +215,25 @@ def strip_special(tokens, eos_id, pad_id=0):
     return [t for t in tokens if t != pad_id]
 
 
-def translate_ids(search, ids, batch_size, eos_id, pad_id=0):
+def search_units(search, ids, batch_size, eos_id, pad_id=0, nbest=1):
     """Runs `search((B, S) int32) -> (tokens (B, [K,] T), scores (B, [K]))` over length-sorted
-    batches; returns (output ids without EOS/pad, scores) in input order, best beam only."""
-    outputs, scores = [None] * len(ids), [0.0] * len(ids)
+    batches; returns per row of `ids`, in input order, its best `nbest` hypotheses as (output ids
+    without EOS/pad, score), best first (fewer when the search finished fewer)."""
+    results = [None] * len(ids)
     for chunk, batch in length_sorted_batches(ids, batch_size):
-        tokens, row_scores = search(batch)
-        tokens, row_scores = np.asarray(tokens), np.asarray(row_scores)
-        if tokens.ndim == 3:  # beam: (B, K, T), best first
-            tokens, row_scores = tokens[:, 0], row_scores[:, 0]
+        tokens, scores = search(batch)
+        tokens, scores = np.asarray(tokens), np.asarray(scores)
+        if tokens.ndim == 2:  # greedy: (B, T) -> (B, 1, T)
+            tokens, scores = tokens[:, None], scores[:, None]
         for row, i in enumerate(chunk):
-            outputs[i] = strip_special(tokens[row], eos_id, pad_id)
-            scores[i] = float(row_scores[row])
-    return outputs, scores
+            kept = [k for k in range(min(nbest, tokens.shape[1])) if k == 0 or scores[row, k] > NEG_INF_SCORE]
+            results[i] = [
+                (strip_special(tokens[row, k], eos_id, pad_id), float(scores[row, k])) for k in kept
+            ]
+    return results
+
+
+def translate_ids(search, ids, batch_size, eos_id, pad_id=0):
+    """`search_units` for the best hypothesis only: (output ids, scores), in input order."""
+    best = [unit[0] for unit in search_units(search, ids, batch_size, eos_id, pad_id)]
+    return [output for output, _ in best], [score for _, score in best]

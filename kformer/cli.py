@@ -13,6 +13,8 @@ from kformer.config import (
     DEFAULT_DIRECTION,
     DEFAULT_PRESET,
     LENGTH_PENALTY,
+    MAX_INPUT_CHARS,
+    NO_REPEAT_NGRAM,
     PRECISIONS,
     PRESETS,
     TransformerConfig,
@@ -121,16 +123,38 @@ def _translate(args):
         args.batch_size,
         alpha=args.alpha,
         max_length=args.max_len,
+        no_repeat_ngram=args.no_repeat_ngram,
+        nbest=args.nbest,
     )
     if args.text:
-        texts, chunk = args.text, len(args.text)
+        texts, chunk, where = args.text, len(args.text), "argument"
     else:  # stream stdin: a typed line is translated at once, piped input a batch at a time
         texts = data_lib.stream_lines(sys.stdin.buffer, "<stdin>")
-        chunk = 1 if sys.stdin.isatty() else args.batch_size
+        chunk, where = 1 if sys.stdin.isatty() else args.batch_size, "<stdin> line"
+    done = 0
     for lines in _chunks(texts, chunk):
-        for line in runner.translate(lines):
-            print(line)
+        for number, line in enumerate(lines, start=done + 1):
+            if len(line) > args.max_chars:
+                raise ValueError(
+                    f"{where} {number} has {len(line):,} characters, more than --max-chars {args.max_chars:,}; "
+                    "split it into lines or raise --max-chars"
+                )
+        done += len(lines)
+        for result in runner.translations(lines):
+            _print_translation(result, args.format, args.nbest)
         sys.stdout.flush()
+
+
+def _print_translation(result, form, nbest):
+    """jsonl: one JSON object per input; text: the translation, or with --nbest N the N-best list
+    format of Marian and Moses, "rank ||| translation ||| score" per alternative."""
+    if form == "jsonl":
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+    elif nbest == 1:
+        print(result.text)
+    else:
+        for rank, hypothesis in enumerate(result.alternatives):
+            print(f"{rank} ||| {hypothesis.text} ||| {hypothesis.score:.6f}")
 
 
 def _chunks(items, size):
@@ -161,6 +185,7 @@ def _export(args):
             beam_size=args.beam,
             alpha=args.alpha,
             max_length=args.max_len,
+            no_repeat_ngram=args.no_repeat_ngram,
         ),
         args.out,
     )
@@ -177,6 +202,8 @@ def _evaluate(args):
             reference_file=args.reference,
             beam_size=args.beam,
             alpha=args.alpha,
+            max_length=args.max_len,
+            no_repeat_ngram=args.no_repeat_ngram,
             output=args.output,
             limit=args.limit,
         )
@@ -358,17 +385,52 @@ def _add_translate(commands):
     p.add_argument(
         "--beam", type=_positive(int), help=f"beam size (1 = greedy; default {BEAM_SIZE}, or the export's)"
     )
+    _add_search_options(p, defaults=None, where="or the export's")
     p.add_argument(
-        "--alpha",
-        type=_positive(float, zero_allowed=True),
-        help=f"length penalty exponent (default {LENGTH_PENALTY}; keras runtime only)",
+        "--nbest", type=_positive(int), default=1, help="alternatives per input (at most the beam size)"
     )
     p.add_argument(
-        "--max-len", type=_positive(int), help="maximum output tokens (default: the model's maximum)"
+        "--format",
+        default="text",
+        choices=["text", "jsonl"],
+        help="text: one line per input (with --nbest: 'rank ||| translation ||| score' lines); "
+        'jsonl: {"translation", "score", "alternatives"} per input',
+    )
+    p.add_argument(
+        "--max-chars",
+        type=_positive(int),
+        default=MAX_INPUT_CHARS,
+        help=f"longest input line accepted, in characters (default {MAX_INPUT_CHARS:,})",
     )
     p.add_argument("--batch-size", type=_positive(int), default=32)
     p.add_argument("text", nargs="*")
     p.set_defaults(run=_translate)
+
+
+def _add_search_options(p, defaults, where):
+    """--alpha, --max-len and --no-repeat-ngram (kformer.options), with their defaults unless
+    `defaults` is None (then the runner's own apply)."""
+
+    def default(value):
+        return value if defaults else None
+
+    where = f"; {where}" if where else ""
+    p.add_argument(
+        "--alpha",
+        type=_positive(float, zero_allowed=True),
+        default=default(LENGTH_PENALTY),
+        help=f"length penalty exponent of beam search (default {LENGTH_PENALTY}{where})",
+    )
+    p.add_argument(
+        "--max-len", type=_positive(int), help=f"maximum output tokens (default: the model's maximum{where})"
+    )
+    p.add_argument(
+        "--no-repeat-ngram",
+        type=_positive(int, zero_allowed=True),
+        default=default(NO_REPEAT_NGRAM),
+        metavar="N",
+        help=f"never output an n-gram of N tokens twice; 0 = off (default {NO_REPEAT_NGRAM}{where})",
+    )
 
 
 def _add_attention(commands):
@@ -396,10 +458,7 @@ def _add_export(commands):
     p.add_argument(
         "--beam", type=_positive(int), default=BEAM_SIZE, help="beam size of the exported beam search"
     )
-    p.add_argument("--alpha", type=_positive(float, zero_allowed=True), default=LENGTH_PENALTY)
-    p.add_argument(
-        "--max-len", type=_positive(int), help="maximum output tokens (default: the model's maximum)"
-    )
+    _add_search_options(p, defaults=True, where="the files' default; any value at run time")
     p.set_defaults(run=_export)
 
 
@@ -410,7 +469,7 @@ def _add_evaluate(commands):
     p.add_argument("--source", help="source sentences, one per line (with --reference)")
     p.add_argument("--reference", help="reference translations, one per line")
     p.add_argument("--beam", type=_positive(int), default=BEAM_SIZE)
-    p.add_argument("--alpha", type=_positive(float, zero_allowed=True), default=LENGTH_PENALTY)
+    _add_search_options(p, defaults=True, where="")
     p.add_argument("--output", help="hypotheses file (default: MODEL/hypotheses.<split>.txt)")
     p.add_argument("--limit", type=_positive(int), help="only the first N sentences")
     p.set_defaults(run=_evaluate)

@@ -15,7 +15,9 @@ DEFAULT_CORPUS = "default"  # Tatoeba zh-en, packaged
 DEFAULT_DIRECTION = "zh-en"
 BEAM_SIZE = 4  # the paper's beam width
 LENGTH_PENALTY = 0.6  # the paper's α (GNMT length penalty)
+NO_REPEAT_NGRAM = 0  # the n-gram repeat guard's size (0 = off); see the README's measurement
 EXTRA_OUTPUT_TOKENS = 50  # maximum output length = source length + 50 (the paper's rule)
+MAX_INPUT_CHARS = 100_000  # `kformer translate` refuses a longer input line (--max-chars)
 # Searches run first with buffers of source length + 8, then only the rows not done by then, in
 # buffers of the full length. On Tatoeba zh-en, 90% of training targets are within 6 tokens of their
 # source's length, 99% within 12; +8 was faster than +16 (0.87x ONNX, 0.93x TFLite, beam, batch 32).

@@ -9,7 +9,7 @@ import sacrebleu
 from kformer import checkpoint
 from kformer import data as data_lib
 from kformer import prepare as prepare_lib
-from kformer.config import BEAM_SIZE, LENGTH_PENALTY
+from kformer.config import BEAM_SIZE, LENGTH_PENALTY, NO_REPEAT_NGRAM
 from kformer.translate import Translator
 
 log = logging.getLogger("kformer")
@@ -60,6 +60,8 @@ def evaluate(
     alpha=LENGTH_PENALTY,
     output=None,
     limit=None,
+    max_length=None,
+    no_repeat_ngram=NO_REPEAT_NGRAM,
 ):
     """Translates a split (or a source file) and scores it against its references.
     Writes the hypotheses, one per line, to `output` (default: MODEL/hypotheses.<split>.txt)."""
@@ -84,7 +86,15 @@ def evaluate(
     output = output or os.path.join(model_dir, f"hypotheses.{name}.txt")
     _check_writable(output)  # before the translation work, which a bad path would otherwise lose
     log.info("translating %d sentences of %s (beam %d)", len(sources), name, beam_size)
-    hypotheses = Translator(model, tokenizer, beam_size=beam_size, alpha=alpha).translate(sources)
+    translator = Translator(
+        model,
+        tokenizer,
+        beam_size=beam_size,
+        alpha=alpha,
+        max_length=max_length,
+        no_repeat_ngram=no_repeat_ngram,
+    )
+    hypotheses = translator.translate(sources, corpus["direction"].split("-")[-1])
     with open(output, "w", encoding="utf-8") as f:
         f.writelines(h + "\n" for h in hypotheses)
     result = score(hypotheses, references, corpus["direction"].split("-")[-1])

@@ -92,7 +92,7 @@ def alignment(translator, text, layer=-1, beam_size=None):
     (ids,) = translator.encode([text])
     if not ids:
         raise ValueError("nothing to align: the text is blank or outside the model's vocabulary")
-    tokens, _ = translator.search(np.array([ids], np.int32), beam_size)
+    tokens, _ = translator.search(np.array([ids], np.int32), beam_size=beam_size)
     best = (tokens[0] if tokens.ndim == 2 else tokens[0, 0]).tolist()  # the search's own output, EOS and all
     output = strip_special(best, config.eos_id, config.pad_id)
     generated = output + [config.eos_id] if config.eos_id in best else output  # EOS, or cut at the limit
@@ -144,7 +144,7 @@ def beam_trace(translator, text):
     config, tokenizer, k = translator.config, translator.tokenizer, translator.beam_size
     (ids,) = translator.encode([text])
     limits, length, cache, _ = translator.prepare(
-        tf.constant([ids or [config.pad_id]], tf.int32), two_passes=False
+        tf.constant([ids or [config.pad_id]], tf.int32), translator.max_length, two_passes=False
     )
     _, _, trace = search.beam_search(
         translator.model.decode_step,
@@ -154,7 +154,7 @@ def beam_trace(translator, text):
         k,
         config.bos_id,
         config.eos_id,
-        translator.alpha,
+        translator.options.alpha,
         config.pad_id,
         trace=True,
     )

@@ -48,46 +48,60 @@ def length_penalty(length, alpha):
     return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
 
 
-def banned_logits(logits, tokens, runs, index, ngram):
-    """logits (R, V) with every token that would repeat an n-gram of the output set to NEG_INF
-    (`no_repeat_ngram_size` of CTranslate2 and fairseq: no n-gram of `ngram` tokens occurs twice;
-    ngram <= 0: nothing is banned). The search's log-probabilities are then those of the tokens
-    left (logits minus their log-sum-exp).
+class RepeatGuard:
+    """The n-gram repeat guard of one search loop (`no_repeat_ngram_size` of CTranslate2 and
+    fairseq: no n-gram of `ngram` tokens occurs twice in an output; ngram <= 0: off), over R
+    hypothesis rows with output buffers of T (`positions` (T,)). What its steps read is computed
+    here, once, before the loop: a search step runs node by node in TFLite and onnxruntime.
 
-    tokens (R, T): the output so far (positions < index); runs (R, T): `repeat_runs` of it. Token
-    tokens[j] is banned when the ngram - 1 tokens before position j are the last ngram - 1 tokens.
-    The mask is a scatter of the banned tokens into a (R * (V + 1),) count, a spare column per row
-    taking the positions not banned: fixed shapes (the number of banned tokens varies by row and
-    step), a pass over (R, V) per step rather than a one-hot of (R, T, V), and no update of a
-    buffer in place (TFLite SCATTER_ND and ONNX ScatterND make a new tensor)."""
-    rows, vocab = tf.shape(logits)[0], tf.shape(logits)[1]
-    positions = tf.range(tf.shape(tokens)[1])  # (T,)
-    banned = (runs >= ngram - 1) & (positions < index) & (ngram > 0)  # (R, T)
-    columns = tf.where(banned, tokens, vocab)  # a banned token's column, else the spare column
-    flat = tf.reshape(tf.expand_dims(tf.range(rows) * (vocab + 1), 1) + columns, [-1, 1])  # (R * T, 1)
-    hits = tf.scatter_nd(flat, tf.ones_like(flat[:, 0]), tf.expand_dims(rows * (vocab + 1), 0))
-    hit = tf.reshape(hits, [rows, vocab + 1])[:, :vocab] > 0  # (R, V)
-    return tf.where(hit, tf.cast(NEG_INF, logits.dtype), logits)
+    The state it keeps per hypothesis is `runs` (R, T) int32: runs[r, j] (j <= the step index)
+    is the length of the longest common suffix of the output's first j tokens and of all its
+    tokens. Token j is banned when the ngram - 1 tokens before it are the last ngram - 1 tokens,
+    i.e. runs[r, j] >= ngram - 1. The banned tokens' logits are set to NEG_INF, so the search's
+    log-probabilities are those of the tokens left (logits minus their log-sum-exp)."""
 
+    def __init__(self, ngram, rows, positions):
+        self.positions = positions  # (T,)
+        # A run no output reaches when the guard is off: the same graph either way.
+        self.least_run = tf.where(ngram > 0, ngram - 1, tf.int32.max)
+        self.row_count = rows
+        self.rows = tf.expand_dims(tf.range(rows), 1)  # (R, 1)
+        self.ones = tf.ones([rows * tf.shape(positions)[0]], tf.int32)  # (R * T,)
+        self.zeros = tf.zeros([rows, 1], tf.int32)
 
-def repeat_runs(runs, tokens, token, index):
-    """The runs after `token` (...,) is written at position `index` of `tokens` (..., T), from
-    those before (`runs` (..., T); the tokens at positions < index are read).
+    def written(self, index):
+        """(T,) bool: the positions of the output so far, before step `index`."""
+        return self.positions < index
 
-    runs[..., j] (j <= index) is the length of the longest common suffix of the output's first j
-    tokens and of all its tokens: how many of the last tokens repeat the ones before position j.
-    Appending a token t: the run at j + 1 grows by one where tokens[j] == t, else it is 0. One
-    shift per step, whatever the n-gram size (a run-time input)."""
-    positions = tf.range(tf.shape(tokens)[-1])
-    grown = tf.where(tf.equal(tokens, token[..., None]) & (positions < index), runs + 1, 0)  # runs at j + 1
-    return tf.concat([tf.zeros_like(grown[..., :1]), grown[..., :-1]], axis=-1)
+    def ban(self, logits, tokens, runs, written):
+        """logits (R, V) with the tokens that would repeat an n-gram set to NEG_INF; tokens, runs
+        (R, T). A scatter of the banned tokens into (R * (V + 1),) counts, a spare column per row
+        taking the positions not banned: fixed shapes (the number banned varies by row and step),
+        a pass over (R, V) rather than a one-hot of (R, T, V), and no update in place (TFLite
+        SCATTER_ND and ONNX ScatterND write a new tensor)."""
+        vocab = logits.shape[-1]
+        vocab = tf.shape(logits)[1] if vocab is None else vocab
+        banned = (runs >= self.least_run) & written  # (R, T)
+        flat = self.rows * (vocab + 1) + tf.where(banned, tokens, vocab)  # (R, T) into (R * (V + 1),)
+        hits = tf.scatter_nd(
+            tf.reshape(flat, [-1, 1]), self.ones, tf.expand_dims(self.row_count * (vocab + 1), 0)
+        )
+        hit = tf.reshape(hits, [-1, vocab + 1])[:, :vocab] > 0  # (R, V)
+        return tf.where(hit, tf.cast(NEG_INF, logits.dtype), logits)
+
+    def grown(self, runs, tokens, token, written):
+        """The runs after `token` (R,) is written at the step's position of `tokens` (R, T)
+        (whose `written` positions are read): the run at j + 1 grows by one where tokens[j] ==
+        token, else it is 0. One shift a step, whatever the n-gram size (a run-time input)."""
+        grown = tf.where(tf.equal(tokens, tf.expand_dims(token, 1)) & written, runs + 1, 0)  # runs at j + 1
+        return tf.concat([self.zeros, grown[:, :-1]], axis=1)
 
 
 class GreedyState(NamedTuple):
     index: tf.Tensor  # () step
     last: tf.Tensor  # (B,) token fed at this step
     tokens: tf.Tensor  # (B, T) output buffer, pad after the end
-    runs: tf.Tensor  # (B, T) int32 `repeat_runs` of the output, for the n-gram repeat guard
+    runs: tf.Tensor  # (B, T) int32 RepeatGuard runs of the output
     scores: tf.Tensor  # (B,) sum of log-probabilities of the output tokens
     done: tf.Tensor  # (B,) bool: the row has stopped (EOS or its limit)
     cache: object  # the step function's cache, batch-first tensors
@@ -105,21 +119,23 @@ def greedy_search(
         buffer_length: scalar int32 T >= max(limits), the length of the output buffers.
         first_pass: None (one pass), or `(T1, grow)` to search in two passes (see `_in_two_passes`).
         no_repeat_ngram: int or int32 scalar: no n-gram of this size is output twice (0: off;
-            `banned_logits`).
+            `RepeatGuard`).
     Returns (tokens (B, T) int32 with EOS kept and pad after, scores (B,) float32 log-probability).
     """
 
     def run(state, limits, length, rows_left=0):
         positions = tf.range(length)  # (T,) of the output buffer, read by every step
+        guard = RepeatGuard(no_repeat_ngram, tf.shape(limits)[0], positions)
 
         def body(s):
             logits, cache = step(s.last, s.cache, s.index)  # (B, V)
-            logits = banned_logits(logits, s.tokens, s.runs, s.index, no_repeat_ngram)
+            written = guard.written(s.index)
+            logits = guard.ban(logits, s.tokens, s.runs, written)
             token_log_prob, token = (tf.squeeze(t, 1) for t in portable.top_log_probs(logits, 1))  # (B,)
             token = tf.where(s.done, pad_id, token)
             scores = s.scores + tf.where(s.done, 0.0, token_log_prob)
             done = s.done | tf.equal(token, eos_id) | (s.index + 1 >= limits)
-            runs = repeat_runs(s.runs, s.tokens, token, s.index)
+            runs = guard.grown(s.runs, s.tokens, token, written)
             tokens = portable.write_slot(s.tokens, tf.equal(positions, s.index), token)
             return [GreedyState(s.index + 1, token, tokens, runs, scores, done, cache)]
 
@@ -163,9 +179,10 @@ def _take_rows(state, rows, buffer_length, grow, beam_size, pad_id):
         elif name == "cache":
             taken = tf.nest.map_structure(lambda t: take(t, beam_size), value)
             fields[name] = {"static": taken["static"], "state": grow(taken["state"], buffer_length)}
-        elif name.endswith("tokens") or name.endswith("runs"):  # the buffers, (B, [K,] T1) -> (B, [K,] T)
-            fill = pad_id if name.endswith("tokens") else 0
-            fields[name] = portable.extend(take(value), buffer_length, axis=-1, value=fill)
+        elif name.endswith("tokens"):  # the output buffers, (B, [K,] T1) -> (B, [K,] T)
+            fields[name] = portable.extend(take(value), buffer_length, axis=-1, value=pad_id)
+        elif name.endswith("runs"):  # the repeat guard's, (B * beam_size, T1) -> (B * beam_size, T)
+            fields[name] = portable.extend(take(value, beam_size), buffer_length, axis=-1)
         else:
             fields[name] = take(value)
     return type(state)(**fields)
@@ -220,7 +237,7 @@ def _in_two_passes(run, state, limits, first_length, buffer_length, grow, pad_id
 class BeamState(NamedTuple):
     index: tf.Tensor  # () step
     alive_tokens: tf.Tensor  # (B, K, T)
-    alive_runs: tf.Tensor  # (B, K, T) int32 `repeat_runs` of the alive beams
+    alive_runs: tf.Tensor  # (B * K, T) int32 RepeatGuard runs of the alive beams, beams of a row adjacent
     alive_log_probs: tf.Tensor  # (B, K) sum of log-probabilities, NEG_INF for dead slots
     finished_tokens: tf.Tensor  # (B, K, T)
     finished_scores: tf.Tensor  # (B, K) length-penalized scores, NEG_INF for empty slots
@@ -234,32 +251,24 @@ def _gather_beams(tensor, indices):
     return tf.gather(tensor, indices, axis=1, batch_dims=1)
 
 
-def _reorder_state(cache, beam_indices, row_starts):
-    """Beam k of row b continues from beam_indices[b, k]: reorders the (B * K, ...) state of the
-    cache, whose row b starts at row_starts[b, 0] = b * K. The static part is the same for every
-    beam of a row, so it is left as it is."""
-    flat = tf.reshape(beam_indices + row_starts, [-1])  # (B * K,)
+def _reorder_state(cache, flat):
+    """Beam k of row b continues from the beam (B * K,) flat[b * K + k] of all rows: reorders
+    the (B * K, ...) state of the cache. The static part is the same for every beam of a row, so
+    it is left as it is."""
     return {
         "static": cache["static"],
         "state": tf.nest.map_structure(lambda t: tf.gather(t, flat, axis=0), cache["state"]),
     }
 
 
-def _top_candidates(s, step, k, bos_id, no_repeat_ngram):
-    """Every alive beam extended by one token (none that repeats an n-gram): the 2K best
+def _top_candidates(s, step, k, bos_id, ban):
+    """Every alive beam extended by one token (none that `ban(logits)` bans): the 2K best
     candidates of each row, as (log-probabilities (B, 2K), the beam each extends (B, 2K), its
     token (B, 2K), the step's cache)."""
     last = tf.reshape(tf.gather(s.alive_tokens, tf.maximum(s.index - 1, 0), axis=2), [-1])
     last = tf.where(s.index >= 1, last, bos_id)  # >=: see portable.loop_condition
     logits, cache = step(last, s.cache, s.index)  # (B * K, V)
-    rows = tf.shape(logits)[:1]  # B * K
-    logits = banned_logits(
-        logits,
-        tf.reshape(s.alive_tokens, tf.concat([rows, [-1]], 0)),
-        tf.reshape(s.alive_runs, tf.concat([rows, [-1]], 0)),
-        s.index,
-        no_repeat_ngram,
-    )
+    logits = ban(logits)
     # The 2K best of all K * V extensions are among the N = min(2K, V) best of each beam.
     vocab = logits.shape[-1]  # static for a Keras model; 2K when unknown (then V >= 2K is assumed)
     per_beam = 2 * k if vocab is None else min(2 * k, vocab)
@@ -306,7 +315,7 @@ def _first_beam_state(cache, limits, k, length, trace_length, pad_id):
     return BeamState(
         index=tf.constant(0),
         alive_tokens=empty,
-        alive_runs=tf.zeros([batch, k, length], tf.int32),
+        alive_runs=tf.zeros([batch * k, length], tf.int32),
         alive_log_probs=first,
         finished_tokens=empty,
         finished_scores=tf.fill([batch, k], NEG_INF),
@@ -358,10 +367,14 @@ def beam_search(
         # built from tf.shape at every step is four exported nodes.
         positions = tf.range(length)
         row_starts = tf.expand_dims(tf.range(tf.shape(limits)[0]) * k, 1)
+        guard = RepeatGuard(no_repeat_ngram, tf.shape(limits)[0] * k, positions)
+        flat_shape = tf.stack([tf.shape(limits)[0] * k, length])  # (B * K, T) of the alive tokens
 
         def body(s):
+            written = guard.written(s.index)
+            alive_before = tf.reshape(s.alive_tokens, flat_shape)
             top_log_probs, top_beams, top_tokens, cache = _top_candidates(
-                s, step, k, bos_id, no_repeat_ngram
+                s, step, k, bos_id, lambda logits: guard.ban(logits, alive_before, s.alive_runs, written)
             )  # (B, 2K)
             slot = tf.equal(positions, s.index)  # (T,)
             top_seqs = portable.write_slot(
@@ -375,13 +388,15 @@ def beam_search(
             alive_candidates = tf.where(finishing | ~valid, NEG_INF, top_log_probs)
             alive_log_probs, alive_pick = tf.math.top_k(alive_candidates, k=k)  # (B, K) into 2K
             alive_tokens = _gather_beams(top_seqs, alive_pick)
-            alive_beams = _gather_beams(top_beams, alive_pick)  # (B, K): the beam each continues
-            cache = _reorder_state(cache, alive_beams, row_starts)
-            alive_runs = repeat_runs(  # alive_tokens before this step's position are its beam's
-                _gather_beams(s.alive_runs, alive_beams),
-                alive_tokens,
-                _gather_beams(top_tokens, alive_pick),
-                s.index,
+            # (B * K,): the beam of all rows that each alive beam continues
+            continued = tf.reshape(_gather_beams(top_beams, alive_pick) + row_starts, [-1])
+            cache = _reorder_state(cache, continued)
+            alive_flat = tf.reshape(alive_tokens, flat_shape)  # before this step's slot: its beam's
+            alive_runs = guard.grown(
+                tf.gather(s.alive_runs, continued),
+                alive_flat,
+                tf.gather(alive_flat, s.index, axis=1),
+                written,
             )
 
             new_scores = tf.where(finishing & valid, top_log_probs / length_penalty(length, alpha), NEG_INF)

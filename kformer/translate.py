@@ -6,11 +6,18 @@
 
 import tensorflow as tf
 
-from kformer import batching, search
-from kformer.config import BEAM_SIZE, FIRST_PASS_EXTRA_TOKENS, LENGTH_PENALTY
+from kformer import batching, search, sentences
+from kformer import options as options_lib
+from kformer.config import BEAM_SIZE, FIRST_PASS_EXTRA_TOKENS, LENGTH_PENALTY, NO_REPEAT_NGRAM
 from kformer.export.runner import Runner
 
 SOURCE_SPEC = tf.TensorSpec([None, None], tf.int32, name="source_ids")
+# The searches' run-time options (kformer.options): scalars, inputs of every exported graph.
+OPTION_SPECS = {
+    name: tf.TensorSpec([], tf.as_dtype(dtype), name=name) for name, dtype in options_lib.INPUTS.items()
+}
+GREEDY_SPECS = [SOURCE_SPEC, *(OPTION_SPECS[name] for name in options_lib.GREEDY_INPUTS)]
+BEAM_SPECS = [SOURCE_SPEC, *OPTION_SPECS.values()]
 
 
 class Translator(tf.Module):
@@ -19,19 +26,24 @@ class Translator(tf.Module):
     Args:
         model: a trained `kformer.model.Transformer`.
         tokenizer: its SentencePiece processor (only needed for text in/out).
-        beam_size: K for `beam` (the paper and default: 4).
-        alpha: length penalty exponent (GNMT, the paper: 0.6).
-        max_length: cap on output tokens (default and upper bound: the config's max_target_length).
+        beam_size: K of the `beam` graph (the paper and default: 4); the buffers are shaped by it.
+        alpha, max_length, no_repeat_ngram, nbest: the defaults of the run-time options
+            (`kformer.options.SearchOptions`; max_length None: the config's max_target_length).
         batch_size: sentences per graph call in `translate`.
         jit_compile: compile the searches with XLA (one program per input shape; not exported).
             The searches run in two passes (`search._in_two_passes`) except under XLA, which needs
-            static shapes where the second pass takes only the rows left.
+            static shapes where the second pass takes only the rows left; their buffers are then
+            as long as the model's maximum output, whatever max_length is.
 
-    Graph functions, `(B, S) int32 source ids (pad 0) -> {"tokens", "scores"}`:
-        greedy: tokens (B, T), scores (B,) log-probability.
-        beam: tokens (B, K, T) best first, scores (B, K) length-penalized log-probability.
-    Output tokens end with EOS (unless cut at the limit) and are padded with 0. Sources longer
-    than the config's max_source_length are truncated inside the graph.
+    Graph functions (options are scalar inputs: max_length is clipped to [1, max_target_length],
+    no_repeat_ngram <= 0 is off):
+        greedy(source_ids (B, S) int32 pad 0, max_length, no_repeat_ngram):
+            tokens (B, T), scores (B,) log-probability.
+        beam(source_ids, alpha, max_length, no_repeat_ngram):
+            tokens (B, K, T) best first, scores (B, K) length-penalized log-probability.
+    Output tokens end with EOS (unless cut at the limit) and are padded with 0; a beam slot that
+    no hypothesis reached scores search.NEG_INF. Sources longer than the config's
+    max_source_length are truncated inside the graph.
     """
 
     def __init__(
@@ -41,47 +53,50 @@ class Translator(tf.Module):
         beam_size=BEAM_SIZE,
         alpha=LENGTH_PENALTY,
         max_length=None,
+        no_repeat_ngram=NO_REPEAT_NGRAM,
         batch_size=32,
         jit_compile=False,
+        nbest=1,
     ):
         super().__init__(name="translator")
         config = model.config
-        if beam_size < 1:
-            raise ValueError(f"beam size must be >= 1, got {beam_size}")
-        cap = config.max_target_length if max_length is None else int(max_length)
-        if not 1 <= cap <= config.max_target_length:
-            raise ValueError(
-                f"max length must be in [1, {config.max_target_length}] for this model, got {max_length}"
-            )
+        self.options = options_lib.SearchOptions(
+            beam_size, alpha, max_length, no_repeat_ngram, nbest
+        ).checked(config.max_target_length)
         self.model, self.config, self.tokenizer = model, config, tokenizer
-        self.beam_size, self.alpha, self.max_length = beam_size, float(alpha), cap
+        self.beam_size, self.max_length = beam_size, self.options.max_length
         self.batch_size = batch_size
+        self.jit_compile = jit_compile
         self.two_passes = not jit_compile
-        self.greedy = tf.function(self._greedy, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
-        self.beam = tf.function(self._beam, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
+        self.greedy = tf.function(self._greedy, input_signature=GREEDY_SPECS, jit_compile=jit_compile)
+        self.beam = tf.function(self._beam, input_signature=BEAM_SPECS, jit_compile=jit_compile)
 
-    def prepare(self, source_ids, two_passes=None):
-        """(B, S) source ids -> (per-row output limits, buffer length, decoder cache, first pass)
-        for a search (first pass: `search.greedy_search`'s argument; None for one pass, which
-        `two_passes=False` asks for; the default is the translator's).
+    def prepare(self, source_ids, max_length, two_passes=None):
+        """(B, S) source ids and the max_length option -> (per-row output limits, buffer length,
+        decoder cache, first pass) for a search (first pass: `search.greedy_search`'s argument;
+        None for one pass, which `two_passes=False` asks for; the default is the translator's).
         Ids beyond the positional table would be out of range (an error in TF and ONNX, an
         unchecked read in TFLite): the graph keeps the first max_source_length, in every runtime."""
-        source_ids = source_ids[:, : self.config.max_source_length]
-        limits, length = search.output_limits(source_ids, self.config.pad_id, self.max_length)
+        c = self.config
+        source_ids = source_ids[:, : c.max_source_length]
+        cap = tf.clip_by_value(max_length, 1, c.max_target_length)
+        two_passes = self.two_passes if two_passes is None else two_passes
+        buffer_cap = c.max_target_length if self.jit_compile else None  # XLA: buffers of static shapes
+        limits, length = search.output_limits(source_ids, c.pad_id, cap, buffer_cap=buffer_cap)
         first_pass = None
-        if self.two_passes if two_passes is None else two_passes:
+        if two_passes:
             first_length = tf.minimum(length, tf.shape(source_ids)[1] + FIRST_PASS_EXTRA_TOKENS)
             first_pass = (first_length, self.model.grow_cache)
         cache = self.model.init_cache(source_ids, length if first_pass is None else first_pass[0])
         return limits, length, cache, first_pass
 
-    def _greedy(self, source_ids):
-        return self.search_prepared(self.prepare(source_ids), beam=False)
+    def _greedy(self, source_ids, max_length, no_repeat_ngram):
+        return self.search_prepared(self.prepare(source_ids, max_length), False, 0.0, no_repeat_ngram)
 
-    def _beam(self, source_ids):
-        return self.search_prepared(self.prepare(source_ids), beam=True)
+    def _beam(self, source_ids, alpha, max_length, no_repeat_ngram):
+        return self.search_prepared(self.prepare(source_ids, max_length), True, alpha, no_repeat_ngram)
 
-    def search_prepared(self, prepared, beam):
+    def search_prepared(self, prepared, beam, alpha, no_repeat_ngram):
         """Beam search (`beam` True) or greedy search over a batch from `prepare`."""
         limits, length, cache, first_pass = prepared
         c = self.config
@@ -94,64 +109,120 @@ class Translator(tf.Module):
                 self.beam_size,
                 c.bos_id,
                 c.eos_id,
-                self.alpha,
+                alpha,
                 c.pad_id,
                 first_pass=first_pass,
+                no_repeat_ngram=no_repeat_ngram,
             )
         else:
             tokens, scores = search.greedy_search(
-                self.model.decode_step, cache, limits, length, c.bos_id, c.eos_id, c.pad_id, first_pass
+                self.model.decode_step,
+                cache,
+                limits,
+                length,
+                c.bos_id,
+                c.eos_id,
+                c.pad_id,
+                first_pass,
+                no_repeat_ngram=no_repeat_ngram,
             )
         return {"tokens": tokens, "scores": scores}
+
+    def options_for(self, **changes):
+        """The translator's options with `changes` (those not None), checked."""
+        options = self.options.replace(**changes).checked(self.config.max_target_length)
+        if options.beam_size not in (1, self.beam_size):
+            raise ValueError(
+                f"this Translator's beam graph has beam size {self.beam_size}, not {options.beam_size}"
+            )
+        return options
+
+    def run(self, batch, options):
+        """(B, S) int32 source ids and checked options -> the graph's {"tokens", "scores"} (tensors)."""
+        graph = self.greedy if options.search == "greedy" else self.beam
+        return graph(tf.constant(batch, tf.int32), **options.inputs())
 
     # --- Python side: text <-> ids around the graph (shared with the device runners) ---
 
     def encode(self, texts):
-        """Token ids per text (see `batching.encode_texts`: never an error)."""
-        return batching.encode_texts(self.tokenizer, texts, self.config.max_source_length)[0]
+        """Token ids of one-sentence texts, the first max_source_length (for tools that look at
+        one sentence: kformer.plots); `translations` splits and fits texts instead."""
+        return [self.tokenizer.encode(t.strip())[: self.config.max_source_length] for t in texts]
 
-    def search(self, batch, beam_size=None):
+    def search(self, batch, **options):
         """(B, S) int32 source ids -> numpy (tokens, scores) of beam search, or greedy for beam 1."""
-        fn = self.beam if (self.beam_size if beam_size is None else beam_size) > 1 else self.greedy
-        result = fn(tf.constant(batch, tf.int32))
+        result = self.run(batch, self.options_for(**options))
         return result["tokens"].numpy(), result["scores"].numpy()
 
-    def translate_ids(self, ids, beam_size=None):
-        """Lists of source ids -> (lists of output ids without EOS/pad, scores), in input order.
-        Sentences of similar length are batched together; each row is independent of its batch."""
-        return batching.translate_ids(
-            lambda batch: self.search(batch, beam_size),
+    def _search_units(self, ids, options):
+        c = self.config
+
+        def search_batch(batch):
+            result = self.run(batch, options)
+            return result["tokens"].numpy(), result["scores"].numpy()
+
+        return batching.search_units(
+            search_batch,
             ids,
             self.batch_size,
-            self.config.eos_id,
-            self.config.pad_id,
+            c.eos_id,
+            c.pad_id,
+            options.nbest,
         )
 
-    def translate(self, texts, beam_size=None):
-        """Translates a list of strings; an empty or blank string gives an empty translation, a
-        string with no character in the vocabulary is output as it is (`batching.encode_texts`)."""
+    def translate_ids(self, ids, **options):
+        """Lists of source ids -> (lists of output ids without EOS/pad, scores), in input order.
+        Sentences of similar length are batched together; each row is independent of its batch."""
+        units = self._search_units(ids, self.options_for(**options))
+        return [unit[0][0] for unit in units], [unit[0][1] for unit in units]
+
+    def translations(self, texts, language=None, **options):
+        """Texts -> `batching.Translation`s (kformer.batching: sentences split and rejoined with
+        `language`'s spacing; blank texts give "", sentences with no character in the vocabulary
+        are output as they are)."""
         if self.tokenizer is None:
             raise ValueError("this Translator has no tokenizer; use translate_ids")
+        options = self.options_for(**options)
         return batching.translate_texts(
             self.tokenizer,
             texts,
             self.config.max_source_length,
-            lambda ids: self.translate_ids(ids, beam_size),
+            lambda units: batching.decoded(
+                self.tokenizer, self._search_units([u.ids for u in units], options)
+            ),
+            sentences.joiner(language),
+            options.nbest,
         )
+
+    def translate(self, texts, language=None, **options):
+        """Translates a list of strings (see `translations`)."""
+        return [t.text for t in self.translations(texts, language, **options)]
 
 
 class KerasRunner(Runner):
-    """The training folder's Keras model behind the runners' interface: the reference runtime."""
+    """The training folder's Keras model behind the runners' interface: the reference runtime.
+    Options as `kformer.options.SearchOptions` (beam_size sets the beam graph's width)."""
 
-    def __init__(self, model_dir, beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_length=None, batch_size=32):
+    def __init__(self, model_dir, batch_size=32, **options):
         from kformer import checkpoint
 
-        model, config, tokenizer, _ = checkpoint.load(model_dir)
-        beam_size = max(1, beam_size)
-        super().__init__(config.to_dict(), tokenizer, beam_size, batch_size)
+        model, config, tokenizer, corpus = checkpoint.load(model_dir)
+        options = options_lib.SearchOptions().replace(**options)
+        language = (corpus or {}).get("direction", "").split("-")[-1] or None
+        super().__init__(config.to_dict(), tokenizer, options, batch_size, language)
         self.translator = Translator(
-            model, tokenizer, beam_size=beam_size, alpha=alpha, max_length=max_length, batch_size=batch_size
+            model, tokenizer, beam_size=self.options.beam_size, batch_size=batch_size
         )
 
-    def _search(self, search, batch):
-        return self.translator.search(batch)
+    def _search(self, options, batch):
+        result = self.translator.run(batch, options)
+        return result["tokens"].numpy(), result["scores"].numpy()
+
+    def checked(self, options, **changes):
+        options = super().checked(options, **changes)
+        translator = getattr(self, "translator", None)
+        if translator is not None and options.beam_size not in (1, translator.beam_size):
+            self.translator = Translator(
+                translator.model, self.tokenizer, beam_size=options.beam_size, batch_size=self.batch_size
+            )
+        return options

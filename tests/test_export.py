@@ -53,10 +53,10 @@ def batches(vocab):
     }
 
 
-def uncached_search(model_dir, batch, beam, extra=50):
+def uncached_search(model_dir, batch, beam, extra=50, alpha=0.6, max_length=MAX_LENGTH, no_repeat_ngram=0):
     """The reference for every runtime, Keras included: the search loop over the whole model
     re-run on each prefix (no KV cache, no Translator, no export module); outputs of at most
-    source length + `extra` tokens (the paper's rule), capped at MAX_LENGTH."""
+    source length + `extra` tokens (the paper's rule), capped at `max_length`."""
     import tensorflow as tf
 
     from kformer import checkpoint
@@ -64,24 +64,34 @@ def uncached_search(model_dir, batch, beam, extra=50):
 
     model, config = checkpoint.load(model_dir)[:2]
     source = tf.constant(batch[:, : config.max_source_length])
-    limits, length = output_limits(source, config.pad_id, MAX_LENGTH, extra)
+    limits, length = output_limits(source, config.pad_id, max_length, extra)
     step = naive_step(lambda s, t: model({"source_ids": s, "target_ids": t}, training=False))
     ids = config.bos_id, config.eos_id
+    cache = naive_cache(source, length)
     if beam == 1:
-        tokens, scores = greedy_search(step, naive_cache(source, length), limits, length, *ids)
+        tokens, scores = greedy_search(step, cache, limits, length, *ids, no_repeat_ngram=no_repeat_ngram)
     else:
-        tokens, scores = beam_search(step, naive_cache(source, length), limits, length, beam, *ids, alpha=0.6)
+        tokens, scores = beam_search(
+            step, cache, limits, length, beam, *ids, alpha=alpha, no_repeat_ngram=no_repeat_ngram
+        )
     return tokens.numpy(), scores.numpy()
 
 
+# Run-time options each runtime must apply as the reference does: a length penalty, a maximum
+# output length and the n-gram repeat guard (the random model repeats itself a lot).
+OPTIONS = {"defaults": {}, "options": {"alpha": 1.5, "max_length": 9, "no_repeat_ngram": 2}}
+
+
+@pytest.mark.parametrize("options", OPTIONS)
 @pytest.mark.parametrize("beam", [1, BEAM])
-def test_all_runtimes_give_identical_tokens(artifacts, model_dir, beam):
+def test_all_runtimes_give_identical_tokens(artifacts, model_dir, beam, options):
+    options = OPTIONS[options]
     all_runners = runners(artifacts, model_dir, beam)
     hit_limit = False
     for name, batch in batches(all_runners["keras"].config["vocab_size"]).items():
-        expected_tokens, expected_scores = uncached_search(model_dir, batch, beam)
+        expected_tokens, expected_scores = uncached_search(model_dir, batch, beam, **options)
         for runtime, runner in all_runners.items():
-            tokens, scores = runner.search(batch)
+            tokens, scores = runner.search(batch, **options)
             np.testing.assert_array_equal(tokens, expected_tokens, err_msg=f"{runtime} on {name}")
             np.testing.assert_allclose(
                 scores, expected_scores, rtol=1e-3, atol=1e-3, err_msg=f"{runtime} on {name}"
@@ -185,10 +195,9 @@ def test_ctranslate2_beam_is_reported_not_required_to_match(artifacts, model_dir
     for name, batch in batches(runner.config["vocab_size"]).items():
         tokens, scores = runner.search(batch)
         expected = reference.search(batch)[0]
-        assert tokens.shape == expected.shape[::2] and scores.shape == (len(batch),), (
-            name
-        )  # (B, T): best beam
-        for row, source in zip(tokens, batch):
+        assert tokens.shape == expected.shape and scores.shape == expected.shape[:2], name  # (B, K, T) n-best
+        assert np.all(np.diff(scores, axis=1) <= 1e-6), name  # best first
+        for row, source in zip(tokens[:, 0], batch):
             length = np.sum(row != 0)
             limit = min(np.sum(source[:16] != 0) + 50, MAX_LENGTH)  # the output-length rule
             assert 0 < length <= limit and (row[length - 1] == 3 or length == limit), (
@@ -222,14 +231,12 @@ def test_text_in_text_out(artifacts, model_dir):
         "",
         "Tom is here.",
         "   ",
-        "他很高興，因為他的朋友們都來參加了他的生日聚會。" * 2,
+        "他很高興，因為他的朋友們都來參加了他的生日聚會。" * 2,  # two sentences, each over 16 tokens
     ]
-    expected = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(
-        texts
-    )  # the last: truncated
+    expected = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(texts)
     assert expected[1] == expected[3] == ""
     saved = SavedModelRunner(artifacts, BEAM)
-    assert saved.translate_text(texts) == expected
+    assert saved.translate_text(texts[:4]) == expected[:4]  # its signature takes one sentence per text
     assert saved.translate(texts) == expected
     assert OnnxRunner(artifacts, BEAM).translate(texts) == expected
     assert TfliteRunner(artifacts, BEAM).translate(texts) == expected
@@ -287,11 +294,17 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             proto = onnx_lib.load(path)
             ops = {(n.domain, n.op_type) for n in onnx.nodes(proto.graph)}
             assert ("ai.onnx.contrib", "SentencepieceTokenizer") in ops and ("", "Loop") in ops
-            assert [i.name for i in proto.graph.input] == ["text", "beam"]
+            assert [i.name for i in proto.graph.input] == ["text", "beam", "alpha", "max_length", "no_repeat_ngram"]
         if entry["format"] == "onnx" and entry["variant"] == "fp32":
             proto = onnx_lib.load(path)
             onnx.check(proto, path)  # standard domains, a Loop per pass of each search, onnx.checker
-            assert [i.name for i in proto.graph.input] == ["source_ids", "beam"]
+            assert [i.name for i in proto.graph.input] == [
+                "source_ids",
+                "beam",
+                "alpha",
+                "max_length",
+                "no_repeat_ngram",
+            ]
             assert sorted(o.name for o in proto.graph.output) == ["scores", "tokens"]
             # tf2onnx's spelled-out LayerNorm is one node; a second pass finds nothing to do.
             nodes = [n.op_type for n in onnx.nodes(proto.graph)]

@@ -1,3 +1,4 @@
+import functools
 import logging
 
 import keras
@@ -33,11 +34,17 @@ def python_naive_greedy(model, source_row, limit):
     return output
 
 
+def run(translator, source, search, **options):
+    """The translator's graph of `search` on a batch, with its options and `options`."""
+    beam_size = 1 if search == "greedy" else translator.beam_size
+    return translator.run(source, translator.options_for(beam_size=beam_size, **options))
+
+
 @pytest.mark.parametrize("batch, length", [(1, 1), (3, 5), (4, 9)])
 def test_greedy_equals_naive_prefix_rerun(random_model, batch, length):
     source = random_ids(np.random.default_rng(batch), batch, length, 40, pad_tail=min(2, length - 1))
     translator = Translator(random_model, max_length=12)
-    tokens = translator.greedy(source)["tokens"].numpy()
+    tokens = run(translator, source, "greedy")["tokens"].numpy()
     limits, _ = output_limits(source, 0, 12)
     for row in range(batch):
         expected = python_naive_greedy(random_model, source[row][source[row] != 0], int(limits[row]))
@@ -51,11 +58,11 @@ def test_graph_naive_search_equals_cached_search(random_model):
     step = naive_step(lambda s, t: random_model({"source_ids": s, "target_ids": t}))
     translator = Translator(random_model, beam_size=3, max_length=16)
     naive_tokens, naive_scores = greedy_search(step, naive_cache(source, length), limits, length, 2, 3)
-    cached = translator.greedy(source)
+    cached = run(translator, source, "greedy")
     np.testing.assert_array_equal(naive_tokens.numpy(), cached["tokens"].numpy())
     np.testing.assert_allclose(naive_scores.numpy(), cached["scores"].numpy(), rtol=1e-4)
     naive_tokens, naive_scores = beam_search(step, naive_cache(source, length), limits, length, 3, 2, 3)
-    cached = translator.beam(source)
+    cached = run(translator, source, "beam")
     np.testing.assert_array_equal(naive_tokens.numpy(), cached["tokens"].numpy())
     np.testing.assert_allclose(naive_scores.numpy(), cached["scores"].numpy(), rtol=1e-4)
 
@@ -64,7 +71,7 @@ def test_beam_of_one_equals_greedy_on_a_model(random_model):
     source = random_ids(np.random.default_rng(6), 4, 7, 40, pad_tail=3)
     translator = Translator(random_model, beam_size=1, alpha=0.0)
     np.testing.assert_array_equal(
-        translator.beam(source)["tokens"].numpy()[:, 0], translator.greedy(source)["tokens"].numpy()
+        translator.beam(source, 0.0, random_model.config.max_target_length, 0)["tokens"].numpy()[:, 0], run(translator, source, "greedy")["tokens"].numpy()
     )
 
 
@@ -73,7 +80,7 @@ def test_rows_are_independent_of_batch_and_padding(random_model, search):
     rng = np.random.default_rng(7)
     rows = [random_ids(rng, 1, n, 40)[0] for n in (1, 9, 3, 14)]  # very short and long mixed
     translator = Translator(random_model, beam_size=3)
-    fn = getattr(translator, search)
+    fn = functools.partial(run, translator, search=search)
     batch = np.zeros((4, 20), np.int32)  # extra padding beyond the longest row, too
     for i, row in enumerate(rows):
         batch[i, : len(row)] = row
@@ -91,10 +98,10 @@ def test_rows_are_independent_of_batch_and_padding(random_model, search):
 
 def test_one_trace_per_signature(random_model):
     translator = Translator(random_model, beam_size=2)
-    for shape in [(1, 3), (2, 7), (5, 2), (3, 11)]:
+    for shape, alpha, max_length, ngram in [((1, 3), 0.6, 5, 0), ((2, 7), 1.0, 9, 2), ((5, 2), 0.0, 24, 3)]:
         source = random_ids(np.random.default_rng(0), *shape, 40)
-        translator.greedy(source)
-        translator.beam(source)
+        run(translator, source, "greedy", max_length=max_length, no_repeat_ngram=ngram)
+        run(translator, source, "beam", alpha=alpha, max_length=max_length, no_repeat_ngram=ngram)
     assert translator.greedy.experimental_get_tracing_count() == 1
     assert translator.beam.experimental_get_tracing_count() == 1
 
@@ -111,8 +118,10 @@ def test_over_long_ids_are_truncated_in_the_graph(random_model):
     translator = Translator(random_model, beam_size=2)
     long_source = random_ids(np.random.default_rng(8), 2, random_model.config.max_source_length + 9, 40)
     cut = long_source[:, : random_model.config.max_source_length]
-    for fn in (translator.greedy, translator.beam):
-        np.testing.assert_array_equal(fn(long_source)["tokens"].numpy(), fn(cut)["tokens"].numpy())
+    for search in ("greedy", "beam"):
+        np.testing.assert_array_equal(
+            run(translator, long_source, search)["tokens"].numpy(), run(translator, cut, search)["tokens"].numpy()
+        )
 
 
 def test_translator_rejects_bad_settings(random_model):
@@ -139,14 +148,84 @@ def test_empty_and_blank_text_translate_to_empty(text_translator):
     assert text_translator.translate(["", "我們試試看！", ""])[0::2] == ["", ""]
 
 
-def test_long_text_is_truncated_with_a_warning(text_translator, caplog):
-    long_text = "我們試試看！" * 30
+def test_a_paragraph_translates_as_its_sentences_joined(text_translator):
+    sentences = ["我們試試看！", "他很高興。", "「你呢？」", "好"]
+    alone = text_translator.translate(sentences)
+    assert text_translator.translate(["".join(sentences)], "en") == [" ".join(alone)]
+    assert text_translator.translate(["".join(sentences)], "zh") == ["".join(alone)]
+    lines = sentences[0] + sentences[1] + "\n\n  " + sentences[2] + "\n"
+    assert text_translator.translate([lines]) == [f"{alone[0]} {alone[1]}\n\n{alone[2]}"]
+
+
+def test_a_sentence_over_the_source_length_is_split_at_its_clauses(text_translator, caplog):
+    tokenizer, limit = text_translator.tokenizer, text_translator.config.max_source_length
+    clauses = ["他很高興，", "因為他的朋友們都來了，", "我們試試看。"]
+    sizes = [len(tokenizer.encode(c)) for c in clauses]
+    assert len(tokenizer.encode("".join(clauses))) > limit and all(a + b > limit for a, b in zip(sizes, sizes[1:]))
     with caplog.at_level(logging.WARNING, logger="kformer"):
-        (output,) = text_translator.translate([long_text])
-    assert "truncated to the model's maximum source length 12" in caplog.text
-    first_12 = text_translator.tokenizer.encode(long_text)[:12]  # the ids path, not the text path again
-    (expected,), _ = text_translator.translate_ids([first_12])
-    assert output == text_translator.tokenizer.decode(expected)
+        (output,) = text_translator.translate(["".join(clauses)])
+    assert output == " ".join(text_translator.translate(clauses))  # each clause alone: no two fit together
+    assert not caplog.records
+
+
+def test_a_clause_over_the_source_length_is_cut_with_a_warning(text_translator, caplog):
+    tokenizer, limit = text_translator.tokenizer, text_translator.config.max_source_length
+    text = "我們試試看" * 6  # no sentence or clause mark
+    ids = tokenizer.encode(text)
+    assert len(ids) > limit
+    with caplog.at_level(logging.WARNING, logger="kformer"):
+        (output,) = text_translator.translate([text])
+    assert "no clause break within the model's maximum source length 12; cut into pieces" in caplog.text
+    pieces, rest = [], text
+    while rest:  # the longest prefixes that fit, by brute force
+        pieces.append([rest[:i] for i in range(1, len(rest) + 1) if len(tokenizer.encode(rest[:i])) <= limit][-1])
+        rest = rest[len(pieces[-1]) :]
+    assert len(pieces) > 1 and "".join(pieces) == text  # nothing dropped
+    assert output == " ".join(text_translator.translate(pieces))
+
+
+def test_translations_have_scores_and_alternatives_of_the_search(text_translator):
+    texts = ["我們試試看！", "他很高興。"]
+    results = text_translator.translations(texts, nbest=2)
+    for text, result in zip(texts, results):
+        tokens, scores = text_translator.search(np.array([text_translator.tokenizer.encode(text)], np.int32))
+        assert [a.text for a in result.alternatives] == [
+            text_translator.tokenizer.decode(strip_special(t, 3)) for t in tokens[0]
+        ]
+        np.testing.assert_allclose([a.score for a in result.alternatives], scores[0], rtol=1e-6)
+        assert (result.text, result.score) == (result.alternatives[0].text, result.alternatives[0].score)
+    (joined,) = text_translator.translations(["".join(texts)], nbest=2)
+    assert joined.score == pytest.approx(results[0].score + results[1].score)
+    assert joined.alternatives[1].text == " ".join(r.alternatives[1].text for r in results)
+    greedy = text_translator.translations(texts, beam_size=1)
+    assert [len(r.alternatives) for r in greedy] == [1, 1]
+
+
+def test_options_change_the_search(text_translator):
+    source = np.array([text_translator.tokenizer.encode("他很高興，因為他的朋友們都來參加了")[:12]], np.int32)
+    tokens, scores = text_translator.search(source, beam_size=1)
+    short, _ = text_translator.search(source, beam_size=1, max_length=3)
+    assert (short[0] != 0).sum() <= 3 and list(short[0, :3]) == list(tokens[0, :3])
+    _, flat = text_translator.search(source, alpha=0.0)
+    _, penalized = text_translator.search(source, alpha=1.0)
+    assert not np.allclose(flat, penalized)
+    guarded, _ = text_translator.search(source, beam_size=1, no_repeat_ngram=1)
+    output = strip_special(guarded[0], 3)
+    assert len(output) == len(set(output))  # no token twice
+
+
+def test_bad_options_are_one_line_errors(text_translator):
+    for options, message in [
+        ({"nbest": 3}, "nbest 3 is more than the beam size 2"),
+        ({"alpha": float("nan")}, "alpha"),
+        ({"alpha": -1.0}, "alpha"),
+        ({"max_length": 0}, "max length"),
+        ({"max_length": 1000}, "max length must be in"),
+        ({"no_repeat_ngram": -1}, "no_repeat_ngram"),
+        ({"beam_size": 3}, "beam size 2, not 3"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            text_translator.translate(["好"], **options)
 
 
 def test_text_outside_the_vocabulary_is_output_as_it_is(text_translator, caplog):

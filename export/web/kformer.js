@@ -11,11 +11,12 @@
 
 import * as ort from "/ort/ort.wasm.min.mjs";
 import { SentencePiece } from "./sentencepiece.js";
+import { joiner, splitClauses, splitSentences, strip } from "./sentences.js";
 
 const BATCH_SIZE = 32; // as the Python runners' default
+const NEG_INF_SCORE = -1.0e8; // batching.NEG_INF_SCORE: a beam slot without a hypothesis
 // Python's str.strip()/split() whitespace, which JavaScript's trim() does not match exactly.
 const WHITESPACE = "\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
-const STRIP = new RegExp(`^[${WHITESPACE}]+|[${WHITESPACE}]+$`, "g");
 const SPACES = new RegExp(`[${WHITESPACE}]+`, "g");
 
 const params = new URLSearchParams(location.search);
@@ -54,7 +55,9 @@ function findArtifact(manifest, format) {
   return entry;
 }
 
-// Each runtime: load(bytes) -> run; run(batch Int32Array, rows, width, beam) -> tokens {data, dims}.
+// Each runtime: load(bytes) -> run; run(batch Int32Array, rows, width, inputs) -> {tokens, scores}, each
+// {data, dims}: tokens (B, N, T), scores (B, N), N = 1 for greedy. inputs: the search options of
+// the graphs ({beam, alpha, max_length, no_repeat_ngram}, as export/onnx.py's option_inputs).
 const RUNTIMES = {
   onnx: {
     format: "onnx",
@@ -66,11 +69,16 @@ const RUNTIMES = {
     async load(bytes) {
       const session = await ort.InferenceSession.create(bytes, {
         executionProviders: ["wasm"], graphOptimizationLevel: "all" });
-      // One file, both searches: its bool input `beam` picks one; tokens (B, N, T), best first, N = 1 for greedy.
-      return async (batch, rows, width, beam) => {
-        const result = await session.run({ source_ids: new ort.Tensor("int32", batch, [rows, width]),
-                                           beam: new ort.Tensor("bool", [beam], []) });
-        return result.tokens;
+      // One file, both searches: its bool input `beam` picks one.
+      return async (batch, rows, width, inputs) => {
+        const result = await session.run({
+          source_ids: new ort.Tensor("int32", batch, [rows, width]),
+          beam: new ort.Tensor("bool", [inputs.beam], []),
+          alpha: new ort.Tensor("float32", [inputs.alpha], []),
+          max_length: new ort.Tensor("int32", [inputs.max_length], []),
+          no_repeat_ngram: new ort.Tensor("int32", [inputs.no_repeat_ngram], []),
+        });
+        return { tokens: result.tokens, scores: result.scores };
       };
     },
   },
@@ -86,29 +94,41 @@ const RUNTIMES = {
       const model = await lrt.loadAndCompile(bytes, { accelerator: "wasm", cpuOptions: { numThreads: threads } });
       const length = model.getInputDetails()[0].shape[1]; // the file's fixed (1, max_source_length) input
       // LiteRT.js cannot resize inputs: one row at a time, padded to the fixed length (as
-      // export/tflite.py does for this file).
-      // One file, both searches: the signatures "greedy" and "beam".
-      return async (batch, rows, width, beam) => {
-        const parts = [];
+      // export/tflite.py does for this file). One file, both searches: the signatures "greedy"
+      // and "beam" (greedy has no alpha input).
+      return async (batch, rows, width, inputs) => {
+        const tokens = [], scores = [];
         let dims;
         for (let row = 0; row < rows; row++) {
           const padded = new Int32Array(length);
           padded.set(batch.subarray(row * width, (row + 1) * width));
-          const input = new lrt.Tensor(padded, [1, length]);
-          const outputs = await model.run(beam ? "beam" : "greedy", [input]);
-          input.delete();
-          const tokens = outputs.find((t) => t.type.dtype === "int32"); // the other output is the scores
-          dims = Array.from(tokens.type.layout.dimensions);
-          parts.push(tokens.toTypedArray().slice());
+          const feed = {
+            source_ids: new lrt.Tensor(padded, [1, length]),
+            max_length: new lrt.Tensor(new Int32Array([inputs.max_length]), []),
+            no_repeat_ngram: new lrt.Tensor(new Int32Array([inputs.no_repeat_ngram]), []),
+          };
+          if (inputs.beam) feed.alpha = new lrt.Tensor(new Float32Array([inputs.alpha]), []);
+          const outputs = Object.values(await model.run(inputs.beam ? "beam" : "greedy", feed));
+          Object.values(feed).forEach((t) => t.delete());
+          const tokenTensor = outputs.find((t) => t.type.dtype === "int32"); // the other output is the scores
+          dims = Array.from(tokenTensor.type.layout.dimensions);
+          tokens.push(tokenTensor.toTypedArray().slice());
+          scores.push(outputs.find((t) => t.type.dtype === "float32").toTypedArray().slice());
           outputs.forEach((t) => t.delete());
         }
-        const data = new Int32Array(parts.reduce((n, p) => n + p.length, 0));
-        parts.reduce((offset, p) => (data.set(p, offset), offset + p.length), 0);
-        return { data, dims: [rows, ...dims.slice(1)] };
+        const n = dims.length === 3 ? dims[1] : 1;
+        return { tokens: { data: concat(tokens, Int32Array), dims: [rows, n, dims.at(-1)] },
+                 scores: { data: concat(scores, Float32Array), dims: [rows, n] } };
       };
     },
   },
 };
+
+function concat(parts, Type) {
+  const data = new Type(parts.reduce((n, p) => n + p.length, 0));
+  parts.reduce((offset, p) => (data.set(p, offset), offset + p.length), 0);
+  return data;
+}
 
 async function load() {
   const started = performance.now();
@@ -128,71 +148,176 @@ async function load() {
   if (!backend) throw new Error(`unknown runtime ${JSON.stringify(runtime)}; choose onnx or litert`);
   const name = await backend.start();
   const run = await backend.load(await verifiedBytes(findArtifact(manifest, backend.format)));
-  const searches = { greedy: (...batch) => run(...batch, false), beam: (...batch) => run(...batch, true) };
-  return { manifest, tokenizer, searches, name, loadMs: performance.now() - started };
+  return { manifest, tokenizer, run, name, loadMs: performance.now() - started };
 }
 
-/** As batching.encode_texts: ids per text, and texts to output unchanged (none of their
- *  characters is in the vocabulary), over-long texts truncated. */
-function encodeTexts(tokenizer, texts, maxSourceLength) {
-  const ids = [], untranslated = new Map();
-  texts.forEach((text, index) => {
-    text = text.replace(STRIP, "");
-    let row = text ? tokenizer.encode(text) : [];
-    const characters = [...text.replace(SPACES, "")];
-    const unknown = characters.filter((c) => tokenizer.pieceToId(c) === tokenizer.unkId).length;
-    if (characters.length && unknown === characters.length) {
-      console.warn(`input ${JSON.stringify(text)}: none of its characters is in the model's vocabulary; untranslated`);
-      untranslated.set(index, text);
-      row = [];
+const quoted = (text) => JSON.stringify(text.length <= 24 ? text : text.slice(0, 23) + "…");
+
+/** As batching._readable: false when none of the sentence's characters is in the vocabulary. */
+function readable(tokenizer, sentence) {
+  const characters = [...sentence.replace(SPACES, "")];
+  const unknown = characters.filter((c) => tokenizer.pieceToId(c) === tokenizer.unkId).length;
+  if (unknown === characters.length) {
+    console.warn(`input ${quoted(sentence)}: none of its characters is in the model's vocabulary; untranslated`);
+    return false;
+  }
+  if (unknown * 2 > characters.length) console.warn(`input ${quoted(sentence)}: mostly outside the vocabulary`);
+  return true;
+}
+
+/** As batching._fitted: a sentence as units {text, ids} of at most maxLength tokens. */
+function fitted(tokenizer, sentence, maxLength) {
+  const ids = tokenizer.encode(sentence);
+  if (ids.length <= maxLength) return [{ text: sentence, ids }];
+  const packed = [];
+  let current = "", count = 0;
+  for (const clause of splitClauses(sentence)) {
+    const size = tokenizer.encode(strip(clause)).length;
+    if (current && count + size > maxLength) {
+      packed.push(current);
+      current = "";
+      count = 0;
     }
-    if (row.length > maxSourceLength) console.warn(`input ${JSON.stringify(text)} truncated to ${maxSourceLength} tokens`);
-    ids.push(row.slice(0, maxSourceLength));
-  });
-  return { ids, untranslated };
+    current += clause;
+    count += size;
+  }
+  packed.push(current);
+  const pieces = [];
+  for (let text of packed) {
+    text = strip(text);
+    const ids = tokenizer.encode(text);
+    if (ids.length <= maxLength) {
+      pieces.push({ text, ids });
+      continue;
+    }
+    console.warn(`input ${quoted(text)} has ${ids.length} tokens and no clause break; cut into pieces of ${maxLength}`);
+    for (let start = 0; start < ids.length; start += maxLength) {
+      const piece = ids.slice(start, start + maxLength);
+      pieces.push({ text: tokenizer.decode(piece), ids: piece });
+    }
+  }
+  return pieces;
 }
 
-/** As batching.translate_ids: length-sorted batches of BATCH_SIZE, padded with pad_id. */
-async function translateIds(search, ids, eosId, padId) {
+/** As batching.segment_texts: {units, layouts}; a layout is lines of unit indices or strings. */
+function segmentTexts(tokenizer, texts, maxLength) {
+  const units = [], layouts = [];
+  for (const text of texts) {
+    layouts.push(strip(text).split("\n").map((line) => {
+      const line_units = [];
+      for (const sentence of splitSentences(line)) {
+        if (!readable(tokenizer, sentence)) {
+          line_units.push(sentence);
+          continue;
+        }
+        for (const unit of fitted(tokenizer, sentence, maxLength)) {
+          line_units.push(units.length);
+          units.push(unit);
+        }
+      }
+      return line_units;
+    }));
+  }
+  return { units, layouts };
+}
+
+/** As batching.search_units: per row of ids, its best `nbest` [ids, score], best first. */
+async function searchUnits(run, ids, inputs, nbest, eosId, padId) {
   const order = ids.map((_, i) => i).sort((a, b) => ids[a].length - ids[b].length); // stable, as Python's
-  const outputs = new Array(ids.length);
+  const results = new Array(ids.length);
   for (let start = 0; start < order.length; start += BATCH_SIZE) {
     const chunk = order.slice(start, start + BATCH_SIZE);
     const width = Math.max(1, ...chunk.map((i) => ids[i].length));
     const batch = new Int32Array(chunk.length * width).fill(padId);
     chunk.forEach((i, row) => batch.set(ids[i], row * width));
-    const { data, dims } = await search(batch, chunk.length, width); // (B, T) or (B, N, T), best first
-    const length = dims.at(-1), stride = dims.length === 3 ? dims[1] * length : length;
+    const { tokens, scores } = await run(batch, chunk.length, width, inputs);
+    const [, n, length] = tokens.dims.length === 3 ? tokens.dims : [0, 1, tokens.dims[1]];
     chunk.forEach((i, row) => {
-      const tokens = Array.from(data.subarray(row * stride, row * stride + length));
-      const end = tokens.indexOf(eosId);
-      outputs[i] = (end === -1 ? tokens : tokens.slice(0, end)).filter((t) => t !== padId);
+      results[i] = [];
+      for (let k = 0; k < Math.min(nbest, n); k++) {
+        const score = scores.data[row * n + k];
+        if (k > 0 && !(score > NEG_INF_SCORE)) continue;
+        const offset = (row * n + k) * length;
+        const output = Array.from(tokens.data.subarray(offset, offset + length));
+        const end = output.indexOf(eosId);
+        results[i].push([(end === -1 ? output : output.slice(0, end)).filter((t) => t !== padId), score]);
+      }
     });
   }
-  return outputs;
+  return results;
+}
+
+/** As batching.join_translations: {translation, score, alternatives: [{translation, score}]}. */
+function joinTranslations(layout, hypotheses, glue, nbest) {
+  const version = (i) => {
+    let score = 0;
+    const lines = layout.map((units) => units.map((unit) => {
+      if (typeof unit === "string") return unit;
+      const [text, unitScore] = hypotheses[unit][Math.min(i, hypotheses[unit].length - 1)];
+      score += unitScore;
+      return text;
+    }).join(glue));
+    return { translation: lines.join("\n"), score };
+  };
+  const alternatives = [], seen = new Set();
+  for (let i = 0; i < nbest; i++) {
+    const hypothesis = version(i);
+    if (!seen.has(hypothesis.translation)) {
+      seen.add(hypothesis.translation);
+      alternatives.push(hypothesis);
+    }
+  }
+  return { ...alternatives[0], alternatives };
+}
+
+/** As kformer.options.SearchOptions.checked, with the export's defaults. */
+function checkedOptions(manifest, { beam = manifest.beam_size, alpha = manifest.alpha, maxLength = manifest.max_length,
+                                    noRepeatNgram = manifest.no_repeat_ngram, nbest = 1 } = {}) {
+  const whole = (name, value, least) => {
+    if (!Number.isInteger(value) || value < least) throw new Error(`${name} must be a whole number >= ${least}, got ${value}`);
+  };
+  if (beam !== 1 && beam !== manifest.beam_size) {
+    throw new Error(`this export has greedy search and beam size ${manifest.beam_size}, not ${beam}`);
+  }
+  whole("nbest", nbest, 1);
+  if (nbest > beam) throw new Error(`nbest ${nbest} is more than the beam size ${beam}`);
+  if (!Number.isFinite(alpha) || alpha < 0) throw new Error(`alpha must be a finite number >= 0, got ${alpha}`);
+  whole("max length", maxLength, 1);
+  if (maxLength > manifest.config.max_target_length) {
+    throw new Error(`max length must be in [1, ${manifest.config.max_target_length}] for this model, got ${maxLength}`);
+  }
+  whole("no_repeat_ngram", noRepeatNgram, 0);
+  return { inputs: { beam: beam > 1, alpha, max_length: maxLength, no_repeat_ngram: noRepeatNgram }, nbest };
 }
 
 const ready = load();
 
-async function translate(lines, { beam = 1 } = {}) {
-  const { manifest, tokenizer, searches } = await ready;
-  if (beam !== 1 && beam !== manifest.beam_size) {
-    throw new Error(`this export has greedy search and beam size ${manifest.beam_size}, not ${beam}`);
-  }
+/** Texts -> [{translation, score, alternatives}], as a runner's `translations`. Options: beam (1
+ *  or the export's), alpha, maxLength, noRepeatNgram, nbest; defaults: the manifest's. */
+async function translations(texts, options = {}) {
+  const { manifest, tokenizer, run } = await ready;
+  const { inputs, nbest } = checkedOptions(manifest, options);
   const { eos_id: eosId, pad_id: padId, max_source_length: maxSourceLength } = manifest.config;
-  const { ids, untranslated } = encodeTexts(tokenizer, lines, maxSourceLength);
-  const outputs = await translateIds(searches[beam === 1 ? "greedy" : "beam"], ids, eosId, padId);
-  return outputs.map((row, i) => untranslated.get(i) ?? tokenizer.decode(row));
+  const { units, layouts } = segmentTexts(tokenizer, texts, maxSourceLength);
+  const found = await searchUnits(run, units.map((u) => u.ids), inputs, nbest, eosId, padId);
+  const hypotheses = found.map((unit) => unit.map(([ids, score]) => [tokenizer.decode(ids), score]));
+  const glue = joiner((manifest.corpus?.direction || "").split("-").at(-1));
+  return layouts.map((layout) => joinTranslations(layout, hypotheses, glue, nbest));
+}
+
+async function translate(texts, options = {}) {
+  return (await translations(texts, options)).map((t) => t.translation);
 }
 
 window.kformer = {
   ready: ready.then(({ manifest, name, loadMs }) => ({
-    runtime: name, variant, threads, loadMs,
-    beamSize: manifest.beam_size, direction: manifest.corpus?.direction })),
+    runtime: name, variant, threads, loadMs, beamSize: manifest.beam_size, direction: manifest.corpus?.direction,
+    defaults: { alpha: manifest.alpha, maxLength: manifest.max_length, noRepeatNgram: manifest.no_repeat_ngram } })),
   translate,
+  translations,
 };
 
-// The page around it.
+// The page around it: the whole text box is one text (its line breaks kept, its sentences split).
 const $ = (id) => document.getElementById(id);
 window.kformer.ready.then((info) => {
   $("status").textContent = `ready in ${(info.loadMs / 1000).toFixed(1)} s`;
@@ -200,20 +325,31 @@ window.kformer.ready.then((info) => {
   $("direction").textContent = info.direction || "";
   $("beam").options[1].textContent = `beam ${info.beamSize}`;
   $("beam").options[1].value = info.beamSize;
+  $("alpha").value = info.defaults.alpha;
+  $("max-length").value = info.defaults.maxLength;
+  $("no-repeat-ngram").value = info.defaults.noRepeatNgram;
   $("translate").disabled = false;
 }, (error) => {
   $("status").textContent = `error: ${error.message}`;
   $("status").className = "error";
 });
 $("translate").addEventListener("click", async () => {
-  const lines = $("source").value.split("\n").filter((line) => line.trim());
+  const text = $("source").value;
   $("translate").disabled = true;
   try {
     const started = performance.now();
-    const outputs = await translate(lines, { beam: Number($("beam").value) });
-    const ms = (performance.now() - started) / Math.max(1, lines.length);
-    $("output").textContent = outputs.join("\n");
-    $("timing").textContent = `${lines.length} sentence(s), ${ms.toFixed(0)} ms per sentence`;
+    const options = { beam: Number($("beam").value), alpha: Number($("alpha").value),
+                      maxLength: Number($("max-length").value), noRepeatNgram: Number($("no-repeat-ngram").value),
+                      nbest: Number($("nbest").value) };
+    const [result] = await translations([text], options);
+    $("output").textContent = result.translation;
+    $("alternatives").replaceChildren(...result.alternatives.map((a) => {
+      const item = document.createElement("li");
+      item.textContent = `${a.translation}  (${a.score.toFixed(3)})`;
+      return item;
+    }));
+    $("timing").textContent = `${((performance.now() - started) / 1000).toFixed(2)} s`;
+    $("status").className = "";
   } catch (error) {
     $("status").textContent = `error: ${error.message}`;
     $("status").className = "error";
