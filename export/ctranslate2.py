@@ -131,9 +131,8 @@ class Ctranslate2Runner(ArtifactRunner):
             for row in batch[:, : c["max_source_length"]]
         ]
         limits = [min(len(row) + EXTRA_OUTPUT_TOKENS, cap) if row else 0 for row in rows]
-        tokens = np.full(
-            (len(rows), k, min(batch.shape[1] + EXTRA_OUTPUT_TOKENS, cap)), c["pad_id"], np.int32
-        )
+        width = min(batch.shape[1] + EXTRA_OUTPUT_TOKENS, c["max_target_length"])  # as the graphs' buffers
+        tokens = np.full((len(rows), k, width), c["pad_id"], np.int32)
         scores = np.full((len(rows), k), NEG_INF, np.float32)
         scores[:, 0] = 0.0  # an empty source: one empty hypothesis
         for limit in sorted(set(limits) - {0}):  # one call per output limit: CTranslate2 takes one per batch

@@ -7,9 +7,10 @@ inside the functions that use them, so that listing the formats imports neither.
 import os
 
 QUANTIZATIONS = ("fp16", "int8")  # variants written only when asked for (`kformer export --quantize`)
-# A search runs in two passes, each one loop (kformer.search._in_two_passes): an ONNX Loop, a
-# TFLite WHILE. The writers check the count: a converter that unrolled or dropped a loop fails.
-SEARCH_LOOPS = 2
+# A search runs in two passes (kformer.search._in_two_passes), each two loops, with and without
+# the n-gram repeat guard (kformer.search._loops): ONNX Loops, TFLite WHILEs. The writers check
+# the count: a converter that unrolled or dropped a loop fails.
+SEARCH_LOOPS = 4
 
 
 class ExportError(RuntimeError):

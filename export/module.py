@@ -51,14 +51,12 @@ class ExportModule(tf.Module):
         # weights, which made beam search at batch 1 ~1.35x slower. The source is encoded once, for
         # both (a fifth fewer nodes in the main graph). Only the choice of output is an If.
         rows = tf.where(beam, tf.shape(source_ids)[0], 0)  # the beam search's rows; the others are greedy's
-        limits, length, cache, first_pass = self.translator.prepare(source_ids, max_length)
-
-        def rows_of(part):  # the prepared batch of the rows `part` selects (every tensor is batch-first)
-            return (limits[part], length, tf.nest.map_structure(lambda t: t[part], cache), first_pass)
-
-        greedy = self.translator.search_prepared(rows_of(slice(rows, None)), False, alpha, no_repeat_ngram)
+        prepared, rows_of = self.translator.prepare(source_ids, max_length), self.translator.rows_of
+        greedy = self.translator.search_prepared(
+            rows_of(prepared, slice(rows, None)), False, alpha, no_repeat_ngram
+        )
         beam_search = self.translator.search_prepared(
-            rows_of(slice(None, rows)), True, alpha, no_repeat_ngram
+            rows_of(prepared, slice(None, rows)), True, alpha, no_repeat_ngram
         )
         greedy_as_beam_of_one = {name: value[:, None] for name, value in greedy.items()}
         return tf.cond(beam, lambda: beam_search, lambda: greedy_as_beam_of_one)

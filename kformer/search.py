@@ -14,6 +14,7 @@ until only a quarter of them run on, then full-length buffers for those (`_in_tw
 Shape letters: B batch, K beam size, T buffer length (longest output), V vocabulary.
 """
 
+import functools
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -35,8 +36,8 @@ def output_limits(source_ids, pad_id, cap, extra=EXTRA_OUTPUT_TOKENS, buffer_cap
     empty output.
 
     Returns ((B,) limits, T), the buffer length T = min(S + extra, buffer_cap) (default: cap).
-    Give a Python int `buffer_cap` >= cap for XLA, whose buffers may depend on the padded input
-    shape but not on values: one program per input shape.
+    A Python int `buffer_cap` >= cap makes T depend on the padded input shape alone, not on
+    values (XLA compiles one program per input shape; LiteRT.js needs static shapes).
     """
     source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, pad_id), tf.int32), axis=1)
     limits = tf.where(source_lengths > 0, tf.minimum(source_lengths + extra, cap), 0)
@@ -97,18 +98,34 @@ class RepeatGuard:
         return tf.concat([self.zeros, grown[:, :-1]], axis=1)
 
 
+def _loops(condition, body, guard, no_repeat_ngram, state):
+    """Runs a search loop `body(s, guard)` from `state` while `condition(s)`. With a guard, two
+    loops run in turn: one with the guard while no_repeat_ngram > 0, one without it while it is
+    not; the other takes no step. So with the option off, no step runs a node of the guard's (in
+    TFLite and onnxruntime, which run a step node by node, its ~20 nodes made greedy steps at
+    batch 1 up to 1.5x slower), at the cost of a loop that runs no step."""
+    if guard is None:
+        return tf.while_loop(condition, body, [state])[0]
+    on = no_repeat_ngram > 0
+    off = tf.logical_not(on)
+    state = tf.while_loop(lambda s: tf.logical_and(on, condition(s)), body, [state])[0]
+    return tf.while_loop(
+        lambda s: tf.logical_and(off, condition(s)), functools.partial(body, guard=None), [state]
+    )[0]
+
+
 class GreedyState(NamedTuple):
     index: tf.Tensor  # () step
     last: tf.Tensor  # (B,) token fed at this step
     tokens: tf.Tensor  # (B, T) output buffer, pad after the end
-    runs: tf.Tensor  # (B, T) int32 RepeatGuard runs of the output
+    runs: object  # (B, T) int32 RepeatGuard runs of the output; () without a guard
     scores: tf.Tensor  # (B,) sum of log-probabilities of the output tokens
     done: tf.Tensor  # (B,) bool: the row has stopped (EOS or its limit)
     cache: object  # the step function's cache, batch-first tensors
 
 
 def greedy_search(
-    step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, first_pass=None, no_repeat_ngram=0
+    step, cache, limits, buffer_length, bos_id, eos_id, pad_id=0, first_pass=None, no_repeat_ngram=None
 ):
     """Picks the most probable token at every step; each row stops at EOS or at its limit.
 
@@ -118,28 +135,33 @@ def greedy_search(
         limits: (B,) int32 maximum output length per row (0 = empty output).
         buffer_length: scalar int32 T >= max(limits), the length of the output buffers.
         first_pass: None (one pass), or `(T1, grow)` to search in two passes (see `_in_two_passes`).
-        no_repeat_ngram: int or int32 scalar: no n-gram of this size is output twice (0: off;
-            `RepeatGuard`).
+        no_repeat_ngram: int or int32 scalar: no n-gram of this size is output twice (<= 0: off;
+            `RepeatGuard`); None: the loop has no guard at all (fewer nodes a step).
     Returns (tokens (B, T) int32 with EOS kept and pad after, scores (B,) float32 log-probability).
     """
 
     def run(state, limits, length, rows_left=0):
         positions = tf.range(length)  # (T,) of the output buffer, read by every step
-        guard = RepeatGuard(no_repeat_ngram, tf.shape(limits)[0], positions)
+        guard = (
+            None if no_repeat_ngram is None else RepeatGuard(no_repeat_ngram, tf.shape(limits)[0], positions)
+        )
 
-        def body(s):
+        def body(s, guard=guard):
             logits, cache = step(s.last, s.cache, s.index)  # (B, V)
-            written = guard.written(s.index)
-            logits = guard.ban(logits, s.tokens, s.runs, written)
+            runs = s.runs
+            if guard is not None:
+                written = guard.written(s.index)
+                logits = guard.ban(logits, s.tokens, s.runs, written)
             token_log_prob, token = (tf.squeeze(t, 1) for t in portable.top_log_probs(logits, 1))  # (B,)
             token = tf.where(s.done, pad_id, token)
             scores = s.scores + tf.where(s.done, 0.0, token_log_prob)
             done = s.done | tf.equal(token, eos_id) | (s.index + 1 >= limits)
-            runs = guard.grown(s.runs, s.tokens, token, written)
+            if guard is not None:
+                runs = guard.grown(s.runs, s.tokens, token, written)
             tokens = portable.write_slot(s.tokens, tf.equal(positions, s.index), token)
             return [GreedyState(s.index + 1, token, tokens, runs, scores, done, cache)]
 
-        return tf.while_loop(portable.loop_condition(length, rows_left), body, [state])[0]
+        return _loops(portable.loop_condition(length, rows_left), body, guard, no_repeat_ngram, state)
 
     batch = tf.shape(limits)[0]
     first_length = buffer_length if first_pass is None else first_pass[0]
@@ -147,7 +169,7 @@ def greedy_search(
         index=tf.constant(0),
         last=tf.fill([batch], bos_id),
         tokens=tf.fill([batch, first_length], pad_id),
-        runs=tf.zeros([batch, first_length], tf.int32),
+        runs=() if no_repeat_ngram is None else tf.zeros([batch, first_length], tf.int32),
         scores=tf.zeros([batch]),
         done=tf.less_equal(limits, 0),
         cache=cache,
@@ -182,7 +204,10 @@ def _take_rows(state, rows, buffer_length, grow, beam_size, pad_id):
         elif name.endswith("tokens"):  # the output buffers, (B, [K,] T1) -> (B, [K,] T)
             fields[name] = portable.extend(take(value), buffer_length, axis=-1, value=pad_id)
         elif name.endswith("runs"):  # the repeat guard's, (B * beam_size, T1) -> (B * beam_size, T)
-            fields[name] = portable.extend(take(value, beam_size), buffer_length, axis=-1)
+            no_guard = isinstance(value, tuple)
+            fields[name] = (
+                value if no_guard else portable.extend(take(value, beam_size), buffer_length, axis=-1)
+            )
         else:
             fields[name] = take(value)
     return type(state)(**fields)
@@ -229,7 +254,7 @@ def _in_two_passes(run, state, limits, first_length, buffer_length, grow, pad_id
         **{
             name: merge(value, getattr(second, name))
             for name, value in first._asdict().items()
-            if name not in ("index", "cache", "trace")
+            if name not in ("index", "cache", "trace") and not isinstance(value, tuple)  # (): no guard
         }
     )
 
@@ -237,7 +262,9 @@ def _in_two_passes(run, state, limits, first_length, buffer_length, grow, pad_id
 class BeamState(NamedTuple):
     index: tf.Tensor  # () step
     alive_tokens: tf.Tensor  # (B, K, T)
-    alive_runs: tf.Tensor  # (B * K, T) int32 RepeatGuard runs of the alive beams, beams of a row adjacent
+    alive_runs: (
+        object  # (B * K, T) int32 RepeatGuard runs of the alive beams (beams of a row adjacent), or ()
+    )
     alive_log_probs: tf.Tensor  # (B, K) sum of log-probabilities, NEG_INF for dead slots
     finished_tokens: tf.Tensor  # (B, K, T)
     finished_scores: tf.Tensor  # (B, K) length-penalized scores, NEG_INF for empty slots
@@ -299,7 +326,7 @@ def _traced(history, slot, alive_tokens, alive_log_probs):
     )
 
 
-def _first_beam_state(cache, limits, k, length, trace_length, pad_id):
+def _first_beam_state(cache, limits, k, length, trace_length, pad_id, no_repeat_ngram):
     """The state before the first step: buffers of `length`, the cache tiled to K beams, and a
     trace of `trace_length` steps (None: no trace)."""
     batch = tf.shape(limits)[0]
@@ -315,7 +342,7 @@ def _first_beam_state(cache, limits, k, length, trace_length, pad_id):
     return BeamState(
         index=tf.constant(0),
         alive_tokens=empty,
-        alive_runs=tf.zeros([batch * k, length], tf.int32),
+        alive_runs=() if no_repeat_ngram is None else tf.zeros([batch * k, length], tf.int32),
         alive_log_probs=first,
         finished_tokens=empty,
         finished_scores=tf.fill([batch, k], NEG_INF),
@@ -337,7 +364,7 @@ def beam_search(
     pad_id=0,
     trace=False,
     first_pass=None,
-    no_repeat_ngram=0,
+    no_repeat_ngram=None,
 ):
     """Beam search with GNMT length penalty; alive and finished hypotheses are kept apart.
 
@@ -367,15 +394,18 @@ def beam_search(
         # built from tf.shape at every step is four exported nodes.
         positions = tf.range(length)
         row_starts = tf.expand_dims(tf.range(tf.shape(limits)[0]) * k, 1)
-        guard = RepeatGuard(no_repeat_ngram, tf.shape(limits)[0] * k, positions)
-        flat_shape = tf.stack([tf.shape(limits)[0] * k, length])  # (B * K, T) of the alive tokens
+        rows = tf.shape(limits)[0] * k
+        guard = None if no_repeat_ngram is None else RepeatGuard(no_repeat_ngram, rows, positions)
+        flat_shape = tf.stack([rows, length])  # (B * K, T) of the alive tokens
 
-        def body(s):
-            written = guard.written(s.index)
-            alive_before = tf.reshape(s.alive_tokens, flat_shape)
-            top_log_probs, top_beams, top_tokens, cache = _top_candidates(
-                s, step, k, bos_id, lambda logits: guard.ban(logits, alive_before, s.alive_runs, written)
-            )  # (B, 2K)
+        def body(s, guard=guard):
+            if guard is None:
+                ban = lambda logits: logits  # noqa: E731
+            else:
+                written = guard.written(s.index)
+                alive_before = tf.reshape(s.alive_tokens, flat_shape)
+                ban = lambda logits: guard.ban(logits, alive_before, s.alive_runs, written)  # noqa: E731
+            top_log_probs, top_beams, top_tokens, cache = _top_candidates(s, step, k, bos_id, ban)  # (B, 2K)
             slot = tf.equal(positions, s.index)  # (T,)
             top_seqs = portable.write_slot(
                 _gather_beams(s.alive_tokens, top_beams), slot, top_tokens
@@ -391,13 +421,15 @@ def beam_search(
             # (B * K,): the beam of all rows that each alive beam continues
             continued = tf.reshape(_gather_beams(top_beams, alive_pick) + row_starts, [-1])
             cache = _reorder_state(cache, continued)
-            alive_flat = tf.reshape(alive_tokens, flat_shape)  # before this step's slot: its beam's
-            alive_runs = guard.grown(
-                tf.gather(s.alive_runs, continued),
-                alive_flat,
-                tf.gather(alive_flat, s.index, axis=1),
-                written,
-            )
+            alive_runs = s.alive_runs
+            if guard is not None:
+                alive_flat = tf.reshape(alive_tokens, flat_shape)  # before this step's slot: its beam's
+                alive_runs = guard.grown(
+                    tf.gather(s.alive_runs, continued),
+                    alive_flat,
+                    tf.gather(alive_flat, s.index, axis=1),
+                    written,
+                )
 
             new_scores = tf.where(finishing & valid, top_log_probs / length_penalty(length, alpha), NEG_INF)
             finished_tokens, finished_scores = _merge_finished(s, top_seqs, new_scores, k)
@@ -418,12 +450,14 @@ def beam_search(
             )
             return [BeamState(*state)]
 
-        return tf.while_loop(portable.loop_condition(length, rows_left), body, [state])[0]
+        return _loops(portable.loop_condition(length, rows_left), body, guard, no_repeat_ngram, state)
 
     if trace and first_pass is not None:
         raise ValueError("a traced beam search runs in one pass (first_pass=None)")
     first_length = buffer_length if first_pass is None else first_pass[0]
-    state = _first_beam_state(cache, limits, k, first_length, buffer_length if trace else None, pad_id)
+    state = _first_beam_state(
+        cache, limits, k, first_length, buffer_length if trace else None, pad_id, no_repeat_ngram
+    )
     if first_pass is None:
         final = run(state, limits, buffer_length)
     else:

@@ -32,8 +32,7 @@ class Translator(tf.Module):
         batch_size: sentences per graph call in `translate`.
         jit_compile: compile the searches with XLA (one program per input shape; not exported).
             The searches run in two passes (`search._in_two_passes`) except under XLA, which needs
-            static shapes where the second pass takes only the rows left; their buffers are then
-            as long as the model's maximum output, whatever max_length is.
+            static shapes where the second pass takes only the rows left.
 
     Graph functions (options are scalar inputs: max_length is clipped to [1, max_target_length],
     no_repeat_ngram <= 0 is off):
@@ -81,8 +80,10 @@ class Translator(tf.Module):
         source_ids = source_ids[:, : c.max_source_length]
         cap = tf.clip_by_value(max_length, 1, c.max_target_length)
         two_passes = self.two_passes if two_passes is None else two_passes
-        buffer_cap = c.max_target_length if self.jit_compile else None  # XLA: buffers of static shapes
-        limits, length = search.output_limits(source_ids, c.pad_id, cap, buffer_cap=buffer_cap)
+        # Buffers as long as the model's longest output whatever max_length is: their shapes then
+        # follow from the input's shape alone, as XLA and LiteRT.js (the fixed file) need; a lower
+        # max_length stops the loop earlier, in buffers a little longer than needed.
+        limits, length = search.output_limits(source_ids, c.pad_id, cap, buffer_cap=c.max_target_length)
         first_pass = None
         if two_passes:
             first_length = tf.minimum(length, tf.shape(source_ids)[1] + FIRST_PASS_EXTRA_TOKENS)
@@ -95,6 +96,12 @@ class Translator(tf.Module):
 
     def _beam(self, source_ids, alpha, max_length, no_repeat_ngram):
         return self.search_prepared(self.prepare(source_ids, max_length), True, alpha, no_repeat_ngram)
+
+    @staticmethod
+    def rows_of(prepared, part):
+        """The prepared batch of the rows that the slice `part` selects (every tensor is batch-first)."""
+        limits, length, cache, first_pass = prepared
+        return limits[part], length, tf.nest.map_structure(lambda t: t[part], cache), first_pass
 
     def search_prepared(self, prepared, beam, alpha, no_repeat_ngram):
         """Beam search (`beam` True) or greedy search over a batch from `prepare`."""

@@ -87,6 +87,38 @@ def test_translate_arguments_and_stdin_keep_order(trained_dir, capsys, monkeypat
     assert code == 0 and from_stdin == stdout
 
 
+def test_translate_nbest_in_jsonl_and_text(trained_dir, capsys, monkeypatch):
+    import json
+
+    argv = ["translate", "--model", trained_dir, "--beam", "2", "--nbest", "2", "--no-repeat-ngram", "2"]
+    code, stdout, _ = run([*argv, "--format", "jsonl", "我們試試看！好。", ""], capsys)
+    results = [json.loads(line) for line in stdout.splitlines()]
+    assert code == 0 and [sorted(r) for r in results] == [["alternatives", "score", "translation"]] * 2
+    first = results[0]
+    assert first["alternatives"][0] == {"translation": first["translation"], "score": first["score"]}
+    assert results[1] == {
+        "translation": "",
+        "score": 0.0,
+        "alternatives": [{"translation": "", "score": 0.0}],
+    }
+    code, text, _ = run([*argv, "我們試試看！好。"], capsys)
+    lines = [line.split(" ||| ") for line in text.splitlines()]
+    assert code == 0 and [(r, t) for r, t, _ in lines] == [
+        (str(i), a["translation"]) for i, a in enumerate(first["alternatives"])
+    ]
+
+
+def test_translate_refuses_a_line_over_max_chars_naming_it(trained_dir, capsys, monkeypatch):
+    code, out, err = run(
+        ["translate", "--model", trained_dir, "--max-chars", "10", "--batch-size", "1"],
+        capsys,
+        stdin="好\n我們試試看我們試試看！\n".encode(),
+        monkeypatch=monkeypatch,
+    )
+    assert code == 2 and len(out.splitlines()) == 1  # the line before it is translated
+    assert "<stdin> line 2 has 11 characters, more than --max-chars 10" in err
+
+
 def test_translate_invalid_utf8_on_stdin_names_the_line(trained_dir, capsys, monkeypatch):
     code, _, err = run(
         ["translate", "--model", trained_dir], capsys, stdin=b"ok\n\xff\xfe\n", monkeypatch=monkeypatch
@@ -149,8 +181,12 @@ def test_evaluate_split_and_files(trained_dir, tmp_path, capsys):
             "--variant int8 needs an exported runtime",
         ),
         (
-            ["translate", "--model", "{tmp}", "--runtime", "onnx", "--alpha", "1", "x"],
-            "--alpha and --max-len are fixed",
+            ["translate", "--model", "{trained}", "--beam", "2", "--nbest", "3", "x"],
+            "nbest 3 is more than the beam size 2",
+        ),
+        (
+            ["translate", "--model", "{trained}", "--beam", "1", "--nbest", "2", "x"],
+            "nbest 2 is more than the beam size 1",
         ),
         (
             ["evaluate", "--model", "{trained}", "--split", "dev", "--output", "{tmp}"],
@@ -229,6 +265,11 @@ def test_each_optional_module_is_named_with_its_extra():
         (["translate", "--model", "X", "--beam", "0", "hi"], "--beam"),
         (["translate", "--model", "X", "--batch-size", "-1", "hi"], "--batch-size"),
         (["translate", "--model", "X", "--alpha", "nan", "hi"], "--alpha"),
+        (["translate", "--model", "X", "--alpha", "-0.5", "hi"], "--alpha"),
+        (["translate", "--model", "X", "--max-len", "0", "hi"], "--max-len"),
+        (["translate", "--model", "X", "--no-repeat-ngram", "-1", "hi"], "--no-repeat-ngram"),
+        (["translate", "--model", "X", "--nbest", "0", "hi"], "--nbest"),
+        (["export", "--model", "X", "--out", "Y", "--no-repeat-ngram", "-1"], "--no-repeat-ngram"),
         (["evaluate", "--model", "X", "--limit", "0"], "--limit"),
     ],
 )

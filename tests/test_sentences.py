@@ -16,7 +16,7 @@ CASES = {
     "他说：“我不去。”然后走了。": ["他说：“我不去。”", "然后走了。"],
     "「你呢？」好": ["「你呢？」", "好"],
     "你好!我是汤姆。": ["你好!", "我是汤姆。"],
-    "Mr. Smith went to Washington. He said \"Hi!\" Then he left... OK?": [
+    'Mr. Smith went to Washington. He said "Hi!" Then he left... OK?': [
         "Mr. Smith went to Washington.",
         'He said "Hi!"',
         "Then he left...",
@@ -42,7 +42,14 @@ def test_sentences_split_where_they_end(text):
 def test_clauses_split_after_their_marks_and_keep_every_character():
     sentence = "他很高兴，因为朋友们都来了；我们也来了, and then, 1,000 people: yes 12:30"
     clauses = sentences.split_clauses(sentence)
-    assert clauses == ["他很高兴，", "因为朋友们都来了；", "我们也来了, ", "and then, ", "1,000 people: ", "yes 12:30"]
+    assert clauses == [
+        "他很高兴，",
+        "因为朋友们都来了；",
+        "我们也来了, ",
+        "and then, ",
+        "1,000 people: ",
+        "yes 12:30",
+    ]
     assert "".join(clauses) == sentence
     assert sentences.split_clauses("没有标点") == ["没有标点"]
 

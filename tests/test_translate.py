@@ -54,7 +54,7 @@ def test_greedy_equals_naive_prefix_rerun(random_model, batch, length):
 
 def test_graph_naive_search_equals_cached_search(random_model):
     source = tf.constant(random_ids(np.random.default_rng(5), 3, 6, 40, pad_tail=2))
-    limits, length = output_limits(source, 0, 16)
+    limits, length = output_limits(source, 0, 16, buffer_cap=random_model.config.max_target_length)
     step = naive_step(lambda s, t: random_model({"source_ids": s, "target_ids": t}))
     translator = Translator(random_model, beam_size=3, max_length=16)
     naive_tokens, naive_scores = greedy_search(step, naive_cache(source, length), limits, length, 2, 3)
@@ -71,7 +71,8 @@ def test_beam_of_one_equals_greedy_on_a_model(random_model):
     source = random_ids(np.random.default_rng(6), 4, 7, 40, pad_tail=3)
     translator = Translator(random_model, beam_size=1, alpha=0.0)
     np.testing.assert_array_equal(
-        translator.beam(source, 0.0, random_model.config.max_target_length, 0)["tokens"].numpy()[:, 0], run(translator, source, "greedy")["tokens"].numpy()
+        translator.beam(source, 0.0, random_model.config.max_target_length, 0)["tokens"].numpy()[:, 0],
+        run(translator, source, "greedy")["tokens"].numpy(),
     )
 
 
@@ -120,7 +121,8 @@ def test_over_long_ids_are_truncated_in_the_graph(random_model):
     cut = long_source[:, : random_model.config.max_source_length]
     for search in ("greedy", "beam"):
         np.testing.assert_array_equal(
-            run(translator, long_source, search)["tokens"].numpy(), run(translator, cut, search)["tokens"].numpy()
+            run(translator, long_source, search)["tokens"].numpy(),
+            run(translator, cut, search)["tokens"].numpy(),
         )
 
 
@@ -161,7 +163,9 @@ def test_a_sentence_over_the_source_length_is_split_at_its_clauses(text_translat
     tokenizer, limit = text_translator.tokenizer, text_translator.config.max_source_length
     clauses = ["他很高興，", "因為他的朋友們都來了，", "我們試試看。"]
     sizes = [len(tokenizer.encode(c)) for c in clauses]
-    assert len(tokenizer.encode("".join(clauses))) > limit and all(a + b > limit for a, b in zip(sizes, sizes[1:]))
+    assert len(tokenizer.encode("".join(clauses))) > limit and all(
+        a + b > limit for a, b in zip(sizes, sizes[1:])
+    )
     with caplog.at_level(logging.WARNING, logger="kformer"):
         (output,) = text_translator.translate(["".join(clauses)])
     assert output == " ".join(text_translator.translate(clauses))  # each clause alone: no two fit together
@@ -178,7 +182,9 @@ def test_a_clause_over_the_source_length_is_cut_with_a_warning(text_translator, 
     assert "no clause break within the model's maximum source length 12; cut into pieces" in caplog.text
     pieces, rest = [], text
     while rest:  # the longest prefixes that fit, by brute force
-        pieces.append([rest[:i] for i in range(1, len(rest) + 1) if len(tokenizer.encode(rest[:i])) <= limit][-1])
+        pieces.append(
+            [rest[:i] for i in range(1, len(rest) + 1) if len(tokenizer.encode(rest[:i])) <= limit][-1]
+        )
         rest = rest[len(pieces[-1]) :]
     assert len(pieces) > 1 and "".join(pieces) == text  # nothing dropped
     assert output == " ".join(text_translator.translate(pieces))

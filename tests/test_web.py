@@ -176,14 +176,33 @@ def open_page(browser, url, requests):
     return page
 
 
+OPTIONS = {
+    "alpha": 1.5,
+    "max_length": 9,
+    "no_repeat_ngram": 2,
+    "nbest": 3,
+}  # each different from the export's
+CAMEL = {"max_length": "maxLength", "no_repeat_ngram": "noRepeatNgram"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime, variant", [("onnx", "fp32"), ("onnx", "int8"), ("litert", "fixed")])
 def test_page_translates_as_the_python_runner(browser, artifacts, runtime, variant, tmp_path):
-    """50 test-split sentences and the odd inputs, greedy and beam: the page's strings equal
-    `kformer translate --runtime onnx`'s (or tflite's, for LiteRT.js; the same runner, in this
-    process) on the same file; no request leaves 127.0.0.1; once loaded the page works offline."""
+    """50 test-split sentences, five of them as one paragraph, and the odd inputs, greedy and
+    beam, with the export's options and with others: the page's translations, scores and
+    alternatives equal `kformer translate --runtime onnx`'s (or tflite's, for LiteRT.js; the same
+    runner, in this process) on the same file; no request leaves 127.0.0.1; once loaded the page
+    works offline."""
     lines = [source for source, _ in split_sentences()[:50]]
-    lines += ["", "   ", "😀😀", "我" * 40, "Tom is here."]  # blank, untranslatable, truncated, other script
+    lines += [
+        "".join(lines[:5]),
+        "",
+        "   ",
+        "😀😀",
+        "我" * 40,
+        "Tom is here.",
+        "我們試試看！\n\n他很高興，因為",
+    ]
     requests = []
     with web.serving(artifacts, runtime, variant) as url:
         page = open_page(browser, url, requests)
@@ -193,13 +212,27 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
         assert (
             page.evaluate("fetch('/model/manifest.json').then(() => 'online', () => 'offline')") == "offline"
         )
-        for beam in (1, BEAM):
-            expected = open_runner(artifacts, web.PAGE_RUNTIMES[runtime][0], variant, beam).translate(lines)
-            got = page.evaluate("([lines, beam]) => window.kformer.translate(lines, {beam})", [lines, beam])
-            assert got == expected, f"beam {beam}: {sum(a != b for a, b in zip(got, expected))} differ"
+        for beam, options in [(1, {}), (BEAM, {}), (1, {"max_length": 5}), (BEAM, OPTIONS)]:
+            runner = open_runner(artifacts, web.PAGE_RUNTIMES[runtime][0], variant, beam)
+            expected = [t.to_dict() for t in runner.translations(lines, **options)]
+            page_options = {"beam": beam, **{CAMEL.get(k, k): v for k, v in options.items()}}
+            got = page.evaluate(
+                "([lines, o]) => window.kformer.translations(lines, o)", [lines, page_options]
+            )
+            for a, b in zip(got, expected):
+                assert a["translation"] == b["translation"], (beam, options, a, b)
+                assert [h["translation"] for h in a["alternatives"]] == [
+                    h["translation"] for h in b["alternatives"]
+                ]
+                assert a["score"] == pytest.approx(b["score"], rel=1e-3, abs=1e-3), (beam, options, b)
+            assert len(got) == len(expected)
+        paragraph = page.evaluate("(lines) => window.kformer.translate(lines, {beam: 1})", lines[:5])
+        assert page.evaluate("(text) => window.kformer.translate([text], {beam: 1})", lines[50]) == [
+            " ".join(paragraph)
+        ]
         page.click("#translate")
         page.wait_for_function("document.getElementById('output').textContent.length > 0")
-        assert "ms per sentence" in page.text_content("#timing")
+        assert page.text_content("#timing").endswith(" s")
         page.screenshot(path=str(tmp_path / "page.png"))
         assert (tmp_path / "page.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         origin = url.split("?")[0]

@@ -92,7 +92,8 @@ const RUNTIMES = {
     async load(bytes) {
       const { lrt } = this;
       const model = await lrt.loadAndCompile(bytes, { accelerator: "wasm", cpuOptions: { numThreads: threads } });
-      const length = model.getInputDetails()[0].shape[1]; // the file's fixed (1, max_source_length) input
+      // The file's fixed (1, max_source_length) input: the one input of rank 2 (the options are scalars).
+      const length = model.getInputDetails().find((input) => input.shape.length === 2).shape[1];
       // LiteRT.js cannot resize inputs: one row at a time, padded to the fixed length (as
       // export/tflite.py does for this file). One file, both searches: the signatures "greedy"
       // and "beam" (greedy has no alpha input).
@@ -191,12 +192,28 @@ function fitted(tokenizer, sentence, maxLength) {
       continue;
     }
     console.warn(`input ${quoted(text)} has ${ids.length} tokens and no clause break; cut into pieces of ${maxLength}`);
-    for (let start = 0; start < ids.length; start += maxLength) {
-      const piece = ids.slice(start, start + maxLength);
-      pieces.push({ text: tokenizer.decode(piece), ids: piece });
-    }
+    pieces.push(...cut(tokenizer, text, maxLength));
   }
   return pieces;
+}
+
+/** As batching._cut: each piece the longest run of characters (code points, as Python's) that
+ *  encodes to at most maxLength tokens, by bisection among at most 8 characters a token. */
+function cut(tokenizer, text, maxLength) {
+  const units = [];
+  let characters = Array.from(text);
+  while (characters.length) {
+    let fits = 1, over = Math.min(characters.length, 8 * maxLength) + 1;
+    while (over - fits > 1) {
+      const middle = Math.floor((fits + over) / 2);
+      if (tokenizer.encode(strip(characters.slice(0, middle).join(""))).length <= maxLength) fits = middle;
+      else over = middle;
+    }
+    const piece = strip(characters.slice(0, fits).join(""));
+    if (piece) units.push({ text: piece, ids: tokenizer.encode(piece).slice(0, maxLength) });
+    characters = characters.slice(fits);
+  }
+  return units;
 }
 
 /** As batching.segment_texts: {units, layouts}; a layout is lines of unit indices or strings. */
