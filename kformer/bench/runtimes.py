@@ -24,6 +24,7 @@ def _runner(runtime, artifact_dir, beam, variant, threads):
             beam_size=beam,
             alpha=manifest["alpha"],
             max_length=manifest["max_length"],
+            no_repeat_ngram=manifest["no_repeat_ngram"],
         )
     return open_runner(artifact_dir, runtime, variant, beam, threads=threads)
 
