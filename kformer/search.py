@@ -58,7 +58,7 @@ class RepeatGuard:
     The state it keeps per hypothesis is `runs` (R, T) int32: runs[r, j] (j <= the step index)
     is the length of the longest common suffix of the output's first j tokens and of all its
     tokens. Token j is banned when the ngram - 1 tokens before it are the last ngram - 1 tokens,
-    i.e. runs[r, j] >= ngram - 1. The banned tokens' logits are set to NEG_INF, so the search's
+    i.e. runs[r, j] >= ngram - 1. NEG_INF is added to the banned tokens' logits, so the search's
     log-probabilities are those of the tokens left (logits minus their log-sum-exp)."""
 
     def __init__(self, ngram, rows, positions):
@@ -67,7 +67,7 @@ class RepeatGuard:
         self.least_run = tf.where(ngram > 0, ngram - 1, tf.int32.max)
         self.row_count = rows
         self.rows = tf.expand_dims(tf.range(rows), 1)  # (R, 1)
-        self.ones = tf.ones([rows * tf.shape(positions)[0]], tf.int32)  # (R * T,)
+        self.penalties = tf.fill([rows * tf.shape(positions)[0]], NEG_INF)  # (R * T,)
         self.zeros = tf.zeros([rows, 1], tf.int32)
 
     def written(self, index):
@@ -75,20 +75,19 @@ class RepeatGuard:
         return self.positions < index
 
     def ban(self, logits, tokens, runs, written):
-        """logits (R, V) with the tokens that would repeat an n-gram set to NEG_INF; tokens, runs
-        (R, T). A scatter of the banned tokens into (R * (V + 1),) counts, a spare column per row
-        taking the positions not banned: fixed shapes (the number banned varies by row and step),
-        a pass over (R, V) rather than a one-hot of (R, T, V), and no update in place (TFLite
-        SCATTER_ND and ONNX ScatterND write a new tensor)."""
+        """logits (R, V) with NEG_INF (or a multiple) added to the tokens that would repeat an
+        n-gram; tokens, runs (R, T). A scatter of NEG_INF at the banned tokens into (R * (V + 1),)
+        penalties, a spare column per row taking the positions not banned (so that every value
+        scattered is the same: TFLite sums duplicates, ONNX ScatterND keeps one), then one add of
+        equal shapes: fixed shapes (the number banned varies by row and step), a pass over (R, V)
+        rather than a one-hot of (R, T, V), and no update in place."""
         vocab = logits.shape[-1]
         vocab = tf.shape(logits)[1] if vocab is None else vocab
         banned = (runs >= self.least_run) & written  # (R, T)
         flat = self.rows * (vocab + 1) + tf.where(banned, tokens, vocab)  # (R, T) into (R * (V + 1),)
-        hits = tf.scatter_nd(
-            tf.reshape(flat, [-1, 1]), self.ones, tf.expand_dims(self.row_count * (vocab + 1), 0)
-        )
-        hit = tf.reshape(hits, [-1, vocab + 1])[:, :vocab] > 0  # (R, V)
-        return tf.where(hit, tf.cast(NEG_INF, logits.dtype), logits)
+        size = tf.expand_dims(self.row_count * (vocab + 1), 0)
+        penalties = tf.scatter_nd(tf.reshape(flat, [-1, 1]), self.penalties, size)
+        return logits + tf.cast(tf.reshape(penalties, [-1, vocab + 1])[:, :vocab], logits.dtype)
 
     def grown(self, runs, tokens, token, written):
         """The runs after `token` (R,) is written at the step's position of `tokens` (R, T)
