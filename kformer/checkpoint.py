@@ -21,6 +21,7 @@ weights sit in the optimizer's average slots, and `restore` swaps them back to r
 
 import collections
 import os
+import shutil
 
 from kformer import data as data_lib
 from kformer.config import TransformerConfig, read_json, write_json
@@ -119,10 +120,11 @@ def save(model, model_path, state=None, input_iterator=None):
 
 def _remove_inputs(run_dir, keep):
     """Removes the input positions (`input-STEPS.*`) other than `keep`: those of earlier saves, and
-    the partial files of a save that was killed."""
+    the partial files of a save that was killed (TensorFlow's `input-STEPS_temp/` folder among them)."""
     for name in os.listdir(run_dir):
         if name.startswith(INPUT_PREFIX) and name.split(".")[0] != keep:
-            os.remove(path(run_dir, name))
+            found = path(run_dir, name)
+            shutil.rmtree(found) if os.path.isdir(found) else os.remove(found)
 
 
 def saved_input(run_dir, state):

@@ -498,6 +498,7 @@ def test_device_runners_need_no_tensorflow(artifacts, model_dir, beam):
         "   ",
         "🙂",
         "他很高興，因為他的朋友們都來參加了他的生日聚會。" * 2,
+        "我們試試看！他很高興。你呢？好。我不知道。",  # a paragraph: five sentences
     ]
     out = json.loads(python_lines(NO_TENSORFLOW, artifacts, str(beam), json.dumps(texts))[-1])
     expected = KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH).translate(texts)
@@ -505,6 +506,25 @@ def test_device_runners_need_no_tensorflow(artifacts, model_dir, beam):
     assert expected[4] == "🙂"  # outside the vocabulary: output as it is, by every runner
     ct2 = out["ctranslate2"]  # its beam search may differ from Keras' (another length normalization)
     assert ct2 == expected if beam == 1 else [ct2[1], ct2[3], ct2[4]] == ["", "", "🙂"]
+
+
+@pytest.mark.parametrize("beam", [1, BEAM])
+def test_a_paragraph_translates_as_its_sentences_joined_in_every_runtime(artifacts, model_dir, beam):
+    """Five test-split sentences run together into one text: each runtime's translation is its
+    own translations of the five, joined (a space between English sentences); the n-best lists
+    join too. The text ONNX file runs in test_device_runners_need_no_tensorflow's process."""
+    from kformer import data
+
+    pairs, _ = data.read_corpus()
+    sentences = [source for source, _ in data.split_pairs(pairs)["test"][:5]]
+    assert all(s[-1] in "。！？" for s in sentences)
+    for runtime, runner in runners(artifacts, model_dir, beam).items():
+        alone = runner.translations(sentences, nbest=beam)
+        (together,) = runner.translations(["".join(sentences)], nbest=beam)
+        assert together.text == " ".join(t.text for t in alone), runtime
+        assert together.score == pytest.approx(sum(t.score for t in alone), rel=1e-4), runtime
+        second = " ".join(t.alternatives[min(1, len(t.alternatives) - 1)].text for t in alone)
+        assert beam == 1 or together.alternatives[1].text == second, runtime
 
 
 def test_a_killed_exports_work_folder_is_removed_by_the_next_export(tmp_path):
