@@ -43,7 +43,7 @@ def run(translator, source, search, **options):
 @pytest.mark.parametrize("batch, length", [(1, 1), (3, 5), (4, 9)])
 def test_greedy_equals_naive_prefix_rerun(random_model, batch, length):
     source = random_ids(np.random.default_rng(batch), batch, length, 40, pad_tail=min(2, length - 1))
-    translator = Translator(random_model, max_length=12)
+    translator = Translator(random_model, max_length=12, no_repeat_ngram=0)
     tokens = run(translator, source, "greedy")["tokens"].numpy()
     limits, _ = output_limits(source, 0, 12)
     for row in range(batch):
@@ -56,7 +56,7 @@ def test_graph_naive_search_equals_cached_search(random_model):
     source = tf.constant(random_ids(np.random.default_rng(5), 3, 6, 40, pad_tail=2))
     limits, length = output_limits(source, 0, 16, buffer_cap=random_model.config.max_target_length)
     step = naive_step(lambda s, t: random_model({"source_ids": s, "target_ids": t}))
-    translator = Translator(random_model, beam_size=3, max_length=16)
+    translator = Translator(random_model, beam_size=3, max_length=16, no_repeat_ngram=0)
     naive_tokens, naive_scores = greedy_search(step, naive_cache(source, length), limits, length, 2, 3)
     cached = run(translator, source, "greedy")
     np.testing.assert_array_equal(naive_tokens.numpy(), cached["tokens"].numpy())
@@ -69,7 +69,7 @@ def test_graph_naive_search_equals_cached_search(random_model):
 
 def test_beam_of_one_equals_greedy_on_a_model(random_model):
     source = random_ids(np.random.default_rng(6), 4, 7, 40, pad_tail=3)
-    translator = Translator(random_model, beam_size=1, alpha=0.0)
+    translator = Translator(random_model, beam_size=1, alpha=0.0, no_repeat_ngram=0)
     np.testing.assert_array_equal(
         translator.beam(source, 0.0, random_model.config.max_target_length, 0)["tokens"].numpy()[:, 0],
         run(translator, source, "greedy")["tokens"].numpy(),
