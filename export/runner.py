@@ -44,32 +44,23 @@ class Runner:
     def _search(self, options, batch):
         raise NotImplementedError
 
-    def _search_units(self, ids, options):
-        c = self.config
-        return batching.search_units(
-            lambda batch: self._search(options, batch),
-            ids,
-            self.batch_size,
-            c["eos_id"],
-            c["pad_id"],
-            options.nbest,
-        )
-
     def translate_ids(self, ids, **options):
         """Lists of source ids -> (lists of output ids, scores), best hypothesis only."""
-        units = self._search_units(ids, self.checked(self.options, **options))
-        return [unit[0][0] for unit in units], [unit[0][1] for unit in units]
+        options, c = self.checked(self.options, **options), self.config
+        search = lambda batch: self._search(options, batch)  # noqa: E731
+        return batching.translate_ids(search, ids, self.batch_size, c["eos_id"], c["pad_id"])
 
     def translations(self, texts, **options):
         """Texts -> `batching.Translation`s: sentences split and rejoined, scores, alternatives."""
-        options = self.checked(self.options, **options)
-        return batching.translate_texts(
+        options, c = self.checked(self.options, **options), self.config
+        return batching.translations(
+            lambda batch: self._search(options, batch),
             self.tokenizer,
             texts,
-            self.config["max_source_length"],
-            lambda units: batching.decoded(
-                self.tokenizer, self._search_units([u.ids for u in units], options)
-            ),
+            c["max_source_length"],
+            self.batch_size,
+            c["eos_id"],
+            c["pad_id"],
             self.joiner,
             options.nbest,
         )

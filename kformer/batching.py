@@ -191,9 +191,17 @@ def translate_texts(tokenizer, texts, max_source_length, translate_units, joiner
     return [join_translations(layout, hypotheses, joiner, nbest) for layout in layouts]
 
 
-def decoded(tokenizer, hypotheses):
-    """`search_units`' hypotheses with their ids decoded to text: per unit [(text, score), ...]."""
-    return [[(tokenizer.decode(output), score) for output, score in unit] for unit in hypotheses]
+def translations(
+    search, tokenizer, texts, max_source_length, batch_size, eos_id, pad_id=0, joiner=" ", nbest=1
+):
+    """`translate_texts` through `search((B, S) int32) -> (tokens, scores)` (see `search_units`):
+    what every runner and kformer.translate.Translator do with texts."""
+
+    def translate_units(units):
+        found = search_units(search, [u.ids for u in units], batch_size, eos_id, pad_id, nbest)
+        return [[(tokenizer.decode(output), score) for output, score in unit] for unit in found]
+
+    return translate_texts(tokenizer, texts, max_source_length, translate_units, joiner, nbest)
 
 
 def length_sorted_batches(ids, batch_size):

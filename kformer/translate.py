@@ -65,7 +65,6 @@ class Translator(tf.Module):
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.beam_size, self.max_length = beam_size, self.options.max_length
         self.batch_size = batch_size
-        self.jit_compile = jit_compile
         self.two_passes = not jit_compile
         self.greedy = tf.function(self._greedy, input_signature=GREEDY_SPECS, jit_compile=jit_compile)
         self.beam = tf.function(self._beam, input_signature=BEAM_SPECS, jit_compile=jit_compile)
@@ -161,27 +160,22 @@ class Translator(tf.Module):
         result = self.run(batch, self.options_for(**options))
         return result["tokens"].numpy(), result["scores"].numpy()
 
-    def _search_units(self, ids, options):
-        c = self.config
+    def _searcher(self, options):
+        """`search(batch) -> numpy (tokens, scores)` of the graph for these checked options."""
 
         def search_batch(batch):
             result = self.run(batch, options)
             return result["tokens"].numpy(), result["scores"].numpy()
 
-        return batching.search_units(
-            search_batch,
-            ids,
-            self.batch_size,
-            c.eos_id,
-            c.pad_id,
-            options.nbest,
-        )
+        return search_batch
 
     def translate_ids(self, ids, **options):
         """Lists of source ids -> (lists of output ids without EOS/pad, scores), in input order.
         Sentences of similar length are batched together; each row is independent of its batch."""
-        units = self._search_units(ids, self.options_for(**options))
-        return [unit[0][0] for unit in units], [unit[0][1] for unit in units]
+        c = self.config
+        return batching.translate_ids(
+            self._searcher(self.options_for(**options)), ids, self.batch_size, c.eos_id, c.pad_id
+        )
 
     def translations(self, texts, language=None, **options):
         """Texts -> `batching.Translation`s (kformer.batching: sentences split and rejoined with
@@ -189,14 +183,16 @@ class Translator(tf.Module):
         are output as they are)."""
         if self.tokenizer is None:
             raise ValueError("this Translator has no tokenizer; use translate_ids")
-        options = self.options_for(**options)
-        return batching.translate_texts(
+        options, c = self.options_for(**options), self.config
+        search = self._searcher(options)
+        return batching.translations(
+            search,
             self.tokenizer,
             texts,
-            self.config.max_source_length,
-            lambda units: batching.decoded(
-                self.tokenizer, self._search_units([u.ids for u in units], options)
-            ),
+            c.max_source_length,
+            self.batch_size,
+            c.eos_id,
+            c.pad_id,
             sentences.joiner(language),
             options.nbest,
         )
