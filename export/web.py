@@ -1,16 +1,12 @@
-"""`kformer web`: serves the page of export/web/ and one export folder on 127.0.0.1.
+"""The page of export/web/ that translates in the browser; `kformer serve` serves it.
 
 The page runs the exported search graphs with onnxruntime-web (ONNX files) or LiteRT.js (the
-fixed-shape TFLite file), both WASM; see export/web/kformer.js. Routes: / (the page), /ort/ and
-/litert/, /litert-utils/ (the runtimes' files from npm), /model/ (the export folder). Every
-response carries the cross-origin isolation headers that WASM threads need."""
+fixed-shape TFLite file), both WASM; see export/web/kformer.js. Its routes: / (the page), /ort/ and
+/litert/, /litert-utils/ (the runtimes' files from npm), /model/ (the export folder); each
+response carries the cross-origin isolation headers that WASM threads need (kformer.serve.app)."""
 
 import contextlib
-import functools
-import http.server
 import os
-import posixpath
-import urllib.parse
 
 from kformer.export.manifest import find_artifact, load
 
@@ -57,69 +53,19 @@ def check(artifact_dir, runtime="onnx", variant="fp32"):
     return manifest
 
 
-class _Handler(http.server.SimpleHTTPRequestHandler):
-    """Maps the three routes to folders; nothing outside them is served."""
+@contextlib.contextmanager
+def serving(artifact_dir, runtime="onnx", variant=None):
+    """The page and the export folder as `kformer serve` serves them (no model loaded: the page
+    checks the files itself), on a free loopback port, in a thread, for as long as the block runs;
+    yields the page's URL for `runtime` and `variant` (default fp32 for onnx, fixed for litert)."""
+    from kformer.serve.app import page_app
+    from kformer.serve.server import serving as serving_app
 
-    extensions_map = {
-        **http.server.SimpleHTTPRequestHandler.extensions_map,
-        ".js": "text/javascript",
-        ".mjs": "text/javascript",
-        ".wasm": "application/wasm",
-        ".json": "application/json",
-    }
-
-    def __init__(self, *args, model_dir, **kwargs):
-        self.model_dir = model_dir
-        super().__init__(*args, directory=WEB_DIR, **kwargs)
-
-    def translate_path(self, path):
-        path = posixpath.normpath(urllib.parse.unquote(urllib.parse.urlsplit(path).path))
-        for prefix, root in (*ROUTES.items(), ("/model/", self.model_dir)):
-            if path.startswith(prefix):
-                return os.path.join(root, *path[len(prefix) :].split("/"))
-        name = path.lstrip("/") or "index.html"
-        return os.path.join(WEB_DIR, name) if name in PAGE_FILES else ""  # "": 404
-
-    def list_directory(self, path):
-        self.send_error(404)
-
-    def end_headers(self):
-        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
-        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
-        self.send_header("Cross-Origin-Resource-Policy", "same-origin")
-        self.send_header("Cache-Control", "no-cache")
-        super().end_headers()
-
-    def log_message(self, *args):
-        pass  # one line per file would bury the URL
-
-
-def serve(artifact_dir, port=8000, runtime="onnx", variant=None):
-    """Starts the server (call `serve_forever()` on it); port 0 picks a free one. Returns
-    (server, url of the page). variant: default fp32 for onnx, fixed for litert."""
     if variant is None and runtime in PAGE_RUNTIMES:
         variant = PAGE_RUNTIMES[runtime][1][0]
     check(artifact_dir, runtime, variant)
-    handler = functools.partial(_Handler, model_dir=os.path.abspath(artifact_dir))
-    try:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
-    except OSError as e:
-        raise OSError(f"cannot serve on 127.0.0.1:{port} ({e.strerror}); choose another --port") from None
-    return server, f"http://127.0.0.1:{server.server_address[1]}/?runtime={runtime}&variant={variant}"
-
-
-@contextlib.contextmanager
-def serving(artifact_dir, runtime="onnx", variant=None):
-    """The server on a free port, in a thread, for as long as the block runs; yields the page's URL."""
-    import threading
-
-    server, url = serve(artifact_dir, 0, runtime, variant)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield url
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving_app(page_app(os.path.abspath(artifact_dir))) as url:
+        yield f"{url}?runtime={runtime}&variant={variant}"
 
 
 @contextlib.contextmanager

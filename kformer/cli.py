@@ -1,17 +1,17 @@
 """`kformer` command line: parse, then call one importable function. No logic of its own."""
 
 import argparse
-import itertools
 import json
 import logging
 import os
 import sys
 
-from kformer import extras
+from kformer import extras, gather
 from kformer.config import (
     BEAM_SIZE,
     DEFAULT_DIRECTION,
     DEFAULT_PRESET,
+    GATHER_WINDOW_SECONDS,
     LENGTH_PENALTY,
     MAX_INPUT_CHARS,
     NO_REPEAT_NGRAM,
@@ -21,7 +21,6 @@ from kformer.config import (
 )
 from kformer.distributed import CONNECT_TIMEOUT_SECONDS, STRATEGIES, Preempted
 from kformer.export.formats import DEFAULT_FORMATS, FORMATS, RUNTIMES, VARIANTS
-from kformer.export.web import PAGE_RUNTIMES
 
 
 def _start_tensorflow(args):
@@ -34,7 +33,7 @@ def _start_tensorflow(args):
         # starts (a `main` called after it started, as in the tests, changes nothing: its
         # subprocesses would inherit it); an explicit 0 wins.
         os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
-    if getattr(args, "runtime", "keras") != "keras" or args.command in ("bench", "web"):
+    if getattr(args, "runtime", "keras") != "keras" or args.command == "bench":
         return  # exported runtimes run without TensorFlow; bench sets XLA flags before it starts
     # TensorFlow's C++ start-up notes (oneDNN, "Could not find cuda drivers") ignore the log level
     # (abseil logs before InitializeLog; abseil-cpp PR 1718): import it once with stderr muted.
@@ -127,12 +126,12 @@ def _translate(args):
         nbest=args.nbest,
     )
     if args.text:
-        texts, chunk, where = args.text, len(args.text), "argument"
-    else:  # stream stdin: a typed line is translated at once, piped input a batch at a time
-        texts = data_lib.stream_lines(sys.stdin.buffer, "<stdin>")
-        chunk, where = 1 if sys.stdin.isatty() else args.batch_size, "<stdin> line"
+        batches, where = [args.text], "argument"
+    else:  # stdin: what has arrived is translated when the input pauses (kformer.gather)
+        lines = data_lib.stream_lines(sys.stdin.buffer, "<stdin>")
+        batches, where = gather.gathered(lines, args.batch_size, GATHER_WINDOW_SECONDS), "<stdin> line"
     done = 0
-    for lines in _chunks(texts, chunk):
+    for lines in batches:
         for number, line in enumerate(lines, start=done + 1):
             if len(line) > args.max_chars:
                 raise ValueError(
@@ -155,13 +154,6 @@ def _print_translation(result, form, nbest):
     else:
         for rank, hypothesis in enumerate(result.alternatives):
             print(f"{rank} ||| {hypothesis.text} ||| {hypothesis.score:.6f}")
-
-
-def _chunks(items, size):
-    """Lists of `size` consecutive items (the last may be shorter) of any iterable."""
-    iterator = iter(items)
-    while chunk := list(itertools.islice(iterator, size)):
-        yield chunk
 
 
 def _attention(args):
@@ -221,6 +213,7 @@ def _bench(args):
         "decode": "a training directory",
         "runtimes": "a `kformer export` folder",
         "web": "a `kformer export` folder with ONNX files",
+        "serve": "a `kformer export` folder with ONNX files",
     }
     if args.what in needs_model and not args.model:
         raise ValueError(f"bench {args.what} needs --model ({needs_model[args.what]})")
@@ -234,6 +227,13 @@ def _bench(args):
 
         results = bench_web(
             args.model, sentences=args.sentences, rounds=args.rounds, screenshot=args.screenshot
+        )
+    elif args.what == "serve":
+        from kformer.bench.serve import bench_serve
+        from kformer.bench.serve import print_serve_table as print_table
+
+        results = bench_serve(
+            args.model, sentences=args.sentences, rounds=args.rounds, requests=args.requests
         )
     elif args.what == "data":
         from kformer.bench.data import bench_data
@@ -257,17 +257,37 @@ def _bench(args):
             json.dump(results, f, indent=2)
 
 
-def _web(args):
-    from kformer.export import web
+def _serve(args):
+    from kformer.serve.server import load, serve
+    from kformer.serve.settings import Settings
 
-    server, url = web.serve(args.model, args.port, args.runtime, args.variant)
-    print(f"serving {args.model} on 127.0.0.1 only; open {url}  (Ctrl-C stops)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    settings = Settings(
+        batch_size=args.batch_size,
+        window=args.batch_window_ms / 1000,
+        max_queue_chars=args.max_queue_chars,
+        max_body_bytes=args.max_body_bytes,
+        max_chars=args.max_chars,
+        api_key=args.api_key or os.environ.get("KFORMER_API_KEY") or None,
+    )
+    print(f"loading {args.model} ({args.runtime} {args.variant})", flush=True)
+    runner = load(
+        args.model,
+        args.runtime,
+        args.variant,
+        threads=args.threads,
+        alpha=args.alpha,
+        max_length=args.max_len,
+        no_repeat_ngram=args.no_repeat_ngram,
+    )
+
+    def ready(url):
+        print(
+            f"serving {args.model} at {url} (POST /translate, /v1/translate; GET /health, /metrics)",
+            flush=True,
+        )
+        print(f"page: {url}?runtime=onnx&variant=fp32 (litert: ?runtime=litert); Ctrl-C stops", flush=True)
+
+    serve(runner, args.host, args.port, settings, ready)
 
 
 def _precision_options(p):
@@ -402,7 +422,13 @@ def _add_translate(commands):
         default=MAX_INPUT_CHARS,
         help=f"longest input line accepted, in characters (default {MAX_INPUT_CHARS:,})",
     )
-    p.add_argument("--batch-size", type=_positive(int), default=32)
+    p.add_argument(
+        "--batch-size",
+        type=_positive(int),
+        default=32,
+        help="most lines translated together; a pipe's lines are translated as they arrive, "
+        "those that arrive together in one batch (default 32)",
+    )
     p.add_argument("text", nargs="*")
     p.set_defaults(run=_translate)
 
@@ -483,37 +509,78 @@ def _add_demo(commands):
     p.set_defaults(run=_demo)
 
 
-def _add_web(commands):
-    p = commands.add_parser("web", help="serve a page that translates in the browser with an export")
+def _add_serve(commands):
+    from kformer.serve.settings import Settings
+
+    p = commands.add_parser(
+        "serve", help="HTTP translation server on an export (kformer's and LibreTranslate's APIs, the page)"
+    )
     p.add_argument("--model", required=True, help="export folder")
+    p.add_argument("--runtime", default="onnx", choices=["onnx", "tflite", "ctranslate2"])
+    p.add_argument(
+        "--variant", default="fp32", choices=sorted({v for names in VARIANTS.values() for v in names})
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=_positive(int, zero_allowed=True), default=8000, help="0: any free port")
     p.add_argument(
-        "--runtime",
-        default="onnx",
-        choices=PAGE_RUNTIMES,
-        help="onnx: onnxruntime-web; litert: LiteRT.js with the fixed-shape TFLite files",
+        "--api-key",
+        help="require this key (LibreTranslate's api_key field or Authorization: "
+        "Bearer); default $KFORMER_API_KEY, else none",
+    )
+    p.add_argument("--threads", type=_positive(int), help="the runtime's threads (default: all cores)")
+    defaults = Settings()
+    p.add_argument(
+        "--batch-size",
+        type=_positive(int),
+        default=defaults.batch_size,
+        help=f"most requests translated together (default {defaults.batch_size})",
     )
     p.add_argument(
-        "--variant",
-        choices=sorted({v for _, names in PAGE_RUNTIMES.values() for v in names}),
-        help="default: fp32 (onnx), fixed (litert)",
+        "--batch-window-ms",
+        type=_positive(float, zero_allowed=True),
+        default=defaults.window * 1000,
+        help=f"how long a batch waits for more requests (default {defaults.window * 1000:g})",
     )
-    p.set_defaults(run=_web)
+    p.add_argument(
+        "--max-queue-chars",
+        type=_positive(int),
+        default=defaults.max_queue_chars,
+        help=f"characters waiting beyond which requests get 503 (default {defaults.max_queue_chars:,})",
+    )
+    p.add_argument(
+        "--max-chars",
+        type=_positive(int),
+        default=defaults.max_chars,
+        help=f"most characters in one request (413 above; default {defaults.max_chars:,})",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=_positive(int),
+        default=defaults.max_body_bytes,
+        help=f"largest request body (413 above; default {defaults.max_body_bytes:,})",
+    )
+    _add_search_options(p, defaults=None, where="the export's; a request may choose its own")
+    p.set_defaults(run=_serve)
 
 
 def _add_bench(commands):
     p = commands.add_parser("bench", help="benchmarks: ratios measured in one run")
-    p.add_argument("what", choices=["train", "data", "decode", "runtimes", "web"])
+    p.add_argument("what", choices=["train", "data", "decode", "runtimes", "web", "serve"])
     p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
-    p.add_argument("--model", help="training directory (decode) or export folder (runtimes, web)")
+    p.add_argument("--model", help="training directory (decode) or export folder (runtimes, web, serve)")
     p.add_argument(
         "--sentences",
         type=_positive(int),
         default=200,
-        help="test sentences (runtimes: for BLEU; web: timed one by one)",
+        help="test sentences (runtimes: for BLEU; web: timed one by one; serve: what clients send)",
     )
     p.add_argument("--steps", type=_positive(int), default=30)
-    p.add_argument("--rounds", type=_positive(int), default=3, help="interleaved rounds (runtimes, web)")
+    p.add_argument(
+        "--rounds", type=_positive(int), default=3, help="interleaved rounds (runtimes, web, serve)"
+    )
+    p.add_argument(
+        "--requests", type=_positive(int), default=10_000, help="serve: requests of the mixed good/bad check"
+    )
     p.add_argument("--screenshot", help="web: save a picture of the page here (PNG)")
     p.add_argument(
         "--pairs",
@@ -543,7 +610,7 @@ def build_parser():
         _add_export,
         _add_evaluate,
         _add_demo,
-        _add_web,
+        _add_serve,
         _add_bench,
     ):
         add(commands)

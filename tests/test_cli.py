@@ -284,14 +284,15 @@ def test_bad_numbers_are_refused_before_any_work(tmp_path, capsys, monkeypatch, 
 
 def test_the_installed_command_streams_translations_line_by_line(trained_dir):
     """The console script, as a user runs it: each piped line's translation arrives before the next
-    line is sent (nothing is held back until the end of the input); errors are one line, exit 2."""
+    line is sent (nothing is held back for a full --batch-size batch or the end of the input);
+    errors are one line, exit 2."""
     import select
     import shutil
     import subprocess
 
     command = shutil.which("kformer", path=os.path.dirname(sys.executable))
     process = subprocess.Popen(
-        [command, "translate", "--model", trained_dir, "--batch-size", "1"],
+        [command, "translate", "--model", trained_dir],  # the default --batch-size, 32
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -300,10 +301,10 @@ def test_the_installed_command_streams_translations_line_by_line(trained_dir):
     for line in ["我們試試看！", "", "好"]:
         process.stdin.write((line + "\n").encode())
         process.stdin.flush()
-        ready, _, _ = select.select([process.stdout], [], [], 120)  # this line's translation, before the next
+        ready, _, _ = select.select([process.stdout], [], [], 60)  # this line's translation, before the next
         if not ready:
             process.kill()
-            pytest.fail(f"no translation of {line!r} within 120 s: the output is held back")
+            pytest.fail(f"no translation of {line!r} within 60 s: the output is held back")
         outputs.append(process.stdout.readline())
     process.stdin.close()
     assert process.wait(timeout=120) == 0 and process.stdout.read() == b""

@@ -7,13 +7,12 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import urllib.error
 import urllib.request
 
 import pytest
-from conftest import BEAM, PYTHON
+from conftest import BEAM
 
 from kformer import data
 from kformer.export import web
@@ -124,37 +123,6 @@ def test_server_serves_the_page_model_and_runtime_only(artifacts):
             assert fetch(root + outside)[0] == 404, outside
 
 
-def test_web_command_errors_are_one_line(artifacts, tmp_path):
-    partial = tmp_path / "onnx-fp32-only"
-    shutil.copytree(artifacts, partial)
-    for case, expected in [
-        (["--model", str(tmp_path)], "manifest.json not found"),
-        (["--model", str(partial), "--variant", "int8"], None),
-        (["--model", artifacts, "--variant", "fp16"], "invalid choice"),
-        (
-            ["--model", artifacts, "--runtime", "litert", "--variant", "int8"],
-            "the page runs litert with fixed",
-        ),
-    ]:
-        if expected is None:  # an export without the int8 ONNX files
-            manifest = json.loads((partial / "manifest.json").read_text())
-            manifest["artifacts"] = [a for a in manifest["artifacts"] if a["variant"] != "int8"]
-            (partial / "manifest.json").write_text(json.dumps(manifest))
-            expected = "no onnx int8 artifact for both searches"
-        result = subprocess.run([PYTHON, "-m", "kformer.cli", "web", *case], capture_output=True, text=True)
-        assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr, case
-    with socket.socket() as taken:  # a port another program holds
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = str(taken.getsockname()[1])
-        result = subprocess.run(
-            [PYTHON, "-m", "kformer.cli", "web", "--model", artifacts, "--port", port],
-            capture_output=True,
-            text=True,
-        )
-    assert result.returncode == 2 and "choose another --port" in result.stderr, result.stderr
-
-
 def need_browser():
     need(
         os.path.exists(web.CHROMIUM), f"{web.CHROMIUM} not found: install Debian's chromium (make test does)"
@@ -251,23 +219,6 @@ def test_page_shows_a_corrupted_artifact(browser, artifacts, tmp_path):
         page.wait_for_selector("#status.error")
         assert "onnx/fp32.onnx is corrupted or truncated" in page.text_content("#status")
         assert page.is_disabled("#translate")
-
-
-def test_web_command_serves_until_stopped(artifacts):
-    need_packages()
-    process = subprocess.Popen(
-        [PYTHON, "-m", "kformer.cli", "web", "--model", artifacts, "--port", "0", "--variant", "int8"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = process.stdout.readline()
-        assert "127.0.0.1 only" in line and "runtime=onnx&variant=int8" in line, line
-        url = line.split("open ")[1].split()[0]
-        assert fetch(url.split("?")[0] + "model/manifest.json")[0] == 200
-    finally:
-        process.send_signal(subprocess.signal.SIGINT)
-        assert process.wait(timeout=30) == 0
 
 
 @pytest.mark.slow

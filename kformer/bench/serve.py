@@ -1,0 +1,262 @@
+"""`kformer bench serve`: `kformer serve` (a subprocess, on loopback) under N concurrent clients,
+next to the runner's own batch-32 throughput measured in this process in the same rounds.
+
+Each client (a thread with one keep-alive connection) sends one test sentence per LibreTranslate
+request and waits for the answer, for `seconds` per level. Then two checks of the targets:
+`mixed` sends good and bad bodies from 32 clients and compares every good answer with the
+runner's own translation (resident memory after warm-up and at the end), and `overload` sends
+bigger requests from many clients to a server whose queue holds less than they ask.
+"""
+
+import collections
+import concurrent.futures
+import http.client
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+
+CLIENT_LEVELS = (1, 8, 32, 128)
+BAD_BODIES = [  # (body, content type): each must get a 4xx
+    (b'{"q": "x", "source": "zh"', "application/json"),
+    (b'{"source": "zh", "target": "en"}', "application/json"),
+    (b'{"q": 3, "source": "zh", "target": "en"}', "application/json"),
+    (b'{"q": "\xff", "source": "zh", "target": "en"}', "application/json"),
+    (b"q=%FF&source=zh&target=en", "application/x-www-form-urlencoded"),
+    (b'{"q": "x", "source": "zh", "target": "xx"}', "application/json"),
+]
+
+
+class Server:
+    """`kformer serve` in a subprocess on a free port, until close()."""
+
+    def __init__(self, artifact_dir, threads, *options):
+        command = [sys.executable, "-m", "kformer.cli", "serve", "--model", artifact_dir, "--port", "0"]
+        command += [*(["--threads", str(threads)] if threads else []), *options]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        for line in self.process.stdout:
+            if found := re.search(r"http://127\.0\.0\.1:(\d+)/", line):
+                self.port = int(found.group(1))
+                return
+        raise RuntimeError(f"kformer serve exited ({self.process.wait()}) before serving")
+
+    def memory_mb(self, field):
+        """VmRSS (now) or VmHWM (peak) of the server process, in MB."""
+        with open(f"/proc/{self.process.pid}/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":"))
+
+    def close(self):
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+def _post(connection, body, content_type):
+    connection.request("POST", "/translate", body, {"Content-Type": content_type})
+    response = connection.getresponse()
+    return response.status, response.read()
+
+
+def _lt_body(texts):
+    return json.dumps({"q": texts, "source": "zh", "target": "en"}).encode()
+
+
+def load_level(port, bodies, clients, seconds):
+    """`clients` threads send bodies (cycled) for `seconds`: {sentences_per_s, p50_ms, p99_ms,
+    errors, requests}. bodies: (body, content type, sentences in it)."""
+    stop, lock, latencies, counter = time.monotonic() + seconds, threading.Lock(), [], [0]
+    errors = collections.Counter()  # status -> count (0: no answer)
+
+    def client(offset):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        i = offset
+        while time.monotonic() < stop:
+            body, kind, _ = bodies[i % len(bodies)]
+            start = time.perf_counter()
+            try:
+                status, _ = _post(connection, body, kind)
+            except (OSError, http.client.HTTPException):
+                status = 0
+                connection.close()
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            with lock:
+                if status == 200:
+                    latencies.append(time.perf_counter() - start)
+                    counter[0] += bodies[i % len(bodies)][2]
+                else:
+                    errors[status] += 1
+            i += clients
+        connection.close()
+
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    elapsed = time.monotonic() - started
+    latencies.sort()
+
+    def percentile(p):
+        return (
+            1000 * latencies[min(len(latencies) - 1, int(p * len(latencies)))] if latencies else float("nan")
+        )
+
+    refused = errors.pop(503, 0)
+    return {
+        "sentences_per_s": counter[0] / elapsed,
+        "p50_ms": percentile(0.5),
+        "p99_ms": percentile(0.99),
+        "refused": refused,
+        "errors": sum(errors.values()),
+        "requests": len(latencies) + refused + sum(errors.values()),
+    }
+
+
+def runner_throughput(runner, sources, seconds):
+    """Sentences/s of runner.translate on batches of 32 test sentences, for about `seconds`."""
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        batch = [sources[(done + i) % len(sources)] for i in range(32)]
+        runner.translate(batch)
+        done += 32
+    return done / (time.perf_counter() - start)
+
+
+def mixed(server, runner, sources, requests, bad_share=0.2, clients=32, seed=0):
+    """`requests` single-sentence requests, a `bad_share` of them bad, from `clients` threads: every
+    good answer compared with the runner's own translation (default options, as the server's)."""
+    rng = random.Random(seed)
+    plan = [
+        ("bad", rng.choice(BAD_BODIES)) if rng.random() < bad_share else ("good", rng.choice(sources))
+        for _ in range(requests)
+    ]
+    expected = dict(zip(sources, runner.translate(sources)))
+    outcome = {"good_ok": 0, "good_wrong": 0, "bad_4xx": 0, "bad_other": 0}
+    lock, warm = threading.Lock(), {}
+
+    def client(offset):
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+        for i in range(offset, requests, clients):
+            kind, item = plan[i]
+            body, content_type = (_lt_body(item), "application/json") if kind == "good" else item
+            try:
+                status, raw = _post(connection, body, content_type)
+            except (OSError, http.client.HTTPException):
+                status, raw = 0, b""
+                connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+            if kind == "good":
+                right = status == 200 and json.loads(raw)["translatedText"] == expected[item]
+                key = "good_ok" if right else "good_wrong"
+            else:
+                key = "bad_4xx" if 400 <= status < 500 else "bad_other"
+            with lock:
+                outcome[key] += 1
+                if sum(outcome.values()) == requests // 10:
+                    warm["rss_mb"] = server.memory_mb("VmRSS")
+        connection.close()
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    return {
+        **outcome,
+        "requests": requests,
+        "rss_after_warmup_mb": warm.get("rss_mb"),
+        "rss_end_mb": server.memory_mb("VmRSS"),
+    }
+
+
+def overload(artifact_dir, threads, sources, clients, seconds, queue_chars):
+    """Clients of 10-sentence requests against a queue of `queue_chars`; then one request alone."""
+    server = Server(artifact_dir, threads, "--max-queue-chars", str(queue_chars))
+    try:
+        bodies = [
+            (_lt_body(sources[i : i + 10]), "application/json", 10) for i in range(0, len(sources) - 10, 10)
+        ]
+        level = load_level(server.port, bodies, clients, seconds)
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        start = time.perf_counter()
+        status, _ = _post(connection, _lt_body(sources[0]), "application/json")
+        level.update(after_status=status, after_ms=1000 * (time.perf_counter() - start), clients=clients)
+        return level
+    finally:
+        server.close()
+
+
+def bench_serve(
+    artifact_dir, sentences=200, rounds=2, seconds=10.0, requests=10_000, threads=None, progress=print
+):
+    from kformer.evaluate import split_references
+    from kformer.export.formats import open_runner
+    from kformer.export.manifest import load as load_manifest
+
+    artifact_dir = os.path.abspath(artifact_dir)
+    sources = split_references(load_manifest(artifact_dir)["trained_in"], "test")[0][:sentences]
+    runner = open_runner(artifact_dir, "onnx", "fp32", threads=threads)
+    bodies = [(_lt_body(s), "application/json", 1) for s in sources]
+    server = Server(artifact_dir, threads)
+    levels = {n: [] for n in CLIENT_LEVELS}
+    baseline = []
+    try:
+        for number in range(rounds):  # interleaved: the runner, then each level, every round
+            progress(f"round {number + 1}/{rounds}: runner batch 32 ...", end=" ", flush=True)
+            baseline.append(runner_throughput(runner, sources, seconds))
+            for clients in CLIENT_LEVELS:
+                progress(f"{clients} clients ...", end=" ", flush=True)
+                levels[clients].append(load_level(server.port, bodies, clients, seconds))
+            progress("done")
+        progress(f"mixed: {requests} requests ...", flush=True)
+        mixed_result = mixed(server, runner, sources, requests)
+        peak_mb = server.memory_mb("VmHWM")
+    finally:
+        server.close()
+    progress("overload ...", flush=True)
+    overloaded = overload(artifact_dir, threads, sources, 256, seconds, queue_chars=2_000)
+    return {
+        "levels": {n: _median(runs) for n, runs in levels.items()},
+        "runner_batch32": sorted(baseline)[len(baseline) // 2],
+        "runner_per_round": baseline,
+        "per_round": levels,
+        "server_peak_mb": peak_mb,
+        "mixed": mixed_result,
+        "overload": overloaded,
+        "rounds": rounds,
+        "seconds": seconds,
+        "sentences": len(sources),
+        "threads": threads or os.cpu_count(),
+    }
+
+
+def _median(runs):
+    return {key: sorted(r[key] for r in runs)[len(runs) // 2] for key in runs[0]}
+
+
+def print_serve_table(results):
+    base = results["runner_batch32"]
+    print(
+        f"kformer serve, LibreTranslate API, one test sentence a request; {results['seconds']:g} s a level, "
+        f"median of {results['rounds']} interleaved rounds; runner batch 32: {base:.1f} sentences/s"
+    )
+    print(
+        f"{'clients':>7} {'sent/s':>8} {'x runner b32':>12} {'x 1 client':>10} "
+        f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
+    )
+    single = results["levels"][1]["sentences_per_s"]
+    for clients, row in results["levels"].items():
+        print(
+            f"{clients:>7} {row['sentences_per_s']:8.1f} {row['sentences_per_s'] / base:12.2f} "
+            f"{row['sentences_per_s'] / single:10.2f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} {row['errors']:6d}"
+        )
+    m, o = results["mixed"], results["overload"]
+    print(f"server peak memory {results['server_peak_mb']:.0f} MB")
+    print(
+        f"mixed: {m['requests']} requests: good answered right {m['good_ok']}, wrong/failed {m['good_wrong']}; "
+        f"bad 4xx {m['bad_4xx']}, other {m['bad_other']}; RSS {m['rss_after_warmup_mb']:.0f} MB after warm-up, "
+        f"{m['rss_end_mb']:.0f} MB at the end"
+    )
+    print(
+        f"overload: {o['clients']} clients of 10-sentence requests, queue 2,000 characters: {o['requests']} "
+        f"requests, {o['refused']} refused (503), {o['errors']} other errors, "
+        f"admitted p50 {o['p50_ms']:.0f} ms p99 {o['p99_ms']:.0f} ms; "
+        f"then one request: {o['after_status']} in {o['after_ms']:.0f} ms"
+    )

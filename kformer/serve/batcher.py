@@ -1,0 +1,111 @@
+"""Batching across requests: texts of concurrent requests run on the runner together.
+
+Requests wait in a queue bounded by the characters it holds (characters are what a translation
+costs); a full queue refuses work at once (`QueueFull`, which the server answers with 503 and
+Retry-After) instead of letting a backlog grow. One thread takes what has queued (kformer.gather:
+up to batch_size texts, a few ms for more), runs each group of texts that share search options in
+one `runner.translations` call, and hands each request its results. A request whose client left
+before its turn is skipped.
+"""
+
+import concurrent.futures
+import dataclasses
+import queue as queue_lib
+import threading
+import time
+
+from kformer import gather
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after):
+        super().__init__(f"the translation queue is full; retry in {retry_after} s")
+        self.retry_after = retry_after
+
+
+@dataclasses.dataclass
+class _Request:
+    texts: list
+    options: object  # checked kformer.options.SearchOptions: equal ones run together
+    future: concurrent.futures.Future
+    chars: int
+
+
+_STOP = object()
+
+
+class Batcher:
+    """`submit(texts, options) -> Future` of list[Translation]; `close()` after the last request.
+
+    observe(batch_texts, seconds) is called after each runner call (for metrics)."""
+
+    def __init__(self, runner, batch_size, window, max_queue_chars, observe=None):
+        self.runner, self.batch_size, self.window = runner, batch_size, window
+        self.max_queue_chars, self.observe = max_queue_chars, observe or (lambda texts, seconds: None)
+        self.queued_chars = self.queued_requests = 0
+        self.chars_per_second = None  # measured, for Retry-After
+        self._lock = threading.Lock()
+        self._queue = queue_lib.Queue()
+        self._thread = threading.Thread(target=self._work, daemon=True, name="kformer-batcher")
+        self._thread.start()
+
+    def submit(self, texts, options):
+        """Queues the texts; raises QueueFull when they would take the queue over its bound (a
+        request alone over it is still taken into an empty queue, so every size can be served)."""
+        chars = sum(map(len, texts)) + len(texts)  # an empty text still costs a step
+        with self._lock:
+            if self.queued_requests and self.queued_chars + chars > self.max_queue_chars:
+                raise QueueFull(self._retry_after())
+            self.queued_chars += chars
+            self.queued_requests += 1
+        request = _Request(list(texts), options, concurrent.futures.Future(), chars)
+        self._queue.put(request)
+        return request.future
+
+    def _retry_after(self):
+        """Whole seconds until the queue has drained, at the measured rate (1 before a measure)."""
+        if not self.chars_per_second:
+            return 1
+        return max(1, round(self.queued_chars / self.chars_per_second))
+
+    def close(self):
+        """Translates what is queued, then stops the thread."""
+        self._queue.put(_STOP)
+        self._thread.join()
+
+    def _work(self):
+        while True:
+            requests = gather.take_batch(self._queue, self.batch_size, self.window)
+            stop = _STOP in requests
+            requests = [r for r in requests if r is not _STOP]
+            with self._lock:
+                for request in requests:
+                    self.queued_chars -= request.chars
+                    self.queued_requests -= 1
+            live = [r for r in requests if r.future.set_running_or_notify_cancel()]
+            for options in dict.fromkeys(r.options for r in live):  # in order of arrival
+                self._run([r for r in live if r.options == options], options)
+            if stop:
+                if self._queue.empty():
+                    return
+                self._queue.put(_STOP)  # what queued behind it runs first
+
+    def _run(self, requests, options):
+        texts = [text for r in requests for text in r.texts]
+        start = time.perf_counter()
+        try:
+            results = self.runner.translations(texts, **dataclasses.asdict(options))
+        except Exception as e:  # noqa: BLE001 -- each request gets the error; the server goes on
+            for r in requests:
+                r.future.set_exception(e)
+            return
+        seconds = time.perf_counter() - start
+        chars = sum(r.chars for r in requests)
+        rate = chars / max(seconds, 1e-6)
+        self.chars_per_second = (
+            rate if self.chars_per_second is None else 0.8 * self.chars_per_second + 0.2 * rate
+        )
+        self.observe(len(texts), seconds)
+        for r in requests:
+            r.future.set_result(results[: len(r.texts)])
+            results = results[len(r.texts) :]

@@ -1,0 +1,28 @@
+"""kformer's own JSON API: `POST /v1/translate` {"texts": [str, ...], and any search option:
+"beam_size", "alpha", "max_length", "no_repeat_ngram", "nbest"} ->
+{"translations": [{"translation", "score", "alternatives": [{"translation", "score"}, ...]}, ...]},
+one per text, in order (kformer.batching.Translation.to_dict)."""
+
+from kformer.serve.requests import BadRequest, json_object
+
+OPTIONS = ("beam_size", "alpha", "max_length", "no_repeat_ngram", "nbest")
+
+
+def parse(body):
+    """(texts, search option changes) of a request body."""
+    data = json_object(body)
+    unknown = sorted(set(data) - {"texts", *OPTIONS})
+    if unknown:
+        raise BadRequest(
+            f"unknown field {unknown[0]!r}; the fields are texts, {', '.join(OPTIONS)}", field=unknown[0]
+        )
+    texts = data.get("texts")
+    if texts is None:
+        raise BadRequest("missing field 'texts' (a list of strings)", field="texts")
+    if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
+        raise BadRequest("field 'texts' must be a list of strings", field="texts")
+    return texts, {name: data[name] for name in OPTIONS if data.get(name) is not None}
+
+
+def respond(translations):
+    return {"translations": [t.to_dict() for t in translations]}

@@ -1,0 +1,49 @@
+"""The server's metrics, in Prometheus' text format at GET /metrics (prometheus_client): requests
+and their status codes per route, latency and batch-size histograms (percentiles come from the
+buckets, as Prometheus computes them), the queue's depth."""
+
+import prometheus_client as prom
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class Metrics:
+    def __init__(self, batcher_state):
+        """batcher_state() -> (queued requests, queued characters), read at each scrape."""
+        self.registry = prom.CollectorRegistry()
+        self.requests = prom.Counter(
+            "kformer_requests", "HTTP requests answered", ["route", "code"], registry=self.registry
+        )
+        self.latency = prom.Histogram(
+            "kformer_request_seconds",
+            "time from a request's arrival to its answer",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_texts = prom.Histogram(
+            "kformer_batch_texts", "texts per runner call", buckets=BATCH_BUCKETS, registry=self.registry
+        )
+        self.batch_seconds = prom.Histogram(
+            "kformer_batch_seconds", "time of a runner call", buckets=LATENCY_BUCKETS, registry=self.registry
+        )
+        queued = prom.Gauge(
+            "kformer_queue_requests", "requests waiting for the runner", registry=self.registry
+        )
+        queued.set_function(lambda: batcher_state()[0])
+        chars = prom.Gauge(
+            "kformer_queue_characters", "characters waiting for the runner", registry=self.registry
+        )
+        chars.set_function(lambda: batcher_state()[1])
+
+    def observe_request(self, route, code, seconds):
+        self.requests.labels(route, str(code)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def observe_batch(self, texts, seconds):
+        self.batch_texts.observe(texts)
+        self.batch_seconds.observe(seconds)
+
+    def text(self):
+        return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST

@@ -1,0 +1,61 @@
+"""Reading request bodies strictly: a size limit, JSON or a URL-encoded form (or the query string),
+valid UTF-8. Every failure is a `BadRequest` with the status and a message naming what is wrong."""
+
+import json
+import urllib.parse
+
+
+class BadRequest(Exception):
+    def __init__(self, message, status=400, field=None):
+        super().__init__(message)
+        self.status, self.field = status, field
+
+
+async def read_body(request, max_bytes):
+    """The request's body, or 413 once it is over max_bytes (read no further than that)."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_bytes:
+        raise BadRequest(
+            f"the request body is {int(declared):,} bytes, more than the limit {max_bytes:,}", 413
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise BadRequest(f"the request body is over the limit of {max_bytes:,} bytes", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _form(raw, where):
+    try:
+        return dict(urllib.parse.parse_qsl(raw.decode("utf-8"), keep_blank_values=True, errors="strict"))
+    except UnicodeDecodeError as e:
+        raise BadRequest(f"the {where} is not valid UTF-8 (at byte {e.start})") from None
+
+
+def json_object(body):
+    """A JSON body that must be an object."""
+    try:
+        value = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise BadRequest(f"the request body is not valid UTF-8 (at byte {e.start})") from None
+    except ValueError as e:
+        raise BadRequest(f"the request body is not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"the request body must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def fields(request, body):
+    """Fields of a request as LibreTranslate reads them: the query string's, then the body's (a
+    JSON object, or a URL-encoded form) over them."""
+    values = _form(request.scope.get("query_string", b""), "query string")
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "application/json" or (not kind and body.lstrip().startswith(b"{")):
+        values.update(json_object(body))
+    elif kind in ("application/x-www-form-urlencoded", "") or not body:
+        values.update(_form(body, "request body"))
+    else:
+        raise BadRequest(f"unsupported Content-Type {kind}: send JSON or a URL-encoded form", 415)
+    return values

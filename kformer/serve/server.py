@@ -1,0 +1,96 @@
+"""`kformer serve`: the app of app.py on uvicorn, after the model is loaded and has translated a
+probe sentence (so that /health answers only for a model that works).
+
+uvicorn stops on SIGTERM or Ctrl-C as a service should: it stops accepting connections, lets
+the requests in flight finish (within GRACEFUL_SECONDS), then the batcher stops."""
+
+import contextlib
+import ipaddress
+import logging
+import socket
+import threading
+
+import uvicorn
+
+from kformer.export.formats import open_runner
+from kformer.serve.app import create_app
+from kformer.serve.settings import Settings
+
+log = logging.getLogger("kformer")
+GRACEFUL_SECONDS = 30
+MAX_CONNECTIONS = 1024  # beyond these uvicorn answers 503 at once; the queue bounds the work
+PROBE = "你好。"
+
+
+def load(model, runtime="onnx", variant="fp32", threads=None, **options):
+    """The runner of an export folder, checked by translating a probe sentence."""
+    if runtime not in ("onnx", "tflite", "ctranslate2"):
+        raise ValueError(f"--runtime {runtime}: the server runs an export with onnx, tflite or ctranslate2")
+    runner = open_runner(model, runtime, variant, threads=threads, **options)
+    runner.translations([PROBE])
+    return runner
+
+
+def bind(host, port):
+    """A listening socket, or a one-line error for a taken port or an unknown address."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(
+            f"cannot serve on {host}:{port} ({e.strerror}); choose another --host or --port"
+        ) from None
+    sock.listen(2048)
+    return sock
+
+
+def is_loopback(host):
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _server(app, sock):
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SECONDS,
+        limit_concurrency=MAX_CONNECTIONS,
+        lifespan="on",
+    )
+    return uvicorn.Server(config)
+
+
+def serve(runner, host="127.0.0.1", port=8000, settings=None, ready=print):
+    """Serves until SIGTERM or Ctrl-C. ready(url) is called once the socket is listening."""
+    settings = settings or Settings()
+    if not is_loopback(host) and settings.api_key is None:
+        log.warning("serving on %s without --api-key: anyone who can reach it can use it", host)
+    sock = bind(host, port)
+    server = _server(create_app(runner, settings), sock)
+    shown = f"[{host}]" if ":" in host else host
+    ready(f"http://{shown}:{sock.getsockname()[1]}/")
+    server.run(sockets=[sock])
+
+
+@contextlib.contextmanager
+def serving(app):
+    """An app (`create_app`, `page_app`) on a free loopback port, in a thread, for as long as the
+    block runs; yields its URL (tests, benchmarks, the page's browser checks)."""
+    sock = bind("127.0.0.1", 0)
+    server = _server(app, sock)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        threading.Event().wait(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    finally:
+        server.should_exit = True
+        thread.join()
+        sock.close()

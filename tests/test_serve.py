@@ -1,0 +1,301 @@
+"""`kformer serve`: its two APIs against the runner's own translations, real LibreTranslate clients
+from PyPI, batching across requests, bad requests, a full queue, clients that leave, SIGTERM."""
+
+import concurrent.futures
+import json
+import re
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from conftest import BEAM, PYTHON
+
+from kformer.export.formats import open_runner
+from kformer.serve.app import create_app
+from kformer.serve.server import serving
+from kformer.serve.settings import Settings
+
+TEXTS = ["我們試試看！", "他很高興。你呢？", "", "好"]
+
+
+@pytest.fixture(scope="module")
+def runner(artifacts):
+    return open_runner(artifacts, "onnx", "fp32")
+
+
+@pytest.fixture(scope="module")
+def url(runner):
+    with serving(create_app(runner)) as url:
+        yield url
+
+
+def request(url, body=None, content_type="application/json", method=None, headers=()):
+    """(status, headers, parsed JSON or text) of one request; body: a dict (sent as JSON) or bytes."""
+    data = json.dumps(body).encode() if isinstance(body, dict | list) else body
+    sent = urllib.request.Request(url, data=data, method=method, headers=dict(headers))
+    if data is not None and content_type:
+        sent.add_header("Content-Type", content_type)
+    try:
+        with urllib.request.urlopen(sent, timeout=60) as response:
+            status, answer_headers, raw = response.status, response.headers, response.read()
+    except urllib.error.HTTPError as e:
+        status, answer_headers, raw = e.code, e.headers, e.read()
+    kind = answer_headers.get("Content-Type", "")
+    return status, answer_headers, json.loads(raw) if kind.startswith("application/json") else raw.decode()
+
+
+def test_kformer_api_answers_as_the_runner_does(runner, url):
+    for options in ({}, {"nbest": 2}, {"beam_size": 1, "max_length": 5, "no_repeat_ngram": 0}):
+        status, _, answer = request(url + "v1/translate", {"texts": TEXTS, **options})
+        expected = [t.to_dict() for t in runner.translations(TEXTS, **options)]
+        assert status == 200 and answer == {"translations": expected}, options
+    status, _, health = request(url + "health")
+    assert status == 200 and health["status"] == "ready" and health["direction"] == "zh-en"
+
+
+def test_libretranslate_clients_from_pypi_work_unchanged(runner, url):
+    from deep_translator import LibreTranslator
+    from libretranslatepy import LibreTranslateAPI
+
+    client = LibreTranslateAPI(url)  # a URL-encoded form body
+    assert client.translate(TEXTS[1], "zh", "en") == runner.translate([TEXTS[1]])[0]
+    assert client.languages() == [{"code": "zh", "name": "Chinese", "targets": ["en"]}]
+    [detected] = client.detect(TEXTS[0])
+    assert detected["language"] == "zh" and 0 <= detected["confidence"] <= 100
+    # deep-translator sends the fields in the query string and insists on a key, which is ignored
+    # while the server has none
+    translator = LibreTranslator(source="zh", target="en", api_key="unused", custom_url=url)
+    assert translator.translate(TEXTS[0]) == runner.translate([TEXTS[0]])[0]
+
+
+def test_libretranslate_api_shapes(runner, url):
+    status, _, answer = request(
+        url + "translate", {"q": TEXTS[:2], "source": "auto", "target": "en", "alternatives": 2}
+    )
+    best = runner.translations(TEXTS[:2], nbest=3)
+    assert status == 200 and answer["translatedText"] == [t.text for t in best]
+    assert answer["alternatives"] == [[h.text for h in t.alternatives[1:3]] for t in best]
+    assert [d["language"] for d in answer["detectedLanguage"]] == ["zh", "zh"]
+    status, _, answer = request(
+        url + "translate", b"q=%E5%A5%BD&source=zh&target=en", "application/x-www-form-urlencoded"
+    )
+    assert status == 200 and answer == {"translatedText": runner.translate(["好"])[0]}
+    for body, message in [
+        ({"source": "zh", "target": "en"}, "Invalid request: missing q parameter"),
+        ({"q": "好", "target": "en"}, "Invalid request: missing source parameter"),
+        ({"q": "好", "source": "zh", "target": "fr"}, "fr is not supported"),
+        (
+            {"q": 3, "source": "zh", "target": "en"},
+            "Invalid request: q must be a string or a list of strings",
+        ),
+        ({"q": "好", "source": "zh", "target": "en", "format": "html"}, "html format is not supported"),
+        ({"q": "好", "source": "zh", "target": "en", "alternatives": BEAM}, f"at most {BEAM - 1}"),
+        (
+            {"q": "好", "source": "zh", "target": "en", "alternatives": "x"},
+            "alternatives must be a whole number",
+        ),
+    ]:
+        status, _, answer = request(url + "translate", body)
+        assert status == 400 and set(answer) == {"error"} and message in answer["error"], (body, answer)
+
+
+def test_bad_requests_get_a_4xx_naming_the_fault_and_the_server_goes_on(runner, url):
+    api = url + "v1/translate"
+    for body, content_type, status, words in [
+        (b'{"texts": ["a"', "application/json", 400, "not valid JSON"),
+        (b'["a"]', "application/json", 400, "must be a JSON object"),
+        (b'{"texts": ["\xff\xfe"]}', "application/json", 400, "not valid UTF-8"),
+        ({"text": ["a"]}, "application/json", 400, "unknown field 'text'"),
+        ({"beam": 4}, "application/json", 400, "unknown field 'beam'"),
+        ({"alpha": 1}, "application/json", 400, "missing field 'texts'"),
+        ({"texts": "好"}, "application/json", 400, "'texts' must be a list of strings"),
+        ({"texts": ["好", 3]}, "application/json", 400, "'texts' must be a list of strings"),
+        ({"texts": ["好"], "beam_size": 2}, "application/json", 400, f"beam size {BEAM}, not 2"),
+        ({"texts": ["好"], "alpha": -1}, "application/json", 400, "alpha"),
+        ({"texts": ["好"], "nbest": BEAM + 1}, "application/json", 400, "nbest"),
+        ({"texts": ["好" * 10_001]}, "application/json", 413, "more than the limit 10,000"),
+    ]:
+        got, _, answer = request(api, body, content_type)
+        assert got == status and words in answer["error"], (body if len(str(body)) < 80 else "big", answer)
+    host, port = url.split("//")[1].rstrip("/").split(":")
+    with socket.create_connection((host, int(port))) as client:  # a 2 MiB body, refused before it is sent
+        client.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Length: 2097152\r\n\r\n")
+        refused = client.recv(4096)
+        assert refused.startswith(b"HTTP/1.1 413 "), refused
+    got, _, answer = request(
+        url + "translate", b"q=%FF&source=zh&target=en", "application/x-www-form-urlencoded"
+    )
+    assert got == 400 and "not valid UTF-8" in answer["error"]
+    got, _, answer = request(url + "translate", b"--x\r\n", "multipart/form-data; boundary=x")
+    assert got == 415 and "URL-encoded form" in answer["error"]
+    assert request(api, method="GET")[0] == 405 and request(url + "nothing/here")[0] == 404
+    assert request(api, {"texts": ["好"]})[2] == {
+        "translations": [t.to_dict() for t in runner.translations(["好"])]
+    }
+    status, _, metrics = request(url + "metrics")
+    counts = re.findall(r'kformer_requests_total\{code="(\d+)",route="/v1/translate"\} (\d+)', metrics)
+    assert status == 200 and ("413", "2") in counts and ("400", "11") in counts, counts
+
+
+class Gated:
+    """A runner whose translations wait for `gate` (so that requests queue behind a batch), and
+    that records the texts of each call."""
+
+    def __init__(self, runner):
+        self.runner, self.calls, self.gate = runner, [], threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def translations(self, texts, **options):
+        self.calls.append(list(texts))
+        assert self.gate.wait(60)
+        return self.runner.translations(texts, **options)
+
+
+def test_concurrent_requests_run_in_one_batch(runner):
+    gated = Gated(runner)
+    texts = [f"{i}。" for i in range(8)]
+    with (
+        serving(create_app(gated, Settings(batch_size=32))) as url,
+        concurrent.futures.ThreadPoolExecutor(9) as pool,
+    ):
+        first = pool.submit(request, url + "v1/translate", {"texts": ["先"]})
+        while not gated.calls:  # the first batch is running: the others queue behind it
+            time.sleep(0.01)
+        rest = [
+            pool.submit(request, url + "translate", {"q": t, "source": "zh", "target": "en"}) for t in texts
+        ]
+        while request(url + "metrics")[2].count("kformer_queue_requests 8.0") == 0:
+            time.sleep(0.01)
+        gated.gate.set()
+        assert first.result()[0] == 200
+        answers = [f.result()[2]["translatedText"] for f in rest]
+    assert len(gated.calls) == 2 and sorted(gated.calls[1]) == texts  # one batch, in order of arrival
+    assert answers == runner.translate(texts)
+
+
+def test_a_full_queue_answers_503_with_retry_after_and_recovers(runner):
+    gated = Gated(runner)
+    with (
+        serving(create_app(gated, Settings(max_queue_chars=10))) as url,
+        concurrent.futures.ThreadPoolExecutor(4) as pool,
+    ):
+        running = pool.submit(request, url + "v1/translate", {"texts": ["先"]})
+        while not gated.calls:
+            time.sleep(0.01)
+        queued = pool.submit(request, url + "v1/translate", {"texts": ["一二三四五"]})  # 6 of 10 characters
+        while "kformer_queue_requests 1.0" not in request(url + "metrics")[2]:
+            time.sleep(0.01)
+        status, headers, answer = request(url + "v1/translate", {"texts": ["六七八九十"]})
+        assert status == 503 and int(headers["Retry-After"]) >= 1 and "queue is full" in answer["error"]
+        gated.gate.set()
+        assert running.result()[0] == 200 and queued.result()[0] == 200
+        assert request(url + "v1/translate", {"texts": ["六七八九十"]})[0] == 200
+
+
+def test_a_client_that_leaves_costs_no_translation(runner):
+    gated = Gated(runner)
+    with serving(create_app(gated)) as url, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        running = pool.submit(request, url + "v1/translate", {"texts": ["先"]})
+        while not gated.calls:
+            time.sleep(0.01)
+        host, port = url.split("//")[1].rstrip("/").split(":")
+        body = json.dumps({"texts": ["走了"]}).encode()
+        with socket.create_connection((host, int(port))) as leaving:
+            leaving.sendall(
+                b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            while "kformer_queue_requests 1.0" not in request(url + "metrics")[2]:
+                time.sleep(0.01)
+        while 'code="499"' not in request(url + "metrics")[2]:  # the server saw it leave
+            time.sleep(0.01)
+        gated.gate.set()
+        assert running.result()[0] == 200
+        assert request(url + "v1/translate", {"texts": ["好"]})[0] == 200
+    assert gated.calls == [["先"], ["好"]]  # "走了" never ran
+
+
+def test_serve_command_finishes_requests_in_flight_on_sigterm(artifacts):
+    process = subprocess.Popen(
+        [PYTHON, "-m", "kformer.cli", "serve", "--model", artifacts, "--port", "0", "--api-key", "k"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        lines = [process.stdout.readline() for _ in range(3)]
+        assert lines[0].startswith("loading") and "serving" in lines[1], lines
+        url = re.search(r"http://\S+/", lines[1]).group()
+        assert request(url + "health")[0] == 200
+        assert request(url + "translate", {"q": "好", "source": "zh", "target": "en"})[2] == {
+            "error": "Invalid API key"
+        }
+        many = {"texts": ["他很高興。你呢？"] * 300}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(
+                request, url + "v1/translate", many, headers={"Authorization": "Bearer k"}
+            )
+            time.sleep(0.3)
+            process.terminate()
+            status, _, answer = in_flight.result()
+        assert status == 200 and len(answer["translations"]) == 300
+        assert process.wait(timeout=60) in (0, -15)
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(url + "health", timeout=5)
+    finally:
+        process.kill()
+
+
+def test_serve_command_errors_are_one_line(artifacts, tmp_path):
+    partial = tmp_path / "no-int8"
+    subprocess.run(["cp", "-r", artifacts, str(partial)], check=True)
+    manifest = json.loads((partial / "manifest.json").read_text())
+    manifest["artifacts"] = [a for a in manifest["artifacts"] if a["variant"] != "int8"]
+    (partial / "manifest.json").write_text(json.dumps(manifest))
+    with socket.socket() as taken:  # a port another program holds
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for case, expected in [
+            (["--model", str(tmp_path)], "manifest.json not found"),
+            (["--model", str(partial), "--variant", "int8"], "no onnx int8"),
+            (["--model", artifacts, "--runtime", "keras"], "invalid choice"),
+            (["--model", artifacts, "--max-chars", "0"], "--max-chars"),
+            (["--model", artifacts, "--port", port], "choose another --host or --port"),
+        ]:
+            result = subprocess.run(
+                [PYTHON, "-m", "kformer.cli", "serve", *case], capture_output=True, text=True
+            )
+            error = result.stderr.strip().splitlines()[-1]
+            assert result.returncode == 2 and expected in error and "Traceback" not in result.stderr, (
+                case,
+                error,
+            )
+
+
+@pytest.mark.slow
+def test_bench_serve_measures_levels_mixed_bodies_and_overload(artifacts, capsys):
+    from kformer.bench.serve import CLIENT_LEVELS, bench_serve, print_serve_table
+
+    results = bench_serve(
+        artifacts, sentences=20, rounds=1, seconds=0.5, requests=200, progress=lambda *a, **k: None
+    )
+    assert set(results["levels"]) == set(CLIENT_LEVELS) and results["runner_batch32"] > 0
+    assert all(
+        row["sentences_per_s"] > 0 and row["errors"] == row["refused"] == 0
+        for row in results["levels"].values()
+    )
+    mixed = results["mixed"]
+    assert mixed["good_ok"] + mixed["bad_4xx"] == 200 and mixed["good_ok"] > 100 and mixed["bad_4xx"] > 10, (
+        mixed
+    )
+    overload = results["overload"]
+    assert overload["refused"] > 0 and overload["errors"] == 0 and overload["after_status"] == 200, overload
+    print_serve_table(results)
+    assert "x runner b32" in capsys.readouterr().out
