@@ -261,8 +261,11 @@ ONNX_STEP_NODES = [176, 175, 138, 136, 119, 118, 88, 86]
 TFLITE_STEP_OPS = [158, 158, 133, 133, 118, 118, 97, 97]
 # The ONNX main graph runs once a call, and the idle search's part of it (at batch 1, ~5% of a
 # greedy call) is mostly the two passes' bookkeeping: 443 nodes before it was written in fewer.
-# The repeat guard's loops and state added ~130 (tf2onnx writes 506-511 for the same code).
-ONNX_MAIN_NODES = 515
+# The repeat guard's loops and state added ~130. tf2onnx does not write the same count twice: 21
+# exports of the same model and code gave 506-520 (some shape computations, Slice/Squeeze/Range/
+# Shape/Cast, are folded in one export and not in the next, whatever PYTHONHASHSEED), so the budget
+# is the most seen plus a margin; a change that adds a step's worth of bookkeeping still shows.
+ONNX_MAIN_NODES = 525
 
 
 def _within(counts, budget):
