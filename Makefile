@@ -8,9 +8,9 @@ $(VENV)/.installed: pyproject.toml $(WEB)/package-lock.json
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e ".[test]"
-	@# the page's JavaScript packages (`kformer web`), pinned by the lock file
+	@# the page's JavaScript packages (served by `kformer serve`), pinned by the lock file
 	npm ci --prefix $(WEB) --no-audit --no-fund --loglevel=error || \
-	echo "note: npm ci failed; kformer web and the browser tests need it"
+	echo "note: npm ci failed; the page of kformer serve and the browser tests need it"
 	touch $@
 
 # Debian's Chromium for the browser tests (Playwright's own browser download is not reachable here),

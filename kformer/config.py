@@ -21,8 +21,8 @@ LENGTH_PENALTY = 0.6  # the paper's α (GNMT length penalty)
 NO_REPEAT_NGRAM = 4
 EXTRA_OUTPUT_TOKENS = 50  # maximum output length = source length + 50 (the paper's rule)
 MAX_INPUT_CHARS = 100_000  # `kformer translate` refuses a longer input line (--max-chars)
-# How long a batch waits for more work after its first piece (kformer.gather): lines of a pipe,
-# requests of `kformer serve`. A few ms: a search call takes tens of ms at batch 1.
+# How long `kformer translate` waits for more lines of a pipe after the first (kformer.gather): a
+# file's lines then fill the first batch too; a search call takes tens of ms at batch 1.
 GATHER_WINDOW_SECONDS = 0.005
 # Searches run first with buffers of source length + 8, then only the rows not done by then, in
 # buffers of the full length. On Tatoeba zh-en, 90% of training targets are within 6 tokens of their

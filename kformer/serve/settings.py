@@ -2,8 +2,6 @@
 
 import dataclasses
 
-from kformer.config import GATHER_WINDOW_SECONDS
-
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -13,7 +11,9 @@ class Settings:
     api_key: None for none."""
 
     batch_size: int = 32
-    window: float = GATHER_WINDOW_SECONDS
+    # 0: what has queued while the runner was busy is the batch. Waiting for more only delays: 8
+    # clients of single sentences got 20% fewer sentences/s with 5 ms, 40% fewer with 20 ms.
+    window: float = 0.0
     max_queue_chars: int = 20_000
     max_body_bytes: int = 1 << 20
     max_chars: int = 10_000
