@@ -15,6 +15,7 @@ import json
 import os
 import random
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -214,7 +215,11 @@ def bench_serve(
     overloaded = overload(artifact_dir, threads, sources, 256, seconds, queue_chars=2_000)
     return {
         "levels": {n: _median(runs) for n, runs in levels.items()},
-        "runner_batch32": sorted(baseline)[len(baseline) // 2],
+        "runner_batch32": statistics.median(baseline),
+        "x_runner": {
+            n: _ratio(runs, [{"sentences_per_s": b} for b in baseline]) for n, runs in levels.items()
+        },
+        "x_one_client": {n: _ratio(runs, levels[1]) for n, runs in levels.items()},
         "runner_per_round": baseline,
         "per_round": levels,
         "server_peak_mb": peak_mb,
@@ -227,25 +232,30 @@ def bench_serve(
     }
 
 
+def _ratio(runs, bases):
+    """The median over rounds of a run's sentences/s over its round's base."""
+    return statistics.median(r["sentences_per_s"] / b["sentences_per_s"] for r, b in zip(runs, bases))
+
+
 def _median(runs):
-    return {key: sorted(r[key] for r in runs)[len(runs) // 2] for key in runs[0]}
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
 
 def print_serve_table(results):
     base = results["runner_batch32"]
     print(
         f"kformer serve, LibreTranslate API, one test sentence a request; {results['seconds']:g} s a level, "
-        f"median of {results['rounds']} interleaved rounds; runner batch 32: {base:.1f} sentences/s"
+        f"median of {results['rounds']} interleaved rounds (ratios: of the per-round ratios); "
+        f"runner batch 32: {base:.1f} sentences/s"
     )
     print(
         f"{'clients':>7} {'sent/s':>8} {'x runner b32':>12} {'x 1 client':>10} "
         f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
     )
-    single = results["levels"][1]["sentences_per_s"]
     for clients, row in results["levels"].items():
         print(
-            f"{clients:>7} {row['sentences_per_s']:8.1f} {row['sentences_per_s'] / base:12.2f} "
-            f"{row['sentences_per_s'] / single:10.2f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} {row['errors']:6d}"
+            f"{clients:>7} {row['sentences_per_s']:8.1f} {results['x_runner'][clients]:12.2f} "
+            f"{results['x_one_client'][clients]:10.2f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} {row['errors']:6g}"
         )
     m, o = results["mixed"], results["overload"]
     print(f"server peak memory {results['server_peak_mb']:.0f} MB")
