@@ -114,13 +114,12 @@ def load_level(port, bodies, clients, seconds):
     }
 
 
-def runner_throughput(runner, sources, seconds):
-    """Sentences/s of runner.translate on batches of 32 test sentences, for about `seconds`."""
+def runner_throughput(runner, sources, seconds, batch=32):
+    """Sentences/s of runner.translate on `batch` test sentences a call, for about `seconds`."""
     done, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        batch = [sources[(done + i) % len(sources)] for i in range(32)]
-        runner.translate(batch)
-        done += 32
+        runner.translate([sources[(done + i) % len(sources)] for i in range(batch)])
+        done += batch
     return done / (time.perf_counter() - start)
 
 
@@ -197,11 +196,12 @@ def bench_serve(
     bodies = [(_lt_body(s), "application/json", 1) for s in sources]
     server = Server(artifact_dir, threads)
     levels = {n: [] for n in CLIENT_LEVELS}
-    baseline = []
+    baseline, single = [], []
     try:
         for number in range(rounds):  # interleaved: the runner, then each level, every round
-            progress(f"round {number + 1}/{rounds}: runner batch 32 ...", end=" ", flush=True)
+            progress(f"round {number + 1}/{rounds}: runner batch 32, batch 1 ...", end=" ", flush=True)
             baseline.append(runner_throughput(runner, sources, seconds))
+            single.append(runner_throughput(runner, sources, seconds, batch=1))
             for clients in CLIENT_LEVELS:
                 progress(f"{clients} clients ...", end=" ", flush=True)
                 levels[clients].append(load_level(server.port, bodies, clients, seconds))
@@ -216,6 +216,7 @@ def bench_serve(
     return {
         "levels": {n: _median(runs) for n, runs in levels.items()},
         "runner_batch32": statistics.median(baseline),
+        "runner_batch1": statistics.median(single),
         "x_runner": {
             n: _ratio(runs, [{"sentences_per_s": b} for b in baseline]) for n, runs in levels.items()
         },
@@ -246,7 +247,7 @@ def print_serve_table(results):
     print(
         f"kformer serve, LibreTranslate API, one test sentence a request; {results['seconds']:g} s a level, "
         f"median of {results['rounds']} interleaved rounds (ratios: of the per-round ratios); "
-        f"runner batch 32: {base:.1f} sentences/s"
+        f"runner batch 32: {base:.1f}, batch 1: {results['runner_batch1']:.1f} sentences/s"
     )
     print(
         f"{'clients':>7} {'sent/s':>8} {'x runner b32':>12} {'x 1 client':>10} "

@@ -34,7 +34,9 @@ def load(model, runtime="onnx", variant="fp32", threads=None, **options):
 def bind(host, port):
     """A listening socket, or a one-line error for a taken port or an unknown address."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto named: asyncio turns Nagle's algorithm off only on sockets that say they are TCP; with
+    # it on, a response's headers and body (two writes) waited ~40 ms for the client's delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -75,7 +77,10 @@ def serve(runner, host="127.0.0.1", port=8000, settings=None, ready=print):
     server = _server(create_app(runner, settings), sock)
     shown = f"[{host}]" if ":" in host else host
     ready(f"http://{shown}:{sock.getsockname()[1]}/")
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn raises Ctrl-C again once it has shut down gracefully
+        pass
 
 
 @contextlib.contextmanager
