@@ -152,7 +152,7 @@ def mixed(server, runner, sources, requests, bad_share=0.2, clients=32, seed=0):
                 key = "bad_4xx" if 400 <= status < 500 else "bad_other"
             with lock:
                 outcome[key] += 1
-                if sum(outcome.values()) == requests // 10:
+                if sum(outcome.values()) == requests // 2:
                     warm["rss_mb"] = server.memory_mb("VmRSS")
         connection.close()
 
@@ -161,7 +161,7 @@ def mixed(server, runner, sources, requests, bad_share=0.2, clients=32, seed=0):
     return {
         **outcome,
         "requests": requests,
-        "rss_after_warmup_mb": warm.get("rss_mb"),
+        "rss_half_mb": warm.get("rss_mb"),
         "rss_end_mb": server.memory_mb("VmRSS"),
     }
 
@@ -262,7 +262,7 @@ def print_serve_table(results):
     print(f"server peak memory {results['server_peak_mb']:.0f} MB")
     print(
         f"mixed: {m['requests']} requests: good answered right {m['good_ok']}, wrong/failed {m['good_wrong']}; "
-        f"bad 4xx {m['bad_4xx']}, other {m['bad_other']}; RSS {m['rss_after_warmup_mb']:.0f} MB after warm-up, "
+        f"bad 4xx {m['bad_4xx']}, other {m['bad_other']}; RSS {m['rss_half_mb']:.0f} MB after half, "
         f"{m['rss_end_mb']:.0f} MB at the end"
     )
     print(

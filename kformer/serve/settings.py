@@ -11,8 +11,9 @@ class Settings:
     api_key: None for none."""
 
     batch_size: int = 32
-    # 0: what has queued while the runner was busy is the batch. Waiting for more only delays: 8
-    # clients of single sentences got 20% fewer sentences/s with 5 ms, 40% fewer with 20 ms.
+    # 0: what has queued while the runner was busy is the batch. Waiting for more delays a lone
+    # request by the wait (one client: 89 -> 56 sentences/s with 5 ms, 31 with 20 ms) and gained
+    # nothing beyond noise at 8 or 32 clients (demo model, 2 cores).
     window: float = 0.0
     max_queue_chars: int = 8_000  # ~5 s of the demo model's work on 2 cores (~1,600 characters/s)
     max_body_bytes: int = 1 << 20
