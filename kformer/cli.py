@@ -533,7 +533,7 @@ def _add_serve(commands):
         "--batch-size",
         type=_positive(int),
         default=defaults.batch_size,
-        help=f"most requests translated together (default {defaults.batch_size})",
+        help=f"texts gathered into one runner call, a request whole (default {defaults.batch_size})",
     )
     p.add_argument(
         "--batch-window-ms",

@@ -13,16 +13,19 @@ import time
 _END = object()  # after the last item of `gathered`'s input
 
 
-def take_batch(queue, size, window):
+def take_batch(queue, size, window, cost=None):
     """Blocks for one item of a queue.Queue, then returns it with those that follow within `window`
-    seconds (those already queued at once), `size` items at most."""
+    seconds (those already queued at once), until the batch's cost reaches `size`: cost(item), 1
+    an item by default; the item that reaches it is taken whole."""
+    cost = cost or (lambda item: 1)
     batch = [queue.get()]
-    deadline = time.monotonic() + window
-    while len(batch) < size:
+    total, deadline = cost(batch[0]), time.monotonic() + window
+    while total < size:
         try:
             batch.append(queue.get(timeout=max(0.0, deadline - time.monotonic())))
         except queue_lib.Empty:
             break
+        total += cost(batch[-1])
     return batch
 
 

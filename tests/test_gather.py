@@ -18,6 +18,10 @@ def test_take_batch_takes_what_is_queued_up_to_size_and_waits_at_most_the_window
     threading.Timer(0.02, q.put, args=(5,)).start()
     threading.Timer(0.03, q.put, args=(6,)).start()
     assert gather.take_batch(q, 3, 0.5) == [5, 6]  # one that arrives within the window joins
+    for texts in (["a"], ["b", "c", "d"], ["e"], ["f"]):
+        q.put(texts)
+    assert gather.take_batch(q, 3, 0.0, cost=len) == [["a"], ["b", "c", "d"]]  # the last one whole
+    assert gather.take_batch(q, 3, 0.0, cost=len) == [["e"], ["f"]]
 
 
 def test_gathered_yields_what_has_arrived_when_the_input_pauses():

@@ -60,7 +60,8 @@ def test_kformer_api_answers_as_the_runner_does(runner, url):
 
 def test_answers_are_not_held_back_by_nagles_algorithm(url):
     """A response is two writes (headers, body); with Nagle's algorithm on, the second waits for
-    the client's delayed ACK: ~40 ms a request on Linux, against well under 1 ms for /health."""
+    the client's delayed ACK: ~40 ms a request on Linux, against well under 1 ms for /health. A
+    loaded machine may slow many requests, but with it on only the first of 21 is under 30 ms."""
     host, port = url.split("//")[1].rstrip("/").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=30)
     times = []
@@ -70,7 +71,7 @@ def test_answers_are_not_held_back_by_nagles_algorithm(url):
         assert connection.getresponse().read()
         times.append(time.perf_counter() - start)
     connection.close()
-    assert sorted(times)[10] < 0.02, sorted(times)
+    assert sorted(times)[2] < 0.03, sorted(times)  # with Nagle's: all but the first ~40 ms
 
 
 def test_libretranslate_clients_from_pypi_work_unchanged(runner, url):
@@ -205,6 +206,23 @@ def test_concurrent_requests_run_in_one_batch(runner):
     assert answers == runner.translate(texts)
 
 
+def test_a_batch_holds_batch_size_texts_and_the_request_that_reaches_it(runner):
+    gated = Gated(runner)
+    with (
+        serving(create_app(gated, Settings(batch_size=4))) as url,
+        concurrent.futures.ThreadPoolExecutor(4) as pool,
+    ):
+        first = pool.submit(request, url + "v1/translate", {"texts": ["先"]})
+        while not gated.calls:
+            time.sleep(0.01)
+        rest = [pool.submit(request, url + "v1/translate", {"texts": [f"{i}。"] * 3}) for i in range(3)]
+        while "kformer_queue_requests 3.0" not in request(url + "metrics")[2]:
+            time.sleep(0.01)
+        gated.gate.set()
+        assert first.result()[0] == 200 and all(f.result()[0] == 200 for f in rest)
+    assert [len(call) for call in gated.calls] == [1, 6, 3]
+
+
 def test_a_full_queue_answers_503_with_retry_after_and_recovers(runner):
     gated = Gated(runner)
     with (
@@ -262,17 +280,17 @@ def test_serve_command_finishes_requests_in_flight_on_sigterm(artifacts):
         assert request(url + "translate", {"q": "好", "source": "zh", "target": "en"})[2] == {
             "error": "Invalid API key"
         }
-        many = {"texts": ["他很高興。你呢？"] * 1200}  # 9,600 characters: seconds of work
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            in_flight = pool.submit(
-                request, url + "v1/translate", many, headers={"Authorization": "Bearer k"}
-            )
-            time.sleep(0.3)
-            process.terminate()
-            terminated = time.monotonic()
-            status, _, answer = in_flight.result()
-            assert time.monotonic() > terminated + 0.1  # it was still being translated
-        assert status == 200 and len(answer["translations"]) == 1200
+        many = json.dumps({"texts": ["他很高興。你呢？"] * 1200})  # 9,600 characters: seconds of work
+        host, port = url.split("//")[1].rstrip("/").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=120)
+        connection.request("POST", "/v1/translate", many, {"Authorization": "Bearer k"})  # all sent
+        time.sleep(0.5)
+        process.terminate()
+        terminated = time.monotonic()
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        assert time.monotonic() > terminated + 0.1  # it was still being translated
+        assert response.status == 200 and len(answer["translations"]) == 1200
         assert process.wait(timeout=60) in (0, -15)
         with pytest.raises(urllib.error.URLError):
             urllib.request.urlopen(url + "health", timeout=5)

@@ -3,9 +3,9 @@
 Requests wait in a queue bounded by the characters it holds (characters are what a translation
 costs); a full queue refuses work at once (`QueueFull`, which the server answers with 503 and
 Retry-After) instead of letting a backlog grow. One thread takes what has queued (kformer.gather:
-up to batch_size texts, a few ms for more), runs each group of texts that share search options in
-one `runner.translations` call, and hands each request its results. A request whose client left
-before its turn is skipped.
+requests up to batch_size texts, the last one whole), runs each group of texts that share search
+options in one `runner.translations` call, and hands each request its results. A request whose
+client left before its turn is skipped.
 """
 
 import concurrent.futures
@@ -32,6 +32,10 @@ class _Request:
 
 
 _STOP = object()
+
+
+def _texts(request):
+    return 0 if request is _STOP else len(request.texts)
 
 
 class Batcher:
@@ -75,7 +79,7 @@ class Batcher:
 
     def _work(self):
         while True:
-            requests = gather.take_batch(self._queue, self.batch_size, self.window)
+            requests = gather.take_batch(self._queue, self.batch_size, self.window, _texts)
             stop = _STOP in requests
             requests = [r for r in requests if r is not _STOP]
             with self._lock:

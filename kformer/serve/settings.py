@@ -5,10 +5,10 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """batch_size: most requests gathered into one runner call; window: seconds a batch waits for
-    more after its first request; max_queue_chars: characters waiting beyond which requests are
-    refused (503); max_body_bytes (413); max_chars: characters of one request's texts (413);
-    api_key: None for none."""
+    """batch_size: texts gathered into one runner call (the request that reaches it runs whole);
+    window: seconds a batch waits for more after its first request; max_queue_chars: characters
+    waiting beyond which requests are refused (503); max_body_bytes (413); max_chars: characters of
+    one request's texts (413); api_key: None for none."""
 
     batch_size: int = 32
     # 0: what has queued while the runner was busy is the batch. Waiting for more delays a lone
