@@ -135,10 +135,18 @@ def load(artifact_dir):
     return manifest
 
 
+def _direction(manifest):
+    return (manifest.get("corpus") or {}).get("direction") or ""
+
+
+def source_language(manifest):
+    """The language the export translates from ("zh" of "zh-en"), or None if not recorded."""
+    return _direction(manifest).split("-")[0] or None
+
+
 def target_language(manifest):
     """The language the export translates into ("en" of "zh-en"), or None if not recorded."""
-    direction = (manifest.get("corpus") or {}).get("direction") or ""
-    return direction.split("-")[-1] or None
+    return _direction(manifest).split("-")[-1] or None
 
 
 def verified_path(artifact_dir, manifest, entry):

@@ -54,27 +54,32 @@ def _quoted(text, width=24):
     return repr(text if len(text) <= width else text[: width - 1] + "…")
 
 
+def unknown_characters(tokenizer, text):
+    """(characters of the text that become <unk>, its characters), whitespace left out. Every
+    character the tokenizer was trained to cover is one of its pieces (unigram models keep them
+    all), so a character that is no piece is one that becomes <unk>."""
+    characters = "".join(text.split())
+    return sum(tokenizer.piece_to_id(c) == tokenizer.unk_id() for c in characters), len(characters)
+
+
 def _readable(tokenizer, sentence):
     """False (with a warning) when none of the sentence's characters is in the vocabulary: from
     <unk> pieces alone the model would invent a sentence, so it is output as it is. A sentence
     mostly outside the vocabulary is translated, with a warning."""
-    # Every character the tokenizer was trained to cover is one of its pieces (unigram models
-    # keep them all), so a character that is no piece is one that becomes <unk>.
-    characters = "".join(sentence.split())
-    unknown = sum(tokenizer.piece_to_id(c) == tokenizer.unk_id() for c in characters)
-    if unknown == len(characters):
+    unknown, characters = unknown_characters(tokenizer, sentence)
+    if unknown == characters:
         log.warning(
             "input %s: none of its characters is in the model's vocabulary; output untranslated",
             _quoted(sentence),
         )
         return False
-    if unknown * 2 > len(characters):
+    if unknown * 2 > characters:
         log.warning(
             "input %s: %d of its %d characters are not in the model's vocabulary; "
             "its translation may be invented",
             _quoted(sentence),
             unknown,
-            len(characters),
+            characters,
         )
     return True
 

@@ -184,6 +184,21 @@ class Gated:
         return self.runner.translations(texts, **options)
 
 
+def hold_the_runner(pool, url, gated):
+    """Sends one request and waits until the gated runner is busy with it, so that what is sent
+    next queues behind it; returns its future."""
+    held = pool.submit(request, url + "v1/translate", {"texts": ["先"]})
+    while not gated.calls:
+        time.sleep(0.01)
+    return held
+
+
+def wait_for_metric(url, line):
+    """Waits until /metrics has this line (e.g. "kformer_queue_requests 3.0")."""
+    while line not in request(url + "metrics")[2]:
+        time.sleep(0.01)
+
+
 def test_concurrent_requests_run_in_one_batch(runner):
     gated = Gated(runner)
     texts = [f"{i}。" for i in range(8)]
@@ -191,14 +206,11 @@ def test_concurrent_requests_run_in_one_batch(runner):
         serving(create_app(gated, Settings(batch_size=32))) as url,
         concurrent.futures.ThreadPoolExecutor(9) as pool,
     ):
-        first = pool.submit(request, url + "v1/translate", {"texts": ["先"]})
-        while not gated.calls:  # the first batch is running: the others queue behind it
-            time.sleep(0.01)
+        first = hold_the_runner(pool, url, gated)
         rest = [
             pool.submit(request, url + "translate", {"q": t, "source": "zh", "target": "en"}) for t in texts
         ]
-        while request(url + "metrics")[2].count("kformer_queue_requests 8.0") == 0:
-            time.sleep(0.01)
+        wait_for_metric(url, "kformer_queue_requests 8.0")
         gated.gate.set()
         assert first.result()[0] == 200
         answers = [f.result()[2]["translatedText"] for f in rest]
@@ -212,12 +224,9 @@ def test_a_batch_holds_batch_size_texts_and_the_request_that_reaches_it(runner):
         serving(create_app(gated, Settings(batch_size=4))) as url,
         concurrent.futures.ThreadPoolExecutor(4) as pool,
     ):
-        first = pool.submit(request, url + "v1/translate", {"texts": ["先"]})
-        while not gated.calls:
-            time.sleep(0.01)
+        first = hold_the_runner(pool, url, gated)
         rest = [pool.submit(request, url + "v1/translate", {"texts": [f"{i}。"] * 3}) for i in range(3)]
-        while "kformer_queue_requests 3.0" not in request(url + "metrics")[2]:
-            time.sleep(0.01)
+        wait_for_metric(url, "kformer_queue_requests 3.0")
         gated.gate.set()
         assert first.result()[0] == 200 and all(f.result()[0] == 200 for f in rest)
     assert [len(call) for call in gated.calls] == [1, 6, 3]
@@ -229,12 +238,9 @@ def test_a_full_queue_answers_503_with_retry_after_and_recovers(runner):
         serving(create_app(gated, Settings(max_queue_chars=10))) as url,
         concurrent.futures.ThreadPoolExecutor(4) as pool,
     ):
-        running = pool.submit(request, url + "v1/translate", {"texts": ["先"]})
-        while not gated.calls:
-            time.sleep(0.01)
+        running = hold_the_runner(pool, url, gated)
         queued = pool.submit(request, url + "v1/translate", {"texts": ["一二三四五"]})  # 6 of 10 characters
-        while "kformer_queue_requests 1.0" not in request(url + "metrics")[2]:
-            time.sleep(0.01)
+        wait_for_metric(url, "kformer_queue_requests 1.0")
         status, headers, answer = request(url + "v1/translate", {"texts": ["六七八九十"]})
         assert status == 503 and int(headers["Retry-After"]) >= 1 and "queue is full" in answer["error"]
         gated.gate.set()
@@ -245,9 +251,7 @@ def test_a_full_queue_answers_503_with_retry_after_and_recovers(runner):
 def test_a_client_that_leaves_costs_no_translation(runner):
     gated = Gated(runner)
     with serving(create_app(gated)) as url, concurrent.futures.ThreadPoolExecutor(2) as pool:
-        running = pool.submit(request, url + "v1/translate", {"texts": ["先"]})
-        while not gated.calls:
-            time.sleep(0.01)
+        running = hold_the_runner(pool, url, gated)
         host, port = url.split("//")[1].rstrip("/").split(":")
         body = json.dumps({"texts": ["走了"]}).encode()
         with socket.create_connection((host, int(port))) as leaving:
@@ -255,10 +259,8 @@ def test_a_client_that_leaves_costs_no_translation(runner):
                 b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
             )
-            while "kformer_queue_requests 1.0" not in request(url + "metrics")[2]:
-                time.sleep(0.01)
-        while 'code="499"' not in request(url + "metrics")[2]:  # the server saw it leave
-            time.sleep(0.01)
+            wait_for_metric(url, "kformer_queue_requests 1.0")
+        wait_for_metric(url, 'code="499"')  # the server saw it leave
         gated.gate.set()
         assert running.result()[0] == 200
         assert request(url + "v1/translate", {"texts": ["好"]})[0] == 200

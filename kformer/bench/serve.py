@@ -55,10 +55,26 @@ class Server:
         self.process.wait(timeout=60)
 
 
-def _post(connection, body, content_type):
-    connection.request("POST", "/translate", body, {"Content-Type": content_type})
-    response = connection.getresponse()
-    return response.status, response.read()
+class _Client:
+    """One keep-alive connection to the server: post() -> (status, body); status 0 when no answer
+    came (the connection is then opened again for the next request)."""
+
+    def __init__(self, port, timeout=120):
+        self.port, self.timeout = port, timeout
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+
+    def post(self, body, content_type):
+        try:
+            self.connection.request("POST", "/translate", body, {"Content-Type": content_type})
+            response = self.connection.getresponse()
+            return response.status, response.read()
+        except (OSError, http.client.HTTPException):
+            self.connection.close()
+            self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+            return 0, b""
+
+    def close(self):
+        self.connection.close()
 
 
 def _lt_body(texts):
@@ -72,17 +88,12 @@ def load_level(port, bodies, clients, seconds):
     errors = collections.Counter()  # status -> count (0: no answer)
 
     def client(offset):
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        connection = _Client(port)
         i = offset
         while time.monotonic() < stop:
             body, kind, _ = bodies[i % len(bodies)]
             start = time.perf_counter()
-            try:
-                status, _ = _post(connection, body, kind)
-            except (OSError, http.client.HTTPException):
-                status = 0
-                connection.close()
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            status, _ = connection.post(body, kind)
             with lock:
                 if status == 200:
                     latencies.append(time.perf_counter() - start)
@@ -136,15 +147,11 @@ def mixed(server, runner, sources, requests, bad_share=0.2, clients=32, seed=0):
     lock, warm = threading.Lock(), {}
 
     def client(offset):
-        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+        connection = _Client(server.port)
         for i in range(offset, requests, clients):
             kind, item = plan[i]
             body, content_type = (_lt_body(item), "application/json") if kind == "good" else item
-            try:
-                status, raw = _post(connection, body, content_type)
-            except (OSError, http.client.HTTPException):
-                status, raw = 0, b""
-                connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+            status, raw = connection.post(body, content_type)
             if kind == "good":
                 right = status == 200 and json.loads(raw)["translatedText"] == expected[item]
                 key = "good_ok" if right else "good_wrong"
@@ -174,9 +181,8 @@ def overload(artifact_dir, threads, sources, clients, seconds, queue_chars):
             (_lt_body(sources[i : i + 10]), "application/json", 10) for i in range(0, len(sources) - 10, 10)
         ]
         level = load_level(server.port, bodies, clients, seconds)
-        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
         start = time.perf_counter()
-        status, _ = _post(connection, _lt_body(sources[0]), "application/json")
+        status, _ = _Client(server.port, timeout=60).post(_lt_body(sources[0]), "application/json")
         level.update(after_status=status, after_ms=1000 * (time.perf_counter() - start), clients=clients)
         return level
     finally:

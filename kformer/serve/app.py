@@ -47,8 +47,8 @@ class Service:
 
     def __init__(self, runner, settings):
         self.runner, self.settings = runner, settings
-        direction = (runner.manifest.get("corpus") or {}).get("direction") or "und-und"
-        self.source, self.target = direction.split("-")[0], manifest_lib.target_language(runner.manifest)
+        self.source = manifest_lib.source_language(runner.manifest) or "und"
+        self.target = manifest_lib.target_language(runner.manifest)
         self.metrics = Metrics(lambda: (self.batcher.queued_requests, self.batcher.queued_chars))
         self.batcher = Batcher(
             runner, settings.batch_size, settings.window, settings.max_queue_chars, self.metrics.observe_batch

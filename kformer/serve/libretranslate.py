@@ -9,6 +9,7 @@ all /detect can say too); format "html" is refused: markup would be translated a
 
 import dataclasses
 
+from kformer import batching
 from kformer.serve.requests import BadRequest
 
 NAMES = {
@@ -72,9 +73,8 @@ def parse(fields, source, target, beam_size):
 def detected(text, tokenizer, source):
     """{"language", "confidence"}: the model's source language, with the percentage of the text's
     characters that are pieces of its vocabulary (a character that is none becomes <unk>)."""
-    characters = "".join(text.split())
-    known = sum(tokenizer.piece_to_id(c) != tokenizer.unk_id() for c in characters)
-    return {"language": source, "confidence": round(100.0 * known / max(1, len(characters)), 1)}
+    unknown, characters = batching.unknown_characters(tokenizer, text)
+    return {"language": source, "confidence": round(100.0 * (characters - unknown) / max(1, characters), 1)}
 
 
 def respond(request, translations, tokenizer, source):
