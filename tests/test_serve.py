@@ -269,7 +269,8 @@ def test_a_client_that_leaves_costs_no_translation(runner):
 
 def test_serve_command_finishes_requests_in_flight_on_sigterm(artifacts):
     process = subprocess.Popen(
-        [PYTHON, "-m", "kformer.cli", "serve", "--model", artifacts, "--port", "0", "--api-key", "k"],
+        [PYTHON, "-m", "kformer.cli", "serve", "--model", artifacts, "--port", "0", "--api-key", "k"]
+        + ["--max-queue-chars", "1000000", "--max-chars", "1000000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -282,17 +283,21 @@ def test_serve_command_finishes_requests_in_flight_on_sigterm(artifacts):
         assert request(url + "translate", {"q": "好", "source": "zh", "target": "en"})[2] == {
             "error": "Invalid API key"
         }
-        many = json.dumps({"texts": ["他很高興。你呢？"] * 1200})  # 9,600 characters: seconds of work
+        key = {"Authorization": "Bearer k"}
+        started = time.monotonic()
+        assert request(url + "v1/translate", {"texts": ["他很高興。你呢？"] * 200}, headers=key)[0] == 200
+        texts = int(200 * 4.0 / (time.monotonic() - started))  # about 4 s of work on this machine
+        many = json.dumps({"texts": ["他很高興。你呢？"] * texts}, ensure_ascii=False).encode()
         host, port = url.split("//")[1].rstrip("/").split(":")
         connection = http.client.HTTPConnection(host, int(port), timeout=120)
-        connection.request("POST", "/v1/translate", many, {"Authorization": "Bearer k"})  # all sent
+        connection.request("POST", "/v1/translate", many, key)  # all sent
         time.sleep(0.5)
         process.terminate()
         terminated = time.monotonic()
         response = connection.getresponse()
         answer = json.loads(response.read())
         assert time.monotonic() > terminated + 0.1  # it was still being translated
-        assert response.status == 200 and len(answer["translations"]) == 1200
+        assert response.status == 200 and len(answer["translations"]) == texts
         assert process.wait(timeout=60) in (0, -15)
         with pytest.raises(urllib.error.URLError):
             urllib.request.urlopen(url + "health", timeout=5)
