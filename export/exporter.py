@@ -24,23 +24,26 @@ def export(
     max_length=None,
     no_repeat_ngram=NO_REPEAT_NGRAM,
     progress=print,
+    weights="best",
 ):
     """Writes the chosen formats of the model in `model_dir` to `out_dir` (which must not exist)
     with the tokenizer and a manifest, then checks every artifact against Keras
     (`kformer.export.verify`). Returns the manifest: its "artifacts" carry each one's "check".
     beam_size is fixed in the files; alpha, max_length and no_repeat_ngram are the defaults of
-    their run-time inputs, kept in the manifest."""
+    their run-time inputs, kept in the manifest. weights: the training directory's "best"
+    (best.weights.h5 where kept) or "last" (model.keras); the manifest says which."""
     from kformer import checkpoint
     from kformer.export import onnx, verify
     from kformer.export.module import ExportModule
 
     _check_request(formats, quantize, out_dir)
-    model, config, tokenizer, corpus = checkpoint.load(model_dir)
+    model, config, tokenizer, corpus = checkpoint.load(model_dir, weights)
     options = SearchOptions(beam_size, alpha, max_length, no_repeat_ngram).checked(config.max_target_length)
     tokenizer_file = checkpoint.path(model_dir, checkpoint.TOKENIZER_FILE)
     with open(tokenizer_file, "rb") as f:
         module = ExportModule(model, f.read(), beam_size=beam_size)
     manifest = manifest_lib.describe(config, options, onnx.OPSET, corpus, model_dir)
+    manifest["weights"] = checkpoint.describe_weights(model_dir, checkpoint.weights_file(model_dir, weights))
     with folders.work_folder(out_dir, WORK_PREFIX) as work:
         shutil.copy(tokenizer_file, os.path.join(work, manifest_lib.TOKENIZER))
         manifest["tokenizer"]["sha256"] = manifest_lib.sha256(os.path.join(work, manifest_lib.TOKENIZER))

@@ -12,12 +12,20 @@ VARIANTS = {name: fmt.variants for name, fmt in FORMATS.items()}
 
 
 def open_runner(
-    path, runtime="keras", variant="fp32", beam_size=None, batch_size=32, threads=None, **options
+    path,
+    runtime="keras",
+    variant="fp32",
+    beam_size=None,
+    batch_size=32,
+    threads=None,
+    weights="best",
+    **options,
 ):
     """A `kformer.export.runner.Runner`: `path` is a training directory for runtime "keras" (the
     reference) or a `kformer export` folder for the others. `options`: the defaults of its search
     options (alpha, max_length, no_repeat_ngram, nbest; kformer.options.SearchOptions); an
-    export's own defaults are in its manifest."""
+    export's own defaults are in its manifest. `weights`: which of a training directory's
+    (kformer.checkpoint.weights_file); an export holds the weights it was made from."""
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
     if runtime == "keras":
@@ -25,7 +33,11 @@ def open_runner(
             raise ValueError(f"--variant {variant} needs an exported runtime; the keras runtime is fp32")
         from kformer.translate import KerasRunner
 
-        return KerasRunner(path, batch_size, beam_size=beam_size, **options)
+        return KerasRunner(path, batch_size, weights, beam_size=beam_size, **options)
+    if weights != "best":
+        raise ValueError(
+            f"--weights {weights} is for a training directory (--runtime keras); {path} is an export"
+        )
     fmt = FORMATS[runtime]
     if variant not in fmt.variants:
         raise ValueError(f"--variant {variant} does not exist for {runtime}; choose one of {fmt.variants}")

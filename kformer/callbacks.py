@@ -22,6 +22,12 @@ def steps_done(model):
     return int(ops.convert_to_numpy(model.optimizer.iterations))
 
 
+def batches_done(model):
+    """The batches trained on: `steps_done` times the gradient accumulation steps, plus those of an
+    update in progress (Keras counts them in the optimizer's private `_iterations`)."""
+    return int(ops.convert_to_numpy(model.optimizer._iterations))
+
+
 class Budget(keras.callbacks.Callback):
     """Stops cleanly after `max_steps` optimizer steps in total or when the time budget is spent
     (`minutes` in all, of which `spent_seconds` were used by earlier runs of this directory).
@@ -56,10 +62,15 @@ class Budget(keras.callbacks.Callback):
         return (steps_done(self.model) - self.first[0]) / max(time.monotonic() - self.first[1], 1e-9)
 
     def on_train_batch_end(self, batch, logs=None):
-        step = steps_done(self.model)
+        step = steps_done(self.model)  # with gradient accumulation, several batches end one step
         if self.first is None:
-            self.first = (step, time.monotonic())
-        elif self.seconds is not None and (step - self.first[0]) % self.every == 0:
+            self.first, self.estimated_at = (step, time.monotonic()), step
+        elif (
+            self.seconds is not None
+            and (step - self.first[0]) % self.every == 0
+            and step != self.estimated_at
+        ):
+            self.estimated_at = step
             self._estimate(step)
         if self.max_steps is not None and step >= self.max_steps:
             self.reason, self.model.stop_training = f"reached {self.max_steps} steps", True

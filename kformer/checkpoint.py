@@ -12,19 +12,25 @@ A run directory holds:
                      and the name of the input position saved with the model (`input-STEPS.*`)
     input-STEPS.*    the position of the training batch stream at that step (a tf.data iterator
                      checkpoint: the shuffle's order and the length windows), for an exact resume
-    logs/            TensorBoard events and history.csv
+    best.weights.h5  the weights that scored best on the dev sample so far (kformer.keep_best; as
+                     model.keras' weights: averaged, float32), with best.json: their step and scores
+    logs/            TensorBoard events, history.csv, evaluations.csv (each dev sample evaluation)
 
 With weight averaging on, model.keras stores the *averaged* weights as the model's weights, so
 every reader (translate, evaluate, export) gets them with a plain `load_weights`; the raw training
 weights sit in the optimizer's average slots, and `restore` swaps them back to resume training.
+Readers take best.weights.h5 where a run has one, model.keras otherwise or when asked ("last").
 """
 
 import collections
+import logging
 import os
 import shutil
 
 from kformer import data as data_lib
 from kformer.config import TransformerConfig, read_json, write_json
+
+log = logging.getLogger("kformer")
 
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.model"
@@ -35,6 +41,9 @@ PENDING_STATE_FILE = "training.pending.json"  # see `save`
 LOGS_DIR = "logs"
 DATA_DIR = "data"  # the run's prepared corpus (kformer.prepare), unless it trains on one given
 INPUT_PREFIX = "input-"  # + steps: a tf.data iterator checkpoint (.index and .data-* files)
+BEST_WEIGHTS_FILE = "best.weights.h5"
+BEST_FILE = "best.json"
+WEIGHTS = ("best", "last")  # which weights a reader takes: the best kept (where kept), or model.keras
 
 Run = collections.namedtuple("Run", "model config tokenizer corpus")
 
@@ -182,9 +191,31 @@ def prepared_folder(run_dir):
     return path(run_dir, DATA_DIR) if prepared == DATA_DIR else prepared
 
 
-def load(run_dir):
-    """Loads a trained run for translation: Run(model, config, tokenizer, corpus). Safe mode is on;
-    the config, tokenizer and weights are checked against each other."""
+def weights_file(run_dir, weights="best"):
+    """The weights a reader translates with: best.weights.h5 where training kept one and `weights`
+    is "best", else model.keras (the last saved)."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+    best = path(run_dir, BEST_WEIGHTS_FILE)
+    return best if weights == "best" and os.path.exists(best) else path(run_dir, MODEL_FILE)
+
+
+def describe_weights(run_dir, file_path):
+    """What a user reads about the weights in use: the file, its step and, for the best, its score."""
+    if os.path.basename(file_path) == BEST_WEIGHTS_FILE and os.path.exists(path(run_dir, BEST_FILE)):
+        best = read_json(path(run_dir, BEST_FILE))
+        return (
+            f"{BEST_WEIGHTS_FILE} (step {best['step']}, dev sample BLEU {best['bleu']:.2f}; "
+            f"--weights last for {MODEL_FILE})"
+        )
+    state = read_state(run_dir)
+    return f"{MODEL_FILE} (the last saved, step {state.get('steps', '?')})"
+
+
+def load(run_dir, weights="best"):
+    """Loads a trained run for translation: Run(model, config, tokenizer, corpus), with the weights
+    `weights_file` picks (logged). Safe mode is on; the config, tokenizer and weights are checked
+    against each other."""
     from kformer.model import Transformer
 
     for name in (CONFIG_FILE, MODEL_FILE):
@@ -196,6 +227,8 @@ def load(run_dir):
     tokenizer = data_lib.load_tokenizer(path(run_dir, TOKENIZER_FILE))
     config.check_tokenizer(tokenizer, path(run_dir, TOKENIZER_FILE))
     model = Transformer(config)
-    restore(model, path(run_dir, MODEL_FILE))
+    chosen = weights_file(run_dir, weights)
+    restore(model, chosen)
+    log.info("weights: %s", describe_weights(run_dir, chosen))
     corpus = read_corpus(run_dir) if os.path.exists(path(run_dir, CORPUS_FILE)) else None
     return Run(model, config, tokenizer, corpus)

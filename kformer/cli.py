@@ -64,6 +64,16 @@ def _positive(kind, zero_allowed=False):
     return parse
 
 
+def _averaging_momentum(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
+    return value
+
+
 def _data_spec(values):
     if values is None or values == ["default"]:
         return "default"
@@ -72,6 +82,7 @@ def _data_spec(values):
 
 def _train(args):
     from kformer.distributed import make_strategy
+    from kformer.keep_best import Evaluation
     from kformer.train import train
 
     summary = train(
@@ -85,9 +96,13 @@ def _train(args):
         xla=args.xla,
         precision=args.precision,
         batch_tokens=args.batch_tokens,
+        accumulate=args.accumulate,
         seed=args.seed,
+        init_from=args.init_from,
         strategy=make_strategy(args.strategy, args.connect_timeout),
         vocab_size=args.vocab_size,
+        evaluation=Evaluation(args.eval_minutes, args.eval_steps, args.eval_sentences, args.early_stop),
+        overrides=None if args.average is None else {"ema_momentum": args.average},
     )
     print(json.dumps(summary, indent=2))
 
@@ -106,6 +121,7 @@ def _prepare(args):
         shards=args.shards,
         sample=args.tokenizer_sample,
         seed=args.seed,
+        tokenizer=args.tokenizer,
     )
     print(f"wrote {args.out}: {summary(manifest)}")
 
@@ -124,6 +140,7 @@ def _translate(args):
         max_length=args.max_len,
         no_repeat_ngram=args.no_repeat_ngram,
         nbest=args.nbest,
+        weights=args.weights,
     )
     if args.text:
         batches, where = [args.text], "argument"
@@ -178,6 +195,7 @@ def _export(args):
             alpha=args.alpha,
             max_length=args.max_len,
             no_repeat_ngram=args.no_repeat_ngram,
+            weights=args.weights,
         ),
         args.out,
     )
@@ -198,6 +216,7 @@ def _evaluate(args):
             no_repeat_ngram=args.no_repeat_ngram,
             output=args.output,
             limit=args.limit,
+            weights=args.weights,
         )
     )
 
@@ -302,7 +321,9 @@ def _precision_options(p):
 
 def _add_train(commands):
     p = commands.add_parser("train", help="train (or resume) a model in --out")
-    p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
+    p.add_argument(
+        "--config", choices=sorted(PRESETS), help=f"model and recipe preset (default: {DEFAULT_PRESET})"
+    )
     p.add_argument(
         "--data",
         nargs="+",
@@ -312,10 +333,16 @@ def _add_train(commands):
     )
     p.add_argument(
         "--direction",
-        default=DEFAULT_DIRECTION,
-        help="language pair source-target; picks the columns of the default corpus (zh-en or en-zh)",
+        help="language pair source-target; picks the columns of the default corpus (zh-en or en-zh; "
+        f"default: {DEFAULT_DIRECTION}, or --init-from's)",
     )
     p.add_argument("--out", required=True, help="training directory; re-running with it resumes")
+    p.add_argument(
+        "--init-from",
+        metavar="RUN",
+        help="start from this training directory's weights (fine-tuning): its tokenizer, direction "
+        "and model sizes are kept, --data is encoded with its tokenizer; RUN is only read",
+    )
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--minutes", type=_positive(float), help="stop cleanly after this much training time")
     budget.add_argument("--steps", type=_positive(int), help="total optimizer steps")
@@ -329,7 +356,23 @@ def _add_train(commands):
     )
     _precision_options(p)
     p.add_argument(
-        "--batch-tokens", type=_positive(int), help="tokens per batch and side (default: the preset's)"
+        "--batch-tokens",
+        type=_positive(int),
+        help="tokens per optimizer step and side (default: the preset's)",
+    )
+    p.add_argument(
+        "--accumulate",
+        type=_positive(int),
+        metavar="N",
+        help="each optimizer step averages the gradients of N batches of batch-tokens / N tokens: "
+        "a large batch in the memory of a small one (default: the preset's, 1)",
+    )
+    p.add_argument(
+        "--average",
+        type=_averaging_momentum,
+        metavar="MOMENTUM",
+        help="translate with a moving average of the weights (e.g. 0.995; 0: off; default: the "
+        "preset's: 0.995 for small, off for the others)",
     )
     p.add_argument(
         "--vocab-size",
@@ -338,6 +381,7 @@ def _add_train(commands):
         help="SentencePiece vocabulary size",
     )
     p.add_argument("--seed", type=int, default=0)
+    _evaluation_options(p)
     p.add_argument(
         "--strategy",
         choices=STRATEGIES,
@@ -353,6 +397,44 @@ def _add_train(commands):
         help="multi-worker: give up if the other workers are not all reachable by then",
     )
     p.set_defaults(run=_train)
+
+
+def _evaluation_options(p):
+    from kformer.keep_best import EVAL_MINUTES, EVAL_SENTENCES
+
+    group = p.add_argument_group(
+        "keeping the best weights (best.weights.h5, used by translate/evaluate/export)"
+    )
+    group.add_argument(
+        "--eval-minutes",
+        type=_positive(float, zero_allowed=True),
+        default=EVAL_MINUTES,
+        help="translate a dev sample (greedy) and score it this often; 0: never (default: %(default)s)",
+    )
+    group.add_argument("--eval-steps", type=_positive(int), help="evaluate every N optimizer steps instead")
+    group.add_argument(
+        "--eval-sentences",
+        type=_positive(int),
+        default=EVAL_SENTENCES,
+        help="dev sources an evaluation translates (default: %(default)s)",
+    )
+    group.add_argument(
+        "--early-stop",
+        type=_positive(int),
+        metavar="N",
+        help="stop after N evaluations without a BLEU gain",
+    )
+
+
+def _weights_option(p):
+    from kformer.checkpoint import WEIGHTS
+
+    p.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        default="best",
+        help="best: best.weights.h5 where training kept one (else model.keras); last: model.keras",
+    )
 
 
 def _add_prepare(commands):
@@ -386,6 +468,12 @@ def _add_prepare(commands):
         type=_positive(int),
         default=prepare.TOKENIZER_SAMPLE,
         help="train pairs the tokenizer is trained on, at most",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="MODEL",
+        help="encode with this SentencePiece model (e.g. a run's tokenizer.model, to fine-tune it "
+        "with --init-from) instead of training one",
     )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=_prepare)
@@ -429,6 +517,7 @@ def _add_translate(commands):
         help="most lines translated together; a pipe's lines are translated as they arrive, "
         "those that arrive together in one batch (default 32)",
     )
+    _weights_option(p)
     p.add_argument("text", nargs="*")
     p.set_defaults(run=_translate)
 
@@ -481,6 +570,7 @@ def _add_export(commands):
         help=f"comma list of {','.join(FORMATS)} (ctranslate2: pip install 'kformer[ctranslate2]')",
     )
     p.add_argument("--quantize", default="", help="comma list of fp16,int8 (extra variants)")
+    _weights_option(p)
     p.add_argument(
         "--beam", type=_positive(int), default=BEAM_SIZE, help="beam size of the exported beam search"
     )
@@ -498,6 +588,7 @@ def _add_evaluate(commands):
     _add_search_options(p, defaults=True, where="")
     p.add_argument("--output", help="hypotheses file (default: MODEL/hypotheses.<split>.txt)")
     p.add_argument("--limit", type=_positive(int), help="only the first N sentences")
+    _weights_option(p)
     p.set_defaults(run=_evaluate)
 
 

@@ -72,7 +72,10 @@ class TransformerConfig:
     warmup_fraction: float = 0.06
     decay_fraction: float = 1.0
     ema_momentum: float = 0.0  # > 0: translate with an exponential moving average of the weights
-    batch_tokens: int = 4096  # tokens per batch and side, padding included
+    batch_tokens: int = 4096  # tokens per optimizer update and side, padding included
+    # > 1: each update averages the gradients of this many batches of batch_tokens / accumulate_steps
+    # tokens (Keras' gradient_accumulation_steps): the paper's 25,000-token updates in less memory.
+    accumulate_steps: int = 1
     # sha256 of the SentencePiece model this model was trained with ("" = not bound to one): a
     # tokenizer from another run with the same vocabulary size would otherwise translate garbage.
     tokenizer_sha256: str = ""
@@ -99,6 +102,7 @@ class TransformerConfig:
             "max_target_length",
             "warmup_steps",
             "batch_tokens",
+            "accumulate_steps",
         ):
             if int(getattr(self, name)) < 1:
                 errors.append(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -150,6 +154,11 @@ class TransformerConfig:
                 f"{path} is not the tokenizer this model was trained with (its sha256 differs from "
                 "the one in the model's config); use the run's own tokenizer.model"
             )
+
+    def micro_batches(self):
+        """The config whose batch_tokens is one accumulated batch's (the whole update's without
+        accumulation): what the input pipeline batches by."""
+        return self.replace(batch_tokens=max(1, self.batch_tokens // self.accumulate_steps))
 
     @property
     def head_size(self):

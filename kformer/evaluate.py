@@ -30,7 +30,8 @@ def score(hypotheses, references, language="en"):
     Chinese targets use sacrebleu's `zh` tokenizer."""
     width = max(len(r) for r in references)
     streams = [[r[i] if i < len(r) else None for r in references] for i in range(width)]
-    bleu = sacrebleu.BLEU(tokenize="zh" if language == "zh" else "13a")
+    # force: the hypotheses are detokenized text (early, poor ones can look tokenized to sacrebleu)
+    bleu = sacrebleu.BLEU(tokenize="zh" if language == "zh" else "13a", force=True)
     chrf = sacrebleu.CHRF()
     bleu_score, chrf_score = bleu.corpus_score(hypotheses, streams), chrf.corpus_score(hypotheses, streams)
     return {
@@ -62,12 +63,14 @@ def evaluate(
     limit=None,
     max_length=None,
     no_repeat_ngram=NO_REPEAT_NGRAM,
+    weights="best",
 ):
     """Translates a split (or a source file) and scores it against its references.
-    Writes the hypotheses, one per line, to `output` (default: MODEL/hypotheses.<split>.txt)."""
+    Writes the hypotheses, one per line, to `output` (default: MODEL/hypotheses.<split>.txt).
+    weights: "best" (best.weights.h5 where kept) or "last" (model.keras)."""
     if (source_file is None) != (reference_file is None):
         raise ValueError("give both --source and --reference, or neither (to use --split)")
-    model, config, tokenizer, corpus = checkpoint.load(model_dir)
+    model, config, tokenizer, corpus = checkpoint.load(model_dir, weights)
     if source_file is not None:
         sources = data_lib.read_text_file(source_file)
         references = [[r] for r in data_lib.read_text_file(reference_file)]

@@ -6,6 +6,10 @@ weights; on a CPU those passes cost ~4x TensorFlow's fused `ResourceApplyAdam` (
 w -= lr sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + epsilon). The moving average of the
 weights (use_ema) is fused the same way. Under a tf.distribute strategy, with sparse gradients or
 amsgrad, Keras' own update runs.
+
+With gradient accumulation (Keras' `gradient_accumulation_steps`), `iterations` counts updates but
+Keras calls the learning-rate schedule with the count of batches and averages the weights after
+every batch; here the schedule sees updates and the average moves only when the weights do.
 """
 
 import keras
@@ -42,7 +46,21 @@ class FusedAdam(keras.optimizers.Adam):
             grad=tf.cast(gradient, dtype),
         )
 
+    def _get_current_learning_rate(self):
+        schedule = isinstance(self._learning_rate, keras.optimizers.schedules.LearningRateSchedule)
+        if self.gradient_accumulation_steps and schedule:
+            return self._learning_rate(self.iterations)  # updates, not batches
+        return super()._get_current_learning_rate()
+
     def _update_model_variables_moving_average(self, trainable_variables):
+        if not self.gradient_accumulation_steps:
+            return self._update_average(trainable_variables)
+        updated = (
+            self._iterations + 1
+        ) % self.gradient_accumulation_steps == 0  # see _backend_apply_gradients
+        tf.cond(updated, lambda: self._update_average(trainable_variables), lambda: None)
+
+    def _update_average(self, trainable_variables):
         if not self._fused():
             return super()._update_model_variables_moving_average(trainable_variables)
         for variable, average in zip(trainable_variables, self._model_variables_moving_average):

@@ -4,7 +4,8 @@ reads as a stream, in memory that does not grow with the corpus but for 8 bytes 
 A prepared folder holds:
     prepared.json     the manifest: counts, digests, the length histogram, what was dropped and
                       why; written last, so a folder without it is not a finished one
-    tokenizer.model   SentencePiece, trained on a bounded random sample of the train split
+    tokenizer.model   SentencePiece, trained on a bounded random sample of the train split (or
+                      one given: a trained model's, to fine-tune it on this corpus)
     dev.tsv, test.tsv the held-out splits as text (source TAB target)
     train-NNNNN-of-NNNNN.tfrecord   the train split as token ids, shuffled, in shards
 
@@ -66,11 +67,13 @@ def prepare(
     sample=TOKENIZER_SAMPLE,
     seed=0,
     lock=True,
+    tokenizer=None,
 ):
     """Prepares `data` ("default", a TSV path, or (source path, target path)) into the new folder
     `out_dir`; `dev`/`test`: TSV files to use as those splits instead of taking them from the
     corpus. Returns the manifest. A killed or failed prepare leaves no `out_dir` behind.
-    lock=False: the caller holds a lock that covers `out_dir` (kformer train, for a run's corpus)."""
+    lock=False: the caller holds a lock that covers `out_dir` (kformer train, for a run's corpus).
+    tokenizer: a SentencePiece model file to encode with instead of training one."""
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise ValueError(f"--out {out_dir} exists and is not an empty folder; choose a new --out")
     start = time.monotonic()
@@ -78,7 +81,7 @@ def prepare(
     try:
         with folders.work_folder(out_dir, ".kformer-prepare-") as work:
             manifest = _prepare_in(
-                work, data, direction, vocab_size, dev, test, split_size, shards, sample, seed
+                work, data, direction, vocab_size, dev, test, split_size, shards, sample, seed, tokenizer
             )
             manifest["seconds"] = round(time.monotonic() - start, 1)
             write_json(os.path.join(work, MANIFEST), manifest)
@@ -88,7 +91,9 @@ def prepare(
     return manifest
 
 
-def _prepare_in(work, data, direction, vocab_size, dev, test, split_size, shards, sample, seed):
+def _prepare_in(
+    work, data, direction, vocab_size, dev, test, split_size, shards, sample, seed, given_tokenizer
+):
     report = data_lib.ReadReport()
     given = {name: path for name, path in (("dev", dev), ("test", test)) if path}
     held_out = {name: _held_out_file(path) for name, path in given.items()}
@@ -97,16 +102,19 @@ def _prepare_in(work, data, direction, vocab_size, dev, test, split_size, shards
         splits, counts, corpus = _split(data, direction, report, held_out, split_size, train)
     for name, pairs in {**held_out, **splits}.items():
         _write_tsv(os.path.join(work, HELD_OUT[name]), pairs)
-    log.info(
-        "training a joint SentencePiece tokenizer (%d pieces) on a sample of the train split", vocab_size
-    )
-    sampled = _sample_sentences(train_file, counts["train"], sample, seed)
-    tokenizer = data_lib.train_tokenizer(sampled, vocab_size)
+    if given_tokenizer is None:
+        log.info(
+            "training a joint SentencePiece tokenizer (%d pieces) on a sample of the train split", vocab_size
+        )
+        sampled = _sample_sentences(train_file, counts["train"], sample, seed)
+        tokenizer = data_lib.train_tokenizer(sampled, vocab_size)
+        del sampled
+    else:
+        tokenizer, sample = data_lib.load_tokenizer(given_tokenizer), 0
     with open(os.path.join(work, TOKENIZER), "wb") as f:
         f.write(tokenizer.serialized_model_proto())
-    del sampled
     shards = shards or max(1, math.ceil(counts["train"] / SHARD_PAIRS))
-    written, histogram = _write_shards(train_file, counts["train"], tokenizer, work, shards, seed)
+    written, histogram, unknown = _write_shards(train_file, counts["train"], tokenizer, work, shards, seed)
     os.remove(train_file)
     return {
         "kformer_prepared": 1,
@@ -123,7 +131,10 @@ def _prepare_in(work, data, direction, vocab_size, dev, test, split_size, shards
             "sha256": tokenizer_digest(tokenizer),
             "vocab_size": tokenizer.get_piece_size(),
             "sample_pairs": min(sample, counts["train"]),
+            "given": None if given_tokenizer is None else os.path.abspath(given_tokenizer),
         },
+        # <unk> pieces of the train split: the characters the tokenizer does not know (a given one's)
+        "unknown_pieces": unknown,
         "train": {"dtype": _dtype(tokenizer).__name__, "shards": written},
         "lengths": {
             "cap": LENGTH_CAP,
@@ -295,11 +306,13 @@ def _dtype(tokenizer):
 
 def _write_shards(train_file, count, tokenizer, work, shards, seed):
     """Tokenizes the train pairs into `shards` shuffled TFRecord files; returns (their manifest
-    entries, the length histogram {(source length, target length): pairs})."""
+    entries, the length histogram {(source length, target length): pairs}, {"unk": <unk> pieces,
+    "pieces": all pieces})."""
     import tensorflow as tf
 
     rng = np.random.default_rng(seed)
-    dtype, histogram = _dtype(tokenizer), {}
+    dtype, histogram, unknown = _dtype(tokenizer), {}, {"unk": 0, "pieces": 0}
+    unk = tokenizer.unk_id()
     parts = [open(os.path.join(work, f"part-{i}.bin"), "wb") for i in range(shards)]
     progress, done = _Progress("tokenized", total=count), 0
     with open(train_file, encoding="utf-8") as f:
@@ -311,6 +324,8 @@ def _write_shards(train_file, count, tokenizer, work, shards, seed):
                 parts[shard].write(len(record).to_bytes(4, "little") + record)
                 key = (min(len(source), LENGTH_CAP), min(len(target), LENGTH_CAP))
                 histogram[key] = histogram.get(key, 0) + 1
+                unknown["unk"] += source.count(unk) + target.count(unk)
+                unknown["pieces"] += len(source) + len(target)
             done += len(chunk)
             progress.show(done)
     progress.done(done)
@@ -333,7 +348,7 @@ def _write_shards(train_file, count, tokenizer, work, shards, seed):
                 "sha256": data_lib.files_sha256([path]),
             }
         )
-    return written, histogram
+    return written, histogram, unknown
 
 
 def _read_part(path):
@@ -417,9 +432,10 @@ def load(folder):
 
 
 def held_out(folder, split):
-    """The (source, target) pairs of a prepared folder's dev or test split."""
-    pairs, _ = data_lib.read_corpus(os.path.join(folder, HELD_OUT[split]))
-    return pairs
+    """The (source, target) pairs of a prepared folder's dev or test split ([] for an empty one:
+    `kformer prepare --split-size 0`)."""
+    path = os.path.join(folder, HELD_OUT[split])
+    return data_lib.read_corpus(path)[0] if os.path.getsize(path) else []
 
 
 def shard_paths(folder, manifest):

@@ -15,8 +15,17 @@ import keras
 
 from kformer import checkpoint, distributed, folders, locks
 from kformer import data as data_lib
+from kformer import init_from as init_from_lib
 from kformer import prepare as prepare_lib
-from kformer.callbacks import Budget, Checkpoint, InputPosition, StopOnNaN, StopOnSigterm, steps_done
+from kformer.callbacks import (
+    Budget,
+    Checkpoint,
+    InputPosition,
+    StopOnNaN,
+    StopOnSigterm,
+    batches_done,
+    steps_done,
+)
 from kformer.config import (
     DEFAULT_CORPUS,
     DEFAULT_DIRECTION,
@@ -26,6 +35,7 @@ from kformer.config import (
     preset,
     tokenizer_digest,
 )
+from kformer.keep_best import Evaluation, KeepBest
 from kformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from kformer.model import Transformer
 from kformer.optimizer import FusedAdam
@@ -40,9 +50,11 @@ def compile_model(model, config, xla=True, schedule=None, fused=True):
     label-smoothed loss, token accuracy; with `ema_momentum`, the optimizer keeps a moving average
     of the weights (see kformer.checkpoint). `fused=False`: Keras' own Adam (same arithmetic)."""
     schedule = schedule or make_schedule(config, config.warmup_steps * 10)
-    averaging = dict(use_ema=True, ema_momentum=config.ema_momentum) if config.ema_momentum else {}
+    options = dict(use_ema=True, ema_momentum=config.ema_momentum) if config.ema_momentum else {}
+    if config.accumulate_steps > 1:
+        options["gradient_accumulation_steps"] = config.accumulate_steps
     adam = FusedAdam if fused else keras.optimizers.Adam
-    optimizer = adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9, **averaging)
+    optimizer = adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9, **options)
     model.compile(
         optimizer=optimizer,
         loss=LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id),
@@ -52,15 +64,24 @@ def compile_model(model, config, xla=True, schedule=None, fused=True):
     return model
 
 
-def _requested_config(out_dir, config_name, overrides):
-    """The config of a new run, or the saved one when resuming (which must agree)."""
+def _config(config_name, overrides, source, vocab_size, tokenizer_sha256):
+    """A run's config: the preset's (default: DEFAULT_PRESET) with `overrides`, bound to its
+    tokenizer; or, starting from a trained run (`source`), that run's with the fine-tuning recipe."""
+    if source is not None:
+        return init_from_lib.fine_tune_config(source, config_name, overrides)
+    return preset(
+        config_name or DEFAULT_PRESET, vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256, **overrides
+    )
+
+
+def _requested_config(out_dir, config_name, overrides, source):
+    """The saved config when resuming (the one asked for must agree), or None for a new run."""
     saved_path = checkpoint.path(out_dir, checkpoint.CONFIG_FILE)
     if not os.path.exists(saved_path):
         return None
+    init_from_lib.check_recorded(out_dir, source)
     saved = TransformerConfig.load(saved_path)
-    requested = preset(
-        config_name, vocab_size=saved.vocab_size, tokenizer_sha256=saved.tokenizer_sha256, **overrides
-    )
+    requested = _config(config_name, overrides, source, saved.vocab_size, saved.tokenizer_sha256)
     if requested != saved:
         diff = {
             k: (v, requested.to_dict()[k]) for k, v in saved.to_dict().items() if requested.to_dict()[k] != v
@@ -77,28 +98,37 @@ DATA_PREFIX = ".kformer-data-"  # a new run's corpus, prepared beside its folder
 
 def prepare(
     out_dir,
-    config_name=DEFAULT_PRESET,
+    config_name=None,
     data=DEFAULT_CORPUS,
-    direction=DEFAULT_DIRECTION,
+    direction=None,
     vocab_size=TransformerConfig.vocab_size,
     overrides=None,
+    init_from=None,
 ):
     """The run's corpus, prepared (kformer.prepare), and its tokenizer and config. A new run's
     corpus is prepared into a temporary sibling of `out_dir`, which `checkpoint.create` moves in
     once training starts (so a failed start leaves no folder behind); a resumed run's is the one it
     recorded, after checking it is the corpus asked for; a prepared folder given as `data` is read
     where it is (its direction is the one it was prepared in). Writes nothing in `out_dir`.
+    config_name: a preset (default DEFAULT_PRESET); direction: default DEFAULT_DIRECTION.
+    init_from: a trained run to start from (kformer.init_from): its tokenizer encodes the corpus,
+    its direction and model sizes are kept (a config or direction that differs is refused).
     Returns (config, tokenizer, prepared folder, corpus record)."""
     overrides = dict(overrides or {})
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"--out {out_dir} is a file, not a folder; choose a folder name")
-    config = _requested_config(out_dir, config_name, overrides)
+    source = init_from_lib.open_source(init_from) if init_from else None
+    if source is not None:
+        init_from_lib.check_direction(source, direction)
+    direction = source.direction if source else direction or DEFAULT_DIRECTION
+    config = _requested_config(out_dir, config_name, overrides, source)
     if config is not None:
         folder, corpus = _recorded_corpus(out_dir, data, direction)
     elif prepare_lib.is_prepared(data):
         folder, corpus = os.path.abspath(data), _prepared_record(data)
     else:
-        folder = _prepare_beside(out_dir, data, direction, vocab_size)
+        given = None if source is None else source.tokenizer_path
+        folder = _prepare_beside(out_dir, data, direction, vocab_size, given)
         corpus = {**prepare_lib.load(folder)["corpus"], "prepared": checkpoint.DATA_DIR}
     manifest = prepare_lib.load(folder)
     log.info("corpus: %s", prepare_lib.summary(manifest))
@@ -109,12 +139,16 @@ def prepare(
     )
     tokenizer = data_lib.load_tokenizer(tokenizer_path)
     if config is None:
-        config = preset(
-            config_name,
-            vocab_size=tokenizer.get_piece_size(),
-            tokenizer_sha256=tokenizer_digest(tokenizer),
-            **overrides,
+        if source is not None and tokenizer_digest(tokenizer) != source.tokenizer_sha256:
+            raise ValueError(
+                f"{folder} was prepared with another tokenizer than --init-from {source.run_dir}'s; "
+                "give the corpus as a file, or prepare it with `kformer prepare --tokenizer RUN/tokenizer.model`"
+            )
+        config = _config(
+            config_name, overrides, source, tokenizer.get_piece_size(), tokenizer_digest(tokenizer)
         )
+        if source is not None:
+            init_from_lib.report_coverage(manifest, source)
     config.check_tokenizer(tokenizer, tokenizer_path)
     if tokenizer_digest(tokenizer) != manifest["tokenizer"]["sha256"]:
         raise ValueError(f"{folder} was prepared with another tokenizer than {tokenizer_path}'s")
@@ -147,15 +181,15 @@ def _recorded_corpus(out_dir, data, direction):
     return checkpoint.prepared_folder(out_dir), saved
 
 
-def _prepare_beside(out_dir, data, direction, vocab_size):
+def _prepare_beside(out_dir, data, direction, vocab_size, tokenizer=None):
     """A new run's corpus prepared into a temporary sibling of `out_dir` (one of a killed start is
-    removed first)."""
+    removed first), encoded with `tokenizer` (a file) if given."""
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     folders.remove_abandoned(parent, DATA_PREFIX)
     folder = os.path.join(parent, f"{DATA_PREFIX}{os.getpid()}-{os.path.basename(os.path.abspath(out_dir))}")
     shutil.rmtree(folder, ignore_errors=True)
-    prepare_lib.prepare(data, folder, direction, vocab_size, lock=False)  # the run's lock covers it
+    prepare_lib.prepare(data, folder, direction, vocab_size, lock=False, tokenizer=tokenizer)  # run's lock
     return folder
 
 
@@ -172,6 +206,7 @@ class Training:
     steps: int = 0  # steps trained before this run
     budget: object = None
     nan_guard: object = None
+    keep_best: object = None  # KeepBest, when the run evaluates a dev sample
     real_tokens_per_step: float = 0.0  # non-pad source + target tokens of an average batch
     writes: bool = True  # False on a worker other than the chief
     precision: str = "float32"  # compute precision (`choose_precision`); weights are float32
@@ -187,9 +222,10 @@ class Training:
             )
         # The last epoch's end saved model.keras; fit then put the averaged weights in `model`.
         speed = self.budget.steps_per_second()
+        best = self.keep_best
         summary = {
             "steps": steps_done(self.model),
-            "stopped": self.budget.reason or "finished",
+            "stopped": self.budget.reason or (best and best.reason) or "finished",
             "minutes": self.budget.elapsed() / 60,
             "steps_per_s": speed,
             "real_tokens_per_s": speed * self.real_tokens_per_step,
@@ -197,6 +233,8 @@ class Training:
             "precision": self.precision,
             **{k: float(v[-1]) for k, v in history.history.items()},
         }
+        if best is not None and best.evaluations:
+            summary.update(best=best.best, evaluations=best.evaluations, evaluation_seconds=best.seconds)
         log.info(
             "%s after %d steps (%s)",
             "saved model.keras" if self.writes else "trained (the chief saves)",
@@ -206,7 +244,7 @@ class Training:
         return summary
 
 
-def train(out_dir, config_name=DEFAULT_PRESET, **options):
+def train(out_dir, config_name=None, **options):
     """Trains (or resumes) a model in `out_dir` (see `start` for the options). Returns a summary
     dict (steps, minutes, loss, token accuracy, why it stopped)."""
     run = start(out_dir, config_name, **options)
@@ -222,20 +260,23 @@ def train(out_dir, config_name=DEFAULT_PRESET, **options):
 
 def start(
     out_dir,
-    config_name=DEFAULT_PRESET,
+    config_name=None,
     data=DEFAULT_CORPUS,
-    direction=DEFAULT_DIRECTION,
+    direction=None,
     minutes=None,
     steps=None,
     epochs=None,
     xla=None,
     precision="auto",
     batch_tokens=None,
+    accumulate=None,
     seed=0,
     strategy=None,
     vocab_size=TransformerConfig.vocab_size,
     overrides=None,
     checkpoint_seconds=300,
+    evaluation=None,
+    init_from=None,
     callbacks=(),
     verbose="auto",
 ):
@@ -246,8 +287,13 @@ def start(
     each bucket's shape, and ran no faster than the grouped batches without it).
     precision: "auto", "float32", "bfloat16" or "float16" (`choose_precision`; weights stay float32,
     so a run may resume in another precision, and it translates and exports in float32).
+    accumulate: optimizer steps of batch_tokens tokens, each the average of the gradients of
+    `accumulate` batches of batch_tokens / accumulate (the config's accumulate_steps).
     The run folder is locked (kformer.locks) from here until the returned run's `release()`; a
-    second process on it is refused."""
+    second process on it is refused.
+    evaluation: when the run translates a dev sample and keeps the best weights (kformer.keep_best).
+    init_from: a trained run to start from, with its tokenizer, direction and model sizes and the
+    fine-tuning recipe (kformer.init_from); the corpus is encoded with its tokenizer."""
     options = dict(locals())  # every argument, for _start
     options["strategy"] = strategy = (
         distributed.make_strategy(strategy) if isinstance(strategy, str) else strategy
@@ -273,11 +319,14 @@ def _start(
     xla,
     precision,
     batch_tokens,
+    accumulate,
     seed,
     strategy,
     vocab_size,
     overrides,
     checkpoint_seconds,
+    evaluation,
+    init_from,
     callbacks,
     verbose,
 ):
@@ -285,26 +334,34 @@ def _start(
     import tensorflow as tf
 
     xla = bool(tf.config.list_physical_devices("GPU")) if xla is None else xla
+    evaluation = evaluation or Evaluation()
     precision, why = choose_precision(precision)
-    overrides = {**(overrides or {}), **({} if batch_tokens is None else {"batch_tokens": batch_tokens})}
+    given = {"batch_tokens": batch_tokens, "accumulate_steps": accumulate}
+    overrides = {**(overrides or {}), **{k: v for k, v in given.items() if v is not None}}
     with distributed.chief_first(strategy) as chief:  # only the chief writes the run directory
         _check_the_chief_started(out_dir, chief)
         keras.utils.set_random_seed(seed)
         config, tokenizer, folder, corpus = prepare(
-            out_dir, config_name, data, direction, vocab_size, overrides
+            out_dir, config_name, data, direction, vocab_size, overrides, init_from
         )
+        source = init_from_lib.open_source(init_from) if init_from else None
+        fresh = not os.path.exists(checkpoint.path(out_dir, checkpoint.MODEL_FILE))  # no weights of its own
         try:
+            initial = init_from_lib.trained_weights(source) if source is not None and fresh else None
             encoded = _encode(folder, tokenizer, config)
-            per_epoch = _steps_per_epoch(encoded, config, xla)
+            _check_evaluation(evaluation, encoded, folder)
+            per_epoch = _steps_per_epoch(encoded, config.micro_batches(), xla)  # batches, not updates
         except BaseException:
             if os.path.basename(folder).startswith(DATA_PREFIX):  # prepared for a start that failed
                 shutil.rmtree(folder, ignore_errors=True)
             raise
-        max_steps = _max_steps(steps, epochs, minutes, per_epoch)
+        max_steps = _max_steps(steps, epochs, minutes, per_epoch / config.accumulate_steps)
         state = checkpoint.read_state(out_dir)
         if _budget_spent(out_dir, minutes, state):
             return Training(None, config, tokenizer, {}, "budget already spent", state.get("steps", 0))
         if chief:  # training starts: the run's files appear now, its prepared corpus moves in
+            if source is not None:  # before config.json, whose presence marks a run
+                init_from_lib.record(out_dir, source)
             checkpoint.create(out_dir, config, tokenizer, corpus, folder)
             encoded.folder = checkpoint.prepared_folder(out_dir)
     plain = strategy is None  # fit's iterator is then a plain tf.data one, whose position can be saved
@@ -312,25 +369,28 @@ def _start(
     log.info("compute precision: %s (%s)", precision, why)
     model, schedule = _compiled_model(out_dir, config, precision, xla, strategy, max_steps)
     done, state = _resumed(model, schedule, out_dir, strategy, state, max_steps)
+    if initial is not None and not done:
+        init_from_lib.assign(model, initial, source)
     if max_steps is not None and done >= max_steps:
         log.info("already trained %d steps (asked for %d); nothing to do", done, max_steps)
         return Training(None, config, tokenizer, {}, "already done", done)
     _log_schedule(schedule, config, max_steps)
     budget = Budget(schedule, max_steps, minutes, float(state.get("seconds", 0.0)), strategy=strategy)
     nan_guard = StopOnNaN()
-    position, replay = _input_position(out_dir, state, done, plain)
-    callbacks = [*callbacks, budget, nan_guard, *([position] if position else [])]
+    position, replay = _input_position(out_dir, state, batches_done(model), plain)
+    keep_best = _keep_best(out_dir, evaluation, encoded, tokenizer, corpus, chief, strategy, nan_guard)
+    callbacks = [*callbacks, budget, nan_guard, *(c for c in (position, keep_best) if c is not None)]
     # Other workers compute the same weights and logs, and write nothing.
     writers = _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position) if chief else []
     callbacks += [*writers, StopOnSigterm(writers[0].save if writers else None)]
     fit_args = _fit_args(
         encoded,
-        config,
+        config.micro_batches(),
         xla,
         seed,
-        done,
+        batches_done(model),
         per_epoch,
-        max_steps,
+        None if max_steps is None else max_steps * config.accumulate_steps,
         callbacks,
         verbose,
         replay,
@@ -346,7 +406,8 @@ def _start(
         steps=done,
         budget=budget,
         nan_guard=nan_guard,
-        real_tokens_per_step=real / per_epoch,
+        keep_best=keep_best,
+        real_tokens_per_step=real / per_epoch * config.accumulate_steps,
         writes=chief,
         precision=precision,
     )
@@ -371,13 +432,15 @@ class _Corpus:
     manifest: dict
     dev: data_lib.EncodedPairs
     lengths: tuple
+    dev_text: list  # the dev pairs as text (source, target)
 
 
 def _encode(folder, tokenizer, config):
     """The prepared corpus for training; pairs over the max lengths are dropped, with a warning."""
     manifest = prepare_lib.load(folder)
     source, target, counts, dropped = data_lib.prepared_lengths(manifest, config)
-    dev = data_lib.encode_pairs(tokenizer, prepare_lib.held_out(folder, "dev"), config)
+    dev_text = prepare_lib.held_out(folder, "dev")
+    dev = data_lib.encode_pairs(tokenizer, dev_text, config)
     for name, count in (("train", dropped), ("dev", dev.dropped_too_long)):
         if count:
             log.warning(
@@ -387,7 +450,21 @@ def _encode(folder, tokenizer, config):
                 config.max_source_length,
                 config.max_target_length,
             )
-    return _Corpus(folder, manifest, dev, (source, target, counts))
+    return _Corpus(folder, manifest, dev, (source, target, counts), dev_text)
+
+
+def _keep_best(out_dir, evaluation, encoded, tokenizer, corpus, chief, strategy, nan_guard):
+    """The KeepBest callback of a run that evaluates a dev sample, else None."""
+    if not (evaluation.on and encoded.dev_text):
+        return None
+    language = corpus["direction"].split("-")[-1]
+    return KeepBest(out_dir, evaluation, encoded.dev_text, tokenizer, language, chief, strategy, nan_guard)
+
+
+def _check_evaluation(evaluation, encoded, folder):
+    if evaluation.early_stop and not (evaluation.on and encoded.dev_text):
+        why = "evaluations are off (--eval-minutes 0)" if encoded.dev_text else f"{folder} has no dev split"
+        raise ValueError(f"--early-stop needs dev sample evaluations, but {why}")
 
 
 def _steps_per_epoch(encoded, config, xla):
@@ -452,12 +529,13 @@ def _worker_datasets(encoded, config, xla, seed, strategy, replay):
 
 
 def _max_steps(steps, epochs, minutes, per_epoch):
-    """The run's total steps: as asked, from epochs, none for a time budget, else one epoch."""
+    """The run's total optimizer steps: as asked, from epochs (`per_epoch`: updates a pass makes),
+    none for a time budget, else one epoch."""
     if steps is not None:
         return steps
     if epochs is not None:
-        return epochs * per_epoch
-    return None if minutes is not None else per_epoch
+        return math.ceil(epochs * per_epoch)
+    return None if minutes is not None else math.ceil(per_epoch)
 
 
 def _budget_spent(out_dir, minutes, state):
@@ -516,13 +594,13 @@ def _resumed(model, schedule, out_dir, strategy, state, max_steps):
     return done, state
 
 
-def _input_position(out_dir, state, done, plain):
+def _input_position(out_dir, state, batches, plain):
     """-> (the InputPosition callback or None, batches to replay). Without a strategy, the batch
     stream's position is saved with each checkpoint and a resumed run restores it; with one (its
     iterator cannot be saved), or for a checkpoint saved without it, the stream is rebuilt from the
-    start and the `done` batches already trained on are skipped (exact, but ~150 batches/s)."""
-    saved = checkpoint.saved_input(out_dir, state) if done else None
-    replay = 0 if not done or (plain and saved) else done
+    start and the `batches` already trained on are skipped (exact, but ~150 batches/s)."""
+    saved = checkpoint.saved_input(out_dir, state) if batches else None
+    replay = 0 if not batches or (plain and saved) else batches
     if replay:
         log.info("rebuilding the %d batches already trained on to continue the same batch stream", replay)
     return (InputPosition(restore_from=saved) if plain else None), replay
@@ -548,9 +626,11 @@ def _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position):
     ]
 
 
-def _fit_args(encoded, config, xla, seed, done, per_epoch, max_steps, callbacks, verbose, replay, strategy):
+def _fit_args(encoded, config, xla, seed, done, per_epoch, max_batches, callbacks, verbose, replay, strategy):
     """model.fit's arguments: the seeded batch stream (after `replay` batches skipped; each worker's
-    own with a strategy), the dev split, and epochs counted from where the run stands (`done` steps)."""
+    own with a strategy), the dev split, and epochs counted from where the run stands (`done`
+    batches; `config`, `per_epoch` and `max_batches` count batches, of which accumulation makes
+    several an optimizer step)."""
     if strategy is None:
         train_ds = _train_dataset(encoded, config, xla, seed)
         train_ds = train_ds.skip(replay) if replay else train_ds
@@ -562,7 +642,7 @@ def _fit_args(encoded, config, xla, seed, done, per_epoch, max_steps, callbacks,
         else None
     )
     # With only a time budget, epochs are capped at a number no budget here reaches (for the display).
-    total_epochs = math.ceil(max_steps / per_epoch) if max_steps is not None else 1000
+    total_epochs = math.ceil(max_batches / per_epoch) if max_batches is not None else 1000
     return dict(
         x=train_ds,
         validation_data=dev_ds,

@@ -206,10 +206,10 @@ class KerasRunner(Runner):
     """The training folder's Keras model behind the runners' interface: the reference runtime.
     Options as `kformer.options.SearchOptions` (beam_size sets the beam graph's width)."""
 
-    def __init__(self, model_dir, batch_size=32, **options):
+    def __init__(self, model_dir, batch_size=32, weights="best", **options):
         from kformer import checkpoint
 
-        model, config, tokenizer, corpus = checkpoint.load(model_dir)
+        model, config, tokenizer, corpus = checkpoint.load(model_dir, weights)
         options = options_lib.SearchOptions().replace(**options)
         language = (corpus or {}).get("direction", "").split("-")[-1] or None
         super().__init__(config.to_dict(), tokenizer, options, batch_size, language)

@@ -1,0 +1,183 @@
+"""Keeping the best weights: every so often during training, translate a bounded sample of the dev
+split (greedy, batched, in graph mode) with the weights the run would translate with (averaged,
+float32), score it (BLEU, chrF), and keep the weights that scored best beside the latest
+(checkpoint.BEST_WEIGHTS_FILE, with checkpoint.BEST_FILE). With `patience`, training stops after that
+many evaluations without a gain (early stopping). Evaluations take wall time, so the time budget
+counts them, and the budget's speed estimate (hence the schedule) includes them.
+"""
+
+import csv
+import dataclasses
+import logging
+import os
+import time
+
+import keras
+
+from kformer import checkpoint, distributed
+from kformer.callbacks import steps_done
+from kformer.config import read_json, write_json
+
+log = logging.getLogger("kformer")
+
+EVAL_MINUTES = 5.0  # default interval between evaluations (kformer train --eval-minutes)
+EVAL_SENTENCES = 500  # dev sources an evaluation translates: ~4 s greedy for the small preset on 2 cores
+EVALUATIONS_FILE = "evaluations.csv"  # in the run's logs/
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """When a run evaluates its dev sample: every `minutes` of training (0: never) or, if given,
+    every `steps` optimizer steps; on its first `sentences` dev sources; `early_stop`: stop after
+    that many evaluations without a gain (None: never)."""
+
+    minutes: float = EVAL_MINUTES
+    steps: int = None
+    sentences: int = EVAL_SENTENCES
+    early_stop: int = None
+
+    @property
+    def on(self):
+        return bool(self.steps or self.minutes)
+
+
+def dev_sample(pairs, sentences=EVAL_SENTENCES):
+    """(sources, references) of the first `sentences` distinct sources of the dev pairs, each with
+    all its translations as references (as kformer.evaluate scores a split)."""
+    grouped = {}
+    for source, target in pairs:
+        if source in grouped or len(grouped) < sentences:
+            grouped.setdefault(source, []).append(target)
+    return list(grouped), list(grouped.values())
+
+
+class KeepBest(keras.callbacks.Callback):
+    """Evaluates as `evaluation` (an `Evaluation`) says, and once
+    more at the end of training if it evaluated before (not after a NaN); keeps the best weights (`writes`: this
+    process writes them; with several workers every worker evaluates, so that all stop together).
+    `reason` says why it stopped training, if it did."""
+
+    def __init__(
+        self, run_dir, evaluation, dev_pairs, tokenizer, language, writes=True, strategy=None, nan_guard=None
+    ):
+        super().__init__()
+        self.run_dir = run_dir
+        self.sources, self.references = dev_sample(dev_pairs, evaluation.sentences)
+        self.tokenizer, self.language, self.writes, self.strategy = tokenizer, language, writes, strategy
+        self.nan_guard = nan_guard  # StopOnNaN: no evaluation of weights that went non-finite
+        self.every_seconds = None if evaluation.steps else evaluation.minutes * 60
+        self.every_steps, self.patience = evaluation.steps, evaluation.early_stop
+        self.reason, self.seconds, self.evaluations = None, 0.0, 0
+        best_path = checkpoint.path(run_dir, checkpoint.BEST_FILE)
+        self.best = read_json(best_path) if os.path.exists(best_path) else None  # a resumed run's
+        self.translator = None
+
+    def on_train_begin(self, logs=None):
+        self.last_time, self.evaluated_step = time.monotonic(), steps_done(self.model)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = steps_done(self.model)
+        if step == self.evaluated_step:  # no update since (gradient accumulation)
+            return
+        due = (
+            step % self.every_steps == 0
+            if self.every_steps
+            else time.monotonic() - self.last_time >= self.every_seconds
+        )
+        if distributed.agree(self.strategy, due) > 0:
+            self.evaluate(step)
+
+    def on_train_end(self, logs=None):
+        step = steps_done(self.model)
+        failed = self.nan_guard is not None and self.nan_guard.failed_at is not None
+        if self.evaluations and step != self.evaluated_step and not failed:
+            self.evaluate(step)
+
+    def evaluate(self, step):
+        """Scores the dev sample at `step`, keeps the weights if they are the best so far."""
+        from kformer.evaluate import score
+
+        start = time.monotonic()
+        translator = self._translator_of_current_weights()
+        hypotheses = translator.translate(self.sources, self.language)
+        scores = score(hypotheses, self.references, self.language)
+        gained = self.best is None or (scores["bleu"], scores["chrf"]) > (
+            self.best["bleu"],
+            self.best["chrf"],
+        )
+        since = 0 if gained else self.best.get("evaluations_since", 0) + 1
+        if gained:
+            self.best = {"step": step, "bleu": scores["bleu"], "chrf": scores["chrf"]}
+        self.best = {**self.best, "evaluations_since": since, "sentences": len(self.sources)}
+        seconds = time.monotonic() - start
+        self.evaluations, self.seconds, self.evaluated_step = (
+            self.evaluations + 1,
+            self.seconds + seconds,
+            step,
+        )
+        if self.writes:
+            self._write(step, scores, gained, seconds, translator.model)
+        log.info(
+            "step %d: dev sample BLEU %.2f chrF %.2f (%d sentences, %.1f s)%s",
+            step,
+            scores["bleu"],
+            scores["chrf"],
+            len(self.sources),
+            seconds,
+            " - the best so far, kept"
+            if gained
+            else f"; best: {self.best['bleu']:.2f} at step {self.best['step']}",
+        )
+        if self.patience and since >= self.patience:
+            self.reason = f"no dev sample BLEU gain in {since} evaluations (--early-stop {self.patience})"
+            self.model.stop_training = True
+        self.last_time = time.monotonic()
+
+    def _translator_of_current_weights(self):
+        """A greedy Translator on a float32 copy of the model holding the weights a reader would
+        load (the moving average, where the run keeps one): built once, refreshed each time."""
+        from kformer.model import Transformer
+        from kformer.translate import Translator
+
+        if self.translator is None:
+            copy = Transformer(self.model.config)  # float32 whatever the training precision
+            self.translator = Translator(copy, self.tokenizer, beam_size=1, batch_size=64)
+        copy = self.translator.model
+        checkpoint.swap_average(self.model)
+        try:
+            values = {v.path: v for v in self.model.weights}
+            for variable in copy.weights:
+                variable.assign(keras.ops.cast(values[variable.path].value, variable.dtype))
+        finally:
+            checkpoint.swap_average(self.model)
+        return self.translator
+
+    def _write(self, step, scores, gained, seconds, weights_model):
+        if gained:
+            best_path = checkpoint.path(self.run_dir, checkpoint.BEST_WEIGHTS_FILE)
+            tmp = best_path[: -len(".weights.h5")] + ".tmp.weights.h5"
+            weights_model.save_weights(tmp)
+            os.replace(tmp, best_path)
+        write_json(checkpoint.path(self.run_dir, checkpoint.BEST_FILE), self.best)
+        logs = checkpoint.path(self.run_dir, checkpoint.LOGS_DIR)
+        history = os.path.join(logs, EVALUATIONS_FILE)
+        new = not os.path.exists(history)
+        with open(history, "a", newline="") as f:
+            writer = csv.writer(f)
+            if new:
+                writer.writerow(["step", "bleu", "chrf", "sentences", "seconds", "best"])
+            writer.writerow(
+                [
+                    step,
+                    f"{scores['bleu']:.3f}",
+                    f"{scores['chrf']:.3f}",
+                    len(self.sources),
+                    f"{seconds:.2f}",
+                    gained,
+                ]
+            )
+        import tensorflow as tf
+
+        with tf.summary.create_file_writer(os.path.join(logs, "dev_sample")).as_default():
+            tf.summary.scalar("bleu", scores["bleu"], step=step)
+            tf.summary.scalar("chrf", scores["chrf"], step=step)

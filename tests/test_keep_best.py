@@ -1,0 +1,101 @@
+"""Keeping the best weights during training (kformer.keep_best), early stopping, and readers' choice."""
+
+import csv
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from kformer import checkpoint, evaluate, prepare
+from kformer.callbacks import steps_done
+from kformer.keep_best import Evaluation
+from kformer.train import train
+
+ARGS = dict(vocab_size=1200, xla=False, verbose=0, checkpoint_seconds=10**6)
+
+
+class WeightsAt(keras.callbacks.Callback):
+    """The raw weights after each optimizer step (listed first, it runs before the evaluation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.at = {}
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.at[steps_done(self.model)] = [np.array(v) for v in self.model.trainable_variables]
+
+
+def _weights(model):
+    return [np.array(v) for v in model.trainable_variables]
+
+
+def test_the_best_is_kept_training_stops_early_and_readers_take_it(tmp_path, corpus_tsv, monkeypatch):
+    scripted = iter([10.0, 12.0, 11.0, 11.5, 99.0])  # BLEU of the evaluations at steps 2, 4, 6, 8
+    real_score = evaluate.score
+
+    def score(hypotheses, references, language):
+        assert len(hypotheses) == len(references) > 0 and language == "en"
+        return {**real_score(hypotheses, references, language), "bleu": next(scripted)}
+
+    monkeypatch.setattr(evaluate, "score", score)
+    out, recorded = str(tmp_path / "run"), WeightsAt()
+    summary = train(
+        out,
+        "tiny",
+        data=corpus_tsv,
+        steps=30,
+        evaluation=Evaluation(steps=2, early_stop=2),
+        callbacks=[recorded],
+        **ARGS,
+    )
+    assert summary["steps"] == 8 and "--early-stop 2" in summary["stopped"]
+    assert summary["evaluations"] == 4 and summary["best"]["step"] == 4 and summary["best"]["bleu"] == 12.0
+    with open(os.path.join(out, "logs", "evaluations.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], float(r["bleu"]), r["best"]) for r in rows] == [
+        ("2", 10.0, "True"),
+        ("4", 12.0, "True"),
+        ("6", 11.0, "False"),
+        ("8", 11.5, "False"),
+    ]
+    assert checkpoint.read_json(os.path.join(out, "best.json"))["evaluations_since"] == 2
+    assert os.listdir(os.path.join(out, "logs", "dev_sample"))  # TensorBoard events
+    best, last = checkpoint.load(out).model, checkpoint.load(out, "last").model
+    for kept, expected in zip(_weights(best), recorded.at[4]):
+        np.testing.assert_array_equal(kept, expected)
+    for kept, expected in zip(_weights(last), recorded.at[8]):
+        np.testing.assert_array_equal(kept, expected)
+    assert checkpoint.describe_weights(out, checkpoint.weights_file(out)).startswith(
+        "best.weights.h5 (step 4"
+    )
+
+
+def test_the_scores_kept_are_those_of_the_weights_kept(tmp_path, corpus_tsv):
+    out = str(tmp_path / "run")
+    evaluation = Evaluation(steps=3, sentences=5)
+    summary = train(out, "tiny", data=corpus_tsv, steps=6, evaluation=evaluation, **ARGS)
+    best = summary["best"]
+    # kformer evaluate on the same 5 dev sources, greedy, with the weights it picks: the same scores.
+    again = evaluate.evaluate(out, split="dev", beam_size=1, limit=5, output=str(tmp_path / "hyp.txt"))
+    assert again["sentences"] == 5 and again["chrf"] == pytest.approx(best["chrf"], abs=1e-6)
+    assert again["bleu"] == pytest.approx(best["bleu"], abs=1e-6)
+
+
+def test_early_stop_without_evaluations_is_one_line(tmp_path, corpus_tsv):
+    with pytest.raises(
+        ValueError, match="--early-stop needs dev sample evaluations, but evaluations are off"
+    ):
+        train(
+            str(tmp_path / "a"),
+            "tiny",
+            data=corpus_tsv,
+            steps=2,
+            evaluation=Evaluation(0, early_stop=2),
+            **ARGS,
+        )
+    no_dev = str(tmp_path / "no-dev")
+    prepare.prepare(corpus_tsv, no_dev, vocab_size=1200, split_size=0)
+    with pytest.raises(ValueError, match="has no dev split"):
+        train(str(tmp_path / "b"), "tiny", data=no_dev, steps=2, evaluation=Evaluation(early_stop=2), **ARGS)
+    assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
