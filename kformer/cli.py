@@ -400,7 +400,7 @@ def _add_train(commands):
 
 
 def _evaluation_options(p):
-    from kformer.keep_best import EVAL_MINUTES, EVAL_SENTENCES
+    from kformer.config import EVAL_MINUTES, EVAL_SENTENCES
 
     group = p.add_argument_group(
         "keeping the best weights (best.weights.h5, used by translate/evaluate/export)"
@@ -715,6 +715,7 @@ def main(argv=None):
     handler.setFormatter(logging.Formatter("kformer: %(message)s"))
     log = logging.getLogger("kformer")
     log.addHandler(handler)
+    level, propagate = log.level, log.propagate
     log.setLevel(logging.INFO)
     log.propagate = False
     logging.getLogger("tensorflow").setLevel(logging.ERROR)  # converters are chatty at INFO/WARNING
@@ -735,6 +736,10 @@ def main(argv=None):
             raise
         print(f"kformer {args.command}: error: {extras.missing(e.name, 'this command')}", file=sys.stderr)
         return 2
+    finally:  # as it was: a caller's next `main` (a test's, a notebook's) gets its own stderr
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
     return 0
 
 

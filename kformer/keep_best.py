@@ -16,12 +16,10 @@ import keras
 
 from kformer import checkpoint, distributed
 from kformer.callbacks import steps_done
-from kformer.config import read_json, write_json
+from kformer.config import EVAL_MINUTES, EVAL_SENTENCES, read_json, write_json
 
 log = logging.getLogger("kformer")
 
-EVAL_MINUTES = 5.0  # default interval between evaluations (kformer train --eval-minutes)
-EVAL_SENTENCES = 500  # dev sources an evaluation translates: ~4 s greedy for the small preset on 2 cores
 EVALUATIONS_FILE = "evaluations.csv"  # in the run's logs/
 
 

@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from kformer import checkpoint
 from kformer.cli import main
 
 
@@ -30,11 +31,19 @@ def test_train_command_writes_a_training_directory(tmp_path, corpus_tsv, capsys)
             "2",
             "--vocab-size",
             "1200",
+            "--accumulate",
+            "2",
+            "--average",
+            "0.5",
+            "--eval-steps",
+            "1",
         ],
         capsys,
     )
     assert code == 0 and '"steps": 2' in stdout
-    assert {"config.json", "tokenizer.model", "model.keras"} <= set(os.listdir(out))
+    assert {"config.json", "tokenizer.model", "model.keras", "best.weights.h5"} <= set(os.listdir(out))
+    config = checkpoint.load(out).config
+    assert (config.accumulate_steps, config.ema_momentum) == (2, 0.5)
 
 
 def test_train_precision_option():
