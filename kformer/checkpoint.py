@@ -85,6 +85,15 @@ def _averages(model):
     return model.trainable_variables, optimizer._model_variables_moving_average  # Keras keeps them private
 
 
+def assign_weights(model, values):
+    """Sets each of `model`'s weights to values[its path]: the weights of another model of the
+    same config, in any compute precision (cast to the variable's dtype)."""
+    from keras import ops
+
+    for variable in model.weights:
+        variable.assign(ops.cast(values[variable.path], variable.dtype))
+
+
 def swap_average(model):
     """Exchanges the model's weights with their moving averages (no-op without averaging)."""
     pairs = _averages(model)

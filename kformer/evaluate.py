@@ -17,10 +17,15 @@ log = logging.getLogger("kformer")
 
 def split_references(model_dir, split="test"):
     """(sources, references) of a held-out split of the corpus the model was trained on, as it was
-    prepared (kformer.prepare). All translations of one source sentence become its references
-    (Tatoeba often has several)."""
+    prepared (kformer.prepare): `group_references` of its pairs."""
+    return group_references(prepare_lib.held_out(checkpoint.prepared_folder(model_dir), split))
+
+
+def group_references(pairs):
+    """(distinct sources in order, their references): all translations of one source sentence
+    become its references (Tatoeba often has several)."""
     grouped = collections.OrderedDict()
-    for source, target in prepare_lib.held_out(checkpoint.prepared_folder(model_dir), split):
+    for source, target in pairs:
         grouped.setdefault(source, []).append(target)
     return list(grouped), list(grouped.values())
 

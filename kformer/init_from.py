@@ -167,6 +167,5 @@ def trained_weights(source):
 
 def assign(model, weights, source):
     """Sets the new run's model (any precision, in its strategy's scope) to `trained_weights`."""
-    for variable in model.weights:
-        variable.assign(weights[variable.path])
+    checkpoint.assign_weights(model, weights)
     log.info("started from %s", checkpoint.describe_weights(source.run_dir, source.weights_path))

@@ -15,6 +15,7 @@ import time
 import keras
 
 from kformer import checkpoint, distributed
+from kformer import evaluate as evaluate_lib
 from kformer.callbacks import steps_done
 from kformer.config import EVAL_MINUTES, EVAL_SENTENCES, read_json, write_json
 
@@ -39,16 +40,6 @@ class Evaluation:
         return bool(self.steps or self.minutes)
 
 
-def dev_sample(pairs, sentences=EVAL_SENTENCES):
-    """(sources, references) of the first `sentences` distinct sources of the dev pairs, each with
-    all its translations as references (as kformer.evaluate scores a split)."""
-    grouped = {}
-    for source, target in pairs:
-        if source in grouped or len(grouped) < sentences:
-            grouped.setdefault(source, []).append(target)
-    return list(grouped), list(grouped.values())
-
-
 class KeepBest(keras.callbacks.Callback):
     """Evaluates as `evaluation` (an `Evaluation`) says, and once
     more at the end of training if it evaluated before (not after a NaN); keeps the best weights (`writes`: this
@@ -60,7 +51,8 @@ class KeepBest(keras.callbacks.Callback):
     ):
         super().__init__()
         self.run_dir = run_dir
-        self.sources, self.references = dev_sample(dev_pairs, evaluation.sentences)
+        sources, references = evaluate_lib.group_references(dev_pairs)  # as `kformer evaluate` scores
+        self.sources, self.references = sources[: evaluation.sentences], references[: evaluation.sentences]
         self.tokenizer, self.language, self.writes, self.strategy = tokenizer, language, writes, strategy
         self.nan_guard = nan_guard  # StopOnNaN: no evaluation of weights that went non-finite
         self.every_seconds = None if evaluation.steps else evaluation.minutes * 60
@@ -68,7 +60,7 @@ class KeepBest(keras.callbacks.Callback):
         self.reason, self.seconds, self.evaluations = None, 0.0, 0
         best_path = checkpoint.path(run_dir, checkpoint.BEST_FILE)
         self.best = read_json(best_path) if os.path.exists(best_path) else None  # a resumed run's
-        self.translator = None
+        self.translator, self.summaries = None, None  # built at the first evaluation
 
     def on_train_begin(self, logs=None):
         self.last_time, self.evaluated_step = time.monotonic(), steps_done(self.model)
@@ -93,12 +85,10 @@ class KeepBest(keras.callbacks.Callback):
 
     def evaluate(self, step):
         """Scores the dev sample at `step`, keeps the weights if they are the best so far."""
-        from kformer.evaluate import score
-
         start = time.monotonic()
         translator = self._translator_of_current_weights()
         hypotheses = translator.translate(self.sources, self.language)
-        scores = score(hypotheses, self.references, self.language)
+        scores = evaluate_lib.score(hypotheses, self.references, self.language)
         gained = self.best is None or (scores["bleu"], scores["chrf"]) > (
             self.best["bleu"],
             self.best["chrf"],
@@ -143,9 +133,7 @@ class KeepBest(keras.callbacks.Callback):
         copy = self.translator.model
         checkpoint.swap_average(self.model)
         try:
-            values = {v.path: v for v in self.model.weights}
-            for variable in copy.weights:
-                variable.assign(keras.ops.cast(values[variable.path].value, variable.dtype))
+            checkpoint.assign_weights(copy, {v.path: v.value for v in self.model.weights})
         finally:
             checkpoint.swap_average(self.model)
         return self.translator
@@ -176,6 +164,9 @@ class KeepBest(keras.callbacks.Callback):
             )
         import tensorflow as tf
 
-        with tf.summary.create_file_writer(os.path.join(logs, "dev_sample")).as_default():
+        if self.summaries is None:  # one events file for the run's evaluations
+            self.summaries = tf.summary.create_file_writer(os.path.join(logs, "dev_sample"))
+        with self.summaries.as_default():
             tf.summary.scalar("bleu", scores["bleu"], step=step)
             tf.summary.scalar("chrf", scores["chrf"], step=step)
+        self.summaries.flush()  # one evaluation every few minutes: readable in TensorBoard at once
