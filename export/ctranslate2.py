@@ -135,10 +135,15 @@ class Ctranslate2Runner(ArtifactRunner):
         tokens = np.full((len(rows), k, width), c["pad_id"], np.int32)
         scores = np.full((len(rows), k), NEG_INF, np.float32)
         scores[:, 0] = 0.0  # an empty source: one empty hypothesis
-        for limit in sorted(set(limits) - {0}):  # one call per output limit: CTranslate2 takes one per batch
-            chosen = [i for i, row_limit in enumerate(limits) if row_limit == limit]
+        # CTranslate2 takes one length limit per call: the rows left go in one call at their longest
+        # limit, and a row whose output reached its own (shorter) limit is translated again with it,
+        # so that each row stops where the graphs stop it. In a length-sorted batch that is one call,
+        # and a second for the rare row that runs on.
+        pending = [i for i, limit in enumerate(limits) if limit]
+        while pending:
+            limit = max(limits[i] for i in pending)
             results = self.translator.translate_batch(
-                [rows[i] for i in chosen],
+                [rows[i] for i in pending],
                 beam_size=k,
                 num_hypotheses=k,
                 length_penalty=options.alpha if k > 1 else 0.0,  # greedy: sum
@@ -147,11 +152,16 @@ class Ctranslate2Runner(ArtifactRunner):
                 return_scores=True,
                 return_end_token=True,
             )
-            for i, result in zip(chosen, results):
+            again = []
+            for i, result in zip(pending, results):
+                if limits[i] < limit and max(map(len, result.hypotheses)) >= limits[i]:
+                    again.append(i)
+                    continue
                 for n, (hypothesis, score) in enumerate(zip(result.hypotheses, result.scores)):
                     ids = [self.tokenizer.piece_to_id(piece) for piece in hypothesis]
                     tokens[i, n, : len(ids)] = ids
                     scores[i, n] = score
+            pending = again
         return (tokens, scores) if k > 1 else (tokens[:, 0], scores[:, 0])
 
 

@@ -239,20 +239,23 @@ def _bench(args):
     if args.what == "runtimes":
         from kformer.bench.runtimes import bench_runtimes, print_table
 
-        results = bench_runtimes(args.model, sentences=args.sentences, rounds=args.rounds)
+        runtimes = args.runtimes.split(",") if args.runtimes else None
+        results = bench_runtimes(
+            args.model, sentences=args.sentences or 500, rounds=args.rounds, runtimes=runtimes
+        )
     elif args.what == "web":
         from kformer.bench.web import bench_web
         from kformer.bench.web import print_web_table as print_table
 
         results = bench_web(
-            args.model, sentences=args.sentences, rounds=args.rounds, screenshot=args.screenshot
+            args.model, sentences=args.sentences or 200, rounds=args.rounds, screenshot=args.screenshot
         )
     elif args.what == "serve":
         from kformer.bench.serve import bench_serve
         from kformer.bench.serve import print_serve_table as print_table
 
         results = bench_serve(
-            args.model, sentences=args.sentences, rounds=args.rounds, requests=args.requests
+            args.model, sentences=args.sentences or 200, rounds=args.rounds, requests=args.requests
         )
     elif args.what == "data":
         from kformer.bench.data import bench_data
@@ -662,8 +665,12 @@ def _add_bench(commands):
     p.add_argument(
         "--sentences",
         type=_positive(int),
-        default=200,
-        help="test sentences (runtimes: for BLEU; web: timed one by one; serve: what clients send)",
+        help="test sentences (runtimes: the file translated and scored, default 500; web: timed one by "
+        "one, default 200; serve: what clients send, default 200)",
+    )
+    p.add_argument(
+        "--runtimes",
+        help="runtimes: comma list of those to measure (default: keras, savedmodel and the export's)",
     )
     p.add_argument("--steps", type=_positive(int), default=30)
     p.add_argument(

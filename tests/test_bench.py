@@ -31,15 +31,18 @@ def test_bench_decode_times_the_same_work_in_every_variant(model_dir, capsys):  
 def test_runtime_worker_measures_the_runtime_it_names(artifacts, tmp_path):  # noqa: F811
     from kformer.export.onnx import OnnxRunner
 
-    sources = ["我們試試看！", "他很高興。", "好"]
+    sources = ["我們試試看！", "他很高興。", "好", "我們走吧。他很高興。"]
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"sources": sources, "batch1_sentences": 3}))
-    row = worker(artifacts, "tflite", "fp32", BEAM, str(job), repeats=2)
-    assert row["search"] == f"beam{BEAM}" and row["latency_ms"] > 0 and row["peak_rss_mb"] > 0
+    row = worker(artifacts, "tflite", "fp32", BEAM, str(job))
+    assert row["search"] == f"beam{BEAM}" and row["batch1_ms"] > 0 and row["file_s"] > 0
+    assert row["file_sentences_per_s"] == pytest.approx(len(sources) / row["file_s"])
+    assert 0 < row["imported_mb"] < row["loaded_mb"] <= row["peak_rss_mb"]
     onnx = OnnxRunner(artifacts, BEAM)  # another runtime, which must give the same translations
-    assert row["hypotheses"] == onnx.translate(sources)
-    outputs, _ = onnx.translate_ids(onnx.tokenizer.encode(sources))  # the batch-1 sentences: all three
-    assert row["latency_output_tokens"] == pytest.approx(sum(len(o) for o in outputs) / 3)
+    assert row["hypotheses"] == onnx.translate(sources)  # the whole file, the two-sentence line included
+    singles = [onnx.translate([s])[0] for s in sources[:3]]  # the batch-1 sentences: the first three
+    assert row["batch1_output_tokens"] == pytest.approx(sum(map(len, onnx.tokenizer.encode(singles))) / 3)
+    assert row["file_output_tokens"] == sum(map(len, onnx.tokenizer.encode(row["hypotheses"])))
 
 
 def test_reference_model_trains_one_step():
@@ -134,67 +137,79 @@ def test_bench_runtimes_takes_a_folder_relative_to_where_it_is_run(
     assert os.path.isfile(os.path.join(started[0], "manifest.json"))
 
 
-def test_runtimes_are_set_against_ctranslate2_of_the_same_search_and_precision():
+def _timed(runtime, variant, search, file_s, batch1_ms):
+    return {
+        "runtime": runtime,
+        "variant": variant,
+        "search": search,
+        "file_s": file_s,
+        "batch1_ms": batch1_ms,
+    }
+
+
+def test_runtimes_are_set_against_ctranslate2_of_the_same_search_and_precision_and_its_fastest():
     from kformer.bench.runtimes import _against_ctranslate2
 
-    def row(runtime, variant, search, latency, per_s):
-        return {
-            "runtime": runtime,
-            "variant": variant,
-            "search": search,
-            "latency_ms": latency,
-            "batch32_sentences_per_s": per_s,
-        }
-
     rows = [
-        row("ctranslate2", "fp32", "greedy", 10, 100),
-        row("ctranslate2", "int8", "greedy", 5, 200),
-        row("onnx", "fp32", "greedy", 15, 50),
-        row("onnx", "int8", "greedy", 10, 100),
-        row("tflite", "fp16", "greedy", 20, 25),
-        row("onnx", "fp32", "beam4", 30, 10),
+        _timed("ctranslate2", "fp32", "greedy", 10, 10),
+        _timed("ctranslate2", "int8", "greedy", 5, 20),  # int8 faster on the file, slower at batch 1
+        _timed("onnx", "fp32", "greedy", 15, 15),
+        _timed("onnx", "int8", "greedy", 10, 10),
+        _timed("tflite", "fp16", "greedy", 20, 40),
+        _timed("onnx", "fp32", "beam4", 30, 10),  # no CTranslate2 beam row
     ]
     _against_ctranslate2(rows)
-    assert [r["time_vs_ct2"] for r in rows] == [(1, 1), (1, 1), (1.5, 2), (2, 2), (2, 4), None]
+
+    def medians(ratios):
+        return ratios and (ratios["file_s"][0], ratios["batch1_ms"][0])
+
+    assert [medians(r["vs_ct2"]) for r in rows] == [(1, 1), (1, 1), (1.5, 1.5), (2, 0.5), (2, 4), None]
+    # The fastest: int8's 5 on the file, fp32's 10 at batch 1.
+    assert [medians(r["vs_ct2_fastest"]) for r in rows] == [(2, 1), (1, 2), (3, 1.5), (2, 1), (4, 4), None]
 
 
 def test_ratios_to_ctranslate2_are_taken_round_by_round():
     from kformer.bench.runtimes import _against_ctranslate2, _median_row
 
-    def rounds(runtime, latencies):
+    def rounds(runtime, variant, times):
         return _median_row(
             [
                 {
-                    "runtime": runtime,
-                    "variant": "fp32",
-                    "search": "greedy",
+                    **_timed(runtime, variant, "greedy", s, 1000 * s),
                     "load_s": 1,
-                    "latency_ms": ms,
-                    "batch32_sentences_per_s": 1000 / ms,
-                    "batch32_tokens_per_s": 1,
-                    "peak_rss_mb": 1,
+                    "file_sentences_per_s": 500 / s,
+                    "imported_mb": 1,
+                    "loaded_mb": 2,
+                    "peak_rss_mb": 3,
                 }
-                for ms in latencies
+                for s in times
             ]
         )
 
-    # CTranslate2 slow in round 2 only: the medians alone (20 / 5) would say 4x; round by round it is 2, 2, 4.
-    rows = [rounds("ctranslate2", [5, 15, 5]), rounds("onnx", [10, 30, 20])]
+    # CTranslate2 slow in round 2 only: the medians alone (15 / 5) would say 3x; round by round it is 2, 2, 4.
+    rows = [
+        rounds("ctranslate2", "fp32", [5, 15, 5]),
+        rounds("ctranslate2", "int8", [8, 12, 8]),
+        rounds("onnx", "fp32", [10, 30, 20]),
+    ]
     _against_ctranslate2(rows)
-    assert rows[1]["time_vs_ct2"] == (2, 2)
-    assert rows[1]["time_vs_ct2_range"] == ((2, 4), (2, 4))
-    assert rows[0]["time_vs_ct2_range"] == ((1, 1), (1, 1))
+    assert rows[2]["vs_ct2"]["file_s"] == rows[2]["vs_ct2"]["batch1_ms"] == (2, 2, 4)
+    assert rows[0]["vs_ct2"]["file_s"] == (1, 1, 1)
+    # The fastest in each round: 5, 12, 5 -> 2, 2.5, 4.
+    assert rows[2]["vs_ct2_fastest"]["file_s"] == (2.5, 2, 4)
 
 
-def test_runtime_rounds_are_reduced_to_medians_and_the_highest_peak_memory():
+def test_runtime_rounds_are_reduced_to_medians_and_the_highest_memory():
     from kformer.bench.runtimes import _median_row
 
     rounds = [
         {
             "load_s": s,
-            "latency_ms": 10 * s,
-            "batch32_sentences_per_s": 100 / s,
-            "batch32_tokens_per_s": 1000 / s,
+            "file_s": 10 * s,
+            "file_sentences_per_s": 50 / s,
+            "batch1_ms": 100 / s,
+            "imported_mb": 40 - s,
+            "loaded_mb": 45 + s,
             "peak_rss_mb": 50 + s,
             "bleu": 17.0,
             "runtime": "onnx",
@@ -202,15 +217,44 @@ def test_runtime_rounds_are_reduced_to_medians_and_the_highest_peak_memory():
         for s in (1, 4, 2)
     ]
     row = _median_row(rounds)
-    assert (
-        row["load_s"],
-        row["latency_ms"],
-        row["batch32_sentences_per_s"],
-        row["batch32_tokens_per_s"],
-    ) == (2, 20, 50, 500)
-    assert (
-        row["peak_rss_mb"] == 54 and row["rounds"] == 3 and row["bleu"] == 17.0 and row["runtime"] == "onnx"
-    )
+    assert (row["load_s"], row["file_s"], row["file_sentences_per_s"], row["batch1_ms"]) == (2, 20, 25, 50)
+    assert (row["imported_mb"], row["loaded_mb"], row["peak_rss_mb"]) == (39, 49, 54)
+    assert row["per_round"] == {"file_s": [10, 40, 20], "batch1_ms": [100, 25, 50]}
+    assert row["rounds"] == 3 and row["bleu"] == 17.0
+
+
+def test_bench_runtimes_measures_the_runtimes_asked_for():
+    from kformer.bench.runtimes import _jobs
+
+    manifest = {
+        "artifacts": [
+            {"format": "onnx", "variant": "fp32"},
+            {"format": "onnx", "variant": "text"},
+            {"format": "onnx", "variant": "int8"},
+            {"format": "ctranslate2", "variant": "fp32"},
+            {"format": "savedmodel", "variant": "fp32"},
+            {"format": "tokenizer", "variant": "sentencepiece"},
+        ]
+    }
+    assert _jobs(manifest, None) == [
+        ("keras", "fp32"),
+        ("ctranslate2", "fp32"),
+        ("onnx", "fp32"),
+        ("onnx", "int8"),
+        ("onnx", "text"),
+        ("savedmodel", "fp32"),
+    ]
+    assert _jobs(manifest, ["onnx", "ctranslate2"]) == [
+        ("ctranslate2", "fp32"),
+        ("onnx", "fp32"),
+        ("onnx", "int8"),
+        ("onnx", "text"),
+    ]
+    with pytest.raises(
+        ValueError,
+        match=r"--runtimes tflite: not in this export \(it has ctranslate2,keras,onnx,savedmodel\)",
+    ):
+        _jobs(manifest, ["tflite", "onnx"])
 
 
 def test_xla_dump_folder_is_removed_at_exit():

@@ -1,5 +1,7 @@
-"""`kformer bench runtimes`: latency, throughput, size, peak memory and BLEU of every exported
-runtime and variant, each measured in its own process on the same sentences."""
+"""`kformer bench runtimes`: every exported runtime and variant on the work users give it, each
+measured in its own process on the same sentences: a whole file through the runner's translate
+path (length-sorted batches of 32, as `kformer translate FILE` and the server run it) and one
+sentence at a time; speed, size, memory and BLEU, and time against CTranslate2."""
 
 import json
 import os
@@ -10,6 +12,8 @@ import time
 
 from kformer import subprocesses
 from kformer.config import search_label
+
+TIMINGS = ("file_s", "batch1_ms")  # the two cells each ratio to CTranslate2 is taken in
 
 
 def _runner(runtime, artifact_dir, beam, variant, threads):
@@ -29,73 +33,110 @@ def _runner(runtime, artifact_dir, beam, variant, threads):
     return open_runner(artifact_dir, runtime, variant, beam, threads=threads)
 
 
-def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None, repeats=3):
+def _import_runtime(runtime):
+    """Imports what the runtime's runner needs, so that memory before the model is loaded can be told
+    from the model's own."""
+    import importlib
+
+    modules = {
+        "onnx": ["onnxruntime"],
+        "tflite": ["ai_edge_litert.interpreter"],
+        "ctranslate2": ["ctranslate2"],
+    }.get(runtime, ["tensorflow", "keras"])
+    for module in ["numpy", "sentencepiece", *modules]:
+        importlib.import_module(module)
+
+
+def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None):
     """Measures one runtime/variant/search in this process; returns a dict (JSON-friendly).
-    Batch 1: the job's first `batch1_sentences` sources one at a time, `repeats` times (the median
-    pass); batch 32: the first 32 in one call; BLEU: every source, in batches."""
+    File: every source of the job through `runner.translate` (sentence splitting, length-sorted
+    batches of 32, detokenizing: what a user's file goes through); batch 1: the first
+    `batch1_sentences`, one `translate` call each. Memory: resident MB after the runtime is
+    imported, after the model is loaded, and the process's peak."""
     with open(sentences_file, encoding="utf-8") as f:
         job = json.load(f)
+    _import_runtime(runtime)
+    imported_mb = resident_memory_mb()
     start = time.perf_counter()
     runner = _runner(runtime, artifact_dir, beam, variant, threads)
     load_seconds = time.perf_counter() - start
-    sources = job["sources"]
-    if variant == "text":  # text in, text out: SentencePiece runs inside the graph, so time that
-        translate = runner.translate
-    else:
-        by_text = dict(zip(sources, runner.tokenizer.encode(sources)))
-        translate = lambda texts: runner.translate_ids([by_text[t] for t in texts])[0]  # noqa: E731
-    singles, batch = sources[: job["batch1_sentences"]], sources[:32]
+    loaded_mb = resident_memory_mb()
+    sources, singles = job["sources"], job["sources"][: job["batch1_sentences"]]
 
-    translate(singles[:1])  # warm-up (traces, allocates)
-    passes = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        outputs = [translate([source])[0] for source in singles]
-        passes.append(time.perf_counter() - t)
-    translate(batch)
+    runner.translate(sources[:32])  # warm-up (traces, allocates, prepacks)
+    runner.translate(singles[:1])
     t = time.perf_counter()
-    batch_outputs = translate(batch)
-    batch_seconds = time.perf_counter() - t
-    everything = translate(sources)
-    hypotheses = everything if variant == "text" else [runner.tokenizer.decode(row) for row in everything]
-
-    def lengths(outputs):  # output tokens: ids as they are, a text file's strings as their pieces
-        return [len(runner.tokenizer.encode(o) if isinstance(o, str) else o) for o in outputs]
-
+    hypotheses = runner.translate(sources)
+    file_seconds = time.perf_counter() - t
+    t = time.perf_counter()
+    singles_out = [runner.translate([source])[0] for source in singles]
+    batch1_seconds = time.perf_counter() - t
     return {
         "runtime": runtime,
         "variant": variant,
         "search": search_label(beam),
         "load_s": load_seconds,
-        "latency_ms": 1000 * statistics.median(passes) / len(singles),
-        "latency_output_tokens": statistics.mean(lengths(outputs)),
-        "batch32_sentences_per_s": len(batch) / batch_seconds,
-        "batch32_tokens_per_s": sum(n + 1 for n in lengths(batch_outputs)) / batch_seconds,
+        "file_s": file_seconds,
+        "file_sentences_per_s": len(sources) / file_seconds,
+        "file_output_tokens": sum(len(ids) for ids in runner.tokenizer.encode(hypotheses)),
+        "batch1_ms": 1000 * batch1_seconds / len(singles),
+        "batch1_output_tokens": statistics.mean(len(ids) for ids in runner.tokenizer.encode(singles_out)),
+        "imported_mb": imported_mb,
+        "loaded_mb": loaded_mb,
         "peak_rss_mb": peak_memory_mb(),
         "hypotheses": hypotheses,
     }
 
 
-def peak_memory_mb():
-    """This process's peak resident memory. VmHWM, not getrusage's ru_maxrss: Linux keeps
-    ru_maxrss across execve, so a child would report its parent's (TensorFlow-sized) peak."""
+def _proc_status_mb(field):
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return None
 
 
-def bench_runtimes(artifact_dir, sentences=200, rounds=3, batch1_sentences=16, progress=print):
+def resident_memory_mb():
+    """This process's resident memory now (VmRSS)."""
+    return _proc_status_mb("VmRSS") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def peak_memory_mb():
+    """This process's peak resident memory. VmHWM, not getrusage's ru_maxrss: Linux keeps
+    ru_maxrss across execve, so a child would report its parent's (TensorFlow-sized) peak."""
+    return _proc_status_mb("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _jobs(manifest, runtimes):
+    """(runtime, variant) pairs to measure: Keras (the training folder) and every SavedModel, TFLite,
+    ONNX and CTranslate2 file of the export; those of `runtimes` only when given."""
+    formats = ("savedmodel", "tflite", "onnx", "ctranslate2")
+    jobs = [("keras", "fp32")] + sorted(
+        {(a["format"], a["variant"]) for a in manifest["artifacts"] if a["format"] in formats}
+    )
+    if runtimes:
+        unknown = set(runtimes) - {runtime for runtime, _ in jobs}
+        if unknown:
+            raise ValueError(
+                f"--runtimes {','.join(sorted(unknown))}: not in this export "
+                f"(it has {','.join(sorted({r for r, _ in jobs}))})"
+            )
+        jobs = [(runtime, variant) for runtime, variant in jobs if runtime in runtimes]
+    return jobs
+
+
+def bench_runtimes(
+    artifact_dir, sentences=500, rounds=3, batch1_sentences=100, runtimes=None, progress=print
+):
     """Runs every runtime/variant/search of an export in a subprocess, in `rounds` interleaved
     rounds (every job once per round, so a change in the machine's speed hits all alike); reports
-    the median of each timing, the peak memory, and BLEU on the first `sentences` of the held-out
-    test split of the corpus the model was trained on. Batch 1 is timed over the first
-    `batch1_sentences`, one at a time: a single sentence of a few milliseconds gives ratios that
-    move by up to 3x between rounds."""
+    the median of each timing, the peak memory, and BLEU of the file pass on the first `sentences`
+    of the held-out test split of the corpus the model was trained on. Batch 1 is timed over the
+    first `batch1_sentences`, one at a time: a single sentence of a few milliseconds gives ratios
+    that move by up to 3x between rounds."""
     from kformer.evaluate import score, split_references
     from kformer.export.manifest import load as load_manifest
 
@@ -104,10 +145,7 @@ def bench_runtimes(artifact_dir, sentences=200, rounds=3, batch1_sentences=16, p
     sources, references = split_references(manifest["trained_in"], "test")
     sources, references = sources[:sentences], references[:sentences]
     language = (manifest.get("corpus") or {}).get("direction", "x-en").split("-")[-1]
-    light = ("tflite", "onnx", "ctranslate2")
-    jobs = [("keras", "fp32"), ("savedmodel", "fp32")] + sorted(
-        {(a["format"], a["variant"]) for a in manifest["artifacts"] if a["format"] in light}
-    )
+    jobs = _jobs(manifest, runtimes)
     sizes = {
         (a["format"], a["variant"]): a["bytes"] for a in manifest["artifacts"]
     }  # a file serves both searches
@@ -138,7 +176,7 @@ def bench_runtimes(artifact_dir, sentences=200, rounds=3, batch1_sentences=16, p
             row["bleu"] = score(row.pop("hypotheses"), references, language)["bleu"]
             row["bytes"] = sizes.get((runtime, variant))  # None for keras: no file of its own
             runs.setdefault((runtime, variant, beam), []).append(row)
-            progress(f"{row['latency_ms']:.0f} ms, BLEU {row['bleu']:.2f}")
+            progress(f"file {row['file_sentences_per_s']:.0f} sent/s, {row['batch1_ms']:.1f} ms at b1")
     rows = [_median_row(results) for results in runs.values()]
     _against_ctranslate2(rows)
     return {
@@ -151,63 +189,73 @@ def bench_runtimes(artifact_dir, sentences=200, rounds=3, batch1_sentences=16, p
 
 
 def _median_row(results):
-    """One row from a job's rounds: median timings, the highest peak memory, the rest as measured."""
+    """One row from a job's rounds: median timings, the highest memory, the rest as measured."""
     row = dict(results[0])
-    for key in ("load_s", "latency_ms", "batch32_sentences_per_s", "batch32_tokens_per_s"):
+    for key in ("load_s", "file_sentences_per_s", *TIMINGS):
         row[key] = statistics.median(r[key] for r in results)
-    row["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
+    for key in ("imported_mb", "loaded_mb", "peak_rss_mb"):
+        row[key] = max(r[key] for r in results)
     row["rounds"] = len(results)
-    row["per_round"] = {key: [r[key] for r in results] for key in ("latency_ms", "batch32_sentences_per_s")}
+    row["per_round"] = {key: [r[key] for r in results] for key in TIMINGS}
     return row
 
 
 def _against_ctranslate2(rows):
-    """Adds each row's time divided by CTranslate2's for the same search and precision (int8 with
-    int8, every other variant with fp32), at batch 1 and 32, when the export has CTranslate2:
-    "time_vs_ct2" (b1, b32), the median of the ratios taken round by round, and "time_vs_ct2_range"
-    ((min, max) at b1, at b32). Round by round, because CTranslate2's own fp32 timing moves by up to
-    1.6x between processes: the range shows how far a ratio holds."""
-    reference = {(r["search"], r["variant"]): r for r in rows if r["runtime"] == "ctranslate2"}
+    """Adds each row's time divided by CTranslate2's for the same search, in both cells (the file,
+    batch 1), when the export has CTranslate2; each the median of the ratios taken round by round
+    (CTranslate2's own timings move by up to 1.6x between processes), with their (min, max):
+    "vs_ct2": against the same precision (int8 with int8, every other variant with fp32);
+    "vs_ct2_fastest": against the fastest of CTranslate2's files in that round and cell (its int8
+    can be slower than its fp32, by CPU)."""
 
     def per_round(row, key):  # a row reduced by _median_row keeps its rounds; a plain row is one round
         return row.get("per_round", {}).get(key, [row[key]])
 
+    ct2 = {(r["search"], r["variant"]): r for r in rows if r["runtime"] == "ctranslate2"}
     for r in rows:
-        ct2 = reference.get((r["search"], "int8" if r["variant"] == "int8" else "fp32"))
-        if ct2 is None:
-            r["time_vs_ct2"] = r["time_vs_ct2_range"] = None
-            continue
-        b1 = [ours / theirs for ours, theirs in zip(per_round(r, "latency_ms"), per_round(ct2, "latency_ms"))]
-        b32 = [
-            theirs / ours
-            for ours, theirs in zip(
-                per_round(r, "batch32_sentences_per_s"), per_round(ct2, "batch32_sentences_per_s")
+        ours = {key: per_round(r, key) for key in TIMINGS}
+        theirs = ct2.get((r["search"], "int8" if r["variant"] == "int8" else "fp32"))
+        references = [row for (search, _), row in ct2.items() if search == r["search"]]
+        r["vs_ct2"] = None if theirs is None else _ratios(ours, {k: per_round(theirs, k) for k in TIMINGS})
+        r["vs_ct2_fastest"] = (
+            None
+            if not references
+            else _ratios(
+                ours,
+                {k: [min(times) for times in zip(*(per_round(c, k) for c in references))] for k in TIMINGS},
             )
-        ]
-        r["time_vs_ct2"] = (statistics.median(b1), statistics.median(b32))
-        r["time_vs_ct2_range"] = ((min(b1), max(b1)), (min(b32), max(b32)))
+        )
+
+
+def _ratios(ours, theirs):
+    """{cell: (median, min, max)} of ours / theirs, round by round."""
+    result = {}
+    for key in TIMINGS:
+        ratios = [a / b for a, b in zip(ours[key], theirs[key])]
+        result[key] = (statistics.median(ratios), min(ratios), max(ratios))
+    return result
+
+
+def _cells(ratios):
+    return "-" if not ratios else "{:.2f}, {:.2f}".format(*(ratios[k][0] for k in TIMINGS))
 
 
 def print_table(results):
     print(
-        f"BLEU on {results['sentences']} test sentences; latency: ms per sentence at batch 1 (the first "
-        f"{results['batch1_sentences']}, one at a time, median of 3 passes; out tok: their mean output); "
-        f"throughput: 32 sentences in one call; timings: median of {results['rounds']} interleaved rounds"
+        f"file: {results['sentences']} test sentences through translate (length-sorted batches of 32), "
+        f"BLEU on them; batch 1: the first {results['batch1_sentences']}, one at a time (out tok: their "
+        f"mean output); timings: median of {results['rounds']} interleaved rounds; time / CTranslate2: "
+        f"file, batch 1, round by round, against the same precision and against its fastest file"
     )
     print(
-        f"{'runtime':>10} {'variant':>7} {'search':>6} {'latency ms':>10} {'out tok':>7} {'sent/s@32':>9} "
-        f"{'tok/s@32':>8} {'MB':>6} {'peak MB':>7} {'BLEU':>6} {'time/CT2 b1,b32':>15} {'range b1, b32':>19}"
+        f"{'runtime':>11} {'variant':>7} {'search':>6} {'sent/s':>7} {'ms@b1':>6} {'out tok':>7} "
+        f"{'MB':>5} {'import':>6} {'loaded':>6} {'peak':>5} {'BLEU':>6} {'/CT2 same':>10} {'/CT2 best':>10}"
     )
     for r in results["rows"]:
         size = "-" if r["bytes"] is None else f"{r['bytes'] / 1e6:.1f}"
-        ratio = "-" if not r.get("time_vs_ct2") else "{:.2f}, {:.2f}".format(*r["time_vs_ct2"])
-        spread = (
-            "-"
-            if not r.get("time_vs_ct2_range")
-            else "{:.2f}-{:.2f}, {:.2f}-{:.2f}".format(*r["time_vs_ct2_range"][0], *r["time_vs_ct2_range"][1])
-        )
         print(
-            f"{r['runtime']:>10} {r['variant']:>7} {r['search']:>6} {r['latency_ms']:10.1f} "
-            f"{r['latency_output_tokens']:7.1f} {r['batch32_sentences_per_s']:9.1f} {r['batch32_tokens_per_s']:8.0f} "
-            f"{size:>6} {r['peak_rss_mb']:7.0f} {r['bleu']:6.2f} {ratio:>15} {spread:>19}"
+            f"{r['runtime']:>11} {r['variant']:>7} {r['search']:>6} {r['file_sentences_per_s']:7.0f} "
+            f"{r['batch1_ms']:6.1f} {r['batch1_output_tokens']:7.1f} {size:>5} {r['imported_mb']:6.0f} "
+            f"{r['loaded_mb']:6.0f} {r['peak_rss_mb']:5.0f} {r['bleu']:6.2f} {_cells(r['vs_ct2']):>10} "
+            f"{_cells(r['vs_ct2_fastest']):>10}"
         )
