@@ -190,6 +190,7 @@ class OnnxRunner(ArtifactRunner):
     """An ids file (fp32 or int8) in onnxruntime."""
 
     fmt = Onnx.name
+    beam_shares_batch = True
 
     def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
         super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
@@ -209,6 +210,7 @@ class OnnxTextRunner(ArtifactRunner):
     tensorflow-text, which bundle their own SentencePiece and protobuf."""
 
     fmt = Onnx.name
+    beam_shares_batch = True
 
     def __init__(self, artifact_dir, beam_size=None, variant="text", threads=None, batch_size=32, **options):
         super().__init__(artifact_dir, beam_size, "text", threads, batch_size, **options)
@@ -224,9 +226,9 @@ class OnnxTextRunner(ArtifactRunner):
             )
 
         def translate_units(units):
-            outputs = []
-            for start in range(0, len(units), self.batch_size):
-                batch = np.array([u.text for u in units[start : start + self.batch_size]], dtype=object)
+            outputs, size = [], self.sentences_per_call(options)
+            for start in range(0, len(units), size):
+                batch = np.array([u.text for u in units[start : start + size]], dtype=object)
                 feed = {"text": batch, **option_inputs(options)}
                 outputs += [[(str(t), 0.0)] for t in self.session.run(["translation"], feed)[0]]
             return outputs

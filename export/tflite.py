@@ -74,6 +74,7 @@ class TfliteRunner(ArtifactRunner):
     """A TFLite file in LiteRT. The "fixed" file runs one padded row at a time."""
 
     fmt = Tflite.name
+    beam_shares_batch = True
 
     def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
         from ai_edge_litert.interpreter import Interpreter

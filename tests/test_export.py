@@ -234,6 +234,31 @@ def test_ctranslate2_keeps_each_rows_output_limit(artifacts, model_dir, monkeypa
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-4)
 
 
+def test_graphs_give_a_beam_of_k_the_places_of_k_sentences_in_a_batch(artifacts):
+    """ONNX and TFLite keep every hypothesis in fixed-shape buffers: a beam search call takes
+    batch_size // K sentences, greedy batch_size; CTranslate2 takes batch_size either way. The
+    translations do not depend on it."""
+    texts = [f"他{'很' * (i % 4)}高興。我們試試看{i}！" for i in range(14)]  # 28 sentences
+    expected = OnnxRunner(artifacts, BEAM, batch_size=64).translate(texts)  # one call
+    for runner_class, beam_rows in (
+        (OnnxRunner, 9 // BEAM),
+        (TfliteRunner, 9 // BEAM),
+        (Ctranslate2Runner, 9),
+    ):
+        runner = runner_class(artifacts, BEAM, batch_size=9)
+        sizes, search = [], runner._search
+        runner._search = lambda options, batch, search=search, sizes=sizes: (
+            sizes.append(len(batch)) or search(options, batch)
+        )
+        translations = runner.translate(texts)
+        assert max(sizes) == beam_rows and sum(sizes) == 28, runner_class
+        if runner_class is not Ctranslate2Runner:  # its beam search is its own (test_ctranslate2_beam_...)
+            assert translations == expected, runner_class
+        sizes.clear()
+        runner.translate(texts, beam_size=1)
+        assert max(sizes) == 9 and sum(sizes) == 28, runner_class
+
+
 def test_text_in_text_out(artifacts, model_dir):
     texts = [
         "我們試試看！",

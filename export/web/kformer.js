@@ -13,7 +13,7 @@ import * as ort from "/ort/ort.wasm.min.mjs";
 import { SentencePiece } from "./sentencepiece.js";
 import { joiner, splitClauses, splitSentences, strip } from "./sentences.js";
 
-const BATCH_SIZE = 32; // as the Python runners' default
+const BATCH_SIZE = 32; // as the Python runners' default; beam search takes BATCH_SIZE / K sentences (beam_shares_batch)
 const NEG_INF_SCORE = -1.0e8; // batching.NEG_INF_SCORE: a beam slot without a hypothesis
 // Python's str.strip()/split() whitespace, which JavaScript's trim() does not match exactly.
 const WHITESPACE = "\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
@@ -238,12 +238,12 @@ function segmentTexts(tokenizer, texts, maxLength) {
   return { units, layouts };
 }
 
-/** As batching.search_units: per row of ids, its best `nbest` [ids, score], best first. */
-async function searchUnits(run, ids, inputs, nbest, eosId, padId) {
+/** As batching.search_units: per row of ids, its best `nbest` [ids, score], best first; `size` rows a call. */
+async function searchUnits(run, ids, inputs, nbest, eosId, padId, size) {
   const order = ids.map((_, i) => i).sort((a, b) => ids[a].length - ids[b].length); // stable, as Python's
   const results = new Array(ids.length);
-  for (let start = 0; start < order.length; start += BATCH_SIZE) {
-    const chunk = order.slice(start, start + BATCH_SIZE);
+  for (let start = 0; start < order.length; start += size) {
+    const chunk = order.slice(start, start + size);
     const width = Math.max(1, ...chunk.map((i) => ids[i].length));
     const batch = new Int32Array(chunk.length * width).fill(padId);
     chunk.forEach((i, row) => batch.set(ids[i], row * width));
@@ -316,7 +316,8 @@ async function translations(texts, options = {}) {
   const { inputs, nbest } = checkedOptions(manifest, options);
   const { eos_id: eosId, pad_id: padId, max_source_length: maxSourceLength } = manifest.config;
   const { units, layouts } = segmentTexts(tokenizer, texts, maxSourceLength);
-  const found = await searchUnits(run, units.map((u) => u.ids), inputs, nbest, eosId, padId);
+  const size = inputs.beam ? Math.max(1, Math.floor(BATCH_SIZE / manifest.beam_size)) : BATCH_SIZE;
+  const found = await searchUnits(run, units.map((u) => u.ids), inputs, nbest, eosId, padId, size);
   const hypotheses = found.map((unit) => unit.map(([ids, score]) => [tokenizer.decode(ids), score]));
   const glue = joiner((manifest.corpus?.direction || "").split("-").at(-1));
   return layouts.map((layout) => joinTranslations(layout, hypotheses, glue, nbest));
