@@ -517,8 +517,9 @@ def _add_translate(commands):
         "--batch-size",
         type=_positive(int),
         default=32,
-        help="most lines translated together; a pipe's lines are translated as they arrive, "
-        "those that arrive together in one batch (default 32)",
+        help="most lines (and sentences) translated together; a beam of K takes K places in the ONNX "
+        "and TFLite graphs; a pipe's lines are translated as they arrive, those that arrive "
+        "together in one batch (default 32)",
     )
     _weights_option(p)
     p.add_argument("text", nargs="*")
