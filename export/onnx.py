@@ -183,6 +183,10 @@ def _session(path, threads, custom_ops=False):
         options.register_custom_ops_library(get_library_path())
     options.intra_op_num_threads = threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Without the arena, buffers go back to the allocator as each call ends: on the demo model's
+    # file (greedy, 32 sentences a call) the peak was 185-196 MB against 219-220 with it, at the
+    # same speed (3 interleaved rounds).
+    options.enable_cpu_mem_arena = False
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
