@@ -229,12 +229,17 @@ class OnnxTextRunner(ArtifactRunner):
                 "the text ONNX file returns one translation per text; use --variant fp32 for --nbest"
             )
 
-        def translate_units(units):
-            outputs, size = [], self.sentences_per_call(options)
-            for start in range(0, len(units), size):
-                batch = np.array([u.text for u in units[start : start + size]], dtype=object)
-                feed = {"text": batch, **option_inputs(options)}
-                outputs += [[(str(t), 0.0)] for t in self.session.run(["translation"], feed)[0]]
+        def translate_units(units):  # in length-sorted batches, as batching.search_units
+            order = sorted(range(len(units)), key=lambda i: len(units[i].ids))
+            outputs, size = [None] * len(units), self.sentences_per_call(options)
+            for start in range(0, len(order), size):
+                chunk = order[start : start + size]
+                feed = {
+                    "text": np.array([units[i].text for i in chunk], dtype=object),
+                    **option_inputs(options),
+                }
+                for i, translation in zip(chunk, self.session.run(["translation"], feed)[0]):
+                    outputs[i] = [(str(translation), 0.0)]
             return outputs
 
         c = self.config

@@ -17,7 +17,7 @@ from kformer.export import onnx, onnx_rewrite, tflite
 from kformer.export.ctranslate2 import Ctranslate2Runner
 from kformer.export.exporter import export
 from kformer.export.format import SEARCH_LOOPS, ExportError
-from kformer.export.manifest import ArtifactError
+from kformer.export.manifest import ArtifactError, load_tokenizer
 from kformer.export.manifest import load as load_manifest
 from kformer.export.onnx import OnnxRunner
 from kformer.export.savedmodel import SavedModelRunner
@@ -520,6 +520,12 @@ out = {"onnx": OnnxRunner(art, beam).translate(texts), "tflite": TfliteRunner(ar
        "onnx_text": OnnxTextRunner(art, beam).translate(texts),
        "ctranslate2": Ctranslate2Runner(art, beam).translate(texts),
        "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras"))}
+small, calls = OnnxTextRunner(art, beam, batch_size=2), []
+class Spy:  # records the texts of each call
+    def __init__(self, session): self.session = session
+    def run(self, names, feed): calls.append(feed["text"].tolist()); return self.session.run(names, feed)
+small.session = Spy(small.session)
+out["onnx_text_small_batches"], out["text_calls"] = small.translate(texts), calls
 print(json.dumps(out))
 """
 
@@ -538,6 +544,15 @@ def test_device_runners_need_no_tensorflow(artifacts, model_dir, beam):
     out = json.loads(python_lines(NO_TENSORFLOW, artifacts, str(beam), json.dumps(texts))[-1])
     expected = KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH).translate(texts)
     assert out["onnx"] == out["tflite"] == out["onnx_text"] == expected and out["loaded"] == []
+    # The text file's calls take its sentences in length-sorted batches, as the id files' runners do.
+    assert out["onnx_text_small_batches"] == expected
+    tokenizer = load_tokenizer(artifacts, load_manifest(artifacts))
+    lengths = [len(tokenizer.encode(text)) for call in out["text_calls"] for text in call]
+    assert (
+        lengths == sorted(lengths)
+        and len(lengths) > 5
+        and max(map(len, out["text_calls"])) == (2 if beam == 1 else 1)
+    )
     assert expected[4] == "🙂"  # outside the vocabulary: output as it is, by every runner
     ct2 = out["ctranslate2"]  # its beam search may differ from Keras' (another length normalization)
     assert ct2 == expected if beam == 1 else [ct2[1], ct2[3], ct2[4]] == ["", "", "🙂"]
