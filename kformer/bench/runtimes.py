@@ -1,7 +1,8 @@
 """`kformer bench runtimes`: every exported runtime and variant on the work users give it, each
 measured in its own process on the same sentences: a whole file through the runner's translate
-path (length-sorted batches of 32, as `kformer translate FILE` and the server run it) and one
-sentence at a time; speed, size, memory and BLEU, and time against CTranslate2."""
+path (length-sorted batches at the runner's default size, as `kformer translate FILE` and the
+server run it) and one sentence at a time; speed, size, memory and BLEU, and time against
+CTranslate2."""
 
 import json
 import os
@@ -50,7 +51,7 @@ def _import_runtime(runtime):
 def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None):
     """Measures one runtime/variant/search in this process; returns a dict (JSON-friendly).
     File: every source of the job through `runner.translate` (sentence splitting, length-sorted
-    batches of 32, detokenizing: what a user's file goes through); batch 1: the first
+    batches of the runner's size, detokenizing: what a user's file goes through); batch 1: the first
     `batch1_sentences`, one `translate` call each. Memory: resident MB after the runtime is
     imported, after the model is loaded, and the process's peak."""
     with open(sentences_file, encoding="utf-8") as f:
@@ -242,7 +243,8 @@ def _cells(ratios):
 
 def print_table(results):
     print(
-        f"file: {results['sentences']} test sentences through translate (length-sorted batches of 32), "
+        f"file: {results['sentences']} test sentences through translate (length-sorted batches of 32 "
+        "sentences, 32 / K for the graphs' beam search), "
         f"BLEU on them; batch 1: the first {results['batch1_sentences']}, one at a time (out tok: their "
         f"mean output); timings: median of {results['rounds']} interleaved rounds; time / CTranslate2: "
         f"file, batch 1, round by round, against the same precision and against its fastest file"
