@@ -7,10 +7,9 @@ inside the functions that use them, so that listing the formats imports neither.
 import os
 
 QUANTIZATIONS = ("fp16", "int8")  # variants written only when asked for (`kformer export --quantize`)
-# A search runs in two passes (kformer.search._in_two_passes), each two loops, with and without
-# the n-gram repeat guard (kformer.search._loops): ONNX Loops, TFLite WHILEs. The writers check
-# the count: a converter that unrolled or dropped a loop fails.
-SEARCH_LOOPS = 4
+# A search runs in two passes (kformer.search._in_two_passes), a loop each: ONNX Loops, TFLite
+# WHILEs. The writers check the count: a converter that unrolled or dropped a loop fails.
+SEARCH_LOOPS = 2
 
 
 class ExportError(RuntimeError):

@@ -14,7 +14,6 @@ until only a quarter of them run on, then full-length buffers for those (`_in_tw
 Shape letters: B batch, K beam size, T buffer length (longest output), V vocabulary.
 """
 
-import functools
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -59,7 +58,13 @@ class RepeatGuard:
     is the length of the longest common suffix of the output's first j tokens and of all its
     tokens. Token j is banned when the ngram - 1 tokens before it are the last ngram - 1 tokens,
     i.e. runs[r, j] >= ngram - 1. NEG_INF is added to the banned tokens' logits, so the search's
-    log-probabilities are those of the tokens left (logits minus their log-sum-exp)."""
+    log-probabilities are those of the tokens left (logits minus their log-sum-exp).
+
+    The loop runs its nodes whatever the option: off, no run reaches `least_run`. A second loop
+    without them, for the option off, doubled the loop bodies that each runtime compiles and packs
+    the weights for (demo model, file of test sentences: LiteRT's peak 55-60 MB higher, onnxruntime's
+    35-44 MB), against up to ~15% of a step at batch 1 in LiteRT with the option off, and no
+    difference measured in onnxruntime."""
 
     def __init__(self, ngram, rows, positions):
         self.positions = positions  # (T,)
@@ -97,22 +102,6 @@ class RepeatGuard:
         return tf.concat([self.zeros, grown[:, :-1]], axis=1)
 
 
-def _loops(condition, body, guard, no_repeat_ngram, state):
-    """Runs a search loop `body(s, guard)` from `state` while `condition(s)`. With a guard, two
-    loops run in turn: one with the guard while no_repeat_ngram > 0, one without it while it is
-    not; the other takes no step. So with the option off, no step runs a node of the guard's (in
-    TFLite and onnxruntime, which run a step node by node, its ~20 nodes made greedy steps at
-    batch 1 up to 1.5x slower), at the cost of a loop that runs no step."""
-    if guard is None:
-        return tf.while_loop(condition, body, [state])[0]
-    on = no_repeat_ngram > 0
-    off = tf.logical_not(on)
-    state = tf.while_loop(lambda s: tf.logical_and(on, condition(s)), body, [state])[0]
-    return tf.while_loop(
-        lambda s: tf.logical_and(off, condition(s)), functools.partial(body, guard=None), [state]
-    )[0]
-
-
 class GreedyState(NamedTuple):
     index: tf.Tensor  # () step
     last: tf.Tensor  # (B,) token fed at this step
@@ -145,7 +134,7 @@ def greedy_search(
             None if no_repeat_ngram is None else RepeatGuard(no_repeat_ngram, tf.shape(limits)[0], positions)
         )
 
-        def body(s, guard=guard):
+        def body(s):
             logits, cache = step(s.last, s.cache, s.index)  # (B, V)
             runs = s.runs
             if guard is not None:
@@ -160,7 +149,7 @@ def greedy_search(
             tokens = portable.write_slot(s.tokens, tf.equal(positions, s.index), token)
             return [GreedyState(s.index + 1, token, tokens, runs, scores, done, cache)]
 
-        return _loops(portable.loop_condition(length, rows_left), body, guard, no_repeat_ngram, state)
+        return tf.while_loop(portable.loop_condition(length, rows_left), body, [state])[0]
 
     batch = tf.shape(limits)[0]
     first_length = buffer_length if first_pass is None else first_pass[0]
@@ -397,7 +386,7 @@ def beam_search(
         guard = None if no_repeat_ngram is None else RepeatGuard(no_repeat_ngram, rows, positions)
         flat_shape = tf.stack([rows, length])  # (B * K, T) of the alive tokens
 
-        def body(s, guard=guard):
+        def body(s):
             if guard is None:
                 ban = lambda logits: logits  # noqa: E731
             else:
@@ -449,7 +438,7 @@ def beam_search(
             )
             return [BeamState(*state)]
 
-        return _loops(portable.loop_condition(length, rows_left), body, guard, no_repeat_ngram, state)
+        return tf.while_loop(portable.loop_condition(length, rows_left), body, [state])[0]
 
     if trace and first_pass is not None:
         raise ValueError("a traced beam search runs in one pass (first_pass=None)")
