@@ -229,11 +229,10 @@ class OnnxTextRunner(ArtifactRunner):
                 "the text ONNX file returns one translation per text; use --variant fp32 for --nbest"
             )
 
-        def translate_units(units):  # in length-sorted batches, as batching.search_units
-            order = sorted(range(len(units)), key=lambda i: len(units[i].ids))
-            outputs, size = [None] * len(units), self.sentences_per_call(options)
-            for start in range(0, len(order), size):
-                chunk = order[start : start + size]
+        def translate_units(units):  # in the length-sorted batches of the id runners
+            outputs = [None] * len(units)
+            ids = [u.ids for u in units]
+            for chunk, _ in batching.length_sorted_batches(ids, self.sentences_per_call(options)):
                 feed = {
                     "text": np.array([units[i].text for i in chunk], dtype=object),
                     **option_inputs(options),
