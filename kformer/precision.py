@@ -26,19 +26,32 @@ def cpu_flags(path="/proc/cpuinfo"):
         return set()
 
 
-def choose_precision(precision="auto"):
-    """-> (precision, why). "auto": bfloat16 compute with float32 weights on a CPU that multiplies
-    bfloat16 in hardware through oneDNN (the small preset's training step 1.35-1.47x faster on this
-    project's AVX-512 machine; without oneDNN, or without those instructions, bfloat16 is slower
-    than float32), else float32. With a GPU, float32 as before (float16 is --precision float16)."""
+def gpu_capability():
+    """(name, (major, minor)) of the first visible GPU, or None without one."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    details = tf.config.experimental.get_device_details(gpus[0])
+    return details.get("device_name", "GPU"), tuple(details.get("compute_capability", (0, 0)))
+
+
+def choose_precision(precision="auto", gpu=...):
+    """-> (precision, why). "auto" on a GPU: bfloat16 compute with float32 weights where its tensor
+    cores multiply bfloat16 (compute capability 8.0+: A100, L4, H100), float16 where they multiply
+    only float16 (7.x: V100, T4; Keras then scales the loss), else float32. On a CPU: bfloat16
+    where it multiplies bfloat16 in hardware through oneDNN (the small preset's training step
+    1.35-1.47x faster on this project's AVX-512 machine; without oneDNN, or without those
+    instructions, bfloat16 is slower than float32), else float32. `gpu`: gpu_capability()'s
+    answer (default: asked)."""
     if precision not in ("auto", *PRECISIONS):
         raise ValueError(f"--precision {precision!r}: choose auto or one of {', '.join(PRECISIONS)}")
     if precision != "auto":
         return precision, "as asked"
-    import tensorflow as tf
-
-    if tf.config.list_physical_devices("GPU"):
-        return "float32", "auto: a GPU is visible"
+    gpu = gpu_capability() if gpu is ... else gpu
+    if gpu is not None:
+        return _gpu_precision(*gpu)
     native = sorted(cpu_flags() & set(NATIVE_BFLOAT16_FLAGS))
     if not native:
         return "float32", "auto: this CPU has no bfloat16 instructions"
@@ -48,3 +61,12 @@ def choose_precision(precision="auto"):
         "bfloat16",
         f"auto: the CPU multiplies bfloat16 ({native[0]}) and oneDNN is on; weights stay float32",
     )
+
+
+def _gpu_precision(name, capability):
+    where = f"{name}, compute capability {capability[0]}.{capability[1]}"
+    if capability >= (8, 0):
+        return "bfloat16", f"auto: {where} multiplies bfloat16 on its tensor cores; weights stay float32"
+    if capability >= (7, 0):
+        return "float16", f"auto: {where} has float16 tensor cores, no bfloat16; the loss is scaled"
+    return "float32", f"auto: {where} has no tensor cores"

@@ -24,7 +24,21 @@ def test_auto_precision_is_bfloat16_only_where_the_cpu_multiplies_it_through_one
     assert machine({"avx2", "amx_bf16"}) == "bfloat16"
     assert machine({"avx2", "avx512f"}) == "float32"  # bfloat16 without the instructions is slower
     assert machine({"avx512_bf16"}, onednn="off") == "float32"  # and without oneDNN's kernels too
-    assert machine({"avx512_bf16"}, gpus=["GPU:0"]) == "float32"
+    # with a GPU its tensor cores decide, whatever the CPU
+    monkeypatch.setattr(
+        tf.config.experimental,
+        "get_device_details",
+        lambda gpu: {"device_name": "NVIDIA H100 80GB HBM3", "compute_capability": (9, 0)},
+    )
+    assert machine({"avx2"}, gpus=["GPU:0"]) == "bfloat16"
+    assert precision_lib.gpu_capability() == ("NVIDIA H100 80GB HBM3", (9, 0))
+    assert precision_lib.choose_precision("auto", gpu=("A100", (8, 0)))[0] == "bfloat16"
+    assert precision_lib.choose_precision("auto", gpu=("V100", (7, 0))) == (
+        "float16",
+        "auto: V100, compute capability 7.0 has float16 tensor cores, no bfloat16; the loss is scaled",
+    )
+    assert precision_lib.choose_precision("auto", gpu=("P100", (6, 0)))[0] == "float32"
+    assert precision_lib.choose_precision("float32", gpu=("H100", (9, 0))) == ("float32", "as asked")
     assert precision_lib.choose_precision("float16") == ("float16", "as asked")
     with pytest.raises(ValueError, match="--precision 'half'"):
         precision_lib.choose_precision("half")
