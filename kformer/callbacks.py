@@ -1,9 +1,11 @@
 """Keras callbacks of a training run: the budget (steps or minutes), the NaN guard, the checkpoints."""
 
+import collections
 import logging
 import math
 import shutil
 import signal
+import statistics
 import tempfile
 import time
 
@@ -35,11 +37,17 @@ class Budget(keras.callbacks.Callback):
     With a time budget and a `BudgetSchedule`, the steps the rest of the budget allows are
     re-estimated every `every` steps from the speed measured in this run (the first step, which
     compiles, is not counted), so warm-up and decay fit the budget whatever the machine's speed.
+    Later compile stalls (XLA compiles each new bucket shape when it first comes, seconds on a
+    GPU whose steps take milliseconds) are left out of the speed too: a step that took more than
+    STALL_FACTOR times the median of the recent ones counts as that median.
 
     With several workers (`strategy`), every time decision is agreed on (the first clock to run
     out stops all, the schedule is sized from the mean estimate), so the workers stop at the same
     step and train on the same learning rate.
     """
+
+    STALL_FACTOR = 5
+    RECENT = 50  # step times the median is taken over
 
     def __init__(self, schedule, max_steps=None, minutes=None, spent_seconds=0.0, every=25, strategy=None):
         super().__init__()
@@ -51,18 +59,33 @@ class Budget(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.start = time.monotonic()
         self.first = None  # (step, time) after the first step of this run
+        self.last, self.recent, self.stalled = None, collections.deque(maxlen=self.RECENT), 0.0
 
     def elapsed(self):
         return self.spent_seconds + time.monotonic() - self.start
 
     def steps_per_second(self):
-        """Speed of this run after its first step (which traces/compiles)."""
+        """Speed of this run after its first step (which traces/compiles), compile stalls left out."""
         if self.first is None:
             return float("nan")
-        return (steps_done(self.model) - self.first[0]) / max(time.monotonic() - self.first[1], 1e-9)
+        seconds = time.monotonic() - self.first[1] - self.stalled
+        return (steps_done(self.model) - self.first[0]) / max(seconds, 1e-9)
+
+    def _note_step_time(self, now):
+        """Counts the excess of a step far slower than the recent median as stalled seconds."""
+        if self.last is not None:
+            seconds = now - self.last
+            if len(self.recent) >= 10:
+                typical = statistics.median(self.recent)
+                if seconds > self.STALL_FACTOR * typical:
+                    self.stalled += seconds - typical
+                    seconds = typical
+            self.recent.append(seconds)
+        self.last = now
 
     def on_train_batch_end(self, batch, logs=None):
         step = steps_done(self.model)  # with gradient accumulation, several batches end one step
+        self._note_step_time(time.monotonic())  # from the second batch on: the first compiles
         if self.first is None:
             self.first, self.estimated_at = (step, time.monotonic()), step
         elif (
