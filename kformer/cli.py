@@ -266,7 +266,13 @@ def _bench(args):
         from kformer.bench import train
 
         train.count_xla_compilations_from_here()  # before TensorFlow starts
-        results = train.bench_train(args.config, steps=args.steps, precision=args.precision)
+        results = train.bench_train(
+            args.config,
+            steps=args.steps,
+            precision=args.precision,
+            rounds=args.rounds,
+            reference=args.reference,
+        )
         print_table = train.print_train_table
     else:
         from kformer.bench.decode import bench_decode
@@ -354,8 +360,8 @@ def _add_train(commands):
         "--xla",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="compile the train step with XLA (default: on with a GPU; off on CPUs, where it "
-        "compiles each batch shape for no measured gain)",
+        help="compile the train step with XLA (default: on with a GPU and no --strategy; off on CPUs, "
+        "where it compiles each batch shape for no measured gain)",
     )
     _precision_options(p)
     p.add_argument(
@@ -675,10 +681,16 @@ def _add_bench(commands):
     )
     p.add_argument("--steps", type=_positive(int), default=30)
     p.add_argument(
-        "--rounds", type=_positive(int), default=3, help="interleaved rounds (runtimes, web, serve)"
+        "--rounds", type=_positive(int), default=3, help="interleaved rounds (train, runtimes, web, serve)"
     )
     p.add_argument(
         "--requests", type=_positive(int), default=10_000, help="serve: requests of the mixed good/bad check"
+    )
+    p.add_argument(
+        "--reference",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="train: also time the same-size keras-hub model (needs the bench extra)",
     )
     p.add_argument("--screenshot", help="web: save a picture of the page here (PNG)")
     p.add_argument(

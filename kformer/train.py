@@ -283,8 +283,7 @@ def start(
     """Prepares (or resumes) a run in `out_dir`: data, tokenizer, compiled model, callbacks.
     Training stops after `minutes` (in all, across resumes), `steps` (total) or `epochs` (total);
     with none given, after one epoch. `callbacks` are extra Keras callbacks, run before kformer's own.
-    xla=None: XLA when a GPU is visible (on CPUs it needs batches padded to the bucket and compiles
-    each bucket's shape, and ran no faster than the grouped batches without it).
+    xla=None: `default_xla`.
     precision: "auto", "float32", "bfloat16" or "float16" (`choose_precision`; weights stay float32,
     so a run may resume in another precision, and it translates and exports in float32).
     accumulate: optimizer steps of batch_tokens tokens, each the average of the gradients of
@@ -333,7 +332,9 @@ def _start(
     """`start` once the run folder is locked."""
     import tensorflow as tf
 
-    xla = bool(tf.config.list_physical_devices("GPU")) if xla is None else xla
+    xla = default_xla(strategy) if xla is None else xla
+    if xla and strategy is not None:
+        log.warning("XLA under a tf.distribute strategy: Keras' default turns it off there (--no-xla)")
     evaluation = evaluation or Evaluation()
     precision, why = choose_precision(precision)
     given = {"batch_tokens": batch_tokens, "accumulate_steps": accumulate}
@@ -411,6 +412,16 @@ def _start(
         writes=chief,
         precision=precision,
     )
+
+
+def default_xla(strategy):
+    """XLA by default where a GPU is visible and no tf.distribute strategy runs the step. On CPUs
+    it needs batches padded to the bucket and compiles each bucket's shape, and ran no faster
+    than the grouped batches without it; under a strategy Keras' own "auto" turns it off, and
+    jit_compile around strategy.run has known failures (keras-team/keras#19005, #20763)."""
+    import tensorflow as tf
+
+    return strategy is None and bool(tf.config.list_physical_devices("GPU"))
 
 
 def _check_the_chief_started(out_dir, chief):

@@ -365,3 +365,15 @@ def test_mixed_precision_trains_and_reloads_in_float32(tmp_path, corpus_tsv, pre
     assert seen == {"compute": {precision}, "weights": {"float32"}}  # every weighted layer computes in it
     # weights were kept in float32; inference runs in float32
     assert dtypes(checkpoint.load(out).model) == {"compute": {"float32"}, "weights": {"float32"}}
+
+
+def test_xla_is_the_default_on_a_gpu_without_a_strategy(monkeypatch):
+    import tensorflow as tf
+
+    from kformer.train import default_xla
+
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"])
+    assert default_xla(None) is True
+    assert default_xla(tf.distribute.MirroredStrategy(["/cpu:0"])) is False  # Keras' "auto" does the same
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
+    assert default_xla(None) is False
