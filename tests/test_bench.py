@@ -68,6 +68,7 @@ def test_reference_model_trains_one_step():
 
 @pytest.mark.slow
 def test_bench_train_compares_same_size_models_on_the_same_pairs(capsys):
+    from kformer import flops
     from kformer.bench.train import bench_train
 
     results = bench_train("tiny", steps=3, rounds=1, precision="bfloat16", overrides={"batch_tokens": 128})
@@ -88,16 +89,41 @@ def test_bench_train_compares_same_size_models_on_the_same_pairs(capsys):
         "float32",
         "bfloat16",
     ]
-    assert results["vs_keras_hub"] == kformer["real_tokens_per_s"] / hub["real_tokens_per_s"]
+    assert results["vs_keras_hub"] == kformer["target_tokens_per_s"] / hub["target_tokens_per_s"]
     assert results["vs_keras_hub_float32"] == (
-        results["kformer_float32"]["real_tokens_per_s"] / hub["real_tokens_per_s"]
+        results["kformer_float32"]["target_tokens_per_s"] / hub["target_tokens_per_s"]
     )
+    # the same batches, hence the same FLOPs: utilization follows the speed, over each one's peak
+    peaks = results["peaks"]
+    assert sorted(peaks) == ["bfloat16", "float32"] and peaks["bfloat16"]["datasheet"] is None  # a CPU
+    for name in ("kformer", "keras_hub", "kformer_float32", "kformer_xla"):
+        r = results[name]
+        peak = peaks[r["precision"]]
+        assert r["mfu_squares"] == pytest.approx(r["tflops"] * 1e12 / peak["squares"])
+        assert r["mfu_own_shapes"] == pytest.approx(r["tflops"] * 1e12 / peak["own_shapes"])
+        if name != "kformer_xla":  # whose bucketed batches hold other pairs
+            assert r["tflops"] / r["target_tokens_per_s"] == pytest.approx(
+                kformer["tflops"] / kformer["target_tokens_per_s"]
+            )
     print_train_table(results)
     table = capsys.readouterr().out
     assert (
-        f"kformer (bfloat16) vs keras-hub (float32), real tokens/s: {results['vs_keras_hub']:.2f}x" in table
+        f"kformer (bfloat16) vs keras-hub (float32), target tokens/s: {results['vs_keras_hub']:.2f}x" in table
     )
-    assert "keras_hub_bfloat16  bfloat16" in table
+    assert (
+        "keras_hub_bfloat16  bfloat16" in table and "peak TFLOP/s on CPU, bfloat16: matmul squares" in table
+    )
+    assert flops.TRAINING_FACTOR == 3
+
+
+def test_bench_train_without_the_reference_needs_no_keras_hub(monkeypatch):
+    from kformer.bench import train as bench
+
+    monkeypatch.setitem(sys.modules, "keras_hub", None)  # as if installed without [bench]
+    results = bench.bench_train(
+        "tiny", steps=2, rounds=1, precision="float32", reference=False, overrides={"batch_tokens": 128}
+    )
+    assert results["variants"] == ["kformer", "kformer_xla"] and "vs_keras_hub" not in results
 
 
 def test_bench_train_without_its_extra_stops_before_any_work(monkeypatch):

@@ -104,38 +104,48 @@ def reference_model(config, dtype=None):
     return keras.Model(inputs, embedding(y, reverse=True), name="keras_hub_reference")
 
 
-def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, precision="auto", rounds=3, overrides=None):
-    """Real (non-pad) source+target tokens/s of `train_on_batch` on the same batches, in rounds
-    interleaved batch by batch: kformer as it trains (`precision`, "auto" as `kformer train`
-    picks it) without XLA (batches padded to their longest row) and with XLA (padded to the
-    bucket, so shapes are bounded), and the same-size keras-hub model (padded to the longest row)
-    as a Keras user trains it: float32, keras.optimizers.Adam with the same settings and moving
-    average; kformer's loss and metric (the same functions, and the faster). When the precision
-    is not float32, kformer in float32 and keras-hub in that precision run too, so each precision
-    has its own ratio.
+def bench_train(
+    config_name=DEFAULT_PRESET, steps=30, seed=0, precision="auto", rounds=3, overrides=None, reference=True
+):
+    """Target tokens/s and model FLOPs utilization of training through `model.fit`, on the same
+    batches, each variant one epoch over them in turn, `rounds` times (medians): kformer as it
+    trains (`precision`, "auto" as `kformer train` picks it) without XLA (batches padded to their
+    longest row) and with XLA (padded to the bucket, so shapes are bounded); with `reference`, the
+    same-size keras-hub model (padded to the longest row) as a Keras user trains it: float32,
+    keras.optimizers.Adam with the same settings and moving average; kformer's loss and metric.
+    When the precision is not float32, kformer in float32 (and keras-hub in that precision) run too.
 
-    Every distinct batch shape is run once before timing, so compilation is not timed (it is
-    reported as warm-up seconds: XLA compiles once per bucket shape, which a short run pays for).
+    Utilization: the analytic training FLOPs of the batches' real tokens (kformer.flops) per
+    second, over the device's peak: a GPU's datasheet figure for the precision where known, and
+    in every case the matrix-product speed measured here in the same run, on large squares and on
+    the model's own product shapes.
+
+    Every distinct batch shape is trained on once before timing, so compilation is not timed: it
+    is reported as warm-up seconds (XLA compiles once per bucket shape).
     """
     from kformer.precision import choose_precision, onednn_state
 
-    extras.require("keras_hub", "kformer bench train")  # its reference model; before any work
+    if reference:
+        extras.require("keras_hub", "kformer bench train")  # its reference model; before any work
     precision, why = choose_precision(precision)
     config, dynamic, bucketed = _fixed_batches(config_name, steps, seed, overrides)
     runs = {
         "kformer": ("kformer", precision, False, dynamic),
         "kformer_xla": ("kformer", precision, True, bucketed),
-        "keras_hub": ("keras_hub", "float32", False, dynamic),
     }
+    if reference:
+        runs["keras_hub"] = ("keras_hub", "float32", False, dynamic)
     if precision != "float32":
         runs["kformer_float32"] = ("kformer", "float32", False, dynamic)
-        runs[f"keras_hub_{precision}"] = ("keras_hub", precision, False, dynamic)
+        if reference:
+            runs[f"keras_hub_{precision}"] = ("keras_hub", precision, False, dynamic)
     variants = {name: _compiled(config, seed, *run) for name, run in runs.items()}
-    _time_interleaved(variants, steps, rounds)
+    _time_interleaved(variants, rounds)
     results = {
         "config": config_name,
         "steps": steps,
         "rounds": rounds,
+        "target_tokens": variants["kformer"]["target"],
         "real_tokens": variants["kformer"]["real"],
         "pairs_per_step": sum(len(y) for _, y in dynamic) / steps,
         "precision": precision,
@@ -143,6 +153,8 @@ def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, precision="auto", 
         "variants": list(variants),
         "distinct_bucket_shapes": len({y.shape for _, y in bucketed}),
         "onednn": onednn_state(),
+        "peaks": {p: _peaks(config, p, dynamic) for p in dict.fromkeys((precision, "float32"))},
+        "peak_memory_mb": _peak_memory_mb(),
     }
     _add_speeds(results, variants, steps, precision)
     dump = os.environ.get(XLA_DUMP_ENV)
@@ -151,11 +163,42 @@ def bench_train(config_name=DEFAULT_PRESET, steps=30, seed=0, precision="auto", 
     return results
 
 
+def _peaks(config, precision, batches):
+    """{"device", "datasheet", "squares", "own_shapes"}: FLOP/s of `precision` a step's utilization
+    is taken against (datasheet None on a CPU or an unlisted GPU). Own shapes: a batch of the
+    batches' mean tokens a side."""
+    from kformer import flops
+    from kformer.bench import peak
+
+    gpu = peak.gpu_name()
+    side = 8192 if gpu else 2048  # large enough to reach the device's peak, small enough to be quick
+    tokens = round(sum(y.size for _, y in batches) / len(batches))
+    return {
+        "device": gpu or "CPU",
+        "datasheet": peak.datasheet_peak(gpu, precision) if gpu else None,
+        "squares": peak.matmul_rate((side, side, side), precision),
+        "own_shapes": peak.own_shapes_rate(flops.product_shapes(config, tokens), precision),
+    }
+
+
+def _peak_memory_mb():
+    """Peak memory of this process: the GPU's allocator peak where there is one, else resident."""
+    import resource
+
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _compiled(config, seed, model_kind, precision, xla, batches):
-    """A compiled model of `model_kind` ("kformer" or "keras_hub"), run once on every distinct
-    batch shape (the warm-up: tracing and compiling), with its batches' token counts."""
+    """A compiled model of `model_kind` ("kformer" or "keras_hub"), trained through `fit` once on
+    every distinct batch shape (the warm-up: tracing and compiling), with its batches as one
+    dataset and their token and FLOP counts."""
     import keras
 
+    from kformer import flops
     from kformer.model import Transformer
     from kformer.train import compile_model
 
@@ -164,85 +207,117 @@ def _compiled(config, seed, model_kind, precision, xla, batches):
     model = Transformer(config, dtype=dtype) if model_kind == "kformer" else reference_model(config, dtype)
     model = compile_model(model, config, xla=xla, fused=model_kind == "kformer")
     start = time.perf_counter()
-    for x, y in {(x["source_ids"].shape, y.shape): (x, y) for x, y in batches}.values():
-        model.train_on_batch(x, y)
-    real = sum(int((x["source_ids"] != config.pad_id).sum() + (y != config.pad_id).sum()) for x, y in batches)
-    padded = sum(x["source_ids"].size + y.size for x, y in batches)
+    shapes = {(x["source_ids"].shape, y.shape): (x, y) for x, y in batches}
+    model.fit(_dataset(list(shapes.values())), verbose=0)
+    pad = config.pad_id
     return {
         "model": model,
-        "batches": batches,
+        "dataset": _dataset(batches),
         "warmup_s": time.perf_counter() - start,
-        "real": real,
-        "padding": 1 - real / padded,
+        "target": sum(int((y != pad).sum()) for _, y in batches),
+        "real": sum(int((x["source_ids"] != pad).sum() + (y != pad).sum()) for x, y in batches),
+        "padding": 1 - sum(int((y != pad).sum()) for _, y in batches) / sum(y.size for _, y in batches),
+        "flops": sum(
+            flops.batch_training_flops(config, x["source_ids"], x["target_ids"]) for x, _ in batches
+        ),
         "parameters": model.count_params(),
         "seconds": [],
         "precision": precision,
     }
 
 
-def _time_interleaved(variants, steps, rounds):
-    """Adds each round's seconds to every variant's "seconds", batch by batch in turn, so a change
-    in the machine's speed hits all alike."""
+def _dataset(batches):
+    """The (x, y) batches as one tf.data pipeline, in order, shapes as they are."""
+    import tensorflow as tf
+
+    datasets = [tf.data.Dataset.from_tensors(batch) for batch in batches]
+    dataset = datasets[0]
+    for more in datasets[1:]:
+        dataset = dataset.concatenate(more)
+    return dataset
+
+
+def _time_interleaved(variants, rounds):
+    """Adds each round's seconds of one `fit` epoch over its batches to every variant's
+    "seconds", variants in turn, so a change in the machine's speed hits all alike."""
     for _ in range(rounds):
         for v in variants.values():
-            v["seconds"].append(0.0)
-        for i in range(steps):
-            for v in variants.values():
-                x, y = v["batches"][i]
-                start = time.perf_counter()
-                v["model"].train_on_batch(x, y)
-                v["seconds"][-1] += time.perf_counter() - start
+            start = time.perf_counter()
+            v["model"].fit(v["dataset"], verbose=0)
+            v["seconds"].append(time.perf_counter() - start)
 
 
 def _add_speeds(results, variants, steps, precision):
-    """Each variant's median speed, and the ratios between them, into `results`."""
+    """Each variant's median speed and utilization, and the ratios between them, into `results`."""
     import statistics
 
     for name, v in variants.items():
-        seconds, real = statistics.median(v["seconds"]), v["real"]
+        seconds = statistics.median(v["seconds"])
+        achieved, peaks = v["flops"] / seconds, results["peaks"][v["precision"]]
         results[name] = {
             "steps_per_s": steps / seconds,
-            "real_tokens_per_s": real / seconds,
+            "target_tokens_per_s": v["target"] / seconds,
+            "real_tokens_per_s": v["real"] / seconds,
+            "tflops": achieved / 1e12,
+            **{f"mfu_{k}": achieved / peaks[k] for k in ("datasheet", "squares", "own_shapes") if peaks[k]},
             **{k: v[k] for k in ("precision", "padding", "warmup_s", "parameters")},
         }
-        log.info("%s: %.2f steps/s, %.0f real tokens/s", name, steps / seconds, real / seconds)
-    speed = {name: results[name]["real_tokens_per_s"] for name in variants}
+        log.info("%s: %.2f steps/s, %.0f target tokens/s", name, steps / seconds, v["target"] / seconds)
+    speed = {name: results[name]["target_tokens_per_s"] for name in variants}
     results["xla_speedup"] = speed["kformer_xla"] / speed["kformer"]
-    results["vs_keras_hub"] = speed["kformer"] / speed["keras_hub"]  # each as it trains by default
-    results["vs_keras_hub_same_precision"] = speed["kformer"] / speed.get(
-        f"keras_hub_{precision}", speed["keras_hub"]
-    )
+    if "keras_hub" in speed:
+        results["vs_keras_hub"] = speed["kformer"] / speed["keras_hub"]  # each as it trains by default
+        results["vs_keras_hub_same_precision"] = speed["kformer"] / speed.get(
+            f"keras_hub_{precision}", speed["keras_hub"]
+        )
     if precision != "float32":
-        results["vs_keras_hub_float32"] = speed["kformer_float32"] / speed["keras_hub"]
+        if "keras_hub" in speed:
+            results["vs_keras_hub_float32"] = speed["kformer_float32"] / speed["keras_hub"]
         results["precision_speedup"] = speed["kformer"] / speed["kformer_float32"]
 
 
 def print_train_table(results):
+    peaks = results["peaks"]
     print(
         f"train bench, config {results['config']}: {results['steps']} batches ({results['pairs_per_step']:.0f} "
-        f"pairs each, {results['real_tokens']} real source+target tokens), median of {results['rounds']} "
-        f"rounds interleaved batch by batch; oneDNN CPU kernels {results['onednn']}; kformer's precision "
-        f"{results['precision']} ({results['precision_why']})"
+        f"pairs each, {results['target_tokens']} target tokens), one fit epoch over them per variant, "
+        f"median of {results['rounds']} interleaved rounds; oneDNN CPU kernels {results['onednn']}; "
+        f"kformer's precision {results['precision']} ({results['precision_why']})"
     )
+    for precision, p in peaks.items():
+        datasheet = f"datasheet {p['datasheet'] / 1e12:.1f}, " if p["datasheet"] else ""
+        print(
+            f"peak TFLOP/s on {p['device']}, {precision}: {datasheet}matmul squares {p['squares'] / 1e12:.3f}, "
+            f"the model's product shapes {p['own_shapes'] / 1e12:.3f} (measured in this run)"
+        )
+    mfu = "MFU datasheet" if any(p["datasheet"] for p in peaks.values()) else "MFU"
     print(
-        f"{'':18} {'precision':>9} {'steps/s':>8} {'real tokens/s':>14} {'padding':>8} {'warm-up s':>10} "
-        f"{'parameters':>11}"
+        f"{'':18} {'precision':>9} {'steps/s':>8} {'target tok/s':>13} {'TFLOP/s':>8} {mfu:>13} "
+        f"{'MFU squares':>11} {'MFU shapes':>10} {'padding':>8} {'warm-up s':>10} {'parameters':>11}"
     )
     for name in results["variants"]:
         r = results[name]
+        datasheet = f"{r['mfu_datasheet']:13.1%}" if "mfu_datasheet" in r else f"{'':13}"
         print(
-            f"{name:18} {r['precision']:>9} {r['steps_per_s']:8.2f} {r['real_tokens_per_s']:14.0f} "
+            f"{name:18} {r['precision']:>9} {r['steps_per_s']:8.2f} {r['target_tokens_per_s']:13.0f} "
+            f"{r['tflops']:8.3f} {datasheet} {r['mfu_squares']:11.1%} {r['mfu_own_shapes']:10.1%} "
             f"{r['padding']:8.0%} {r['warmup_s']:10.1f} {r['parameters']:11,}"
         )
     precision = results["precision"]
-    print(f"kformer ({precision}) vs keras-hub (float32), real tokens/s: {results['vs_keras_hub']:.2f}x")
-    if precision != "float32":
+    if "vs_keras_hub" in results:
         print(
-            f"same precision: {precision} {results['vs_keras_hub_same_precision']:.2f}x, float32 "
-            f"{results['vs_keras_hub_float32']:.2f}x; kformer {precision} vs float32: "
-            f"{results['precision_speedup']:.2f}x"
+            f"kformer ({precision}) vs keras-hub (float32), target tokens/s: {results['vs_keras_hub']:.2f}x"
         )
+    if precision != "float32":
+        same = (
+            f"same precision: {precision} {results['vs_keras_hub_same_precision']:.2f}x, float32 "
+            f"{results['vs_keras_hub_float32']:.2f}x; "
+            if "vs_keras_hub" in results
+            else ""
+        )
+        print(f"{same}kformer {precision} vs float32: {results['precision_speedup']:.2f}x")
     print(
         f"XLA vs no XLA: {results['xla_speedup']:.2f}x; XLA compilations of the train step: "
-        f"{results.get('xla_compilations', 'not counted')} (bucket shapes: {results['distinct_bucket_shapes']})"
+        f"{results.get('xla_compilations', 'not counted')} (bucket shapes: {results['distinct_bucket_shapes']}); "
+        f"peak memory {results['peak_memory_mb']:.0f} MB"
     )
