@@ -1,6 +1,7 @@
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")  # processes share a GPU (tests/test_gpu.py)
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import json  # noqa: E402
