@@ -5,7 +5,10 @@ weights; on a CPU those passes cost ~4x TensorFlow's fused `ResourceApplyAdam` (
 35 vs 9 ms a step). The arithmetic is the same: m += (g - m)(1 - beta1), v += (g^2 - v)(1 - beta2),
 w -= lr sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + epsilon). The moving average of the
 weights (use_ema) is fused the same way. Under a tf.distribute strategy, with sparse gradients or
-amsgrad, Keras' own update runs.
+amsgrad, Keras' own update runs: under a strategy Keras updates every device's copy of a variable
+and its slots through `strategy.extended.update`, and the raw kernel on those copies' handles is
+not verified (the multi-worker tests compare runs with Keras' update; with several replicas the
+step's time is in the gradients' all-reduce as much as in the update).
 
 With gradient accumulation (Keras' `gradient_accumulation_steps`), `iterations` counts updates but
 Keras calls the learning-rate schedule with the count of batches and averages the weights after
