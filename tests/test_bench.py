@@ -332,3 +332,18 @@ def test_bench_data_measures_every_step_in_its_own_process_and_deletes_its_files
     assert len(row["worker_peak_mb"]) == 2 and min(row["worker_peak_mb"]) > 100
     print_data_table({"config": "tiny", "sizes": [row]})
     assert capsys.readouterr().out.splitlines()[-1].split()[:2] == ["2,000", f"{row['distinct']:,}"]
+
+
+def test_train_table_shows_the_datasheet_utilization_on_a_listed_gpu(capsys):
+    peak = {"device": "NVIDIA H200", "datasheet": 989.4e12, "squares": 700e12, "own_shapes": 500e12}
+    row = dict(precision="bfloat16", steps_per_s=4.0, target_tokens_per_s=95_000, tflops=24.0, padding=0.1)
+    row.update(mfu_datasheet=24e12 / 989.4e12, mfu_squares=24 / 700, mfu_own_shapes=24 / 500)
+    results = dict(config="base", steps=12, rounds=2, pairs_per_step=2000, target_tokens=250_000)
+    results.update(onednn="on", precision="bfloat16", precision_why="auto", peaks={"bfloat16": peak})
+    results.update(variants=["kformer"], kformer={**row, "warmup_s": 83.0, "parameters": 60_000_000})
+    results.update(xla_speedup=1.5, distinct_bucket_shapes=9, peak_memory_mb=30_000, precision_speedup=2.0)
+    print_train_table(results)
+    lines = capsys.readouterr().out.splitlines()
+    assert "peak TFLOP/s on NVIDIA H200, bfloat16: datasheet 989.4, matmul squares 700.000" in lines[1]
+    header, kformer = lines[2].split(), lines[3].split()
+    assert header[5:7] == ["MFU", "datasheet"] and kformer[5:8] == ["2.4%", "3.4%", "4.8%"]

@@ -210,13 +210,14 @@ def _compiled(config, seed, model_kind, precision, xla, batches):
     shapes = {(x["source_ids"].shape, y.shape): (x, y) for x, y in batches}
     model.fit(_dataset(list(shapes.values())), shuffle=False, verbose=0)
     pad = config.pad_id
+    real = sum(int((x["source_ids"] != pad).sum() + (y != pad).sum()) for x, y in batches)
     return {
         "model": model,
         "dataset": _dataset(batches),
         "warmup_s": time.perf_counter() - start,
         "target": sum(int((y != pad).sum()) for _, y in batches),
-        "real": sum(int((x["source_ids"] != pad).sum() + (y != pad).sum()) for x, y in batches),
-        "padding": 1 - sum(int((y != pad).sum()) for _, y in batches) / sum(y.size for _, y in batches),
+        "real": real,
+        "padding": 1 - real / sum(x["source_ids"].size + y.size for x, y in batches),
         "flops": sum(
             flops.batch_training_flops(config, x["source_ids"], x["target_ids"]) for x, _ in batches
         ),
@@ -290,17 +291,18 @@ def print_train_table(results):
             f"peak TFLOP/s on {p['device']}, {precision}: {datasheet}matmul squares {p['squares'] / 1e12:.3f}, "
             f"the model's product shapes {p['own_shapes'] / 1e12:.3f} (measured in this run)"
         )
-    mfu = "MFU datasheet" if any(p["datasheet"] for p in peaks.values()) else "MFU"
+    datasheet = any(p["datasheet"] for p in peaks.values())  # a GPU in the table
     print(
-        f"{'':18} {'precision':>9} {'steps/s':>8} {'target tok/s':>13} {'TFLOP/s':>8} {mfu:>13} "
-        f"{'MFU squares':>11} {'MFU shapes':>10} {'padding':>8} {'warm-up s':>10} {'parameters':>11}"
+        f"{'':18} {'precision':>9} {'steps/s':>8} {'target tok/s':>13} {'TFLOP/s':>8} "
+        + (f"{'MFU datasheet':>13} " if datasheet else "")
+        + f"{'MFU squares':>11} {'MFU shapes':>10} {'padding':>8} {'warm-up s':>10} {'parameters':>11}"
     )
     for name in results["variants"]:
         r = results[name]
-        datasheet = f"{r['mfu_datasheet']:13.1%}" if "mfu_datasheet" in r else f"{'':13}"
+        mfu = f"{r['mfu_datasheet']:13.1%} " if "mfu_datasheet" in r else (f"{'':13} " if datasheet else "")
         print(
             f"{name:18} {r['precision']:>9} {r['steps_per_s']:8.2f} {r['target_tokens_per_s']:13.0f} "
-            f"{r['tflops']:8.3f} {datasheet} {r['mfu_squares']:11.1%} {r['mfu_own_shapes']:10.1%} "
+            f"{r['tflops']:8.3f} {mfu}{r['mfu_squares']:11.1%} {r['mfu_own_shapes']:10.1%} "
             f"{r['padding']:8.0%} {r['warmup_s']:10.1f} {r['parameters']:11,}"
         )
     precision = results["precision"]
