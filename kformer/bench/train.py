@@ -15,6 +15,7 @@ from kformer.config import DEFAULT_PRESET, PRECISIONS
 log = logging.getLogger("kformer")
 
 XLA_DUMP_ENV = "KFORMER_XLA_DUMP"
+CHUNK = 5  # batches a variant trains on before the next takes its turn
 
 
 def xla_dump_flags(directory):
@@ -108,7 +109,7 @@ def bench_train(
     config_name=DEFAULT_PRESET, steps=30, seed=0, precision="auto", rounds=3, overrides=None, reference=True
 ):
     """Target tokens/s and model FLOPs utilization of training through `model.fit`, on the same
-    batches, each variant one epoch over them in turn, `rounds` times (medians): kformer as it
+    batches, the variants taking turns a few batches at a time, `rounds` times (medians): kformer as it
     trains (`precision`, "auto" as `kformer train` picks it) without XLA (batches padded to their
     longest row) and with XLA (padded to the bucket, so shapes are bounded); with `reference`, the
     same-size keras-hub model (padded to the longest row) as a Keras user trains it: float32,
@@ -195,7 +196,7 @@ def _peak_memory_mb():
 def _compiled(config, seed, model_kind, precision, xla, batches):
     """A compiled model of `model_kind` ("kformer" or "keras_hub"), trained through `fit` once on
     every distinct batch shape (the warm-up: tracing and compiling), with its batches as one
-    dataset and their token and FLOP counts."""
+    datasets (CHUNK batches each) and their token and FLOP counts."""
     import keras
 
     from kformer import flops
@@ -213,7 +214,7 @@ def _compiled(config, seed, model_kind, precision, xla, batches):
     real = sum(int((x["source_ids"] != pad).sum() + (y != pad).sum()) for x, y in batches)
     return {
         "model": model,
-        "dataset": _dataset(batches),
+        "chunks": [_dataset(batches[i : i + CHUNK]) for i in range(0, len(batches), CHUNK)],
         "warmup_s": time.perf_counter() - start,
         "target": sum(int((y != pad).sum()) for _, y in batches),
         "real": real,
@@ -239,13 +240,19 @@ def _dataset(batches):
 
 
 def _time_interleaved(variants, rounds):
-    """Adds each round's seconds of one `fit` epoch over its batches to every variant's
-    "seconds", variants in turn, so a change in the machine's speed hits all alike."""
+    """Adds each round's seconds to every variant's "seconds": `fit` over CHUNK batches at a
+    time, the variants taking turns chunk by chunk in an order that rotates, so a change in the
+    machine's speed (it can drop to a fixed rate for seconds at a time) hits all alike."""
+    names = list(variants)
     for _ in range(rounds):
         for v in variants.values():
-            start = time.perf_counter()
-            v["model"].fit(v["dataset"], shuffle=False, verbose=0)
-            v["seconds"].append(time.perf_counter() - start)
+            v["seconds"].append(0.0)
+        for i in range(len(variants[names[0]]["chunks"])):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                v = variants[name]
+                start = time.perf_counter()
+                v["model"].fit(v["chunks"][i], shuffle=False, verbose=0)
+                v["seconds"][-1] += time.perf_counter() - start
 
 
 def _add_speeds(results, variants, steps, precision):
@@ -281,8 +288,8 @@ def print_train_table(results):
     peaks = results["peaks"]
     print(
         f"train bench, config {results['config']}: {results['steps']} batches ({results['pairs_per_step']:.0f} "
-        f"pairs each, {results['target_tokens']} target tokens), one fit epoch over them per variant, "
-        f"median of {results['rounds']} interleaved rounds; oneDNN CPU kernels {results['onednn']}; "
+        f"pairs each, {results['target_tokens']} target tokens) through fit, variants taking turns every "
+        f"{CHUNK} batches, median of {results['rounds']} rounds; oneDNN CPU kernels {results['onednn']}; "
         f"kformer's precision {results['precision']} ({results['precision_why']})"
     )
     for precision, p in peaks.items():
