@@ -27,16 +27,6 @@ def datasheet_peak(device_name, precision):
     return None
 
 
-def gpu_name():
-    """The first visible GPU's name ("NVIDIA H100 80GB HBM3"), or None without one."""
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return None
-    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
-
-
 def matmul_rate(shape, dtype, seconds=0.5):
     """FLOP/s of tf.matmul (M, K) x (K, N) in `dtype` on the default device: products repeated
     for about `seconds` after one untimed, best of three such runs."""

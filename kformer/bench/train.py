@@ -170,8 +170,9 @@ def _peaks(config, precision, batches):
     batches' mean tokens a side."""
     from kformer import flops
     from kformer.bench import peak
+    from kformer.precision import gpu_capability
 
-    gpu = peak.gpu_name()
+    gpu = (gpu_capability() or (None,))[0]
     side = 8192 if gpu else 2048  # large enough to reach the device's peak, small enough to be quick
     tokens = round(sum(y.size for _, y in batches) / len(batches))
     return {
@@ -195,8 +196,8 @@ def _peak_memory_mb():
 
 def _compiled(config, seed, model_kind, precision, xla, batches):
     """A compiled model of `model_kind` ("kformer" or "keras_hub"), trained through `fit` once on
-    every distinct batch shape (the warm-up: tracing and compiling), with its batches as one
-    datasets (CHUNK batches each) and their token and FLOP counts."""
+    every distinct batch shape (the warm-up: tracing and compiling), with its batches as datasets
+    of CHUNK batches each, and their token and FLOP counts."""
     import keras
 
     from kformer import flops
@@ -211,12 +212,13 @@ def _compiled(config, seed, model_kind, precision, xla, batches):
     shapes = {(x["source_ids"].shape, y.shape): (x, y) for x, y in batches}
     model.fit(_dataset(list(shapes.values())), shuffle=False, verbose=0)
     pad = config.pad_id
-    real = sum(int((x["source_ids"] != pad).sum() + (y != pad).sum()) for x, y in batches)
+    target = sum(int((y != pad).sum()) for _, y in batches)
+    real = target + sum(int((x["source_ids"] != pad).sum()) for x, _ in batches)
     return {
         "model": model,
         "chunks": [_dataset(batches[i : i + CHUNK]) for i in range(0, len(batches), CHUNK)],
         "warmup_s": time.perf_counter() - start,
-        "target": sum(int((y != pad).sum()) for _, y in batches),
+        "target": target,
         "real": real,
         "padding": 1 - real / sum(x["source_ids"].size + y.size for x, y in batches),
         "flops": sum(
