@@ -360,8 +360,8 @@ def _add_train(commands):
         "--xla",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="compile the train step with XLA (default: on with a GPU and no --strategy; off on CPUs, "
-        "where it compiles each batch shape for no measured gain)",
+        help="compile the train step with XLA (default: on with a GPU, no --strategy and no --minutes "
+        "under 30; off on CPUs, where it compiles each batch shape for no measured gain)",
     )
     _precision_options(p)
     p.add_argument(

@@ -379,5 +379,7 @@ def test_xla_is_the_default_on_a_gpu_without_a_strategy(monkeypatch):
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"])
     assert default_xla(None) is True
     assert default_xla(tf.distribute.MirroredStrategy(["/cpu:0"])) is False  # Keras' "auto" does the same
+    assert default_xla(None, minutes=10) is False  # compiling would take much of it
+    assert default_xla(None, minutes=60) is True
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
     assert default_xla(None) is False
