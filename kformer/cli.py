@@ -272,6 +272,7 @@ def _bench(args):
             precision=args.precision,
             rounds=args.rounds,
             reference=args.reference,
+            length=args.length,
         )
         print_table = train.print_train_table
     else:
@@ -691,6 +692,13 @@ def _add_bench(commands):
         action=argparse.BooleanOptionalAction,
         default=True,
         help="train: also time the same-size keras-hub model (needs the bench extra)",
+    )
+    p.add_argument(
+        "--length",
+        type=_positive(int),
+        help="train: batches of one shape, this many tokens a side, of random ids, instead of the default "
+        "corpus' batches: one compilation a variant (on a GPU XLA compiles each of the corpus' bucket "
+        "shapes, ~100 s each for base)",
     )
     p.add_argument("--screenshot", help="web: save a picture of the page here (PNG)")
     p.add_argument(

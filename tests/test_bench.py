@@ -126,6 +126,29 @@ def test_bench_train_without_the_reference_needs_no_keras_hub(monkeypatch):
     assert results["variants"] == ["kformer", "kformer_xla"] and "vs_keras_hub" not in results
 
 
+def test_bench_train_on_one_shape_compiles_once_and_pads_nothing():
+    from kformer.bench import train as bench
+
+    results = bench.bench_train(
+        "tiny",
+        steps=2,
+        rounds=1,
+        precision="float32",
+        reference=False,
+        length=10,
+        overrides={"batch_tokens": 120},
+    )
+    assert results["distinct_bucket_shapes"] == 1 and results["pairs_per_step"] == 12, results
+    assert results["batches"] == "one shape, 10 tokens a side"
+    plain, xla = results["kformer"], results["kformer_xla"]
+    assert plain["padding"] == xla["padding"] == 0 and results["target_tokens"] == 2 * 12 * 10
+    assert plain["tflops"] / plain["target_tokens_per_s"] == pytest.approx(
+        xla["tflops"] / xla["target_tokens_per_s"]
+    )
+    with pytest.raises(ValueError, match=r"--length 33: choose 1\.\.32"):
+        bench.bench_train("tiny", reference=False, length=33)
+
+
 def test_bench_train_without_its_extra_stops_before_any_work(monkeypatch):
     from kformer.bench import train as bench
 

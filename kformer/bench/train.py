@@ -61,6 +61,28 @@ def _fixed_batches(config_name, count, seed, overrides=None):
     return config, batches(False), batches(True)
 
 
+def _one_shape_batches(config_name, count, seed, length, overrides=None):
+    """`count` batches of one shape, `length` tokens a side and the rows that `batch_tokens` holds,
+    of random ids, no padding: a step's speed with a single compilation per variant (a GPU's XLA
+    compiles each bucket shape for ~100 s with `base`)."""
+    import numpy as np
+
+    from kformer.config import preset
+
+    config = preset(config_name, **(overrides or {}))
+    longest = min(config.max_source_length, config.max_target_length)
+    if not 0 < length <= longest:
+        raise ValueError(f"--length {length}: choose 1..{longest}")
+    rows = max(1, config.batch_tokens // length)
+    rng = np.random.default_rng(seed)
+    first = max(config.pad_id, config.unk_id, config.bos_id, config.eos_id) + 1
+    batches = []
+    for _ in range(count):
+        source, target = (rng.integers(first, config.vocab_size, (rows, length), np.int32) for _ in "st")
+        batches.append(({"source_ids": source, "target_ids": target}, target))
+    return config, batches, batches
+
+
 def reference_model(config, dtype=None):
     """The same-size model built from keras-hub layers (post-LN TransformerEncoder/Decoder, a tied
     ReversibleEmbedding scaled by sqrt(d_model), sine positions): the yardstick of `bench train`.
@@ -106,7 +128,14 @@ def reference_model(config, dtype=None):
 
 
 def bench_train(
-    config_name=DEFAULT_PRESET, steps=30, seed=0, precision="auto", rounds=3, overrides=None, reference=True
+    config_name=DEFAULT_PRESET,
+    steps=30,
+    seed=0,
+    precision="auto",
+    rounds=3,
+    overrides=None,
+    reference=True,
+    length=None,
 ):
     """Target tokens/s and model FLOPs utilization of training through `model.fit`, on the same
     batches, the variants taking turns a few batches at a time, `rounds` times (medians): kformer as it
@@ -122,14 +151,18 @@ def bench_train(
     the model's own product shapes.
 
     Every distinct batch shape is trained on once before timing, so compilation is not timed: it
-    is reported as warm-up seconds (XLA compiles once per bucket shape).
+    is reported as warm-up seconds (XLA compiles once per bucket shape). `length`: instead of the
+    default corpus' batches, batches of one shape (`_one_shape_batches`).
     """
     from kformer.precision import choose_precision, onednn_state
 
     if reference:
         extras.require("keras_hub", "kformer bench train")  # its reference model; before any work
     precision, why = choose_precision(precision)
-    config, dynamic, bucketed = _fixed_batches(config_name, steps, seed, overrides)
+    if length:
+        config, dynamic, bucketed = _one_shape_batches(config_name, steps, seed, length, overrides)
+    else:
+        config, dynamic, bucketed = _fixed_batches(config_name, steps, seed, overrides)
     runs = {
         "kformer": ("kformer", precision, False, dynamic),
         "kformer_xla": ("kformer", precision, True, bucketed),
@@ -144,6 +177,7 @@ def bench_train(
     _time_interleaved(variants, rounds)
     results = {
         "config": config_name,
+        "batches": f"one shape, {length} tokens a side" if length else "the default corpus",
         "steps": steps,
         "rounds": rounds,
         "target_tokens": variants["kformer"]["target"],
@@ -289,7 +323,8 @@ def _add_speeds(results, variants, steps, precision):
 def print_train_table(results):
     peaks = results["peaks"]
     print(
-        f"train bench, config {results['config']}: {results['steps']} batches ({results['pairs_per_step']:.0f} "
+        f"train bench, config {results['config']}: {results['steps']} batches of {results['batches']} ("
+        f"{results['pairs_per_step']:.0f} "
         f"pairs each, {results['target_tokens']} target tokens) through fit, variants taking turns every "
         f"{CHUNK} batches, median of {results['rounds']} rounds; oneDNN CPU kernels {results['onednn']}; "
         f"kformer's precision {results['precision']} ({results['precision_why']})"
