@@ -424,7 +424,7 @@ def encode_pairs(tokenizer, pairs, config):
 
 # How much longer each bucket is than the one before. Without XLA, buckets only set batch sizes
 # (rows are padded to the batch's longest row), so they can be fine. With XLA every bucket is a
-# batch shape that is compiled (for training, and again for validation): 85-100 s a shape for
+# batch shape that is compiled (for training, and again for validation): 85-103 s a shape for
 # `base` and `big` on an H200, as long as ~2,500 of base's steps there. 1.5 makes 8 shapes up to
 # 128 tokens instead of 14, at 28% padding instead of 22% (Tatoeba zh-en, `base`).
 BUCKET_GROWTH = 1.25

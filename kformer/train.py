@@ -418,7 +418,7 @@ def _start(
 
 
 # A run with a time budget shorter than this trains without XLA by default: XLA compiles each
-# batch shape (85-100 s for `base` and `big` on an H200, up to 16 training and validation shapes)
+# batch shape (85-103 s for `base` and `big` on an H200, up to 16 training and validation shapes)
 # before its 3.6-4.4x faster steps pay that back.
 XLA_MIN_MINUTES = 30
 
