@@ -362,6 +362,7 @@ def test_train_table_shows_the_datasheet_utilization_on_a_listed_gpu(capsys):
     row = dict(precision="bfloat16", steps_per_s=4.0, target_tokens_per_s=95_000, tflops=24.0, padding=0.1)
     row.update(mfu_datasheet=24e12 / 989.4e12, mfu_squares=24 / 700, mfu_own_shapes=24 / 500)
     results = dict(config="base", steps=12, rounds=2, pairs_per_step=2000, target_tokens=250_000)
+    results["batches"] = "the default corpus"
     results.update(onednn="on", precision="bfloat16", precision_why="auto", peaks={"bfloat16": peak})
     results.update(variants=["kformer"], kformer={**row, "warmup_s": 83.0, "parameters": 60_000_000})
     results.update(xla_speedup=1.5, distinct_bucket_shapes=9, peak_memory_mb=30_000, precision_speedup=2.0)
