@@ -431,7 +431,7 @@ BUCKET_GROWTH = 1.25
 XLA_BUCKET_GROWTH = 1.5
 
 
-def bucket_plan(config, pad_to_bucket=False):
+def bucket_plan(config, pad_to_bucket):
     """(boundaries, batch_sizes): pairs whose longer side is shorter than boundaries[i] are batched
     `batch_sizes[i]` at a time (`batch_tokens` per side when padded to boundaries[i] - 1).
     Buckets grow by BUCKET_GROWTH, so pairs in one batch have similar lengths and padding stays

@@ -218,7 +218,7 @@ def test_without_bucket_padding_rows_are_grouped_by_both_lengths(tokenizer, corp
     row only, and the batch holds the bucket's number of pairs: less padding than bucket keys alone."""
     config = tiny_config.replace(max_source_length=30, max_target_length=30, batch_tokens=64)
     encoded = data_lib.encode_pairs(tokenizer, corpus_pairs, config)
-    boundaries, sizes = data_lib.bucket_plan(config)
+    boundaries, sizes = data_lib.bucket_plan(config, pad_to_bucket=False)
     groups = data_lib.length_groups(config)
     padding = {}
     for pad_to_bucket in (True, False):
