@@ -72,7 +72,6 @@ class RepeatGuard:
         self.least_run = tf.where(ngram > 0, ngram - 1, tf.int32.max)
         self.row_count = rows
         self.rows = tf.expand_dims(tf.range(rows), 1)  # (R, 1)
-        self.penalties = tf.fill([rows * tf.shape(positions)[0]], NEG_INF)  # (R * T,)
         self.zeros = tf.zeros([rows, 1], tf.int32)
 
     def written(self, index):
@@ -81,18 +80,21 @@ class RepeatGuard:
 
     def ban(self, logits, tokens, runs, written):
         """logits (R, V) with NEG_INF (or a multiple) added to the tokens that would repeat an
-        n-gram; tokens, runs (R, T). A scatter of NEG_INF at the banned tokens into (R * (V + 1),)
-        penalties, a spare column per row taking the positions not banned (so that every value
-        scattered is the same: TFLite sums duplicates, ONNX ScatterND keeps one), then one add of
-        equal shapes: fixed shapes (the number banned varies by row and step), a pass over (R, V)
-        rather than a one-hot of (R, T, V), and no update in place."""
+        n-gram; tokens, runs (R, T). A scatter of NEG_INF at the banned tokens, and of 0 at a row's
+        token 0 for the positions not banned, into (R * V,) penalties (duplicates are summed, in
+        TensorFlow and TFLite alike), then one add of equal shapes: fixed shapes (the number banned
+        varies by row and step), a pass over (R, V) rather than a one-hot of (R, T, V), and no
+        update in place. ONNX: onnx_rewrite's _scatter_adds scatters into the logits themselves."""
         vocab = logits.shape[-1]
         vocab = tf.shape(logits)[1] if vocab is None else vocab
         banned = (runs >= self.least_run) & written  # (R, T)
-        flat = self.rows * (vocab + 1) + tf.where(banned, tokens, vocab)  # (R, T) into (R * (V + 1),)
-        size = tf.expand_dims(self.row_count * (vocab + 1), 0)
-        penalties = tf.scatter_nd(tf.reshape(flat, [-1, 1]), self.penalties, size)
-        return logits + tf.cast(tf.reshape(penalties, [-1, vocab + 1])[:, :vocab], logits.dtype)
+        flat = self.rows * vocab + tf.where(banned, tokens, 0)  # (R, T) into (R * V,)
+        penalties = tf.scatter_nd(
+            tf.reshape(flat, [-1, 1]),
+            tf.reshape(tf.where(banned, NEG_INF, 0.0), [-1]),
+            tf.expand_dims(self.row_count * vocab, 0),
+        )  # (R * V,)
+        return logits + tf.cast(tf.reshape(penalties, [-1, vocab]), logits.dtype)
 
     def grown(self, runs, tokens, token, written):
         """The runs after `token` (R,) is written at the step's position of `tokens` (R, T)

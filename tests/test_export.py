@@ -356,8 +356,12 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             # tf2onnx's spelled-out LayerNorm is one node; a second pass finds nothing to do.
             nodes = [n.op_type for n in onnx.nodes(proto.graph)]
             assert onnx_rewrite.simplify(proto.graph, onnx.OPSET) == dict.fromkeys(
-                ("LayerNormalization", "Where", "Transpose", "MatMul", "LogSoftmax"), 0
+                ("LayerNormalization", "Where", "Transpose", "MatMul", "LogSoftmax", "ScatterND"), 0
             )
+            # Each loop's repeat guard scatters its penalties into the logits, adding duplicates.
+            scatters = [n for n in onnx.nodes(proto.graph) if n.op_type == "ScatterND"]
+            assert len(scatters) == 2 * SEARCH_LOOPS
+            assert all(onnx_rewrite._attributes(n)["reduction"] == b"add" for n in scatters)
             loops = [
                 len(g.node)
                 for n in proto.graph.node

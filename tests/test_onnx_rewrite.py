@@ -153,3 +153,50 @@ def test_top_log_probs_read_one_log_softmax():
     assert ops.count("LogSoftmax") == ops.count("GatherElements") == 1 and ops.count("Exp") == 1, ops
     for got, want in zip(_run_graph(graph, feeds), expected):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_penalties_scattered_into_zeros_are_scattered_into_the_logits():
+    """The repeat guard's Add(L, Reshape(ScatterND(ConstantOfShape(n, 0), i, u), shape)) becomes
+    one ScatterND with reduction add into L: L plus the updates, duplicates summed as TensorFlow
+    sums them (numpy's reference; the ScatterND before keeps one of them). A scatter into a
+    non-zero fill stays."""
+    h, f32, i64 = onnx.helper, onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+
+    def penalized(fill, out):
+        value = h.make_tensor("value", f32, [1], [fill])
+        return [
+            h.make_node("ConstantOfShape", ["size"], [f"{out}/zeros"], value=value),
+            h.make_node("ScatterND", [f"{out}/zeros", "indices", "updates"], [f"{out}/penalties"]),
+            h.make_node("Reshape", [f"{out}/penalties", "shape"], [f"{out}/table"]),
+            h.make_node("Add", ["logits", f"{out}/table"], [out]),
+        ]
+
+    constants = [
+        numpy_helper.from_array(np.array([3 * 5], np.int64), "size"),
+        numpy_helper.from_array(np.array([-1, 5], np.int64), "shape"),
+    ]
+    graph = h.make_graph(
+        penalized(0.0, "banned") + penalized(1.0, "other"),
+        "g",
+        [
+            h.make_tensor_value_info("logits", f32, ["rows", 5]),
+            h.make_tensor_value_info("indices", i64, ["n", 1]),
+            h.make_tensor_value_info("updates", f32, ["n"]),
+        ],
+        [h.make_tensor_value_info(n, f32, None) for n in ("banned", "other")],
+        initializer=constants,
+    )
+    logits = np.random.default_rng(0).normal(size=(3, 5)).astype(np.float32)
+    indices = np.array([[1], [7], [7], [0], [14], [10]], np.int64)  # 7 twice: summed
+    updates = np.array([-1e9, -1e9, -1e9, 0.0, -1e9, 0.0], np.float32)
+    feeds = {"logits": logits, "indices": indices, "updates": updates}
+    penalties = np.zeros(15, np.float32)
+    np.add.at(penalties, indices[:, 0], updates)
+
+    other = _run_graph(graph, feeds)[1]
+    assert onnx_rewrite.simplify(graph, OPSET)["ScatterND"] == 1
+    scatters = [n for n in graph.node if n.op_type == "ScatterND"]
+    assert [onnx_rewrite._attributes(n).get("reduction", b"none") for n in scatters] == [b"add", b"none"]
+    banned, still_other = _run_graph(graph, feeds)
+    np.testing.assert_array_equal(banned, logits + penalties.reshape(3, 5))
+    np.testing.assert_array_equal(still_other, other)
