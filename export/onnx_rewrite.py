@@ -376,7 +376,7 @@ def _scatter_adds(graph):
     four passes over a (rows, V) tensor, one of them filling zeros; one ScatterND with reduction add
     scatters the same updates into L (flattened; a Reshape is no copy):
         Reshape(ScatterND(Reshape(L, [-1]), indices, updates, reduction="add"), Shape(L))
-    Demo model, beam 4 over 32 rows: the guard was a fifth of onnxruntime's loop time."""
+    Demo model, 500 test sentences: greedy 0.95x the time, beam the same within the noise."""
 
     def scatter_add(g, node, found):
         logits, scatter = found
