@@ -273,6 +273,7 @@ def _bench(args):
             rounds=args.rounds,
             reference=args.reference,
             length=args.length,
+            profile=args.profile,
         )
         print_table = train.print_train_table
     else:
@@ -699,6 +700,11 @@ def _add_bench(commands):
         help="train: batches of one shape, this many tokens a side, of random ids, instead of the default "
         "corpus' batches: one compilation a variant (on a GPU XLA compiles each of the corpus' bucket "
         "shapes, ~100 s each for base)",
+    )
+    p.add_argument(
+        "--profile",
+        help="train: also run kformer's variants under TensorFlow's profiler, a trace each in this folder "
+        "(TensorBoard's Profile tab reads them), and print the op types that took the time",
     )
     p.add_argument("--screenshot", help="web: save a picture of the page here (PNG)")
     p.add_argument(

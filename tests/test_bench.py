@@ -126,6 +126,35 @@ def test_bench_train_without_the_reference_needs_no_keras_hub(monkeypatch):
     assert results["variants"] == ["kformer", "kformer_xla"] and "vs_keras_hub" not in results
 
 
+def test_bench_train_profile_says_which_op_types_took_the_step(tmp_path, capsys):
+    """With a profile folder, the variant without XLA runs once more under TensorFlow's profiler:
+    its trace is written there, the op types it reports are those of the model's step (the
+    cross-entropy and matrix products among them), ranked, with shares of the busy time that add up
+    to at most 1. On a CPU the XLA variant, one op to the profiler, is left out."""
+    from kformer.bench import train as bench
+
+    results = bench.bench_train(
+        "tiny",
+        steps=2,
+        rounds=1,
+        precision="float32",
+        reference=False,
+        overrides={"batch_tokens": 128},
+        profile=str(tmp_path),
+    )
+    assert list(results["profile"]) == ["kformer"]  # no GPU here: no kformer_xla
+    found = results["profile"]["kformer"]
+    assert found["trace"] == str(tmp_path / "kformer") and list((tmp_path / "kformer").rglob("*.xplane.pb"))
+    busy = [op for op in found["ops"] if op["type"] != "IDLE"]
+    types = [op["type"] for op in busy]
+    assert "SoftmaxCrossEntropyWithLogits" in types and any("MatMul" in t for t in types), types
+    times = [op["ms_per_step"] for op in busy]
+    assert times == sorted(times, reverse=True) and all(t > 0 for t in times)
+    assert 0 < sum(op["share"] for op in busy) <= 1 + 1e-9
+    print_train_table(results)
+    assert "where kformer's step goes" in capsys.readouterr().out
+
+
 def test_bench_train_on_one_shape_compiles_once_and_pads_nothing():
     from kformer.bench import train as bench
 

@@ -136,6 +136,7 @@ def bench_train(
     overrides=None,
     reference=True,
     length=None,
+    profile=None,
 ):
     """Target tokens/s and model FLOPs utilization of training through `model.fit`, on the same
     batches, the variants taking turns a few batches at a time, `rounds` times (medians): kformer as it
@@ -152,7 +153,9 @@ def bench_train(
 
     Every distinct batch shape is trained on once before timing, so compilation is not timed: it
     is reported as warm-up seconds (XLA compiles once per bucket shape). `length`: instead of the
-    default corpus' batches, batches of one shape (`_one_shape_batches`).
+    default corpus' batches, batches of one shape (`_one_shape_batches`). `profile`: a folder; each
+    kformer variant then also runs its batches once under TensorFlow's profiler, its trace in
+    `profile/VARIANT`, and the results say which op types took the time (kformer.bench.profile).
     """
     from kformer.precision import choose_precision, onednn_state
 
@@ -192,10 +195,30 @@ def bench_train(
         "peak_memory_mb": _peak_memory_mb(),
     }
     _add_speeds(results, variants, steps, precision)
+    if profile:
+        results["profile"] = _profiles(variants, steps, profile)
     dump = os.environ.get(XLA_DUMP_ENV)
     if dump:
         results["xla_compilations"] = count_xla_compilations(dump)
     return results
+
+
+def _profiles(variants, steps, directory):
+    """{variant: its op types by self-time (kformer.bench.profile.op_types)} for kformer's variants,
+    each profiled over its batches once more, after the timing. On a CPU the XLA variant is left
+    out: its compiled step is one op to the profiler (on a GPU its kernels are listed)."""
+    from kformer.bench.profile import op_types, profile_fit
+    from kformer.precision import gpu_capability
+
+    gpu = gpu_capability() is not None
+    found = {}
+    for name in (n for n, v in variants.items() if v["kind"] == "kformer" and (gpu or not v["xla"])):
+        folder = os.path.join(directory, name)
+        found[name] = {
+            "trace": folder,
+            "ops": op_types(profile_fit(variants[name]["model"], variants[name]["chunks"], folder), steps),
+        }
+    return found
 
 
 def _peaks(config, precision, batches):
@@ -261,6 +284,8 @@ def _compiled(config, seed, model_kind, precision, xla, batches):
         "parameters": model.count_params(),
         "seconds": [],
         "precision": precision,
+        "kind": model_kind,
+        "xla": xla,
     }
 
 
@@ -367,3 +392,10 @@ def print_train_table(results):
         f"{results.get('xla_compilations', 'not counted')} (bucket shapes: {results['distinct_bucket_shapes']}); "
         f"peak memory {results['peak_memory_mb']:.0f} MB"
     )
+    for name, found in results.get("profile", {}).items():
+        print(
+            f"where {name}'s step goes (TensorFlow's profiler, trace in {found['trace']}): ms a step, share"
+        )
+        for op in found["ops"]:
+            label = "idle threads (share of all thread-time)" if op["type"] == "IDLE" else op["type"]
+            print(f"  {op['where']:6} {label:40} {op['ms_per_step']:8.2f} {op['share']:6.1%}")
