@@ -177,6 +177,10 @@ def bench_train(
         if reference:
             runs[f"keras_hub_{precision}"] = ("keras_hub", precision, False, dynamic)
     variants = {name: _compiled(config, seed, *run) for name, run in runs.items()}
+    precisions = dict.fromkeys((precision, "float32"))
+    # Peaks measured before and after the timing, the faster kept: the machine's speed can drop for
+    # seconds at a time, and the peak is what the hardware can do.
+    before = {p: _peaks(config, p, dynamic) for p in precisions}
     _time_interleaved(variants, rounds)
     results = {
         "config": config_name,
@@ -191,7 +195,7 @@ def bench_train(
         "variants": list(variants),
         "distinct_bucket_shapes": len({y.shape for _, y in bucketed}),
         "onednn": onednn_state(),
-        "peaks": {p: _peaks(config, p, dynamic) for p in dict.fromkeys((precision, "float32"))},
+        "peaks": {p: _faster(before[p], _peaks(config, p, dynamic)) for p in precisions},
         "peak_memory_mb": _peak_memory_mb(),
     }
     _add_speeds(results, variants, steps, precision)
@@ -238,6 +242,11 @@ def _peaks(config, precision, batches):
         "squares": peak.matmul_rate((side, side, side), precision),
         "own_shapes": peak.own_shapes_rate(flops.product_shapes(config, tokens), precision),
     }
+
+
+def _faster(peaks, others):
+    """Two measurements of _peaks, each rate the higher of the two (datasheet and device as given)."""
+    return {k: max(v, others[k]) if k in ("squares", "own_shapes") else v for k, v in peaks.items()}
 
 
 def _peak_memory_mb():
