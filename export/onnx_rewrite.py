@@ -374,18 +374,18 @@ def _scatter_adds(graph):
         Add(L, Reshape(ScatterND(ConstantOfShape(n, 0), indices, updates), shape))
     (ONNX's ScatterND keeps one of duplicates unless told to add them). In onnxruntime those are
     four passes over a (rows, V) tensor, one of them filling zeros; one ScatterND with reduction add
-    scatters the same updates into L (flattened; a Reshape is no copy):
-        Reshape(ScatterND(Reshape(L, [-1]), indices, updates, reduction="add"), Shape(L))
+    scatters the same updates into L (flattened; a Reshape is no copy), shaped back as the
+    penalties were (the Add is of equal shapes):
+        Reshape(ScatterND(Reshape(L, [-1]), indices, updates, reduction="add"), shape)
     Demo model, 500 test sentences: greedy 0.95x the time, beam the same within the noise."""
 
     def scatter_add(g, node, found):
-        logits, scatter = found
+        logits, scatter, shape = found
         name = node.name or node.output[0]
-        flat, added, shape = f"{name}/flat", f"{name}/scatter_add", f"{name}/shape"
+        flat, added = f"{name}/flat", f"{name}/scatter_add"
         return [
             helper.make_node("Reshape", [logits, _ints_constant(g, "flat_shape", [-1])], [flat], name=flat),
             helper.make_node("ScatterND", [flat, *scatter.input[1:]], [added], name=added, reduction="add"),
-            helper.make_node("Shape", [logits], [shape], name=shape),
             helper.make_node("Reshape", [added, shape], list(node.output), name=name),
         ]
 
@@ -393,7 +393,8 @@ def _scatter_adds(graph):
 
 
 def _added_scatter(node, made_by, constants):
-    """(the other addend, the ScatterND) if `node` is the Add of _scatter_adds' pattern, else None."""
+    """(the other addend, the ScatterND, the penalties' shape) if `node` is the Add of
+    _scatter_adds' pattern, else None."""
     if node.op_type != "Add":
         return None
     reshape, logits = _one_of(node, made_by, "Reshape")
@@ -404,7 +405,7 @@ def _added_scatter(node, made_by, constants):
     value = _attributes(zeros).get("value")  # absent: a float 0
     if value is not None and numpy_helper.to_array(value).reshape(-1).tolist() != [0]:
         return None
-    return logits, scatter
+    return logits, scatter, reshape.input[1]
 
 
 def _axes_constant(graph, axis):

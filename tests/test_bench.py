@@ -116,13 +116,18 @@ def test_bench_train_compares_same_size_models_on_the_same_pairs(capsys):
     assert flops.TRAINING_FACTOR == 3
 
 
-def test_bench_train_without_the_reference_needs_no_keras_hub(monkeypatch):
+def _tiny_bench_train(**changes):
+    """bench_train on the tiny model: 2 float32 steps, one round, no keras-hub reference."""
     from kformer.bench import train as bench
 
+    settings = dict(steps=2, rounds=1, precision="float32", reference=False, overrides={"batch_tokens": 128})
+    return bench.bench_train("tiny", **{**settings, **changes})
+
+
+def test_bench_train_without_the_reference_needs_no_keras_hub(monkeypatch):
+
     monkeypatch.setitem(sys.modules, "keras_hub", None)  # as if installed without [bench]
-    results = bench.bench_train(
-        "tiny", steps=2, rounds=1, precision="float32", reference=False, overrides={"batch_tokens": 128}
-    )
+    results = _tiny_bench_train()
     assert results["variants"] == ["kformer", "kformer_xla"] and "vs_keras_hub" not in results
 
 
@@ -131,17 +136,8 @@ def test_bench_train_profile_says_which_op_types_took_the_step(tmp_path, capsys)
     its trace is written there, the op types it reports are those of the model's step (the
     cross-entropy and matrix products among them), ranked, with shares of the busy time that add up
     to at most 1. On a CPU the XLA variant, one op to the profiler, is left out."""
-    from kformer.bench import train as bench
 
-    results = bench.bench_train(
-        "tiny",
-        steps=2,
-        rounds=1,
-        precision="float32",
-        reference=False,
-        overrides={"batch_tokens": 128},
-        profile=str(tmp_path),
-    )
+    results = _tiny_bench_train(profile=str(tmp_path))
     assert list(results["profile"]) == ["kformer"]  # no GPU here: no kformer_xla
     found = results["profile"]["kformer"]
     assert found["trace"] == str(tmp_path / "kformer") and list((tmp_path / "kformer").rglob("*.xplane.pb"))
@@ -167,9 +163,7 @@ def test_bench_train_divides_by_the_faster_of_two_peak_measurements(monkeypatch)
         return {"device": "CPU", "datasheet": None, "squares": squares, "own_shapes": own}
 
     monkeypatch.setattr(bench, "_peaks", peaks)
-    results = bench.bench_train(
-        "tiny", steps=2, rounds=1, precision="float32", reference=False, overrides={"batch_tokens": 128}
-    )
+    results = _tiny_bench_train()
     assert results["peaks"]["float32"] == {
         "device": "CPU",
         "datasheet": None,
@@ -183,15 +177,7 @@ def test_bench_train_divides_by_the_faster_of_two_peak_measurements(monkeypatch)
 def test_bench_train_on_one_shape_compiles_once_and_pads_nothing():
     from kformer.bench import train as bench
 
-    results = bench.bench_train(
-        "tiny",
-        steps=2,
-        rounds=1,
-        precision="float32",
-        reference=False,
-        length=10,
-        overrides={"batch_tokens": 120},
-    )
+    results = _tiny_bench_train(length=10, overrides={"batch_tokens": 120})
     assert results["distinct_bucket_shapes"] == 1 and results["pairs_per_step"] == 12, results
     assert results["batches"] == "one shape, 10 tokens a side"
     plain, xla = results["kformer"], results["kformer_xla"]
