@@ -40,6 +40,11 @@ class Format:
         """The variants to write: every one that is not a quantization, and those asked for."""
         return [v for v in self.variants if v not in QUANTIZATIONS or v in quantize]
 
+    def runtime_variant(self, artifact_dir, variant):
+        """The variant the format's runtime runs when `variant` is asked for: itself, unless the
+        format has a file of it in its runtime's own operators (ONNX's int8-ort)."""
+        return variant
+
     def write(self, module, path, variant):
         raise NotImplementedError
 

@@ -19,13 +19,17 @@ def open_runner(
     batch_size=32,
     threads=None,
     weights="best",
+    exact=False,
     **options,
 ):
     """A `kformer.export.runner.Runner`: `path` is a training directory for runtime "keras" (the
     reference) or a `kformer export` folder for the others. `options`: the defaults of its search
     options (alpha, max_length, no_repeat_ngram, nbest; kformer.options.SearchOptions); an
     export's own defaults are in its manifest. `weights`: which of a training directory's
-    (kformer.checkpoint.weights_file); an export holds the weights it was made from."""
+    (kformer.checkpoint.weights_file); an export holds the weights it was made from. A runtime
+    runs its own file of the variant where the export has one (onnxruntime: int8 -> int8-ort,
+    kformer.export.onnx_ort) unless `exact`: the export's check, the benches and the page's
+    comparisons run each file as it is listed."""
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
     if runtime == "keras":
@@ -41,4 +45,6 @@ def open_runner(
     fmt = FORMATS[runtime]
     if variant not in fmt.variants:
         raise ValueError(f"--variant {variant} does not exist for {runtime}; choose one of {fmt.variants}")
+    if not exact:
+        variant = fmt.runtime_variant(path, variant)
     return fmt.open(path, variant, beam_size, threads, batch_size, **options)

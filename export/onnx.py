@@ -3,9 +3,9 @@
 Inputs source_ids (B, S) int32 and beam (a bool scalar); outputs tokens (B, N, T) and scores
 (B, N), N = 1 for greedy search. Each pass of each search is one ONNX Loop (see
 ExportModule._either); the weights are stored once. Variants: fp32; int8 (int8 weights, fp32
-arithmetic); text (text in, text out: onnxruntime-extensions' SentencePiece ops around the fp32
-graph). The runners need numpy, sentencepiece and onnxruntime (and onnxruntime-extensions for
-text) only."""
+arithmetic); int8-ort (onnxruntime's int8 products, kformer.export.onnx_ort; written with int8);
+text (text in, text out: onnxruntime-extensions' SentencePiece ops around the fp32 graph). The
+runners need numpy, sentencepiece and onnxruntime (and onnxruntime-extensions for text) only."""
 
 import logging
 
@@ -20,16 +20,38 @@ OPSET = 17
 
 class Onnx(Format):
     name = "onnx"
-    variants = ("fp32", "text", "int8")  # fp32 first: the others are made from it
+    variants = ("fp32", "text", "int8", "int8-ort")  # fp32 first: the others are made from it
     extension = ".onnx"
+
+    def planned(self, quantize=()):
+        """As Format's, and onnxruntime's int8 with the portable one."""
+        return [v for v in super().planned(quantize) if v != "int8-ort" or "int8" in quantize]
+
+    def runtime_variant(self, artifact_dir, variant):
+        """int8 -> int8-ort where the export has it: onnxruntime's int8 kernels instead of fp32
+        products of int8 weights restored at load."""
+        from kformer.export import manifest as manifest_lib
+
+        own = f"{variant}-ort"
+        listed = {
+            e["variant"] for e in manifest_lib.load(artifact_dir)["artifacts"] if e["format"] == self.name
+        }
+        return own if own in listed else variant
 
     def write(self, module, path, variant="fp32"):
         import onnx
 
+        domains = ()
         if variant == "fp32":
             proto = convert(module)
         elif variant == "int8":
             proto = quantize(onnx.load(beside(path, "fp32", self)))
+        elif variant == "int8-ort":
+            from kformer.export import onnx_ort
+
+            proto = onnx.load(beside(path, "fp32", self))
+            onnx_ort.matmul_nbits(proto)
+            proto, domains = quantize(proto), (onnx_ort.DOMAIN,)  # the lookup table: int8, as in int8
         else:
             from kformer.export.onnx_text import build_text_model
 
@@ -37,7 +59,7 @@ class Onnx(Format):
             proto = build_text_model(core, module.tokenizer_proto, module.config.to_dict(), OPSET)
         # The text graph adds a Loop of its own: SentencepieceDecoder row by row.
         text = variant == "text"
-        check(proto, path, ("ai.onnx.contrib",) if text else (), 2 * SEARCH_LOOPS + text)
+        check(proto, path, ("ai.onnx.contrib",) if text else domains, 2 * SEARCH_LOOPS + text)
         onnx.save(proto, path)
 
     def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
@@ -125,7 +147,8 @@ def quantize(model, min_size=65536):
     properties: they do not depend on the other sentences of a batch, and onnxruntime-web gives
     onnxruntime's. Not onnxruntime's dynamic quantization, which scales activations by their
     batch-wide range (a sentence's translation then depends on its batch), nor its MatMulNBits
-    kernels, which onnxruntime-web does not run to the same tokens."""
+    kernels (the int8-ort file, kformer.export.onnx_ort), which onnxruntime-web does not run to
+    the same tokens."""
     import onnx
     from onnx import helper, numpy_helper
 

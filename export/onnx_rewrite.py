@@ -35,7 +35,7 @@ def simplify(graph, opset):
     counts["MatMul"] = _attention_products(graph, shapes)
     counts["LogSoftmax"] = _top_log_probs(graph, shapes)
     counts["ScatterND"] = _scatter_adds(graph)
-    _prune(graph)
+    prune(graph)
     return counts
 
 
@@ -112,7 +112,7 @@ def _reads(graph):
 
 def _finder(graph):
     """made_by(name, op_type) -> the node of that type writing `name`, or None. The rewrites only
-    replace a pattern's last node; what else reads its inner nodes keeps them (see _prune)."""
+    replace a pattern's last node; what else reads its inner nodes keeps them (see prune)."""
     producer = {out: node for node in graph.node for out in node.output}
 
     def made_by(name, op_type):
@@ -436,12 +436,12 @@ def _shapes(graph, opset):
     return shapes
 
 
-def _prune(graph):
+def prune(graph):
     """Drops the nodes and initializers nothing reads any more, subgraphs first (a Loop body's
     dead nodes may be the last readers of the outer graph's initializers)."""
     for node in graph.node:
         for subgraph in subgraphs(node):
-            _prune(subgraph)
+            prune(subgraph)
     while True:
         needed = {o.name for o in graph.output} | set(_reads(graph))
         kept = [node for node in graph.node if any(out in needed for out in node.output if out)]

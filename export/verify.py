@@ -106,7 +106,9 @@ def verify(artifact_dir, model, config, tokenizer, sources, references=None, lan
             if entry["variant"] == "text":
                 outputs = _text_translations(artifact_dir, beams[search], sources)
             else:
-                runner = open_runner(artifact_dir, entry["format"], entry["variant"], beams[search])
+                runner = open_runner(
+                    artifact_dir, entry["format"], entry["variant"], beams[search], exact=True
+                )
                 outputs = runner.translate(sources)
                 if _exact(entry, search) and entry["variant"] == "fp32":
                     _check_tokens(runner, keras[search], search, config, where)

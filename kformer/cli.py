@@ -499,7 +499,8 @@ def _add_translate(commands):
         default="fp32",
         choices=sorted({v for vs in VARIANTS.values() for v in vs}),
         help="tflite: fp32/fp16/int8, or fixed (input shape fixed, for LiteRT.js); "
-        "onnx: fp32/int8, or text (SentencePiece inside the graph)",
+        "onnx: fp32/int8 (int8: the export's int8-ort file, onnxruntime's own int8 kernels, where it "
+        "has one; the portable int8 file is the page's), or text (SentencePiece inside the graph)",
     )
     p.add_argument(
         "--beam", type=_positive(int), help=f"beam size (1 = greedy; default {BEAM_SIZE}, or the export's)"

@@ -155,6 +155,7 @@ def test_quantized_translations_do_not_depend_on_the_rest_of_the_batch(artifacts
     batch = batches(load_manifest(artifacts)["config"]["vocab_size"])["mixed"]
     for name, runner in [
         ("onnx int8", OnnxRunner(artifacts, beam, "int8")),
+        ("onnx int8-ort", OnnxRunner(artifacts, beam, "int8-ort")),
         ("tflite int8", TfliteRunner(artifacts, beam, "int8")),
         ("tflite fp16", TfliteRunner(artifacts, beam, "fp16")),
     ]:
@@ -394,6 +395,42 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             encoder = 2 * config["num_encoder_layers"]
             layer_norms = encoder + 2 * 3 * config["num_decoder_layers"] * SEARCH_LOOPS
             assert nodes.count("LayerNormalization") == layer_norms, nodes.count("LayerNormalization")
+
+
+def test_onnxruntime_runs_its_own_int8_file_for_int8(artifacts):
+    """`--runtime onnx --variant int8` takes the int8-ort file (onnxruntime's int8 products), where
+    every weight product is a MatMulNBits; the check, the benches and
+    the page's comparisons run the portable int8 file as listed; an export without int8-ort runs it."""
+    from kformer.export.formats import open_runner
+
+    assert open_runner(artifacts, "onnx", "int8").path.endswith("onnx/int8-ort.onnx")
+    assert open_runner(artifacts, "onnx", "int8", exact=True).path.endswith("onnx/int8.onnx")
+    assert open_runner(artifacts, "onnx", "fp32").path.endswith("onnx/fp32.onnx")
+    proto = onnx_lib.load(os.path.join(artifacts, "onnx/int8-ort.onnx"))
+    ops = [(n.domain, n.op_type) for n in onnx.nodes(proto.graph)]
+    config = load_manifest(artifacts)["config"]
+    # In each Loop body: per decoder layer the self-attention's 2 (queries-keys-values, output),
+    # the cross-attention's 2, the feed-forward's 2; and the output projection.
+    step = 6 * config["num_decoder_layers"] + 1
+    bodies = [g for n in proto.graph.node if n.op_type == "Loop" for g in onnx_rewrite.subgraphs(n)]
+    assert [sum(n.op_type == "MatMulNBits" for n in body.node) for body in bodies] == [
+        step
+    ] * 2 * SEARCH_LOOPS
+    # The encoder's 4 a layer, and each decoder layer's keys/values of the source, once.
+    encoder = 4 * config["num_encoder_layers"] + config["num_decoder_layers"]
+    assert ops.count(("com.microsoft", "MatMulNBits")) == 2 * SEARCH_LOOPS * step + encoder
+    weights = {i.name for i in proto.graph.initializer}  # the MatMuls left multiply activations
+    assert not [
+        n.name for n in onnx.nodes(proto.graph) if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights
+    ]
+
+    without = str(artifacts) + "-without-int8-ort"
+    shutil.copytree(artifacts, without)
+    manifest = load_manifest(without)
+    manifest["artifacts"] = [a for a in manifest["artifacts"] if a["variant"] != "int8-ort"]
+    with open(os.path.join(without, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    assert open_runner(without, "onnx", "int8").path.endswith("onnx/int8.onnx")
 
 
 def _while_bodies(tflite_path):

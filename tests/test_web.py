@@ -181,7 +181,7 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
             page.evaluate("fetch('/model/manifest.json').then(() => 'online', () => 'offline')") == "offline"
         )
         for beam, options in [(1, {}), (BEAM, {}), (1, {"max_length": 5}), (BEAM, OPTIONS)]:
-            runner = open_runner(artifacts, web.PAGE_RUNTIMES[runtime][0], variant, beam)
+            runner = open_runner(artifacts, web.PAGE_RUNTIMES[runtime][0], variant, beam, exact=True)
             expected = [t.to_dict() for t in runner.translations(lines, **options)]
             page_options = {"beam": beam, **{CAMEL.get(k, k): v for k, v in options.items()}}
             got = page.evaluate(

@@ -31,7 +31,7 @@ def _runner(runtime, artifact_dir, beam, variant, threads):
             max_length=manifest["max_length"],
             no_repeat_ngram=manifest["no_repeat_ngram"],
         )
-    return open_runner(artifact_dir, runtime, variant, beam, threads=threads)
+    return open_runner(artifact_dir, runtime, variant, beam, threads=threads, exact=True)
 
 
 def _import_runtime(runtime):
@@ -205,7 +205,7 @@ def _against_ctranslate2(rows):
     """Adds each row's time divided by CTranslate2's for the same search, in both cells (the file,
     batch 1), when the export has CTranslate2; each the median of the ratios taken round by round
     (CTranslate2's own timings move by up to 1.6x between processes), with their (min, max):
-    "vs_ct2": against the same precision (int8 with int8, every other variant with fp32);
+    "vs_ct2": against the same precision (int8 and int8-ort with int8, the others with fp32);
     "vs_ct2_fastest": against the fastest of CTranslate2's files in that round and cell (its int8
     can be slower than its fp32, by CPU)."""
 
@@ -215,7 +215,7 @@ def _against_ctranslate2(rows):
     ct2 = {(r["search"], r["variant"]): r for r in rows if r["runtime"] == "ctranslate2"}
     for r in rows:
         ours = {key: per_round(r, key) for key in TIMINGS}
-        theirs = ct2.get((r["search"], "int8" if r["variant"] == "int8" else "fp32"))
+        theirs = ct2.get((r["search"], "int8" if r["variant"] in ("int8", "int8-ort") else "fp32"))
         references = [row for (search, _), row in ct2.items() if search == r["search"]]
         r["vs_ct2"] = None if theirs is None else _ratios(ours, {k: per_round(theirs, k) for k in TIMINGS})
         r["vs_ct2_fastest"] = (

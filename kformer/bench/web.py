@@ -85,7 +85,9 @@ def _time_page(browser, artifact_dir, job, sources, beams, runs, loads, screensh
         seconds = page.evaluate("window.kformer.ready.then(() => performance.now() / 1000)")
         loads.setdefault(job, []).append((seconds, page.evaluate(PAGE_BYTES_JS)))
         for beam in beams:
-            runner = open_runner(artifact_dir, web.PAGE_RUNTIMES[runtime][0], variant, beam, threads=threads)
+            runner = open_runner(
+                artifact_dir, web.PAGE_RUNTIMES[runtime][0], variant, beam, threads=threads, exact=True
+            )
             runner.translate(sources[:1])  # warm-up, as the page's first call below
             page.evaluate(TIME_EACH_SENTENCE_JS, [sources[:1], beam])
             runs.setdefault((*job, beam, "page"), []).extend(
