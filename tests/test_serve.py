@@ -322,8 +322,9 @@ def test_serve_command_errors_are_one_line(artifacts, tmp_path):
             (["--model", artifacts, "--max-chars", "0"], "--max-chars"),
             (["--model", artifacts, "--port", port], "choose another --host or --port"),
         ]:
+            # A case that loads after all serves until killed: fail it, do not hang.
             result = subprocess.run(
-                [PYTHON, "-m", "kformer.cli", "serve", *case], capture_output=True, text=True
+                [PYTHON, "-m", "kformer.cli", "serve", *case], capture_output=True, text=True, timeout=120
             )
             error = result.stderr.strip().splitlines()[-1]
             assert result.returncode == 2 and expected in error and "Traceback" not in result.stderr, (
