@@ -38,7 +38,9 @@ class Format:
 
     def planned(self, quantize=()):
         """The variants to write: every one that is not a quantization, and those asked for."""
-        return [v for v in self.variants if v not in QUANTIZATIONS or v in quantize]
+        return [
+            v for v in self.variants if quantization(v) not in QUANTIZATIONS or quantization(v) in quantize
+        ]
 
     def runtime_variant(self, artifact_dir, variant):
         """The variant the format's runtime runs when `variant` is asked for: itself, unless the
@@ -50,6 +52,11 @@ class Format:
 
     def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
         raise NotImplementedError
+
+
+def quantization(variant):
+    """What a variant is a form of: "int8-ort" (onnxruntime's own int8 file) is int8."""
+    return variant.split("-")[0]
 
 
 def beside(path, variant, fmt):

@@ -23,10 +23,6 @@ class Onnx(Format):
     variants = ("fp32", "text", "int8", "int8-ort")  # fp32 first: the others are made from it
     extension = ".onnx"
 
-    def planned(self, quantize=()):
-        """As Format's, and onnxruntime's int8 with the portable one."""
-        return [v for v in super().planned(quantize) if v != "int8-ort" or "int8" in quantize]
-
     def runtime_variant(self, artifact_dir, variant):
         """int8 -> int8-ort where the export has it: onnxruntime's int8 kernels instead of fp32
         products of int8 weights restored at load."""
@@ -41,7 +37,7 @@ class Onnx(Format):
     def write(self, module, path, variant="fp32"):
         import onnx
 
-        domains = ()
+        domains = ()  # beyond the standard ones
         if variant == "fp32":
             proto = convert(module)
         elif variant == "int8":
@@ -57,9 +53,9 @@ class Onnx(Format):
 
             core = onnx.load(beside(path, "fp32", self))
             proto = build_text_model(core, module.tokenizer_proto, module.config.to_dict(), OPSET)
+            domains = ("ai.onnx.contrib",)  # its SentencePiece ops
         # The text graph adds a Loop of its own: SentencepieceDecoder row by row.
-        text = variant == "text"
-        check(proto, path, ("ai.onnx.contrib",) if text else domains, 2 * SEARCH_LOOPS + text)
+        check(proto, path, domains, 2 * SEARCH_LOOPS + (variant == "text"))
         onnx.save(proto, path)
 
     def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):

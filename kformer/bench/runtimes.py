@@ -13,6 +13,7 @@ import time
 
 from kformer import subprocesses
 from kformer.config import search_label
+from kformer.export.format import quantization
 
 TIMINGS = ("file_s", "batch1_ms")  # the two cells each ratio to CTranslate2 is taken in
 
@@ -215,7 +216,7 @@ def _against_ctranslate2(rows):
     ct2 = {(r["search"], r["variant"]): r for r in rows if r["runtime"] == "ctranslate2"}
     for r in rows:
         ours = {key: per_round(r, key) for key in TIMINGS}
-        theirs = ct2.get((r["search"], "int8" if r["variant"] in ("int8", "int8-ort") else "fp32"))
+        theirs = ct2.get((r["search"], "int8" if quantization(r["variant"]) == "int8" else "fp32"))
         references = [row for (search, _), row in ct2.items() if search == r["search"]]
         r["vs_ct2"] = None if theirs is None else _ratios(ours, {k: per_round(theirs, k) for k in TIMINGS})
         r["vs_ct2_fastest"] = (
