@@ -69,9 +69,11 @@ def convert(module):
     import tensorflow as tf
     import tf2onnx
 
+    from kformer import portable
     from kformer.export import onnx_rewrite
 
-    frozen = module.frozen("either")
+    with portable.whole_top_1():  # onnxruntime ranks one row's top 1 faster whole
+        frozen = module.frozen("either")
     # Freezing flattens the {"tokens", "scores"} dict: tokens are the int32 output, scores float32.
     by_name = {("tokens" if t.dtype == tf.int32 else "scores"): t.name for t in frozen.outputs}
     logging.getLogger("tf2onnx").setLevel(logging.ERROR)  # it warns per loop variable at INFO/WARNING

@@ -319,13 +319,14 @@ def _attention_product(node, made_by, constants, shapes):
 
 
 def _top_log_probs(graph, shapes):
-    """kformer.portable.top_log_probs ranks a step's logits L (rows, V) and normalizes only the top k, as
-    TopK(L).values - (m + Log(ReduceSum(Exp(L - m)))) with m = ReduceMax(L) (TFLite would write and
-    rank a (rows, V) tensor of log-probabilities otherwise). In onnxruntime those are five passes
-    over L; its LogSoftmax is one vectorized kernel. The same values, up to float rounding, as
-        GatherElements(LogSoftmax(L), TopK(L).indices)
-    (the tokens are still ranked by L itself): about 0.8x the time alone at V = 8000, from one row
-    to 128. (onnxruntime's ReduceLogSumExp, one node too, was 2-5x slower.)"""
+    """kformer.portable.top_log_probs normalizes only the top k logits of a step's L (rows, V), as
+    GatherND(L, I) - (m + Log(ReduceSum(Exp(L - m)))) with m = ReduceMax(L) and I the tokens (rows,
+    k, 1), batch_dims 1 (TFLite would write and rank a (rows, V) tensor of log-probabilities
+    otherwise). In onnxruntime those are five passes over L; its LogSoftmax is one vectorized
+    kernel. The same values, up to float rounding, as
+        GatherND(LogSoftmax(L), I)
+    about 0.8x the time alone at V = 8000, from one row to 128. (onnxruntime's ReduceLogSumExp, one
+    node too, was 2-5x slower.)"""
 
     def log_softmax(g, node, found):
         logits, indices = found
@@ -333,20 +334,20 @@ def _top_log_probs(graph, shapes):
         normalized = f"{name}/log_softmax"
         return [
             helper.make_node("LogSoftmax", [logits], [normalized], name=normalized, axis=-1),
-            helper.make_node("GatherElements", [normalized, indices], list(node.output), name=name, axis=-1),
+            helper.make_node("GatherND", [normalized, indices], list(node.output), name=name, batch_dims=1),
         ]
 
     return _replace(graph, functools.partial(_top_log_prob, shapes=shapes), log_softmax)
 
 
 def _top_log_prob(node, made_by, constants, shapes):
-    """(logits, TopK indices) if `node` ends _top_log_probs' pattern over the last axis, else None."""
-    top = made_by(node.input[0], "TopK") if node.op_type == "Sub" else None
-    total = made_by(node.input[1], "Add") if top is not None and node.input[0] == top.output[0] else None
-    logits = top.input[0] if total is not None else None
+    """(logits, token indices) if `node` ends _top_log_probs' pattern over the last axis of rank-2
+    logits, else None."""
+    picked = made_by(node.input[0], "GatherND") if node.op_type == "Sub" else None
+    total = made_by(node.input[1], "Add") if picked is not None else None
+    logits = picked.input[0] if total is not None else None
     rank = len(shapes.get(logits) or ()) if logits is not None else 0
-    attributes = _attributes(top) if rank else {}
-    if not rank or attributes.get("axis", -1) % rank != rank - 1 or not attributes.get("largest", 1):
+    if rank != 2 or _attributes(picked).get("batch_dims", 0) != 1:
         return None
     for i in (0, 1):
         peak, log = made_by(total.input[i], "ReduceMax"), made_by(total.input[1 - i], "Log")
@@ -364,7 +365,7 @@ def _top_log_prob(node, made_by, constants, shapes):
             and maximum.get("keepdims", 1)
             and summed.get("keepdims", 1)
         ):
-            return logits, top.output[1]
+            return logits, picked.input[1]
     return None
 
 

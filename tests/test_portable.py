@@ -1,0 +1,51 @@
+"""kformer.portable's spellings against the plain TensorFlow operations they stand for."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kformer import portable
+
+
+@pytest.mark.parametrize("vocab", [8000, 1200, 200, 50])  # chunks of 32, 16, 8; none divides 50
+@pytest.mark.parametrize("k", [1, 2, 8])
+def test_top_tokens_rank_as_top_k_ties_to_the_lower_id(vocab, k):
+    """Logits rounded to halves tie often; a row of equal logits, and a row whose best value sits
+    in one chunk while the ties after it sit in a chunk before it and in its own."""
+    rng = np.random.default_rng(vocab + k)
+    logits = np.round(rng.normal(scale=2, size=(12, vocab)) * 2) / 2
+    logits[3] = 0.0
+    logits[4] = -1.0
+    logits[4, 0] = logits[4, vocab - 1] = 1.0  # the first and last chunks tie at 1
+    logits[4, vocab - 2] = 5.0  # ... and the last chunk ranks first
+    logits = tf.constant(logits, tf.float32)
+
+    tokens = portable.top_tokens(logits, k)
+
+    np.testing.assert_array_equal(tokens.numpy(), tf.math.top_k(logits, k=k).indices.numpy())
+
+
+def test_top_log_probs_are_the_ranked_log_softmax():
+    logits = tf.constant(np.random.default_rng(0).normal(scale=4, size=(5, 1200)), tf.float32)
+
+    log_probs, tokens = portable.top_log_probs(logits, 8)
+
+    want = tf.math.top_k(tf.nn.log_softmax(logits), k=8)
+    np.testing.assert_array_equal(tokens.numpy(), want.indices.numpy())
+    np.testing.assert_allclose(log_probs.numpy(), want.values.numpy(), rtol=1e-6, atol=1e-5)
+
+
+def _top_k_ops(k):
+    function = tf.function(lambda logits: portable.top_tokens(logits, k)).get_concrete_function(
+        tf.TensorSpec([None, 1200], tf.float32)
+    )
+    return sum(op.type == "TopKV2" for op in function.graph.get_operations())
+
+
+def test_the_top_1_is_ranked_whole_only_while_asked():
+    """In chunks: the chunks ranked, then the best chunk's logits; in whole_top_1 one top_k, and the
+    top k of beam search still in chunks (also the chunk ids sorted)."""
+    assert _top_k_ops(1) == 2
+    with portable.whole_top_1():
+        assert _top_k_ops(1) == 1 and _top_k_ops(8) == 3
+    assert _top_k_ops(1) == 2
