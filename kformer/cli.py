@@ -241,7 +241,11 @@ def _bench(args):
 
         runtimes = args.runtimes.split(",") if args.runtimes else None
         results = bench_runtimes(
-            args.model, sentences=args.sentences or 500, rounds=args.rounds, runtimes=runtimes
+            args.model,
+            sentences=args.sentences or 500,
+            rounds=args.rounds,
+            runtimes=runtimes,
+            batch_size=args.batch_size,
         )
     elif args.what == "web":
         from kformer.bench.web import bench_web
@@ -681,6 +685,13 @@ def _add_bench(commands):
     p.add_argument(
         "--runtimes",
         help="runtimes: comma list of those to measure (default: keras, savedmodel and the export's)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_positive(int),
+        default=32,
+        help="runtimes: sentences a call of the file's translate takes, as translate's --batch-size (a "
+        "beam of K takes K places in the ONNX and TFLite graphs; default 32)",
     )
     p.add_argument("--steps", type=_positive(int), default=30)
     p.add_argument(

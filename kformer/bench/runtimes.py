@@ -15,10 +15,13 @@ from kformer import subprocesses
 from kformer.config import search_label
 from kformer.export.format import quantization
 
-TIMINGS = ("file_s", "batch1_ms")  # the two cells each ratio to CTranslate2 is taken in
+TIMINGS = ("file_s", "batch1_ms")
+BATCH_SIZE = (
+    32  # kformer translate's and the runners' default  # the two cells each ratio to CTranslate2 is taken in
+)
 
 
-def _runner(runtime, artifact_dir, beam, variant, threads):
+def _runner(runtime, artifact_dir, beam, variant, threads, batch_size):
     from kformer.export.formats import open_runner
     from kformer.export.manifest import load as load_manifest
 
@@ -31,8 +34,9 @@ def _runner(runtime, artifact_dir, beam, variant, threads):
             alpha=manifest["alpha"],
             max_length=manifest["max_length"],
             no_repeat_ngram=manifest["no_repeat_ngram"],
+            batch_size=batch_size,
         )
-    return open_runner(artifact_dir, runtime, variant, beam, threads=threads, exact=True)
+    return open_runner(artifact_dir, runtime, variant, beam, batch_size, threads=threads, exact=True)
 
 
 def _import_runtime(runtime):
@@ -52,7 +56,7 @@ def _import_runtime(runtime):
 def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None):
     """Measures one runtime/variant/search in this process; returns a dict (JSON-friendly).
     File: every source of the job through `runner.translate` (sentence splitting, length-sorted
-    batches of the runner's size, detokenizing: what a user's file goes through); batch 1: the first
+    batches of the job's `batch_size`, detokenizing: what a user's file goes through); batch 1: the first
     `batch1_sentences`, one `translate` call each. Memory: resident MB after the runtime is
     imported, after the model is loaded, and the process's peak."""
     with open(sentences_file, encoding="utf-8") as f:
@@ -60,7 +64,7 @@ def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None):
     _import_runtime(runtime)
     imported_mb = resident_memory_mb()
     start = time.perf_counter()
-    runner = _runner(runtime, artifact_dir, beam, variant, threads)
+    runner = _runner(runtime, artifact_dir, beam, variant, threads, job.get("batch_size", BATCH_SIZE))
     load_seconds = time.perf_counter() - start
     loaded_mb = resident_memory_mb()
     sources, singles = job["sources"], job["sources"][: job["batch1_sentences"]]
@@ -77,6 +81,7 @@ def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None):
         "runtime": runtime,
         "variant": variant,
         "search": search_label(beam),
+        "batch_size": runner.batch_size,
         "load_s": load_seconds,
         "file_s": file_seconds,
         "file_sentences_per_s": len(sources) / file_seconds,
@@ -131,14 +136,21 @@ def _jobs(manifest, runtimes):
 
 
 def bench_runtimes(
-    artifact_dir, sentences=500, rounds=3, batch1_sentences=100, runtimes=None, progress=print
+    artifact_dir,
+    sentences=500,
+    rounds=3,
+    batch1_sentences=100,
+    runtimes=None,
+    batch_size=BATCH_SIZE,
+    progress=print,
 ):
     """Runs every runtime/variant/search of an export in a subprocess, in `rounds` interleaved
     rounds (every job once per round, so a change in the machine's speed hits all alike); reports
     the median of each timing, the peak memory, and BLEU of the file pass on the first `sentences`
     of the held-out test split of the corpus the model was trained on. Batch 1 is timed over the
     first `batch1_sentences`, one at a time: a single sentence of a few milliseconds gives ratios
-    that move by up to 3x between rounds."""
+    that move by up to 3x between rounds. `batch_size`: the file's sentences a runner call takes
+    (`kformer translate --batch-size`; the graphs' beam of K takes K places)."""
     from kformer.evaluate import score, split_references
     from kformer.export.manifest import load as load_manifest
 
@@ -155,7 +167,8 @@ def bench_runtimes(
     with tempfile.TemporaryDirectory() as work:
         job_file = os.path.join(work, "job.json")
         with open(job_file, "w", encoding="utf-8") as f:
-            json.dump({"sources": sources, "batch1_sentences": min(batch1_sentences, len(sources))}, f)
+            job = {"sources": sources, "batch1_sentences": min(batch1_sentences, len(sources))}
+            json.dump({**job, "batch_size": batch_size}, f)
         for number, (runtime, variant, beam) in enumerate(
             [(r, v, b) for _ in range(rounds) for r, v in jobs for b in (1, manifest["beam_size"])]
         ):
@@ -185,6 +198,7 @@ def bench_runtimes(
         "artifact": artifact_dir,
         "sentences": len(sources),
         "rounds": rounds,
+        "batch_size": batch_size,
         "batch1_sentences": min(batch1_sentences, len(sources)),
         "rows": rows,
     }
@@ -244,8 +258,8 @@ def _cells(ratios):
 
 def print_table(results):
     print(
-        f"file: {results['sentences']} test sentences through translate (length-sorted batches of 32 "
-        "sentences, 32 / K for the graphs' beam search), "
+        f"file: {results['sentences']} test sentences through translate (length-sorted batches of "
+        f"{results['batch_size']} sentences, {results['batch_size']} / K for the graphs' beam search), "
         f"BLEU on them; batch 1: the first {results['batch1_sentences']}, one at a time (out tok: their "
         f"mean output); timings: median of {results['rounds']} interleaved rounds; time / CTranslate2: "
         f"file, batch 1, round by round, against the same precision and against its fastest file"
