@@ -278,10 +278,10 @@ def test_text_in_text_out(artifacts, model_dir):
 
 
 # The most nodes each loop body of the tiny model's fp32 files may have (beam search, then greedy:
-# each pass's loop, the n-gram repeat guard's 25 or 21 nodes a step included, and the ranking of
-# the logits in chunks (kformer.portable.top_tokens: 14 TFLite ops a beam step, 8 a greedy one,
-# 17 ONNX nodes a beam step; ONNX greedy ranks whole)),
-# as the pinned tf2onnx and TFLite converter write them.
+# each pass's loop), as the pinned tf2onnx and TFLite converter write them. Included: the n-gram
+# repeat guard's 25 or 21 nodes a step, and the logits ranked in chunks (kformer.portable
+# .top_tokens: 14 TFLite ops a beam step, 8 a greedy one; 17 ONNX nodes a beam step, ONNX greedy
+# ranks whole).
 # onnxruntime and TFLite run a loop body node by node at every step: a rewrite that
 # spells an operation in more nodes (keras.ops.take's negative-index guard, a tensordot, a
 # logsumexp's infinity guard) shows up here. Lower them when a change removes nodes.

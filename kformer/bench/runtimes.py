@@ -15,10 +15,7 @@ from kformer import subprocesses
 from kformer.config import search_label
 from kformer.export.format import quantization
 
-TIMINGS = ("file_s", "batch1_ms")
-BATCH_SIZE = (
-    32  # kformer translate's and the runners' default  # the two cells each ratio to CTranslate2 is taken in
-)
+TIMINGS = ("file_s", "batch1_ms")  # the two cells each ratio to CTranslate2 is taken in
 
 
 def _runner(runtime, artifact_dir, beam, variant, threads, batch_size):
@@ -64,7 +61,7 @@ def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None):
     _import_runtime(runtime)
     imported_mb = resident_memory_mb()
     start = time.perf_counter()
-    runner = _runner(runtime, artifact_dir, beam, variant, threads, job.get("batch_size", BATCH_SIZE))
+    runner = _runner(runtime, artifact_dir, beam, variant, threads, job["batch_size"])
     load_seconds = time.perf_counter() - start
     loaded_mb = resident_memory_mb()
     sources, singles = job["sources"], job["sources"][: job["batch1_sentences"]]
@@ -141,7 +138,7 @@ def bench_runtimes(
     rounds=3,
     batch1_sentences=100,
     runtimes=None,
-    batch_size=BATCH_SIZE,
+    batch_size=32,
     progress=print,
 ):
     """Runs every runtime/variant/search of an export in a subprocess, in `rounds` interleaved
@@ -167,8 +164,8 @@ def bench_runtimes(
     with tempfile.TemporaryDirectory() as work:
         job_file = os.path.join(work, "job.json")
         with open(job_file, "w", encoding="utf-8") as f:
-            job = {"sources": sources, "batch1_sentences": min(batch1_sentences, len(sources))}
-            json.dump({**job, "batch_size": batch_size}, f)
+            batch1_sentences = min(batch1_sentences, len(sources))
+            json.dump({"sources": sources, "batch1_sentences": batch1_sentences, "batch_size": batch_size}, f)
         for number, (runtime, variant, beam) in enumerate(
             [(r, v, b) for _ in range(rounds) for r, v in jobs for b in (1, manifest["beam_size"])]
         ):
@@ -199,7 +196,7 @@ def bench_runtimes(
         "sentences": len(sources),
         "rounds": rounds,
         "batch_size": batch_size,
-        "batch1_sentences": min(batch1_sentences, len(sources)),
+        "batch1_sentences": batch1_sentences,
         "rows": rows,
     }
 
