@@ -74,16 +74,22 @@ class ExportModule(tf.Module):
         kept = tf.ragged.boolean_mask(tokens, before_eos & tf.not_equal(tokens, c.pad_id))
         return {"translation": self.tokenizer.detokenize(kept)}
 
-    def frozen(self, search, fixed_shape=False):
+    def frozen(self, search, fixed_shape=False, fixed_buffers=False):
         """The ids function of `search` ("greedy", "beam" or "either") with variables folded into
         constants: what TFLite and tf2onnx need (an unfrozen loop converts, then fails at invoke
         with READ_VARIABLE).
         fixed_shape: input (1, max_source_length) instead of (batch, length), for runtimes that
-        cannot resize inputs (LiteRT.js)."""
+        cannot resize inputs (LiteRT.js).
+        fixed_buffers: the searches' key/value buffers of a fixed length (`Translator`)."""
+        translator = self.translator
+        if fixed_buffers:  # not an attribute either: the SavedModel keeps the translator's searches only
+            translator = Translator(
+                self.translator.model, beam_size=self.translator.beam_size, fixed_buffers=True
+            )
         if search == "either":  # not an attribute: the SavedModel would keep a third copy of the searches
             fn = tf.function(self._either, input_signature=[SOURCE_SPEC, BEAM_FLAG_SPEC, *BEAM_SPECS[1:]])
         else:
-            fn = getattr(self.translator, search)
+            fn = getattr(translator, search)
         if fixed_shape:
             spec = tf.TensorSpec([1, self.config.max_source_length], tf.int32, name=SOURCE_SPEC.name)
             specs = [spec, *fn.input_signature[1:]]

@@ -241,7 +241,8 @@ class DecoderBlock(_ResidualBlock):
         cross_mask: boolean broadcastable to (B, T, S): the *source* padding mask.
         cache: optional dict with "self" = (key, value) buffers (B, H, Tmax, D) and "cross" =
             precomputed encoder (key, value) (B, H, S, D); then x is one step (B, M), written
-            to the self-attention buffers at `cache_slot` (`kformer.masks.step_masks`).
+            to the self-attention buffers at `cache_slot` (`kformer.masks.step_masks`), or
+            appended to them without one (buffers of the steps before, (B, H, index, D)).
 
     Returns (x (B, T, M), {"self": ..., "cross": ...}), each the attention's {"cache", "weights"}:
     "self" "cache" is the updated buffers when decoding step by step.
@@ -280,7 +281,11 @@ class DecoderBlock(_ResidualBlock):
             x,
             self.self_attention_norm,
             lambda h: self.self_attention(
-                h, attention_mask=self_mask, cache=self_cache, cache_slot=cache_slot
+                h,
+                attention_mask=self_mask,
+                cache=self_cache,
+                cache_slot=cache_slot,
+                append=self_cache is not None and cache_slot is None,
             ),
             training,
         )

@@ -163,6 +163,17 @@ def loop_condition(length, rows_left):
     return cond
 
 
+def empty_to_append(ids, *dims, dtype="float32"):
+    """Zeros of shape (B, dims[0], 0, *dims[1:]) for a (B, ...) int tensor `ids` of values >= 0,
+    whose third dim no converter knows to be 0: a loop variable that grows along it (`tf.concat`
+    each step) must not start with a static length, or the TFLite converter and tf2onnx give the
+    loop's result the start's shape and refuse the body's. The length is a 0 computed from the
+    values of `ids` at run time, max(min(min(ids), 0), 0): a file with fixed input shapes knows
+    every shape, so one derived from them would be folded to a constant."""
+    length = tf.maximum(tf.minimum(tf.reduce_min(ids), 0), 0)
+    return tf.zeros(tf.stack([tf.shape(ids)[0], dims[0], length, *dims[1:]]), dtype)
+
+
 def extend(t, length, axis, value=0):
     """t with `value` appended along `axis` up to `length`. A concatenation, not tf.pad: the
     TFLite converter loses every dim of a pad with run-time paddings, and a loop variable whose

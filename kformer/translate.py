@@ -21,7 +21,7 @@ BEAM_SPECS = [SOURCE_SPEC, *OPTION_SPECS.values()]
 
 
 class Translator(tf.Module):
-    """Greedy and beam-search translation with a fixed-shape KV cache.
+    """Greedy and beam-search translation with a key/value cache.
 
     Args:
         model: a trained `kformer.model.Transformer`.
@@ -33,6 +33,9 @@ class Translator(tf.Module):
         jit_compile: compile the searches with XLA (one program per input shape; not exported).
             The searches run in two passes (`search._in_two_passes`) except under XLA, which needs
             static shapes where the second pass takes only the rows left.
+        fixed_buffers: key/value buffers of a fixed length written one slot a step, instead of
+            caches that grow by a step each step (`Transformer.init_cache`); XLA's always are.
+            LiteRT, which re-plans a loop body whose shapes change, runs these faster.
 
     Graph functions (options are scalar inputs: max_length is clipped to [1, max_target_length],
     no_repeat_ngram <= 0 is off):
@@ -56,6 +59,7 @@ class Translator(tf.Module):
         batch_size=32,
         jit_compile=False,
         nbest=1,
+        fixed_buffers=False,
     ):
         super().__init__(name="translator")
         config = model.config
@@ -65,7 +69,7 @@ class Translator(tf.Module):
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.beam_size, self.max_length = beam_size, self.options.max_length
         self.batch_size = batch_size
-        self.two_passes = not jit_compile
+        self.two_passes, self.fixed_buffers = not jit_compile, fixed_buffers or jit_compile
         self.greedy = tf.function(self._greedy, input_signature=GREEDY_SPECS, jit_compile=jit_compile)
         self.beam = tf.function(self._beam, input_signature=BEAM_SPECS, jit_compile=jit_compile)
 
@@ -87,7 +91,10 @@ class Translator(tf.Module):
         if two_passes:
             first_length = tf.minimum(length, tf.shape(source_ids)[1] + FIRST_PASS_EXTRA_TOKENS)
             first_pass = (first_length, self.model.grow_cache)
-        cache = self.model.init_cache(source_ids, length if first_pass is None else first_pass[0])
+        if self.fixed_buffers:
+            cache = self.model.init_cache(source_ids, length if first_pass is None else first_pass[0])
+        else:  # key/value caches that grow by a step each step (Transformer.init_cache)
+            cache = self.model.init_cache(source_ids)
         return limits, length, cache, first_pass
 
     def _greedy(self, source_ids, max_length, no_repeat_ngram):

@@ -66,6 +66,20 @@ def test_cached_steps_equal_full_causal_pass():
         np.testing.assert_allclose(np.asarray(step)[:, 0], full[:, i], atol=1e-5)
 
 
+def test_appended_steps_equal_full_causal_pass():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 6, WIDTH)).astype("float32")
+    layer = MultiHeadAttention(HEADS, HEAD_SIZE)
+    full = np.asarray(layer(x, attention_mask=masks.causal_mask(6))[0])
+    empty = np.zeros((2, HEADS, 0, HEAD_SIZE), "float32")  # the keys/values of no token yet
+    cache = (empty, empty)
+    for i in range(6):
+        step, extras = layer(x[:, i], cache=cache, append=True)  # a step's (B, M) query
+        cache = extras["cache"]
+        assert cache[0].shape == (2, HEADS, i + 1, HEAD_SIZE)
+        np.testing.assert_allclose(np.asarray(step), full[:, i], atol=1e-5)
+
+
 def test_static_cache_equals_recomputed_keys():
     rng = np.random.default_rng(2)
     q, memory = (

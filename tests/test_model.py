@@ -60,11 +60,12 @@ def test_attention_weights_per_layer_and_head():
     assert np.all(np.triu(np.asarray(maps["decoder"][0])[0, 0], k=1) == 0)  # causal
 
 
+@pytest.mark.parametrize("buffer_length", [9, None])  # fixed buffers, appended caches
 @pytest.mark.parametrize("changes", [{}, dict(norm_position="pre", tie_embeddings=False)])
-def test_cached_decode_steps_equal_full_pass(changes):
+def test_cached_decode_steps_equal_full_pass(changes, buffer_length):
     model, x = make(**changes), inputs(np.random.default_rng(4))
     full = np.asarray(model(x))
-    cache = model.init_cache(x["source_ids"], buffer_length=9)
+    cache = model.init_cache(x["source_ids"], buffer_length=buffer_length)
     for i in range(6):
         logits, cache = model.decode_step(x["target_ids"][:, i], cache, i)
         real = x["target_ids"][:, i] != 0  # rows past their padding differ (by design)

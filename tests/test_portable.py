@@ -49,3 +49,13 @@ def test_the_top_1_is_ranked_whole_only_while_asked():
     with portable.whole_top_1():
         assert _top_k_ops(1) == 1 and _top_k_ops(8) == 3
     assert _top_k_ops(1) == 2
+
+
+def test_an_empty_cache_to_append_to_has_no_static_length():
+    @tf.function(input_signature=[tf.TensorSpec([2, 3], tf.int32)])  # every input shape known
+    def empty(ids):
+        t = portable.empty_to_append(ids, 4, 5)
+        assert t.shape.as_list() == [2, 4, None, 5]  # a loop may grow it along the third dim
+        return t
+
+    assert empty(tf.constant([[0, 3, 7], [5, 1, 0]])).shape == (2, 4, 0, 5)

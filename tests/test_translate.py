@@ -67,6 +67,33 @@ def test_graph_naive_search_equals_cached_search(random_model):
     np.testing.assert_allclose(naive_scores.numpy(), cached["scores"].numpy(), rtol=1e-4)
 
 
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_appended_caches_search_as_fixed_buffers(random_model, beam_size):
+    """The exported searches' caches (appended a step at a time) against XLA's fixed buffers,
+    in two passes (first buffers of 6: the second pass grows the fixed ones)."""
+    model, source = random_model, tf.constant(random_ids(np.random.default_rng(8), 5, 7, 40, pad_tail=3))
+    limits, length = output_limits(source, 0, 20, buffer_cap=model.config.max_target_length)
+    results = []
+    for cache in (model.init_cache(source, 6), model.init_cache(source)):
+        args = (model.decode_step, cache, limits, length)
+        options = dict(first_pass=(6, model.grow_cache), no_repeat_ngram=0)
+        if beam_size == 1:
+            results.append(greedy_search(*args, 2, 3, **options))
+        else:
+            results.append(beam_search(*args, beam_size, 2, 3, **options))
+    (fixed_tokens, fixed_scores), (tokens, scores) = results
+    np.testing.assert_array_equal(tokens.numpy(), fixed_tokens.numpy())
+    np.testing.assert_allclose(scores.numpy(), fixed_scores.numpy(), rtol=1e-5)
+
+
+def test_caches_append_unless_fixed_buffers_or_xla_are_asked_for(random_model):
+    source = tf.constant(random_ids(np.random.default_rng(9), 2, 5, 40))
+    kind = lambda translator: list(translator.prepare(source, 10)[2]["state"])  # noqa: E731
+    assert kind(Translator(random_model)) == ["appended"]
+    assert kind(Translator(random_model, fixed_buffers=True)) == ["self"]
+    assert kind(Translator(random_model, jit_compile=True)) == ["self"]
+
+
 def test_beam_of_one_equals_greedy_on_a_model(random_model):
     source = random_ids(np.random.default_rng(6), 4, 7, 40, pad_tail=3)
     translator = Translator(random_model, beam_size=1, alpha=0.0, no_repeat_ngram=0)

@@ -40,7 +40,8 @@ def _search_function(model, beam_size, naive, jit_compile, output_tokens, eager=
             step = search.naive_step(lambda s, t: model({"source_ids": s, "target_ids": t}, training=False))
             cache = search.naive_cache(source_ids, length, c.pad_id)
         else:
-            step, cache = model.decode_step, model.init_cache(source_ids, length)
+            # As the translator: caches that grow, fixed buffers under XLA (Transformer.init_cache).
+            step, cache = model.decode_step, model.init_cache(source_ids, length if jit_compile else None)
         step = _without_eos(step, c.eos_id)
         if beam_size > 1:
             return search.beam_search(step, cache, limits, length, beam_size, c.bos_id, c.eos_id)[0]
