@@ -8,8 +8,9 @@ search tiles both to K beams once, and reorders only the state as beams are re-r
 Every loop is a `tf.while_loop`: preallocated token buffers written with one-hot blends, tokens
 chosen with `top_k` (never argmax), no TensorArray, no Python loop over steps, so the same graph
 exports to SavedModel, TFLite and ONNX; the spellings that keep it so are kformer.portable's. The
-cache's state may grow along its step axis from step to step (`Transformer.init_cache`). With `first_pass`, a search runs two such loops: short buffers for all rows
-until only a quarter of them run on, then full-length buffers for those (`_in_two_passes`).
+cache's state may grow along its step axis from step to step (`Transformer.init_cache`). With
+`first_pass`, a search runs two such loops: short buffers for all rows until only a quarter of them
+run on, then full-length buffers for those (`_in_two_passes`).
 
 Shape letters: B batch, K beam size, T buffer length (longest output), V vocabulary.
 """
