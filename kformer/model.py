@@ -193,7 +193,7 @@ class Transformer(keras.Model):
         instead: zeros, written one slot a step. Appended caches are what TensorFlow and
         onnxruntime run: a step reads and copies only the keys so far, where fixed buffers cost
         passes over whole buffers (the demo model's files in onnxruntime: 0.76-0.90x the time and
-        25-40 MB lower peaks). Fixed buffers are what XLA (static shapes) and the TFLite files run:
+        20-40 MB lower peaks). Fixed buffers are what XLA (static shapes) and the TFLite files run:
         LiteRT re-plans a loop body whose shapes change, at every step (`Translator`).
         """
         source_ids = ops.convert_to_tensor(source_ids, "int32")
