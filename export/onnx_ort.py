@@ -47,10 +47,11 @@ def dequantize_blocks(values, scales, rows):
 
 
 def matmul_nbits(model, block=BLOCK, min_size=MIN_SIZE):
-    """Rewrites `model` (an fp32 kformer ONNX file, Loop bodies included) in place: every MatMul
-    by a constant matrix of at least `min_size` values (an initializer, or the Transpose of one:
-    the tied output projection) becomes a MatMulNBits, with the bias Add after it as its bias
-    input. Each matrix is quantized once, however many nodes read it. Returns how many nodes."""
+    """Rewrites `model` (an fp32 kformer ONNX file, Loop bodies included) in place: every MatMul by
+    a constant matrix of at least `min_size` values (an initializer or the Transpose of one, or the
+    tied output projection's Gemm by the transposed table) becomes a MatMulNBits, with the bias Add
+    after it as its bias input. Each matrix is quantized once, however many nodes read it. Returns
+    how many nodes."""
     graph = model.graph
     constants = {i.name: i for i in graph.initializer}
     transposed = {
@@ -94,11 +95,11 @@ def matmul_nbits(model, block=BLOCK, min_size=MIN_SIZE):
         for node in g.node:
             if id(node) in fused:
                 continue
-            weight = weight_of(node.input[1]) if node.op_type == "MatMul" else None
+            weight, key = _constant_product(node, weight_of)
             if weight is None or weight.ndim != 2 or weight.size < min_size:
                 nodes.append(node)
                 continue
-            inputs = [node.input[0], *inputs_for(node.input[1], weight)]
+            inputs = [node.input[0], *inputs_for(key, weight)]
             output = node.output[0]
             rows, columns = weight.shape
             bias = _bias_add(readers.get(output, []), output, constants, columns)
@@ -127,6 +128,20 @@ def matmul_nbits(model, block=BLOCK, min_size=MIN_SIZE):
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return count
+
+
+def _constant_product(node, weight_of):
+    """(W (K, N), a name for W) when `node` multiplies by a constant matrix W: a MatMul's right
+    operand, or the table E of the tied output projection's Gemm(x, E, transB=1) (W = E^T; not one
+    with a bias or scaling); (None, None) otherwise."""
+    if node.op_type == "MatMul":
+        return weight_of(node.input[1]), node.input[1]
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    plain = len(node.input) == 2 and attributes.get("alpha", 1.0) == 1.0 and not attributes.get("transA")
+    if node.op_type == "Gemm" and plain and attributes.get("transB") == 1:
+        table = weight_of(node.input[1])
+        return (None, None) if table is None else (table.T, node.input[1] + "_t")
+    return None, None
 
 
 def _bias_add(readers, product, constants, columns):

@@ -360,7 +360,7 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             # tf2onnx's spelled-out LayerNorm is one node; a second pass finds nothing to do.
             nodes = [n.op_type for n in onnx.nodes(proto.graph)]
             assert onnx_rewrite.simplify(proto.graph, onnx.OPSET) == dict.fromkeys(
-                ("LayerNormalization", "Where", "Transpose", "MatMul", "LogSoftmax", "ScatterND"), 0
+                ("LayerNormalization", "Where", "Transpose", "Gemm", "MatMul", "LogSoftmax", "ScatterND"), 0
             )
             # Each loop's repeat guard scatters its penalties into the logits, adding duplicates.
             scatters = [n for n in onnx.nodes(proto.graph) if n.op_type == "ScatterND"]
@@ -375,8 +375,8 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             assert [count(body, "LogSoftmax") for body in bodies] == [1] * len(bodies)
             assert sorted(count(body, "TopK") for body in bodies) == [1, 1, 6, 6]
             assert len(proto.graph.node) <= ONNX_MAIN_NODES, len(proto.graph.node)
-            # Each weight is stored once, in the main graph, for both searches; the tied embedding's
-            # transpose (the output projection) is a node.
+            # Each weight is stored once, in the main graph, for both searches; the output projection
+            # reads the tied embedding itself.
             nested = list(onnx_rewrite.graphs(proto.graph))[1:]
             assert not [i.name for g in nested for i in g.initializer if np.prod(i.dims) >= 1024]
             tables = [numpy_helper.to_array(i) for i in proto.graph.initializer if len(i.dims) == 2]
@@ -386,10 +386,18 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             assert not any(
                 a.shape == b.shape and np.array_equal(a, b) for a in tables for b in tables if a is not b
             )
-            # The copy kept is the lookup table E (so int8 scales it per token); its transpose is a node.
-            shared = [n for n in proto.graph.node if n.op_type == "Transpose" and n.name.endswith("/shared")]
+            # The copy kept is the lookup table E (so int8 scales it per token); each loop body's output
+            # projection is a Gemm by E with transB, not a MatMul by a Transpose (which onnxruntime
+            # would fold into a second table in memory).
             looked_up = {n.input[0] for n in onnx.nodes(proto.graph) if n.op_type == "Gather"}
-            assert shared and all(n.input[0] in looked_up for n in shared), [n.input[0] for n in shared]
+            tied = [
+                n for body in bodies for n in body.node if n.op_type == "Gemm" and n.input[1] in looked_up
+            ]
+            assert len(tied) == len(bodies) and all(onnx_rewrite._attributes(n)["transB"] == 1 for n in tied)
+            embedding = {i.name for i in proto.graph.initializer} & looked_up
+            assert not [
+                n for n in onnx.nodes(proto.graph) if n.op_type == "Transpose" and n.input[0] in embedding
+            ]
             weights = sum(numpy_helper.to_array(i).nbytes for i in proto.graph.initializer)
             assert weights < 1.1 * weight_bytes
             assert [n.op_type for n in onnx.nodes(proto.graph)] == nodes

@@ -17,8 +17,9 @@ def _run(model, x):
 
 
 def _products_model(w, bias, tied):
-    """y = x @ W + bias, and z = x @ transpose(T) with T = W^T (a tied table, read through a
-    Transpose node as the output projection reads the embedding table)."""
+    """y = x @ W + bias, and with `tied` z = x @ transpose(T) with T = W^T, a tied table that the
+    output projection reads as onnx_rewrite leaves it: through a Transpose node ("transpose") or
+    as a Gemm with transB ("gemm")."""
     rows, columns = w.shape
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["xw"]),
@@ -26,11 +27,14 @@ def _products_model(w, bias, tied):
     ]
     initializers = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "bias")]
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, columns])]
-    if tied:
+    if tied == "transpose":
         nodes += [
             helper.make_node("Transpose", ["table"], ["table_t"], perm=[1, 0]),
             helper.make_node("MatMul", ["x", "table_t"], ["z"]),
         ]
+    elif tied == "gemm":
+        nodes.append(helper.make_node("Gemm", ["x", "table"], ["z"], transB=1))
+    if tied:
         initializers.append(numpy_helper.from_array(np.ascontiguousarray(w.T), "table"))
         outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [None, columns]))
     graph = helper.make_graph(
@@ -58,12 +62,13 @@ def test_blocks_hold_the_weights_within_half_a_step(rows):
 
 
 @pytest.mark.parametrize("rows", [64, 40])
-def test_matmul_nbits_products_are_those_of_the_quantized_weights(rows):
+@pytest.mark.parametrize("tied", ["transpose", "gemm"])
+def test_matmul_nbits_products_are_those_of_the_quantized_weights(rows, tied):
     rng = np.random.default_rng(1)
     w = rng.normal(size=(rows, 48)).astype(np.float32)
     bias = rng.normal(size=48).astype(np.float32)
     x = rng.normal(size=(5, rows)).astype(np.float32)
-    model = _products_model(w, bias, tied=True)
+    model = _products_model(w, bias, tied)
     expected, _ = _run(model, x)
 
     assert onnx_ort.matmul_nbits(model, block=32) == 2
@@ -71,7 +76,7 @@ def test_matmul_nbits_products_are_those_of_the_quantized_weights(rows):
     assert ops == ["MatMulNBits", "MatMulNBits"]  # the bias Add and the Transpose are gone
     assert sorted(i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT) == [
         "bias",
-        "table_t/nbits_scales",
+        "table_t/nbits_scales",  # the Gemm's table, transposed, is named so too
         "w/nbits_scales",
     ]  # no fp32 matrix left
     onnx.checker.check_model(model)
@@ -87,7 +92,7 @@ def test_matmul_nbits_products_are_those_of_the_quantized_weights(rows):
 
 def test_a_matrix_read_by_two_products_is_quantized_once():
     w = np.random.default_rng(2).normal(size=(32, 16)).astype(np.float32)
-    model = _products_model(w, np.zeros(16, np.float32), tied=False)
+    model = _products_model(w, np.zeros(16, np.float32), tied=None)
     model.graph.node.append(helper.make_node("MatMul", ["x", "w"], ["y2"]))
     model.graph.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, [None, 16]))
     assert onnx_ort.matmul_nbits(model, block=16) == 2
@@ -96,6 +101,6 @@ def test_a_matrix_read_by_two_products_is_quantized_once():
 
 def test_small_matrices_stay_fp32():
     w = np.ones((16, 8), np.float32)  # 128 values
-    model = _products_model(w, np.zeros(8, np.float32), tied=False)
+    model = _products_model(w, np.zeros(8, np.float32), tied=None)
     assert onnx_ort.matmul_nbits(model) == 0
     assert [n.op_type for n in model.graph.node] == ["MatMul", "Add"]

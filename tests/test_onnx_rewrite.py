@@ -11,23 +11,37 @@ from kformer.export.onnx import OPSET
 
 
 @pytest.mark.parametrize("transposed_first", [True, False])
-def test_the_tied_embedding_is_stored_once_as_its_lookup_table(transposed_first):
+@pytest.mark.parametrize("ids_shape", [[2], [1, 2]])
+def test_the_tied_embedding_is_stored_once_as_its_lookup_table(transposed_first, ids_shape):
     """Whichever copy tf2onnx writes first, the table a Gather reads is kept (int8 then scales it
-    per token) and the output projection reads its transpose."""
+    per token) and the output projection reads it: a Gemm with transB for rows (onnxruntime would
+    fold a Transpose into a second table in memory), through a Transpose for another rank."""
     table = np.arange(64 * 32, dtype=np.float32).reshape(64, 32) / 100  # (V, M)
     copies = [numpy_helper.from_array(table, "E"), numpy_helper.from_array(table.T.copy(), "E_T")]
     h = onnx.helper
-    graph = h.make_graph(
-        [h.make_node("Gather", ["E", "ids"], ["x"]), h.make_node("MatMul", ["x", "E_T"], ["logits"])],
-        "g",
-        [h.make_tensor_value_info("ids", onnx.TensorProto.INT64, [2])],
-        [h.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [2, 64])],
-        initializer=copies[::-1] if transposed_first else copies,
+
+    def graph():
+        return h.make_graph(
+            [h.make_node("Gather", ["E", "ids"], ["x"]), h.make_node("MatMul", ["x", "E_T"], ["logits"])],
+            "g",
+            [h.make_tensor_value_info("ids", onnx.TensorProto.INT64, ids_shape)],
+            [h.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [*ids_shape, 64])],
+            initializer=copies[::-1] if transposed_first else copies,
+        )
+
+    rewritten = graph()
+    counts = onnx_rewrite.simplify(rewritten, OPSET)
+    assert [i.name for i in rewritten.initializer] == ["E"]
+    ops = [(n.op_type, list(n.input)) for n in rewritten.node]
+    if len(ids_shape) == 1:
+        assert counts["Gemm"] == 1 and ops == [("Gather", ["E", "ids"]), ("Gemm", ["x", "E"])]
+        assert onnx_rewrite._attributes(rewritten.node[1]) == {"transB": 1}
+    else:
+        assert counts["Gemm"] == 0 and ("Transpose", ["E"]) in ops and ("MatMul", ["x", "E_T"]) in ops
+    ids = np.array([5, 63]).reshape(ids_shape)
+    np.testing.assert_allclose(
+        _run_graph(rewritten, {"ids": ids})[0], _run_graph(graph(), {"ids": ids})[0], rtol=1e-6
     )
-    onnx_rewrite.simplify(graph, OPSET)
-    assert [i.name for i in graph.initializer] == ["E"]
-    (transpose,) = [n for n in graph.node if n.op_type == "Transpose"]
-    assert list(transpose.input) == ["E"] and list(transpose.output) == ["E_T"]
 
 
 def _run_graph(graph, feeds):
