@@ -253,7 +253,8 @@ class OnnxTextRunner(ArtifactRunner):
         def translate_units(units):  # in the length-sorted batches of the id runners
             outputs = [None] * len(units)
             ids = [u.ids for u in units]
-            for chunk, _ in batching.length_sorted_batches(ids, self.sentences_per_call(options)):
+            sentences, tokens = self.sentences_per_call(options), self.tokens_per_call(options)
+            for chunk, _ in batching.length_sorted_batches(ids, sentences, tokens):
                 feed = {
                     "text": np.array([units[i].text for i in chunk], dtype=object),
                     **option_inputs(options),

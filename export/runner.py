@@ -57,11 +57,16 @@ class Runner:
     def _search(self, options, batch):
         raise NotImplementedError
 
+    def tokens_per_call(self, options):
+        """The most padded source tokens one search call takes (`batching.tokens_per_call`)."""
+        return batching.tokens_per_call(self.sentences_per_call(options), options.search)
+
     def translate_ids(self, ids, **options):
         """Lists of source ids -> (lists of output ids, scores), best hypothesis only."""
         options, c = self.checked(self.options, **options), self.config
         search = lambda batch: self._search(options, batch)  # noqa: E731
-        return batching.translate_ids(search, ids, self.sentences_per_call(options), c["eos_id"], c["pad_id"])
+        sentences, tokens = self.sentences_per_call(options), self.tokens_per_call(options)
+        return batching.translate_ids(search, ids, sentences, c["eos_id"], c["pad_id"], tokens)
 
     def translations(self, texts, **options):
         """Texts -> `batching.Translation`s: sentences split and rejoined, scores, alternatives."""
@@ -76,6 +81,7 @@ class Runner:
             c["pad_id"],
             self.joiner,
             options.nbest,
+            self.tokens_per_call(options),
         )
 
     def translate(self, texts, **options):

@@ -17,6 +17,15 @@ from kformer import sentences as sentences_lib
 
 log = logging.getLogger("kformer")
 NEG_INF_SCORE = -1.0e8  # scores at or below it mark a beam slot without a hypothesis (search.NEG_INF)
+# A greedy call's memory grows with its rows times their padded length: a batch of long sentences
+# takes fewer of them, at most this many source tokens a sentence of its size (rows x longest,
+# padding included). Demo model, 500 test sentences, 32 a call: the last batch (24 sentences of up
+# to 62 tokens) raised onnxruntime's greedy peak from 125 to 155 MB; in calls of at most 512 tokens
+# it peaked at 124-125 MB (LiteRT 163-164 against 193, CTranslate2 88 against 96-97), with the same
+# translations in about the time (2 interleaved rounds). Not for beam search: the graphs take 8
+# sentences a call already (their peak 138 MB), and calls of at most 16 tokens a sentence made beam
+# search slower in every runtime (onnxruntime 1.2-1.4x, CTranslate2 1.1-1.2x, LiteRT 1.1-1.2x).
+TOKENS_PER_SENTENCE = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,27 +206,55 @@ def translate_texts(tokenizer, texts, max_source_length, translate_units, joiner
 
 
 def translations(
-    search, tokenizer, texts, max_source_length, batch_size, eos_id, pad_id=0, joiner=" ", nbest=1
+    search,
+    tokenizer,
+    texts,
+    max_source_length,
+    batch_size,
+    eos_id,
+    pad_id=0,
+    joiner=" ",
+    nbest=1,
+    max_tokens=None,
 ):
     """`translate_texts` through `search((B, S) int32) -> (tokens, scores)` (see `search_units`):
     what every runner and kformer.translate.Translator do with texts."""
 
     def translate_units(units):
-        found = search_units(search, [u.ids for u in units], batch_size, eos_id, pad_id, nbest)
+        ids = [u.ids for u in units]
+        found = search_units(search, ids, batch_size, eos_id, pad_id, nbest, max_tokens)
         return [[(tokenizer.decode(output), score) for output, score in unit] for unit in found]
 
     return translate_texts(tokenizer, texts, max_source_length, translate_units, joiner, nbest)
 
 
-def length_sorted_batches(ids, batch_size):
-    """Yields (indices, (B, S) int32 padded batch); similar lengths together, every row once."""
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        batch = np.zeros((len(chunk), max(1, max(len(ids[i]) for i in chunk))), np.int32)
-        for row, i in enumerate(chunk):
-            batch[row, : len(ids[i])] = ids[i]
-        yield chunk, batch
+def length_sorted_batches(ids, batch_size, max_tokens=None):
+    """Yields (indices, (B, S) int32 padded batch); similar lengths together, every row once. A
+    batch has at most `batch_size` rows and, with `max_tokens`, at most that many B x S (a longer
+    row still goes alone)."""
+    chunk = []
+    for i in sorted(range(len(ids)), key=lambda i: len(ids[i])):  # the row added is the longest
+        over_budget = max_tokens is not None and (len(chunk) + 1) * len(ids[i]) > max_tokens
+        if chunk and (len(chunk) == batch_size or over_budget):
+            yield chunk, _padded(ids, chunk)
+            chunk = []
+        chunk.append(i)
+    if chunk:
+        yield chunk, _padded(ids, chunk)
+
+
+def tokens_per_call(batch_size, search):
+    """The most padded source tokens one call of `search` ("greedy" or "beam") takes, for calls of
+    `batch_size` sentences: TOKENS_PER_SENTENCE a sentence for greedy search, no limit (None) for
+    beam search."""
+    return batch_size * TOKENS_PER_SENTENCE if search == "greedy" else None
+
+
+def _padded(ids, chunk):
+    batch = np.zeros((len(chunk), max(1, max(len(ids[i]) for i in chunk))), np.int32)
+    for row, i in enumerate(chunk):
+        batch[row, : len(ids[i])] = ids[i]
+    return batch
 
 
 def strip_special(tokens, eos_id, pad_id=0):
@@ -228,12 +265,13 @@ def strip_special(tokens, eos_id, pad_id=0):
     return [t for t in tokens if t != pad_id]
 
 
-def search_units(search, ids, batch_size, eos_id, pad_id=0, nbest=1):
+def search_units(search, ids, batch_size, eos_id, pad_id=0, nbest=1, max_tokens=None):
     """Runs `search((B, S) int32) -> (tokens (B, [K,] T), scores (B, [K]))` over length-sorted
-    batches; returns per row of `ids`, in input order, its best `nbest` hypotheses as (output ids
-    without EOS/pad, score), best first (fewer when the search finished fewer)."""
+    batches (`length_sorted_batches`; max_tokens: see `tokens_per_call`); returns per row of `ids`,
+    in input order, its best `nbest` hypotheses as (output ids without EOS/pad, score), best first
+    (fewer when the search finished fewer)."""
     results = [None] * len(ids)
-    for chunk, batch in length_sorted_batches(ids, batch_size):
+    for chunk, batch in length_sorted_batches(ids, batch_size, max_tokens):
         tokens, scores = search(batch)
         tokens, scores = np.asarray(tokens), np.asarray(scores)
         if tokens.ndim == 2:  # greedy: (B, T) -> (B, 1, T)
@@ -246,7 +284,7 @@ def search_units(search, ids, batch_size, eos_id, pad_id=0, nbest=1):
     return results
 
 
-def translate_ids(search, ids, batch_size, eos_id, pad_id=0):
+def translate_ids(search, ids, batch_size, eos_id, pad_id=0, max_tokens=None):
     """`search_units` for the best hypothesis only: (output ids, scores), in input order."""
-    best = [unit[0] for unit in search_units(search, ids, batch_size, eos_id, pad_id)]
+    best = [unit[0] for unit in search_units(search, ids, batch_size, eos_id, pad_id, 1, max_tokens)]
     return [output for output, _ in best], [score for _, score in best]

@@ -7,6 +7,7 @@ import os
 import sys
 
 from kformer import extras, gather
+from kformer.batching import TOKENS_PER_SENTENCE
 from kformer.config import (
     BEAM_SIZE,
     DEFAULT_DIRECTION,
@@ -530,9 +531,10 @@ def _add_translate(commands):
         "--batch-size",
         type=_positive(int),
         default=32,
-        help="most lines (and sentences) translated together; a beam of K takes K places in the ONNX "
-        "and TFLite graphs; a pipe's lines are translated as they arrive, those that arrive "
-        "together in one batch (default 32)",
+        help="most lines (and sentences) translated together (greedy: fewer long ones, at most "
+        f"{TOKENS_PER_SENTENCE} source tokens a sentence); a beam of K takes K places in the ONNX and "
+        "TFLite graphs; a pipe's lines are translated as they arrive, those that arrive together in "
+        "one batch (default 32)",
     )
     _weights_option(p)
     p.add_argument("text", nargs="*")

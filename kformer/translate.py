@@ -179,9 +179,10 @@ class Translator(tf.Module):
     def translate_ids(self, ids, **options):
         """Lists of source ids -> (lists of output ids without EOS/pad, scores), in input order.
         Sentences of similar length are batched together; each row is independent of its batch."""
-        c = self.config
+        options, c = self.options_for(**options), self.config
+        tokens = batching.tokens_per_call(self.batch_size, options.search)
         return batching.translate_ids(
-            self._searcher(self.options_for(**options)), ids, self.batch_size, c.eos_id, c.pad_id
+            self._searcher(options), ids, self.batch_size, c.eos_id, c.pad_id, tokens
         )
 
     def translations(self, texts, language=None, **options):
@@ -202,6 +203,7 @@ class Translator(tf.Module):
             c.pad_id,
             sentences.joiner(language),
             options.nbest,
+            batching.tokens_per_call(self.batch_size, options.search),
         )
 
     def translate(self, texts, language=None, **options):

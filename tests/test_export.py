@@ -237,8 +237,8 @@ def test_ctranslate2_keeps_each_rows_output_limit(artifacts, model_dir, monkeypa
 
 def test_graphs_give_a_beam_of_k_the_places_of_k_sentences_in_a_batch(artifacts):
     """ONNX and TFLite keep every hypothesis in fixed-shape buffers: a beam search call takes
-    batch_size // K sentences, greedy batch_size; CTranslate2 takes batch_size either way. The
-    translations do not depend on it."""
+    batch_size // K sentences, greedy batch_size (fewer long ones); CTranslate2 takes batch_size
+    either way. The translations do not depend on it."""
     texts = [f"他{'很' * (i % 4)}高興。我們試試看{i}！" for i in range(14)]  # 28 sentences
     expected = OnnxRunner(artifacts, BEAM, batch_size=64).translate(texts)  # one call
     for runner_class, beam_rows in (
@@ -258,6 +258,9 @@ def test_graphs_give_a_beam_of_k_the_places_of_k_sentences_in_a_batch(artifacts)
         sizes.clear()
         runner.translate(texts, beam_size=1)
         assert max(sizes) == 9 and sum(sizes) == 28, runner_class
+        sizes.clear()  # greedy calls of long sentences take fewer (batching.tokens_per_call): 9 x 16
+        runner.translate_ids([[5] * 40] * 5, beam_size=1)  # tokens a call, 3 of 40 tokens
+        assert sizes == [3, 2], runner_class
 
 
 def test_text_in_text_out(artifacts, model_dir):

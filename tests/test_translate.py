@@ -124,6 +124,20 @@ def test_rows_are_independent_of_batch_and_padding(random_model, search):
         )
 
 
+def test_greedy_calls_take_fewer_long_sentences(random_model):
+    """The Translator batches as the runners do (batching.tokens_per_call): a greedy call of long
+    sentences takes fewer of them, a beam call its batch_size."""
+    translator = Translator(random_model, beam_size=2, max_length=3, no_repeat_ngram=0, batch_size=4)
+    run, shapes = translator.run, []
+    translator.run = lambda batch, options: (
+        shapes.append((options.search, batch.shape)) or run(batch, options)
+    )
+    long = [[5] * 40] * 4  # 4 x 40 tokens against greedy's 4 x TOKENS_PER_SENTENCE = 64: one a call
+    translator.translate_ids(long, beam_size=1)
+    translator.translate_ids(long)
+    assert shapes == [("greedy", (1, 40))] * 4 + [("beam", (4, 40))]
+
+
 def test_one_trace_per_signature(random_model):
     translator = Translator(random_model, beam_size=2)
     for shape, alpha, max_length, ngram in [((1, 3), 0.6, 5, 0), ((2, 7), 1.0, 9, 2), ((5, 2), 0.0, 24, 3)]:

@@ -15,6 +15,7 @@ import { joiner, splitClauses, splitSentences, strip } from "./sentences.js";
 
 const BATCH_SIZE = 32; // as the Python runners' default; beam search takes BATCH_SIZE / K sentences (beam_shares_batch)
 const NEG_INF_SCORE = -1.0e8; // batching.NEG_INF_SCORE: a beam slot without a hypothesis
+const TOKENS_PER_SENTENCE = 16; // batching.TOKENS_PER_SENTENCE: a greedy call of long sentences takes fewer
 // Python's str.strip()/split() whitespace, which JavaScript's trim() does not match exactly.
 const WHITESPACE = "\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
 const SPACES = new RegExp(`[${WHITESPACE}]+`, "g");
@@ -238,12 +239,27 @@ function segmentTexts(tokenizer, texts, maxLength) {
   return { units, layouts };
 }
 
-/** As batching.search_units: per row of ids, its best `nbest` [ids, score], best first; `size` rows a call. */
-async function searchUnits(run, ids, inputs, nbest, eosId, padId, size) {
+/** As batching.length_sorted_batches: chunks of indices by length, `size` rows and at most `maxTokens` rows x longest. */
+function lengthSortedBatches(ids, size, maxTokens) {
   const order = ids.map((_, i) => i).sort((a, b) => ids[a].length - ids[b].length); // stable, as Python's
+  const chunks = [];
+  let chunk = [];
+  for (const i of order) { // the row added is the longest
+    const overBudget = maxTokens !== null && (chunk.length + 1) * ids[i].length > maxTokens;
+    if (chunk.length && (chunk.length === size || overBudget)) {
+      chunks.push(chunk);
+      chunk = [];
+    }
+    chunk.push(i);
+  }
+  if (chunk.length) chunks.push(chunk);
+  return chunks;
+}
+
+/** As batching.search_units: per row of ids, its best `nbest` [ids, score], best first; `size` rows a call. */
+async function searchUnits(run, ids, inputs, nbest, eosId, padId, size, maxTokens) {
   const results = new Array(ids.length);
-  for (let start = 0; start < order.length; start += size) {
-    const chunk = order.slice(start, start + size);
+  for (const chunk of lengthSortedBatches(ids, size, maxTokens)) {
     const width = Math.max(1, ...chunk.map((i) => ids[i].length));
     const batch = new Int32Array(chunk.length * width).fill(padId);
     chunk.forEach((i, row) => batch.set(ids[i], row * width));
@@ -317,7 +333,8 @@ async function translations(texts, options = {}) {
   const { eos_id: eosId, pad_id: padId, max_source_length: maxSourceLength } = manifest.config;
   const { units, layouts } = segmentTexts(tokenizer, texts, maxSourceLength);
   const size = inputs.beam ? Math.max(1, Math.floor(BATCH_SIZE / manifest.beam_size)) : BATCH_SIZE;
-  const found = await searchUnits(run, units.map((u) => u.ids), inputs, nbest, eosId, padId, size);
+  const maxTokens = inputs.beam ? null : size * TOKENS_PER_SENTENCE; // batching.tokens_per_call
+  const found = await searchUnits(run, units.map((u) => u.ids), inputs, nbest, eosId, padId, size, maxTokens);
   const hypotheses = found.map((unit) => unit.map(([ids, score]) => [tokenizer.decode(ids), score]));
   const glue = joiner((manifest.corpus?.direction || "").split("-").at(-1));
   return layouts.map((layout) => joinTranslations(layout, hypotheses, glue, nbest));

@@ -1,0 +1,53 @@
+"""kformer.batching's length-sorted batches: every row once, in order of length, and a call of long
+sentences holding fewer of them."""
+
+import numpy as np
+
+from kformer import batching
+
+
+def _ids(lengths):
+    return [[7] * n for n in lengths]
+
+
+def test_batches_are_length_sorted_and_hold_every_row_once():
+    lengths = [5, 1, 9, 3, 3, 0, 12]
+    ids = _ids(lengths)
+    batches = list(batching.length_sorted_batches(ids, 3))
+    assert [len(chunk) for chunk, _ in batches] == [3, 3, 1]
+    order = [i for chunk, _ in batches for i in chunk]
+    assert sorted(order) == list(range(len(ids)))
+    assert [lengths[i] for i in order] == sorted(lengths)
+    for chunk, batch in batches:  # padded with 0 to the longest row (at least one column)
+        assert batch.dtype == np.int32 and batch.shape == (len(chunk), max(1, *(lengths[i] for i in chunk)))
+        for row, i in enumerate(chunk):
+            assert list(batch[row, : lengths[i]]) == ids[i] and not batch[row, lengths[i] :].any()
+
+
+def test_a_token_budget_makes_batches_of_long_rows_smaller():
+    lengths = [2] * 10 + [10] * 7 + [40]  # the row of 40 alone is over the budget
+    batches = list(batching.length_sorted_batches(_ids(lengths), 8, max_tokens=30))
+    assert [batch.shape for _, batch in batches] == [(8, 2), (3, 10), (3, 10), (3, 10), (1, 40)]
+    assert sorted(i for chunk, _ in batches for i in chunk) == list(range(len(lengths)))
+
+
+def test_greedy_calls_take_fewer_long_sentences():
+    """`search_units` with `tokens_per_call`'s budget: greedy calls of at most batch_size sentences
+    and batch_size * TOKENS_PER_SENTENCE padded source tokens; beam calls of batch_size sentences."""
+    long = batching.TOKENS_PER_SENTENCE * 3
+    lengths = [4] * 40 + [long] * 10
+
+    def shapes_of(search_name):
+        shapes = []
+
+        def search(batch):
+            shapes.append(batch.shape)
+            return np.full((len(batch), 2), 3, np.int32), np.zeros(len(batch), np.float32)
+
+        budget = batching.tokens_per_call(8, search_name)
+        results = batching.search_units(search, _ids(lengths), 8, eos_id=3, max_tokens=budget)
+        assert len(results) == len(lengths) and all(r == [([], 0.0)] for r in results)
+        return shapes
+
+    assert shapes_of("greedy") == [(8, 4)] * 5 + [(2, long)] * 5
+    assert shapes_of("beam") == [(8, 4)] * 5 + [(8, long), (2, long)]
