@@ -13,8 +13,6 @@ keeps standard-domain ops, and runs before the export's parity checks:
   its operand's rank is unknown, through a Transpose node, folded back at load).
 - A decoding step's attention products, which kformer.portable spells as a broadcast multiply and
   a sum for TFLite, become matrix products.
-- The top tokens' log-probabilities, a log-sum-exp spelled out for TFLite (kformer.portable
-  .top_log_probs), are read from one LogSoftmax.
 - The repeat guard's penalties, scattered into zeros and added to the logits (TFLite's scatter
   starts from zeros), are scattered into the logits themselves: one ScatterND with reduction add.
 """
@@ -35,7 +33,6 @@ def simplify(graph, opset):
     shapes = _shapes(graph, opset)
     counts["Gemm"] = _tied_products(graph, shapes)
     counts["MatMul"] = _attention_products(graph, shapes)
-    counts["LogSoftmax"] = _top_log_probs(graph, shapes)
     counts["ScatterND"] = _scatter_adds(graph)
     prune(graph)
     return counts
@@ -345,57 +342,6 @@ def _attention_product(node, made_by, constants, shapes):
         unsqueezed = constants.get(unsqueeze.input[-1]) if unsqueeze is not None else None
         if unsqueezed is not None and unsqueezed.size == 1 and int(unsqueezed.reshape(())) % 4 == 3:
             return "context", unsqueeze.input[0], y  # x: the weights as (B, H, T, 1)
-    return None
-
-
-def _top_log_probs(graph, shapes):
-    """kformer.portable.top_log_probs normalizes only the top k logits of a step's L (rows, V), as
-    GatherND(L, I) - (m + Log(ReduceSum(Exp(L - m)))) with m = ReduceMax(L) and I the tokens (rows,
-    k, 1), batch_dims 1 (TFLite would write and rank a (rows, V) tensor of log-probabilities
-    otherwise). In onnxruntime those are five passes over L; its LogSoftmax is one vectorized
-    kernel. The same values, up to float rounding, as
-        GatherND(LogSoftmax(L), I)
-    about 0.8x the time alone at V = 8000, from one row to 128. (onnxruntime's ReduceLogSumExp, one
-    node too, was 2-5x slower.)"""
-
-    def log_softmax(g, node, found):
-        logits, indices = found
-        name = node.name or node.output[0]
-        normalized = f"{name}/log_softmax"
-        return [
-            helper.make_node("LogSoftmax", [logits], [normalized], name=normalized, axis=-1),
-            helper.make_node("GatherND", [normalized, indices], list(node.output), name=name, batch_dims=1),
-        ]
-
-    return _replace(graph, functools.partial(_top_log_prob, shapes=shapes), log_softmax)
-
-
-def _top_log_prob(node, made_by, constants, shapes):
-    """(logits, token indices) if `node` ends _top_log_probs' pattern over the last axis of rank-2
-    logits, else None."""
-    picked = made_by(node.input[0], "GatherND") if node.op_type == "Sub" else None
-    total = made_by(node.input[1], "Add") if picked is not None else None
-    logits = picked.input[0] if total is not None else None
-    rank = len(shapes.get(logits) or ()) if logits is not None else 0
-    if rank != 2 or _attributes(picked).get("batch_dims", 0) != 1:
-        return None
-    for i in (0, 1):
-        peak, log = made_by(total.input[i], "ReduceMax"), made_by(total.input[1 - i], "Log")
-        sum_ = peak and log and made_by(log.input[0], "ReduceSum")
-        exp = sum_ and made_by(sum_.input[0], "Exp")
-        shifted = exp and made_by(exp.input[0], "Sub")
-        if not shifted or list(shifted.input) != [logits, peak.output[0]] or peak.input[0] != logits:
-            continue
-        maximum, summed = _attributes(peak), _attributes(sum_)
-        sum_axes = constants.get(sum_.input[1]) if len(sum_.input) == 2 else None
-        if (
-            [axis % rank for axis in maximum.get("axes", [])] == [rank - 1]
-            and sum_axes is not None
-            and [int(axis) % rank for axis in sum_axes.reshape(-1)] == [rank - 1]
-            and maximum.get("keepdims", 1)
-            and summed.get("keepdims", 1)
-        ):
-            return logits, picked.input[1]
     return None
 
 

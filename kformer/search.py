@@ -143,7 +143,9 @@ def greedy_search(
             if guard is not None:
                 written = guard.written(s.index)
                 logits = guard.ban(logits, s.tokens, s.runs, written)
-            token_log_prob, token = (tf.squeeze(t, 1) for t in portable.top_log_probs(logits, 1))  # (B,)
+            token_log_prob, token = (
+                tf.squeeze(t, 1) for t in portable.top_log_probs(logits, 1, NEG_INF)
+            )  # (B,)
             token = tf.where(s.done, pad_id, token)
             scores = s.scores + tf.where(s.done, 0.0, token_log_prob)
             done = s.done | tf.equal(token, eos_id) | (s.index + 1 >= limits)
@@ -290,7 +292,7 @@ def _top_candidates(s, step, k, bos_id, ban):
     # The 2K best of all K * V extensions are among the N = min(2K, V) best of each beam.
     vocab = logits.shape[-1]  # static for a Keras model; 2K when unknown (then V >= 2K is assumed)
     per_beam = 2 * k if vocab is None else min(2 * k, vocab)
-    log_probs, tokens = portable.top_log_probs(logits, per_beam)  # (B * K, N)
+    log_probs, tokens = portable.top_log_probs(logits, per_beam, NEG_INF)  # (B * K, N)
     candidates = tf.reshape(
         tf.expand_dims(s.alive_log_probs, 2) + tf.reshape(log_probs, [-1, k, per_beam]),
         [-1, k * per_beam],

@@ -129,57 +129,6 @@ def test_step_attention_products_become_matmuls():
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
-def test_top_log_probs_read_one_log_softmax():
-    """kformer.search's top-k log-probabilities, GatherND(L, I) - (m + Log(ReduceSum(Exp(L - m))))
-    with m = ReduceMax(L) and I the tokens, become GatherND(LogSoftmax(L), I) with the same
-    values; the same nodes over the first axis (not the last, which LogSoftmax takes) stay."""
-    h, f32, i64 = onnx.helper, onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
-    constants = [
-        numpy_helper.from_array(np.array([-1], np.int64), "last"),
-        numpy_helper.from_array(np.array([0], np.int64), "first"),
-    ]
-
-    def top_log_probs(logits, axis, sum_axes, indices, out):
-        return [
-            h.make_node("ReduceMax", [logits], [f"{out}/m"], axes=[axis], keepdims=1),
-            h.make_node("Sub", [logits, f"{out}/m"], [f"{out}/d"]),
-            h.make_node("Exp", [f"{out}/d"], [f"{out}/e"]),
-            h.make_node("ReduceSum", [f"{out}/e", sum_axes], [f"{out}/s"], keepdims=1),
-            h.make_node("Log", [f"{out}/s"], [f"{out}/l"]),
-            h.make_node("Add", [f"{out}/m", f"{out}/l"], [f"{out}/total"]),
-            h.make_node("GatherND", [logits, indices], [f"{out}/values"], batch_dims=1),
-            h.make_node("Sub", [f"{out}/values", f"{out}/total"], [out]),
-        ]
-
-    graph = h.make_graph(
-        top_log_probs("logits", 1, "last", "tokens", "log_probs")
-        + top_log_probs("square", 0, "first", "square_tokens", "other"),
-        "g",
-        [
-            h.make_tensor_value_info("logits", f32, ["rows", 50]),
-            h.make_tensor_value_info("tokens", i64, [4, 3, 1]),
-            h.make_tensor_value_info("square", f32, [4, 4]),
-            h.make_tensor_value_info("square_tokens", i64, [4, 4, 1]),
-        ],
-        [h.make_tensor_value_info(n, f32, None) for n in ("log_probs", "other")],
-        initializer=constants,
-    )
-    rng = np.random.default_rng(0)
-    feeds = {
-        "logits": rng.normal(scale=8, size=(4, 50)).astype(np.float32),
-        "tokens": rng.integers(0, 50, size=(4, 3, 1)),
-        "square": rng.normal(scale=8, size=(4, 4)).astype(np.float32),
-        "square_tokens": rng.integers(0, 4, size=(4, 4, 1)),
-    }
-
-    expected = _run_graph(graph, feeds)
-    assert onnx_rewrite.simplify(graph, OPSET)["LogSoftmax"] == 1
-    ops = [n.op_type for n in graph.node]
-    assert ops.count("LogSoftmax") == 1 and ops.count("GatherND") == 2 and ops.count("Exp") == 1, ops
-    for got, want in zip(_run_graph(graph, feeds), expected):
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-
-
 def test_penalties_scattered_into_zeros_are_scattered_into_the_logits():
     """The repeat guard's Add(L, Reshape(ScatterND(ConstantOfShape(n, 0), i, u), shape)) becomes
     one ScatterND with reduction add into L: L plus the updates, duplicates summed as TensorFlow

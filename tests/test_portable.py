@@ -28,11 +28,26 @@ def test_top_tokens_rank_as_top_k_ties_to_the_lower_id(vocab, k):
 def test_top_log_probs_are_the_ranked_log_softmax():
     logits = tf.constant(np.random.default_rng(0).normal(scale=4, size=(5, 1200)), tf.float32)
 
-    log_probs, tokens = portable.top_log_probs(logits, 8)
+    log_probs, tokens = portable.top_log_probs(logits, 8, floor=-1e9)
 
     want = tf.math.top_k(tf.nn.log_softmax(logits), k=8)
     np.testing.assert_array_equal(tokens.numpy(), want.indices.numpy())
     np.testing.assert_allclose(log_probs.numpy(), want.values.numpy(), rtol=1e-6, atol=1e-5)
+
+
+def test_a_token_of_no_probability_reads_the_floor():
+    """A row whose second token is banned (a logit of -1e9: probability 0 in float32) or ~200
+    nats below the best: its log-probability is the floor, finite, not -inf; the top 1 is exact."""
+    logits = tf.constant([[0.0, -1e9, -5.0], [0.0, -200.0, -5.0]], tf.float32)
+
+    log_probs, tokens = portable.top_log_probs(logits, 3, floor=-1e9)
+    best, _ = portable.top_log_probs(logits, 1, floor=-1e9)
+
+    np.testing.assert_array_equal(tokens.numpy(), [[0, 2, 1], [0, 2, 1]])
+    np.testing.assert_array_equal(log_probs.numpy()[:, 2], [-1e9, -1e9])
+    want = tf.nn.log_softmax(logits).numpy()
+    np.testing.assert_allclose(log_probs.numpy()[:, :2], want[:, [0, 2]], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(best.numpy()[:, 0], want[:, 0], rtol=1e-6, atol=1e-6)
 
 
 def _top_k_ops(k):
