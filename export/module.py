@@ -82,9 +82,14 @@ class ExportModule(tf.Module):
         cannot resize inputs (LiteRT.js).
         fixed_buffers: the searches' key/value buffers of a fixed length (`Translator`)."""
         translator = self.translator
-        if fixed_buffers:  # not an attribute either: the SavedModel keeps the translator's searches only
+        if fixed_buffers or fixed_shape:  # not an attribute either: the SavedModel keeps the translator's
+            # searches only. One row a call (fixed_shape) runs its first pass to the end: a second
+            # pass would be loop bodies that never run, whose weights LiteRT's XNNPACK still packs.
             translator = Translator(
-                self.translator.model, beam_size=self.translator.beam_size, fixed_buffers=True
+                self.translator.model,
+                beam_size=self.translator.beam_size,
+                fixed_buffers=fixed_buffers,
+                two_passes=not fixed_shape,
             )
         if search == "either":  # not an attribute: the SavedModel would keep a third copy of the searches
             fn = tf.function(self._either, input_signature=[SOURCE_SPEC, BEAM_FLAG_SPEC, *BEAM_SPECS[1:]])

@@ -36,6 +36,7 @@ class Translator(tf.Module):
         fixed_buffers: key/value buffers of a fixed length written one slot a step, instead of
             caches that grow by a step each step (`Transformer.init_cache`); XLA's always are.
             LiteRT, which re-plans a loop body whose shapes change, runs these faster.
+        two_passes: search in two passes; None: unless `jit_compile`.
 
     Graph functions (options are scalar inputs: max_length is clipped to [1, max_target_length],
     no_repeat_ngram <= 0 is off):
@@ -60,6 +61,7 @@ class Translator(tf.Module):
         jit_compile=False,
         nbest=1,
         fixed_buffers=False,
+        two_passes=None,
     ):
         super().__init__(name="translator")
         config = model.config
@@ -69,7 +71,8 @@ class Translator(tf.Module):
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.beam_size, self.max_length = beam_size, self.options.max_length
         self.batch_size = batch_size
-        self.two_passes, self.fixed_buffers = not jit_compile, fixed_buffers or jit_compile
+        self.two_passes = not jit_compile if two_passes is None else two_passes
+        self.fixed_buffers = fixed_buffers or jit_compile
         self.greedy = tf.function(self._greedy, input_signature=GREEDY_SPECS, jit_compile=jit_compile)
         self.beam = tf.function(self._beam, input_signature=BEAM_SPECS, jit_compile=jit_compile)
 
