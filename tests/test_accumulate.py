@@ -29,6 +29,17 @@ def _half(batch, part):
     return {k: v[part] for k, v in x.items()}, y[part]
 
 
+def _assert_close_but_for_rounding(got, want, name):
+    """Within 2e-4 (steps are ~0.1), but for a few elements: near-zero gradients (embedding rows
+    that the batches barely touch) make Adam's step follow the rounding of a sum's order, which
+    moved 3 of 800 embedding values by up to 1.1e-3 in one run of many. Summing the halves wrong
+    moves most elements by a step's size."""
+    off = ~np.isclose(got, want, rtol=0, atol=2e-4)
+    assert off.mean() <= 0.01 and np.abs(got - want).max() < 1e-2, (
+        f"{name}: {off.sum()} of {off.size} values apart, by up to {np.abs(got - want).max():.2e}"
+    )
+
+
 def test_n_batches_make_the_update_of_their_union(tmp_path):
     # The paper's schedule with a short warm-up changes the rate every step, and an average with a
     # low momentum moves far each update: counting batches instead of updates would show in both.
@@ -55,10 +66,8 @@ def test_n_batches_make_the_update_of_their_union(tmp_path):
             if re.search("key.bias", a.path):
                 # Softmax ignores a shift of all scores, so these gradients are 0 but for rounding;
                 # Adam's step, ~lr * sign(gradient), follows the rounding's sign. Not compared.
-                # (Near-zero gradients elsewhere, in embeddings, amplify rounding too: hence an
-                # atol of 2e-4 for steps of ~0.1, against errors of a step's size.)
                 continue
-            np.testing.assert_allclose(np.array(a), np.array(b), atol=2e-4, err_msg=f"N={n} {a.path}")
+            _assert_close_but_for_rounding(np.array(a), np.array(b), f"N={n} {a.path}")
     moved = max(np.abs(a - b).max() for a, b in zip(reference.get_weights(), models[1].get_weights()))
     assert moved > 1e-3
 
