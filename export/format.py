@@ -17,7 +17,8 @@ class ExportError(RuntimeError):
 
 
 class Format:
-    """One format of `kformer export`. Every file it writes serves both searches.
+    """One format of `kformer export`. Every variant it writes serves both searches: one file
+    or folder (a TFLite variant is a file per search).
 
     Subclasses set:
         name: the format's name in the CLI and the manifest.

@@ -160,7 +160,7 @@ def verified_path(artifact_dir, manifest, entry):
 
 
 def find_artifact(manifest, fmt, variant="fp32"):
-    """The manifest entry of that format and variant: one file serves both searches."""
+    """The manifest entry of that format and variant: its file or folder serves both searches."""
     for entry in manifest["artifacts"]:
         if (entry["format"], entry["variant"]) == (fmt, variant):
             return entry

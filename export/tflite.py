@@ -1,15 +1,33 @@
-"""TFLite: builtin operators only, both searches in one file as the signatures "greedy" and
-"beam" (the converter stores equal constants once, so the weights are stored once).
+"""TFLite: builtin operators only; the searches are the signatures "greedy" and "beam".
 
 Variants: fp32; fp16 (float16 weights); int8 (dynamic-range quantized weights, float
 activations); fixed (fp32 with the input shape fixed to (1, max_source_length), for LiteRT.js in
 the web page, which cannot resize inputs). The runner needs numpy, sentencepiece and
-ai-edge-litert only."""
+ai-edge-litert only.
+
+Files: each variant but `fixed` is a folder of one file per search, `tflite/fp32/greedy.tflite`
+and `tflite/fp32/beam.tflite`, each with the weights once. At its first call, LiteRT's XNNPACK
+packs the weights of every loop in the file, whichever search the call runs: a file of both
+searches held the packed decoder and output projection four times, for two loops. Demo model, 500
+test sentences, fp32: peak 164 -> 129 MB greedy, 187 -> 155 MB beam (int8 beam 164 -> 159), the
+same tokens, the same time within the noise (3 interleaved rounds). A device ships the file of the
+search it runs; the runner opens a search's file when it first runs it. `fixed` stays one file of
+both searches: the page downloads it once and switches searches at run time."""
+
+import os
 
 import numpy as np
 
 from kformer.export.format import ExportError, Format
 from kformer.export.runner import ArtifactRunner
+
+SEARCHES = ("greedy", "beam")  # the signatures, and the files of a variant's folder
+FIXED = "fixed"  # the one variant that is one file of both searches
+
+
+def search_file(path, search):
+    """The file of `search` in the folder of a variant (not `fixed`)."""
+    return os.path.join(path, f"{search}.tflite")
 
 
 class Tflite(Format):
@@ -17,21 +35,40 @@ class Tflite(Format):
     variants = ("fp32", "fp16", "int8", "fixed")
     extension = ".tflite"
 
-    def write(self, module, path, variant="fp32"):
-        """Frozen searches (an unfrozen loop converts, then fails at invoke with READ_VARIABLE) ->
-        one flatbuffer, checked for builtins only."""
-        import tensorflow as tf
+    def file(self, variant):
+        """A folder of one file per search; `fixed` is one file of both (see the module's doc)."""
+        return f"{self.name}/{variant}" + (self.extension if variant == FIXED else "")
 
+    def write(self, module, path, variant="fp32"):
         if variant not in self.variants:
             raise ValueError(f"unknown TFLite variant {variant!r}; choose from {self.variants}")
-        functions = []
-        for name in ("greedy", "beam"):  # signatures with the inputs source_ids and the options
-            # Fixed key/value buffers: LiteRT re-plans a loop body whose shapes change at every
-            # step, which made greedy search 1.1-1.2x slower with caches that grow (demo model).
-            function = module.frozen(name, variant == "fixed", fixed_buffers=True)
-            function.graph.name = name  # the signature's name
-            functions.append(function)
-        converter = tf.lite.TFLiteConverter.from_concrete_functions(functions, module)
+        if variant == FIXED:
+            _convert(module, path, variant, SEARCHES)
+            return
+        os.makedirs(path, exist_ok=True)
+        for search in SEARCHES:
+            _convert(module, search_file(path, search), variant, [search])
+
+    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
+        return TfliteRunner(artifact_dir, beam_size, variant, threads, batch_size, **options)
+
+
+def _convert(module, path, variant, searches):
+    """Frozen searches (an unfrozen loop converts, then fails at invoke with READ_VARIABLE) -> one
+    flatbuffer with a signature named after each search (the converter stores equal constants
+    once), checked for builtins only."""
+    import tempfile
+
+    import tensorflow as tf
+
+    # Fixed key/value buffers: LiteRT re-plans a loop body whose shapes change at every step,
+    # which made greedy search 1.1-1.2x slower with caches that grow (demo model).
+    functions = {name: module.frozen(name, variant == FIXED, fixed_buffers=True) for name in searches}
+    # Through a SavedModel of the functions, as from_concrete_functions converts, but keeping the
+    # name of a lone signature (from_concrete_functions calls it "serving_default").
+    with tempfile.TemporaryDirectory() as saved:
+        tf.saved_model.save(tf.Module(), saved, signatures=functions)
+        converter = tf.lite.TFLiteConverter.from_saved_model(saved, signature_keys=list(searches))
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex fallback
         if variant in ("fp16", "int8"):
             converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -41,12 +78,9 @@ class Tflite(Format):
             flatbuffer = converter.convert()
         except Exception as e:  # the converter raises ConverterError and friends
             raise ExportError(f"TFLite conversion of the searches failed: {e}") from None
-        check_ops(flatbuffer, path)
-        with open(path, "wb") as f:
-            f.write(flatbuffer)
-
-    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
-        return TfliteRunner(artifact_dir, beam_size, variant, threads, batch_size, **options)
+    check_ops(flatbuffer, path)
+    with open(path, "wb") as f:
+        f.write(flatbuffer)
 
 
 def operators(flatbuffer):
@@ -73,38 +107,48 @@ def check_ops(flatbuffer, path):
 
 
 class TfliteRunner(ArtifactRunner):
-    """A TFLite file in LiteRT. The "fixed" file runs one padded row at a time."""
+    """A TFLite variant in LiteRT: a search's file is opened when the search first runs (see the
+    module's doc); a variant that is one file (`fixed`, and exports written before the files per
+    search) serves both searches. The "fixed" file runs one padded row at a time."""
 
     fmt = Tflite.name
     beam_shares_batch = True
 
     def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
-        from ai_edge_litert.interpreter import Interpreter
-
         super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
-        # Delegate clustering off: with LiteRT's default, an interpreter made after another of the
-        # same file was freed now and then gave other scores or tokens on its first call
-        # (test_fresh_tflite_interpreters_agree). Tensors are not kept apart
-        # (experimental_preserve_all_tensors costs 1.17-1.2x the time and is not needed for the
-        # decoding graphs as they are written now; the same test guards it).
-        interpreter = Interpreter(
-            model_path=self.path, num_threads=self.threads, experimental_disable_delegate_clustering=True
-        )
-        self.signatures = {name: interpreter.get_signature_runner(name) for name in ("greedy", "beam")}
-        # The fixed file's (1, max_source_length) input; (-1, -1) in the others.
-        self.length = self.signatures["greedy"].get_input_details()["source_ids"]["shape_signature"][1]
+        self.signatures = {}  # search -> LiteRT's runner of its signature, once opened
+        self.length = -1  # the fixed file's input length (1, length); -1: any (B, S)
+
+    def signature(self, search):
+        """LiteRT's runner of a search's signature, opening its file the first time."""
+        if search not in self.signatures:
+            from ai_edge_litert.interpreter import Interpreter
+
+            # A folder of a file per search, or one file of both (`fixed`; exports before the split)
+            path = self.path if os.path.isfile(self.path) else search_file(self.path, search)
+            # Delegate clustering off: with LiteRT's default, an interpreter made after another
+            # of the same file was freed now and then gave other scores or tokens on its first
+            # call (test_fresh_tflite_interpreters_agree). Tensors are not kept apart
+            # (experimental_preserve_all_tensors costs 1.17-1.2x the time and is not needed for
+            # the decoding graphs as they are written now; the same test guards it).
+            interpreter = Interpreter(
+                model_path=path, num_threads=self.threads, experimental_disable_delegate_clustering=True
+            )
+            for name in interpreter.get_signature_list():
+                self.signatures[name] = interpreter.get_signature_runner(name)
+            self.length = self.signatures[search].get_input_details()["source_ids"]["shape_signature"][1]
+        return self.signatures[search]
 
     def _search(self, options, batch):
-        if self.length != -1:  # the "fixed" file: rows cut or padded to the fixed length, run one at a time
-            batch = np.pad(
-                batch[:, : self.length], [(0, 0), (0, self.length - min(batch.shape[1], self.length))]
-            )
-            rows = [self._invoke(options, batch[row : row + 1]) for row in range(len(batch))]
+        signature, length = self.signature(options.search), self.length
+        if length != -1:  # the "fixed" file: rows cut or padded to the fixed length, run one at a time
+            batch = np.pad(batch[:, :length], [(0, 0), (0, length - min(batch.shape[1], length))])
+            rows = [self._invoke(signature, options, batch[row : row + 1]) for row in range(len(batch))]
             return tuple(np.concatenate(parts) for parts in zip(*rows))
-        return self._invoke(options, batch)
+        return self._invoke(signature, options, batch)
 
-    def _invoke(self, options, batch):
-        signature = self.signatures[options.search]
+    @staticmethod
+    def _invoke(signature, options, batch):
         results = signature(source_ids=batch, **options.inputs())  # resizes to the batch's (B, S)
         # Outputs by dtype: tokens are the int32 output, scores the float32 one.
         by_dtype = {value.dtype: value for value in results.values()}

@@ -130,9 +130,9 @@ def test_quantized_files_report_agreement_and_bleu_delta_from_their_translations
     results = verify(artifacts, model, config, tokenizer, sources, [[k] for k in keras])
     agreements = []
     for file, runner in [
-        ("tflite/int8.tflite", TfliteRunner(artifacts, BEAM, "int8")),
+        ("tflite/int8", TfliteRunner(artifacts, BEAM, "int8")),
         ("onnx/int8.onnx", OnnxRunner(artifacts, BEAM, "int8")),
-        ("tflite/fp16.tflite", TfliteRunner(artifacts, BEAM, "fp16")),
+        ("tflite/fp16", TfliteRunner(artifacts, BEAM, "fp16")),
     ]:
         outputs = runner.translate(sources)
         agreement = np.mean([a == b for a, b in zip(outputs, keras)])
@@ -193,6 +193,22 @@ def test_fresh_tflite_interpreters_agree(artifacts, variant):
     for attempt, (tokens, scores) in enumerate(others, 1):
         assert tokens == first_tokens, f"interpreter {attempt}"
         np.testing.assert_allclose(scores, first_scores, rtol=0, atol=1e-5, err_msg=f"interpreter {attempt}")
+
+
+def test_a_tflite_runner_opens_the_file_of_a_search_when_it_first_runs(artifacts):
+    """XNNPACK packs the weights of every loop of a file at its first call (export/tflite.py): a
+    process that only runs greedy search holds the greedy file's weights alone."""
+    batch = batches(load_manifest(artifacts)["config"]["vocab_size"])["mixed"]
+    runner = TfliteRunner(artifacts, BEAM)
+    assert runner.signatures == {}
+    greedy = runner.search(batch, beam_size=1)
+    assert sorted(runner.signatures) == ["greedy"]
+    runner.search(batch)  # the runner's default, beam search
+    assert sorted(runner.signatures) == ["beam", "greedy"]
+    np.testing.assert_array_equal(runner.search(batch, beam_size=1)[0], greedy[0])
+    fixed = TfliteRunner(artifacts, BEAM, "fixed")  # one file of both searches, for the page
+    fixed.search(batch[:1], beam_size=1)
+    assert sorted(fixed.signatures) == ["beam", "greedy"]
 
 
 def test_ctranslate2_beam_is_reported_not_required_to_match(artifacts, model_dir):
@@ -318,27 +334,7 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
         path = os.path.join(artifacts, entry["file"])
         assert len(entry["sha256"]) == 64 and entry["bytes"] > 0
         if entry["format"] == "tflite":
-            ops = tflite.operators(open(path, "rb").read())
-            assert "WHILE" in ops and not any(op.startswith("CUSTOM") for op in ops), ops
-            # A loop per pass of each search (kformer.search._in_two_passes); one in the fixed file,
-            # whose one row a call runs its first pass to the end. In their bodies: matrix
-            # products that read no shapes at run time (kformer.attention.contract; a tensordot's
-            # REDUCE_PROD would), no batched matmul for one query (XNNPACK repacks its keys/values
-            # every step), no same-type CAST (a copy of a loop variable whose shape the converter lost).
-            bodies = _while_bodies(path)
-            assert len(bodies) == (1 if entry["variant"] == "fixed" else SEARCH_LOOPS) * 2  # both searches
-            unwanted = {"REDUCE_PROD", "BATCH_MATMUL", "CAST FLOAT32->FLOAT32", "CAST INT32->INT32"}
-            assert not [op for body in bodies for op in body if op in unwanted]
-            if entry["variant"] == "fp32":
-                assert _within([len(body) for body in bodies], TFLITE_STEP_OPS), [
-                    len(body) for body in bodies
-                ]
-        if entry["format"] == "tflite":  # both searches, one copy of the weights
-            from ai_edge_litert.interpreter import Interpreter
-
-            assert sorted(Interpreter(model_path=path).get_signature_list()) == ["beam", "greedy"]
-            if entry["variant"] in ("fp32", "fixed"):
-                assert _constant_bytes(path) < 1.1 * weight_bytes  # a second decoder would be +13%
+            _check_tflite_files(path, entry["variant"], weight_bytes)
         if entry["format"] == "onnx" and entry["variant"] == "text":
             proto = onnx_lib.load(path)
             ops = {(n.domain, n.op_type) for n in onnx.nodes(proto.graph)}
@@ -452,6 +448,35 @@ def test_onnxruntime_runs_its_own_int8_file_for_int8(artifacts):
     assert open_runner(without, "onnx", "int8").path.endswith("onnx/int8.onnx")
 
 
+def _check_tflite_files(path, variant, weight_bytes):
+    """A variant's files: the fixed one of both searches, the others' folder one file per search."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    fixed = variant == tflite.FIXED
+    files = {path: tflite.SEARCHES} if fixed else {tflite.search_file(path, s): (s,) for s in tflite.SEARCHES}
+    assert fixed or sorted(os.listdir(path)) == ["beam.tflite", "greedy.tflite"]
+    bodies = []
+    for file, searches in files.items():
+        ops = tflite.operators(open(file, "rb").read())
+        assert "WHILE" in ops and not any(op.startswith("CUSTOM") for op in ops), ops
+        assert sorted(Interpreter(model_path=file).get_signature_list()) == sorted(searches)
+        # A loop per pass of each search (kformer.search._in_two_passes); one in the fixed file,
+        # whose one row a call runs its first pass to the end.
+        file_bodies = _while_bodies(file)
+        assert len(file_bodies) == (1 if fixed else SEARCH_LOOPS) * len(searches), file
+        bodies += file_bodies
+        if variant in ("fp32", "fixed"):  # the weights once in each file
+            assert _constant_bytes(file) < 1.1 * weight_bytes  # a second decoder would be +13%
+    # In the loop bodies: matrix products that read no shapes at run time
+    # (kformer.attention.contract; a tensordot's REDUCE_PROD would), no batched matmul for one
+    # query (XNNPACK repacks its keys/values every step), no same-type CAST (a copy of a loop
+    # variable whose shape the converter lost).
+    unwanted = {"REDUCE_PROD", "BATCH_MATMUL", "CAST FLOAT32->FLOAT32", "CAST INT32->INT32"}
+    assert not [op for body in bodies for op in body if op in unwanted]
+    if variant == "fp32":
+        assert _within([len(body) for body in bodies], TFLITE_STEP_OPS), [len(body) for body in bodies]
+
+
 def _while_bodies(tflite_path):
     """The operator names of each WHILE loop's body; a CAST as "CAST <input type>-><output type>"."""
     from tensorflow.lite.python import schema_py_generated as schema
@@ -523,7 +548,7 @@ def test_missing_file(damaged):
 
 
 def test_truncated_file(damaged):
-    path = os.path.join(damaged, "tflite", "fp32.tflite")
+    path = os.path.join(damaged, "tflite", "fp32", "beam.tflite")
     with open(path, "r+b") as f:
         f.truncate(100)
     with pytest.raises(ArtifactError, match="corrupted or truncated"):
