@@ -211,6 +211,34 @@ def test_a_tflite_runner_opens_the_file_of_a_search_when_it_first_runs(artifacts
     assert sorted(fixed.signatures) == ["beam", "greedy"]
 
 
+def test_an_export_with_one_tflite_file_of_both_searches_still_runs(artifacts, model_dir, tmp_path):
+    """Exports written before the files per search list `tflite/fp32.tflite`, both signatures in
+    one file: the runner serves both searches from it, as from the fixed file."""
+    from kformer import checkpoint
+    from kformer.export.manifest import sha256
+    from kformer.export.module import ExportModule
+
+    older = str(tmp_path / "older")
+    shutil.copytree(artifacts, older)
+    model = checkpoint.load(model_dir)[0]
+    with open(os.path.join(model_dir, "tokenizer.model"), "rb") as f:
+        module = ExportModule(model, f.read(), beam_size=BEAM)
+    manifest = load_manifest(older)
+    entry = next(a for a in manifest["artifacts"] if (a["format"], a["variant"]) == ("tflite", "fp32"))
+    shutil.rmtree(os.path.join(older, entry["file"]))
+    entry["file"] = "tflite/fp32.tflite"
+    tflite._convert(module, os.path.join(older, entry["file"]), "fp32", tflite.SEARCHES)
+    entry["sha256"] = sha256(os.path.join(older, entry["file"]))
+    with open(os.path.join(older, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    batch = batches(manifest["config"]["vocab_size"])["mixed"]
+    runner, files = TfliteRunner(older, BEAM), TfliteRunner(artifacts, BEAM)
+    for beam in (1, BEAM):
+        for ours, theirs in zip(runner.search(batch, beam_size=beam), files.search(batch, beam_size=beam)):
+            np.testing.assert_array_equal(ours, theirs)
+    assert sorted(runner.signatures) == ["beam", "greedy"]
+
+
 def test_ctranslate2_beam_is_reported_not_required_to_match(artifacts, model_dir):
     """CTranslate2 divides by length^alpha, not GNMT's ((5 + length) / 6)^alpha: its beam outputs
     are a translation of their own, checked for form here and reported by the export check."""
