@@ -107,9 +107,10 @@ def check_ops(flatbuffer, path):
 
 
 class TfliteRunner(ArtifactRunner):
-    """A TFLite variant in LiteRT: a search's file is opened when the search first runs (see the
-    module's doc); a variant that is one file (`fixed`, and exports written before the files per
-    search) serves both searches. The "fixed" file runs one padded row at a time."""
+    """A TFLite variant in LiteRT: the file of the runner's default search is opened at once, the
+    other's when that search first runs (see the module's doc); a variant that is one file
+    (`fixed`, and exports written before the files per search) serves both searches. The "fixed"
+    file runs one padded row at a time."""
 
     fmt = Tflite.name
     beam_shares_batch = True
@@ -118,6 +119,7 @@ class TfliteRunner(ArtifactRunner):
         super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
         self.signatures = {}  # search -> LiteRT's runner of its signature, once opened
         self.length = -1  # the fixed file's input length (1, length); -1: any (B, S)
+        self.signature(self.options.search)  # ready for its default search; the other when asked
 
     def signature(self, search):
         """LiteRT's runner of a search's signature, opening its file the first time."""

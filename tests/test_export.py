@@ -199,15 +199,15 @@ def test_a_tflite_runner_opens_the_file_of_a_search_when_it_first_runs(artifacts
     """XNNPACK packs the weights of every loop of a file at its first call (export/tflite.py): a
     process that only runs greedy search holds the greedy file's weights alone."""
     batch = batches(load_manifest(artifacts)["config"]["vocab_size"])["mixed"]
-    runner = TfliteRunner(artifacts, BEAM)
-    assert runner.signatures == {}
-    greedy = runner.search(batch, beam_size=1)
+    runner = TfliteRunner(artifacts, 1)  # its default search, greedy, ready
     assert sorted(runner.signatures) == ["greedy"]
-    runner.search(batch)  # the runner's default, beam search
+    greedy = runner.search(batch)
+    assert sorted(runner.signatures) == ["greedy"]
+    runner.search(batch, beam_size=BEAM)
     assert sorted(runner.signatures) == ["beam", "greedy"]
-    np.testing.assert_array_equal(runner.search(batch, beam_size=1)[0], greedy[0])
+    np.testing.assert_array_equal(runner.search(batch)[0], greedy[0])
+    assert sorted(TfliteRunner(artifacts, BEAM).signatures) == ["beam"]
     fixed = TfliteRunner(artifacts, BEAM, "fixed")  # one file of both searches, for the page
-    fixed.search(batch[:1], beam_size=1)
     assert sorted(fixed.signatures) == ["beam", "greedy"]
 
 
