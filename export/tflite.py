@@ -11,8 +11,9 @@ packs the weights of every loop in the file, whichever search the call runs: a f
 searches held the packed decoder and output projection four times, for two loops. Demo model, 500
 test sentences, fp32: peak 164 -> 129 MB greedy, 187 -> 155 MB beam (int8 beam 164 -> 159), the
 same tokens, the same time within the noise (3 interleaved rounds). A device ships the file of the
-search it runs; the runner opens a search's file when it first runs it. `fixed` stays one file of
-both searches: the page downloads it once and switches searches at run time."""
+search it runs; the runner opens its default search's file, and the other's when that search first
+runs. `fixed` stays one file of both searches: the page downloads it once and switches searches at
+run time."""
 
 import os
 
