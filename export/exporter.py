@@ -88,6 +88,11 @@ def _write_formats(module, work, formats, quantize, progress):
         entry = {"file": file, "format": fmt.name, "variant": variant}
         entry.update(bytes=manifest_lib.file_size(path), seconds=round(seconds, 2))
         entry["sha256"] = manifest_lib.sha256(path)
+        if fmt.files_per_search(variant):  # each file's own, for what loads one (the page)
+            entry["files"] = {
+                search: {"file": name, "sha256": manifest_lib.sha256(os.path.join(work, name))}
+                for search, name in fmt.search_files(variant).items()
+            }
         artifacts.append(entry)
         progress(f"{entry['bytes'] / 1e6:.1f} MB, {seconds:.1f}s")
     return artifacts

@@ -10,6 +10,7 @@ QUANTIZATIONS = ("fp16", "int8")  # variants written only when asked for (`kform
 # A search runs in two passes (kformer.search._in_two_passes), a loop each: ONNX Loops, TFLite
 # WHILEs. The writers check the count: a converter that unrolled or dropped a loop fails.
 SEARCH_LOOPS = 2
+SEARCHES = ("greedy", "beam")  # the files of a variant written as a file per search
 
 
 class ExportError(RuntimeError):
@@ -17,8 +18,10 @@ class ExportError(RuntimeError):
 
 
 class Format:
-    """One format of `kformer export`. Every variant it writes serves both searches: one file
-    or folder (a TFLite variant is a file per search).
+    """One format of `kformer export`. Every variant it writes serves both searches: one file or
+    folder, or a folder of a file per search (`files_per_search`), `greedy.<ext>` and
+    `beam.<ext>`: a runtime then holds only what the search it runs needs, and a device ships
+    only the file of its search.
 
     Subclasses set:
         name: the format's name in the CLI and the manifest.
@@ -33,9 +36,22 @@ class Format:
     variants = ("fp32",)
     extension = ""  # of the file of each variant; "" for a folder
 
+    def files_per_search(self, variant):
+        """Whether `variant` is a folder of one file per search."""
+        return False
+
     def file(self, variant):
-        """The path of a variant's file inside the export folder."""
-        return f"{self.name}/{variant}{self.extension}"
+        """The path of a variant's file (or folder of files per search) inside the export folder."""
+        return f"{self.name}/{variant}" + ("" if self.files_per_search(variant) else self.extension)
+
+    def search_file(self, path, search):
+        """The file of `search` in the folder `path` of a variant written as a file per search."""
+        return os.path.join(path, f"{search}{self.extension}")
+
+    def search_files(self, variant):
+        """{search: its file's path inside the export folder (as the manifest writes paths)} of a
+        variant of files per search."""
+        return {search: f"{self.file(variant)}/{search}{self.extension}" for search in SEARCHES}
 
     def planned(self, quantize=()):
         """The variants to write: every one that is not a quantization, and those asked for."""

@@ -94,10 +94,10 @@ def describe(config, options, onnx_opset, corpus, trained_in):
             "greedy": "source_ids, max_length, no_repeat_ngram -> tokens, scores",
             "beam": "source_ids, alpha, max_length, no_repeat_ngram -> tokens, scores",
         },
-        "onnx_io": {
-            "ids": "source_ids, beam, alpha, max_length, no_repeat_ngram -> tokens (batch, N, T), scores (batch, N)",
-            "text": "text, beam, alpha, max_length, no_repeat_ngram -> translation (one sentence per row)",
-            "beam": "bool scalar: true = beam search (N = beam_size), false = greedy (N = 1)",
+        "onnx_io": {  # a file per search in each variant's folder
+            "greedy": "source_ids, max_length, no_repeat_ngram -> tokens, scores",
+            "beam": "source_ids, alpha, max_length, no_repeat_ngram -> tokens, scores",
+            "text": "text instead of source_ids -> translation (one sentence per row)",
         },
         "onnx_opset": onnx_opset,
         "artifacts": [],
@@ -160,7 +160,8 @@ def verified_path(artifact_dir, manifest, entry):
 
 
 def find_artifact(manifest, fmt, variant="fp32"):
-    """The manifest entry of that format and variant: its file or folder serves both searches."""
+    """The manifest entry of that format and variant: its file or folder serves both searches (a
+    folder of a file per search lists each in its "files")."""
     for entry in manifest["artifacts"]:
         if (entry["format"], entry["variant"]) == (fmt, variant):
             return entry

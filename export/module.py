@@ -7,7 +7,6 @@ from kformer.config import BEAM_SIZE
 from kformer.translate import BEAM_SPECS, GREEDY_SPECS, SOURCE_SPEC, Translator
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
-BEAM_FLAG_SPEC = tf.TensorSpec([], tf.bool, name="beam")
 
 
 class ExportModule(tf.Module):
@@ -20,9 +19,7 @@ class ExportModule(tf.Module):
             max_length, no_repeat_ngram) -> tokens int32, scores float32.
         greedy_text / beam_text: text string (B,) and the same options -> translation string (B,),
             each row one sentence (splitting a text into sentences is the runner's).
-    and, for ONNX (no signatures), frozen("either"): source_ids, beam bool (), alpha, max_length,
-    no_repeat_ngram -> tokens int32 (B, N, T), scores float32 (B, N), N = K (beam search) or 1
-    (greedy): both searches behind one switch, in one file with one copy of the weights.
+    TFLite and ONNX are written from `frozen(search)`.
     """
 
     def __init__(self, model, tokenizer_proto, beam_size=BEAM_SIZE):
@@ -44,23 +41,6 @@ class ExportModule(tf.Module):
             input_signature=[TEXT_SPEC, *BEAM_SPECS[1:]],
         )
 
-    def _either(self, source_ids, beam, alpha, max_length, no_repeat_ngram):
-        # Both searches run, one on the whole batch and the other on none of its rows, rather than
-        # each in a branch of an If: onnxruntime prepacks a MatMul's weights only from the MatMul's
-        # own scope or the one above, and a Loop body inside an If's branch is two scopes below the
-        # weights, which made beam search at batch 1 ~1.35x slower. The source is encoded once, for
-        # both (a fifth fewer nodes in the main graph). Only the choice of output is an If.
-        rows = tf.where(beam, tf.shape(source_ids)[0], 0)  # the beam search's rows; the others are greedy's
-        prepared, rows_of = self.translator.prepare(source_ids, max_length), self.translator.rows_of
-        greedy = self.translator.search_prepared(
-            rows_of(prepared, slice(rows, None)), False, alpha, no_repeat_ngram
-        )
-        beam_search = self.translator.search_prepared(
-            rows_of(prepared, slice(None, rows)), True, alpha, no_repeat_ngram
-        )
-        greedy_as_beam_of_one = {name: value[:, None] for name, value in greedy.items()}
-        return tf.cond(beam, lambda: beam_search, lambda: greedy_as_beam_of_one)
-
     def _text(self, search, text, options):
         c = self.config
         ids = self.tokenizer.tokenize(text)  # ragged (B, None); `search` keeps the first max_source_length
@@ -75,26 +55,24 @@ class ExportModule(tf.Module):
         return {"translation": self.tokenizer.detokenize(kept)}
 
     def frozen(self, search, fixed_shape=False, fixed_buffers=False):
-        """The ids function of `search` ("greedy", "beam" or "either") with variables folded into
+        """The ids function of `search` ("greedy" or "beam") with variables folded into
         constants: what TFLite and tf2onnx need (an unfrozen loop converts, then fails at invoke
         with READ_VARIABLE).
         fixed_shape: input (1, max_source_length) instead of (batch, length), for runtimes that
         cannot resize inputs (LiteRT.js).
         fixed_buffers: the searches' key/value buffers of a fixed length (`Translator`)."""
-        translator = self.translator
-        if fixed_buffers or fixed_shape:  # not an attribute either: the SavedModel keeps the translator's
-            # searches only. One row a call (fixed_shape) runs its first pass to the end: a second
-            # pass would be loop bodies that never run, whose weights LiteRT's XNNPACK still packs.
-            translator = Translator(
-                self.translator.model,
-                beam_size=self.translator.beam_size,
-                fixed_buffers=fixed_buffers,
-                two_passes=not fixed_shape,
-            )
-        if search == "either":  # not an attribute: the SavedModel would keep a third copy of the searches
-            fn = tf.function(self._either, input_signature=[SOURCE_SPEC, BEAM_FLAG_SPEC, *BEAM_SPECS[1:]])
-        else:
-            fn = getattr(translator, search)
+        # A translator of its own (not an attribute: the SavedModel keeps the module's searches
+        # only), whose functions are traced here, under the caller's kformer.portable settings
+        # (ONNX's whole_top_1), not found already traced by the SavedModel's export. One row a call
+        # (fixed_shape) runs its first pass to the end: a second pass would be loop bodies that
+        # never run, whose weights LiteRT's XNNPACK still packs.
+        translator = Translator(
+            self.translator.model,
+            beam_size=self.translator.beam_size,
+            fixed_buffers=fixed_buffers,
+            two_passes=not fixed_shape,
+        )
+        fn = getattr(translator, search)
         if fixed_shape:
             spec = tf.TensorSpec([1, self.config.max_source_length], tf.int32, name=SOURCE_SPEC.name)
             specs = [spec, *fn.input_signature[1:]]

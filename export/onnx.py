@@ -1,19 +1,24 @@
-"""ONNX: both searches in one file behind a bool input, standard operators only.
+"""ONNX: standard operators only; each variant is a folder of a file per search.
 
-Inputs source_ids (B, S) int32 and beam (a bool scalar); outputs tokens (B, N, T) and scores
-(B, N), N = 1 for greedy search. Each pass of each search is one ONNX Loop (see
-ExportModule._either); the weights are stored once. Variants: fp32; int8 (int8 weights, fp32
-arithmetic); int8-ort (onnxruntime's int8 products, kformer.export.onnx_ort; written with int8);
-text (text in, text out: onnxruntime-extensions' SentencePiece ops around the fp32 graph). The
-runners need numpy, sentencepiece and onnxruntime (and onnxruntime-extensions for text) only."""
+`onnx/<variant>/greedy.onnx` and `beam.onnx`: inputs source_ids (B, S) int32 and the search's
+options (alpha for beam search only, max_length, no_repeat_ngram); outputs tokens (B, T) and scores
+(B,) (greedy), (B, K, T) and (B, K) (beam), as TFLite's signatures. Each pass of the search is one
+ONNX Loop. onnxruntime prepacks the weights of every Loop body in a file when it loads it: a file
+of both searches (a bool input choosing one) held them four times for the two loops one search
+runs; a file per search loads 11-12 MB less and runs greedy search at batch 1 ~0.9x the time
+(demo model). Variants: fp32; int8 (int8 weights, fp32 arithmetic); int8-ort (onnxruntime's int8
+products, kformer.export.onnx_ort; written with int8); text (text in, text out:
+onnxruntime-extensions' SentencePiece ops around the fp32 graph). The runners need numpy,
+sentencepiece and onnxruntime (and onnxruntime-extensions for text) only."""
 
 import logging
+import os
 
 import numpy as np
 
 from kformer import batching
-from kformer.export.format import SEARCH_LOOPS, ExportError, Format, beside
-from kformer.export.runner import ArtifactRunner
+from kformer.export.format import SEARCH_LOOPS, SEARCHES, ExportError, Format, beside
+from kformer.export.runner import SearchFilesRunner
 
 OPSET = 17
 
@@ -34,28 +39,39 @@ class Onnx(Format):
         }
         return own if own in listed else variant
 
+    def files_per_search(self, variant):
+        return True
+
     def write(self, module, path, variant="fp32"):
+        os.makedirs(path, exist_ok=True)
+        for search in SEARCHES:
+            fp32 = self.search_file(beside(path, "fp32", self), search)
+            self._write_search(module, self.search_file(path, search), variant, search, fp32)
+
+    @staticmethod
+    def _write_search(module, path, variant, search, fp32):
+        """The file of one search of a variant; `fp32`: that search's fp32 file (written first)."""
         import onnx
 
         domains = ()  # beyond the standard ones
         if variant == "fp32":
-            proto = convert(module)
+            proto = convert(module, search)
         elif variant == "int8":
-            proto = quantize(onnx.load(beside(path, "fp32", self)))
+            proto = quantize(onnx.load(fp32))
         elif variant == "int8-ort":
             from kformer.export import onnx_ort
 
-            proto = onnx.load(beside(path, "fp32", self))
+            proto = onnx.load(fp32)
             onnx_ort.matmul_nbits(proto)
             proto, domains = quantize(proto), (onnx_ort.DOMAIN,)  # the lookup table: int8, as in int8
         else:
             from kformer.export.onnx_text import build_text_model
 
-            core = onnx.load(beside(path, "fp32", self))
+            core = onnx.load(fp32)
             proto = build_text_model(core, module.tokenizer_proto, module.config.to_dict(), OPSET)
             domains = ("ai.onnx.contrib",)  # its SentencePiece ops
         # The text graph adds a Loop of its own: SentencepieceDecoder row by row.
-        check(proto, path, domains, 2 * SEARCH_LOOPS + (variant == "text"))
+        check(proto, path, domains, SEARCH_LOOPS + (variant == "text"))
         onnx.save(proto, path)
 
     def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
@@ -63,9 +79,9 @@ class Onnx(Format):
         return runner(artifact_dir, beam_size, variant, threads, batch_size, **options)
 
 
-def convert(module):
-    """The frozen "either" function -> an ONNX model with the manifest's input and output names,
-    simplified by onnx_rewrite (weights once, fewer nodes per decoding step)."""
+def convert(module, search):
+    """The frozen search ("greedy" or "beam") -> an ONNX model with the manifest's input and output
+    names, simplified by onnx_rewrite (weights once, fewer nodes per decoding step)."""
     import tensorflow as tf
     import tf2onnx
 
@@ -73,7 +89,7 @@ def convert(module):
     from kformer.export import onnx_rewrite
 
     with portable.whole_top_1():  # onnxruntime ranks one row's top 1 faster whole
-        frozen = module.frozen("either")
+        frozen = module.frozen(search)
     # Freezing flattens the {"tokens", "scores"} dict: tokens are the int32 output, scores float32.
     by_name = {("tokens" if t.dtype == tf.int32 else "scores"): t.name for t in frozen.outputs}
     logging.getLogger("tf2onnx").setLevel(logging.ERROR)  # it warns per loop variable at INFO/WARNING
@@ -92,7 +108,7 @@ def convert(module):
 
 
 def _rename_io(proto, inputs, outputs):
-    """Gives the graph the names of the manifest (source_ids, beam -> tokens, scores) through
+    """Gives the graph the names of the manifest (source_ids, options -> tokens, scores) through
     Identity nodes, leaving tf2onnx's internal names (also used inside subgraphs) untouched.
     inputs: {tf2onnx name: public name}; outputs: {public name: tf2onnx name}."""
     from onnx import helper
@@ -116,9 +132,9 @@ def nodes(graph):
     return (node for g in onnx_rewrite.graphs(graph) for node in g.node)
 
 
-def check(proto, path, extra_domains=(), top_level_loops=2 * SEARCH_LOOPS):
+def check(proto, path, extra_domains=(), top_level_loops=SEARCH_LOOPS):
     """Standard domains only (tf2onnx exits 0 even when it leaves others), a top-level Loop per
-    pass of each search (plus those of the text graph), and onnx.checker's approval."""
+    pass of the search (plus that of the text graph), and onnx.checker's approval."""
     import onnx
 
     allowed = ("", "ai.onnx", *extra_domains)
@@ -128,7 +144,7 @@ def check(proto, path, extra_domains=(), top_level_loops=2 * SEARCH_LOOPS):
     loops = sum(1 for n in proto.graph.node if n.op_type == "Loop")
     if loops != top_level_loops:
         raise ExportError(
-            f"{path}: expected {top_level_loops} top-level ONNX Loop(s) (one per pass of each search), "
+            f"{path}: expected {top_level_loops} top-level ONNX Loop(s) (one per pass of the search), "
             f"found {loops}"
         )
     try:
@@ -184,16 +200,6 @@ def quantize(model, min_size=65536):
     return model
 
 
-def option_inputs(options):
-    """The files' inputs besides the source: `beam` (which of their two searches runs) and every
-    option (alpha too, which greedy search does not read)."""
-    return {
-        "beam": np.array(options.search == "beam"),
-        "alpha": np.array(options.alpha, np.float32),
-        **options.inputs(),
-    }
-
-
 def _session(path, threads, custom_ops=False):
     import onnxruntime as ort
 
@@ -211,35 +217,39 @@ def _session(path, threads, custom_ops=False):
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-class OnnxRunner(ArtifactRunner):
-    """An ids file (fp32 or int8) in onnxruntime."""
+class OnnxRunner(SearchFilesRunner):
+    """An ids variant (fp32, int8, int8-ort) in onnxruntime, its files opened as
+    SearchFilesRunner says."""
 
     fmt = Onnx.name
+    extension = Onnx.extension
+    one_file_serves_both = False
     beam_shares_batch = True
 
-    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
-        super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
-        self.session = _session(self.path, self.threads)
+    def open_file(self, path):
+        return _session(path, self.threads)
 
     def _search(self, options, batch):
-        # tokens (B, N, T), scores (B, N), N = 1 for greedy.
-        tokens, scores = self.session.run(
-            ["tokens", "scores"], {"source_ids": batch, **option_inputs(options)}
-        )
-        return (tokens, scores) if options.search == "beam" else (tokens[:, 0], scores[:, 0])
+        feed = {"source_ids": batch, **options.inputs()}
+        tokens, scores = self.opened(options.search).run(["tokens", "scores"], feed)
+        return tokens, scores
 
 
-class OnnxTextRunner(ArtifactRunner):
+class OnnxTextRunner(SearchFilesRunner):
     """The text-in/text-out file (SentencePiece inside the graph). Use it in a process without
     TensorFlow: the onnxruntime-extensions library crashes next to TensorFlow and
     tensorflow-text, which bundle their own SentencePiece and protobuf."""
 
     fmt = Onnx.name
+    extension = Onnx.extension
+    one_file_serves_both = False
     beam_shares_batch = True
 
     def __init__(self, artifact_dir, beam_size=None, variant="text", threads=None, batch_size=32, **options):
         super().__init__(artifact_dir, beam_size, "text", threads, batch_size, **options)
-        self.session = _session(self.path, self.threads, custom_ops=True)
+
+    def open_file(self, path):
+        return _session(path, self.threads, custom_ops=True)
 
     def translations(self, texts, **options):
         """As Runner's: the text split into units here, each unit's text tokenized in the graph;
@@ -255,11 +265,8 @@ class OnnxTextRunner(ArtifactRunner):
             ids = [u.ids for u in units]
             sentences, tokens = self.sentences_per_call(options), self.tokens_per_call(options)
             for chunk, _ in batching.length_sorted_batches(ids, sentences, tokens):
-                feed = {
-                    "text": np.array([units[i].text for i in chunk], dtype=object),
-                    **option_inputs(options),
-                }
-                for i, translation in zip(chunk, self.session.run(["translation"], feed)[0]):
+                feed = {"text": np.array([units[i].text for i in chunk], dtype=object), **options.inputs()}
+                for i, translation in zip(chunk, self.opened(options.search).run(["translation"], feed)[0]):
                     outputs[i] = [(str(translation), 0.0)]
             return outputs
 

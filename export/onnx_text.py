@@ -149,8 +149,8 @@ def _prefixed(graph, prefix, keep):
 
 
 def build_text_model(core, tokenizer_proto, config, opset):
-    """core: the ids ONNX model (source_ids, beam -> tokens, scores). Returns text, beam ->
-    translation.
+    """core: the ids ONNX model of one search (source_ids, options -> tokens, scores). Returns
+    text, options -> translation.
 
     The three graphs are concatenated in order (tokenize, search, detokenize) rather than merged
     with onnx.compose, whose pruning cannot see the outer-scope values the core's Loop body
@@ -163,10 +163,19 @@ def build_text_model(core, tokenizer_proto, config, opset):
     post = _prefixed(
         _detokenize_graph(tokenizer_proto, config["eos_id"], config["pad_id"]),
         "detokenize/",
-        keep={"tokens", "translation"},
+        keep={"translation"},
     )
+    # The detokenizer takes (B, N, T): greedy search's (B, T) gets its N = 1.
+    tokens = next(o for o in core.graph.output if o.name == "tokens")
+    if len(tokens.type.tensor_type.shape.dim) == 2:
+        hypotheses = [
+            helper.make_node("Unsqueeze", ["tokens", "detokenize/hypotheses_axis"], ["detokenize/tokens"])
+        ]
+        post.initializer.append(_const("detokenize/hypotheses_axis", [1], np.int64))
+    else:
+        hypotheses = [helper.make_node("Identity", ["tokens"], ["detokenize/tokens"])]
     graph = helper.make_graph(
-        [*pre.node, *core.graph.node, *post.node],
+        [*pre.node, *core.graph.node, *hypotheses, *post.node],
         "kformer_text_translator",
         [*pre.input, *(i for i in core.graph.input if i.name != "source_ids")],
         list(post.output),

@@ -8,6 +8,7 @@ import numpy as np
 
 from kformer import batching, sentences
 from kformer.export import manifest as manifest_lib
+from kformer.export.format import SEARCHES
 from kformer.options import SearchOptions
 
 
@@ -128,3 +129,37 @@ class ArtifactRunner(Runner):
                 f"re-export with --beam {options.beam_size}"
             )
         return options
+
+
+class SearchFilesRunner(ArtifactRunner):
+    """A runner of a format whose variants are a folder of a file per search (`Format.
+    files_per_search`): the file of its default search is opened at once, the other's when that
+    search first runs. Where `one_file_serves_both`, a variant that is one file serves both
+    searches (TFLite's `fixed`, and its exports written before the files per search). Subclasses
+    implement `open_file(path)`."""
+
+    extension = None  # of the format's files
+    one_file_serves_both = True
+
+    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
+        super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
+        self.handles = {}  # search -> the runtime's handle of the file that runs it, once opened
+        self.opened(self.options.search)
+
+    def open_file(self, path):
+        """The runtime's handle of one file (a session, an interpreter)."""
+        raise NotImplementedError
+
+    def opened(self, search):
+        """The handle of the file that runs `search`, opening it the first time it is asked for."""
+        if search not in self.handles:
+            if os.path.isfile(self.path) and not self.one_file_serves_both:
+                raise manifest_lib.ArtifactError(
+                    f"{self.path} is one file of both searches, as kformer wrote {self.fmt} before its "
+                    "files per search; export the model again"
+                )
+            if os.path.isfile(self.path):
+                self.handles = dict.fromkeys(SEARCHES, self.open_file(self.path))
+            else:
+                self.handles[search] = self.open_file(os.path.join(self.path, search + self.extension))
+        return self.handles[search]

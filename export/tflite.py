@@ -19,16 +19,10 @@ import os
 
 import numpy as np
 
-from kformer.export.format import ExportError, Format
-from kformer.export.runner import ArtifactRunner
+from kformer.export.format import SEARCHES, ExportError, Format
+from kformer.export.runner import SearchFilesRunner
 
-SEARCHES = ("greedy", "beam")  # the signatures, and the files of a variant's folder
 FIXED = "fixed"  # the one variant that is one file of both searches
-
-
-def search_file(path, search):
-    """The file of `search` in the folder of a variant (not `fixed`)."""
-    return os.path.join(path, f"{search}.tflite")
 
 
 class Tflite(Format):
@@ -36,9 +30,9 @@ class Tflite(Format):
     variants = ("fp32", "fp16", "int8", "fixed")
     extension = ".tflite"
 
-    def file(self, variant):
-        """A folder of one file per search; `fixed` is one file of both (see the module's doc)."""
-        return f"{self.name}/{variant}" + (self.extension if variant == FIXED else "")
+    def files_per_search(self, variant):
+        """Every variant but `fixed`, one file of both (see the module's doc)."""
+        return variant != FIXED
 
     def write(self, module, path, variant="fp32"):
         if variant not in self.variants:
@@ -48,7 +42,7 @@ class Tflite(Format):
             return
         os.makedirs(path, exist_ok=True)
         for search in SEARCHES:
-            _convert(module, search_file(path, search), variant, [search])
+            _convert(module, self.search_file(path, search), variant, [search])
 
     def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
         return TfliteRunner(artifact_dir, beam_size, variant, threads, batch_size, **options)
@@ -107,43 +101,41 @@ def check_ops(flatbuffer, path):
         raise ExportError(f"{path}: Flex/custom ops {bad} would need the TensorFlow runtime; builtins only")
 
 
-class TfliteRunner(ArtifactRunner):
-    """A TFLite variant in LiteRT: the file of the runner's default search is opened at once, the
-    other's when that search first runs (see the module's doc); a variant that is one file
-    (`fixed`, and exports written before the files per search) serves both searches. The "fixed"
-    file runs one padded row at a time."""
+class TfliteRunner(SearchFilesRunner):
+    """A TFLite variant in LiteRT, its files opened as SearchFilesRunner says. The "fixed" file
+    runs one padded row at a time."""
 
     fmt = Tflite.name
+    extension = Tflite.extension
     beam_shares_batch = True
 
     def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
         super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
-        self.signatures = {}  # search -> LiteRT's runner of its signature, once opened
-        self.length = -1  # the fixed file's input length (1, length); -1: any (B, S)
-        self.signature(self.options.search)  # ready for its default search; the other when asked
+        self.signatures = {}  # search -> (its signature's runner, input length), once asked for
+
+    def open_file(self, path):
+        """LiteRT's interpreter of one file."""
+        from ai_edge_litert.interpreter import Interpreter
+
+        # Delegate clustering off: with LiteRT's default, an interpreter made after another of the
+        # same file was freed now and then gave other scores or tokens on its first call
+        # (test_fresh_tflite_interpreters_agree). Tensors are not kept apart
+        # (experimental_preserve_all_tensors costs 1.17-1.2x the time and is not needed for the
+        # decoding graphs as they are written now; the same test guards it).
+        return Interpreter(
+            model_path=path, num_threads=self.threads, experimental_disable_delegate_clustering=True
+        )
 
     def signature(self, search):
-        """LiteRT's runner of a search's signature, opening its file the first time."""
+        """(LiteRT's runner of a search's signature, its input length: the fixed file's, or -1
+        for any (B, S)), opening its file the first time."""
         if search not in self.signatures:
-            from ai_edge_litert.interpreter import Interpreter
-
-            # A folder of a file per search, or one file of both (`fixed`; exports before the split)
-            path = self.path if os.path.isfile(self.path) else search_file(self.path, search)
-            # Delegate clustering off: with LiteRT's default, an interpreter made after another
-            # of the same file was freed now and then gave other scores or tokens on its first
-            # call (test_fresh_tflite_interpreters_agree). Tensors are not kept apart
-            # (experimental_preserve_all_tensors costs 1.17-1.2x the time and is not needed for
-            # the decoding graphs as they are written now; the same test guards it).
-            interpreter = Interpreter(
-                model_path=path, num_threads=self.threads, experimental_disable_delegate_clustering=True
-            )
-            for name in interpreter.get_signature_list():
-                self.signatures[name] = interpreter.get_signature_runner(name)
-            self.length = self.signatures[search].get_input_details()["source_ids"]["shape_signature"][1]
+            runner = self.opened(search).get_signature_runner(search)
+            self.signatures[search] = runner, runner.get_input_details()["source_ids"]["shape_signature"][1]
         return self.signatures[search]
 
     def _search(self, options, batch):
-        signature, length = self.signature(options.search), self.length
+        signature, length = self.signature(options.search)
         if length != -1:  # the "fixed" file: rows cut or padded to the fixed length, run one at a time
             batch = np.pad(batch[:, :length], [(0, 0), (0, length - min(batch.shape[1], length))])
             rows = [self._invoke(signature, options, batch[row : row + 1]) for row in range(len(batch))]

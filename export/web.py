@@ -49,7 +49,7 @@ def check(artifact_dir, runtime="onnx", variant="fp32"):
             "(the README's commands do it)"
         )
     manifest = load(artifact_dir)
-    find_artifact(manifest, fmt, variant)  # the page loads one file for both searches
+    find_artifact(manifest, fmt, variant)  # the page loads its files itself, checking each
     return manifest
 
 

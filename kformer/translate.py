@@ -106,12 +106,6 @@ class Translator(tf.Module):
     def _beam(self, source_ids, alpha, max_length, no_repeat_ngram):
         return self.search_prepared(self.prepare(source_ids, max_length), True, alpha, no_repeat_ngram)
 
-    @staticmethod
-    def rows_of(prepared, part):
-        """The prepared batch of the rows that the slice `part` selects (every tensor is batch-first)."""
-        limits, length, cache, first_pass = prepared
-        return limits[part], length, tf.nest.map_structure(lambda t: t[part], cache), first_pass
-
     def search_prepared(self, prepared, beam, alpha, no_repeat_ngram):
         """Beam search (`beam` True) or greedy search over a batch from `prepare`."""
         limits, length, cache, first_pass = prepared

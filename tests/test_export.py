@@ -16,8 +16,8 @@ from kformer.config import NO_REPEAT_NGRAM
 from kformer.export import onnx, onnx_rewrite, tflite
 from kformer.export.ctranslate2 import Ctranslate2Runner
 from kformer.export.exporter import export
-from kformer.export.format import SEARCH_LOOPS, ExportError
-from kformer.export.manifest import ArtifactError, load_tokenizer
+from kformer.export.format import SEARCH_LOOPS, SEARCHES, ExportError
+from kformer.export.manifest import ArtifactError, load_tokenizer, sha256
 from kformer.export.manifest import load as load_manifest
 from kformer.export.onnx import OnnxRunner
 from kformer.export.savedmodel import SavedModelRunner
@@ -131,7 +131,7 @@ def test_quantized_files_report_agreement_and_bleu_delta_from_their_translations
     agreements = []
     for file, runner in [
         ("tflite/int8", TfliteRunner(artifacts, BEAM, "int8")),
-        ("onnx/int8.onnx", OnnxRunner(artifacts, BEAM, "int8")),
+        ("onnx/int8", OnnxRunner(artifacts, BEAM, "int8")),
         ("tflite/fp16", TfliteRunner(artifacts, BEAM, "fp16")),
     ]:
         outputs = runner.translate(sources)
@@ -144,7 +144,7 @@ def test_quantized_files_report_agreement_and_bleu_delta_from_their_translations
     assert (
         min(agreements) < 1
     )  # int8 changes some translations of this random model: the figures are not constant
-    assert results["onnx/fp32.onnx"]["beam"] == {"agreement": 1.0, "bleu_delta": pytest.approx(0)}
+    assert results["onnx/fp32"]["beam"] == {"agreement": 1.0, "bleu_delta": pytest.approx(0)}
 
 
 @pytest.mark.parametrize("beam", [1, BEAM])
@@ -195,27 +195,34 @@ def test_fresh_tflite_interpreters_agree(artifacts, variant):
         np.testing.assert_allclose(scores, first_scores, rtol=0, atol=1e-5, err_msg=f"interpreter {attempt}")
 
 
-def test_a_tflite_runner_opens_the_file_of_a_search_when_it_first_runs(artifacts):
-    """XNNPACK packs the weights of every loop of a file at its first call (export/tflite.py): a
-    process that only runs greedy search holds the greedy file's weights alone."""
+@pytest.mark.parametrize("runner_class", [TfliteRunner, OnnxRunner])
+def test_a_runner_opens_the_file_of_a_search_when_it_first_runs(artifacts, runner_class):
+    """LiteRT's XNNPACK packs the weights of every loop of a file at its first call, onnxruntime
+    when it loads a file (export/tflite.py, export/onnx.py): a process that only runs greedy search
+    holds the greedy file's weights alone."""
     batch = batches(load_manifest(artifacts)["config"]["vocab_size"])["mixed"]
-    runner = TfliteRunner(artifacts, 1)  # its default search, greedy, ready
-    assert sorted(runner.signatures) == ["greedy"]
+    runner = runner_class(artifacts, 1)  # its default search, greedy, ready
+    assert sorted(runner.handles) == ["greedy"]
     greedy = runner.search(batch)
-    assert sorted(runner.signatures) == ["greedy"]
+    assert sorted(runner.handles) == ["greedy"]
     runner.search(batch, beam_size=BEAM)
-    assert sorted(runner.signatures) == ["beam", "greedy"]
+    assert (
+        sorted(runner.handles) == ["beam", "greedy"]
+        and runner.handles["beam"] is not runner.handles["greedy"]
+    )
     np.testing.assert_array_equal(runner.search(batch)[0], greedy[0])
-    assert sorted(TfliteRunner(artifacts, BEAM).signatures) == ["beam"]
+    assert sorted(runner_class(artifacts, BEAM).handles) == ["beam"]
+
+
+def test_the_fixed_tflite_file_serves_both_searches(artifacts):
     fixed = TfliteRunner(artifacts, BEAM, "fixed")  # one file of both searches, for the page
-    assert sorted(fixed.signatures) == ["beam", "greedy"]
+    assert sorted(fixed.handles) == ["beam", "greedy"] and fixed.handles["beam"] is fixed.handles["greedy"]
 
 
 def test_an_export_with_one_tflite_file_of_both_searches_still_runs(artifacts, model_dir, tmp_path):
     """Exports written before the files per search list `tflite/fp32.tflite`, both signatures in
     one file: the runner serves both searches from it, as from the fixed file."""
     from kformer import checkpoint
-    from kformer.export.manifest import sha256
     from kformer.export.module import ExportModule
 
     older = str(tmp_path / "older")
@@ -227,7 +234,7 @@ def test_an_export_with_one_tflite_file_of_both_searches_still_runs(artifacts, m
     entry = next(a for a in manifest["artifacts"] if (a["format"], a["variant"]) == ("tflite", "fp32"))
     shutil.rmtree(os.path.join(older, entry["file"]))
     entry["file"] = "tflite/fp32.tflite"
-    tflite._convert(module, os.path.join(older, entry["file"]), "fp32", tflite.SEARCHES)
+    tflite._convert(module, os.path.join(older, entry["file"]), "fp32", SEARCHES)
     entry["sha256"] = sha256(os.path.join(older, entry["file"]))
     with open(os.path.join(older, "manifest.json"), "w") as f:
         json.dump(manifest, f)
@@ -236,7 +243,24 @@ def test_an_export_with_one_tflite_file_of_both_searches_still_runs(artifacts, m
     for beam in (1, BEAM):
         for ours, theirs in zip(runner.search(batch, beam_size=beam), files.search(batch, beam_size=beam)):
             np.testing.assert_array_equal(ours, theirs)
-    assert sorted(runner.signatures) == ["beam", "greedy"]
+    assert sorted(runner.handles) == ["beam", "greedy"]
+
+
+def test_an_export_with_one_onnx_file_of_both_searches_is_refused_in_one_line(damaged):
+    """ONNX exports written before the files per search have one file with a `beam` input: the
+    runner asks for a new export rather than failing on a missing input."""
+    manifest = load_manifest(damaged)
+    entry = next(a for a in manifest["artifacts"] if (a["format"], a["variant"]) == ("onnx", "fp32"))
+    shutil.move(os.path.join(damaged, entry["file"], "beam.onnx"), os.path.join(damaged, "onnx", "fp32.onnx"))
+    shutil.rmtree(os.path.join(damaged, entry["file"]))
+    entry["file"] = "onnx/fp32.onnx"
+    entry["sha256"] = sha256(os.path.join(damaged, entry["file"]))
+    with open(os.path.join(damaged, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    with pytest.raises(
+        ArtifactError, match="onnx/fp32.onnx is one file of both searches.*export the model again"
+    ):
+        OnnxRunner(damaged, BEAM)
 
 
 def test_ctranslate2_beam_is_reported_not_required_to_match(artifacts, model_dir):
@@ -333,17 +357,15 @@ def test_text_in_text_out(artifacts, model_dir):
 # onnxruntime and TFLite run a loop body node by node at every step: a rewrite that
 # spells an operation in more nodes (keras.ops.take's negative-index guard, a tensordot, a
 # logsumexp's infinity guard) shows up here. Lower them when a change removes nodes.
-ONNX_STEP_NODES = [182, 181, 101, 100]
+ONNX_STEP_NODES = {"beam": [182, 181], "greedy": [101, 100]}
 TFLITE_STEP_OPS = [168, 168, 121, 121]
-# The ONNX main graph runs once a call, and the idle search's part of it (at batch 1, ~5% of a
-# greedy call) is mostly the two passes' bookkeeping: 443 nodes before it was written in fewer.
-# The repeat guard's loops and state added ~130; one loop per pass instead of two (with and
-# without the guard) took ~45 off. tf2onnx does not write the same count twice: 21 exports of the
-# same model and code gave 506-520 before that change (some shape computations, Slice/Squeeze/
-# Range/Shape/Cast, are folded in one export and not in the next, whatever PYTHONHASHSEED), 471 in
-# the first after it, so the budget is that plus the spread seen; a change that adds a step's worth
-# of bookkeeping still shows. Caches that grow instead of fixed buffers took 43 more off (428).
-ONNX_MAIN_NODES = 442
+# The main graph of an ONNX search's file runs once a call: the encoder and the two passes'
+# bookkeeping. tf2onnx does not write the same count twice (21 exports of the same model and code
+# once spread over 14 nodes: some Slice/Squeeze/Range/Shape/Cast are folded in one export and not
+# in the next, whatever PYTHONHASHSEED), so each budget is a count seen plus that spread; a change
+# that adds a step's worth of bookkeeping still shows. (One file of both searches: 428, both
+# encoded once, the idle search run on none of the rows.)
+ONNX_MAIN_NODES = {"beam": 300, "greedy": 243}
 
 
 def _within(counts, budget):
@@ -363,81 +385,82 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
         assert len(entry["sha256"]) == 64 and entry["bytes"] > 0
         if entry["format"] == "tflite":
             _check_tflite_files(path, entry["variant"], weight_bytes)
-        if entry["format"] == "onnx" and entry["variant"] == "text":
-            proto = onnx_lib.load(path)
-            ops = {(n.domain, n.op_type) for n in onnx.nodes(proto.graph)}
-            assert ("ai.onnx.contrib", "SentencepieceTokenizer") in ops and ("", "Loop") in ops
-            assert [i.name for i in proto.graph.input] == [
-                "text",
-                "beam",
-                "alpha",
-                "max_length",
-                "no_repeat_ngram",
-            ]
-        if entry["format"] == "onnx" and entry["variant"] == "fp32":
-            proto = onnx_lib.load(path)
-            onnx.check(proto, path)  # standard domains, a Loop per pass of each search, onnx.checker
-            assert [i.name for i in proto.graph.input] == [
-                "source_ids",
-                "beam",
-                "alpha",
-                "max_length",
-                "no_repeat_ngram",
-            ]
-            assert sorted(o.name for o in proto.graph.output) == ["scores", "tokens"]
-            # tf2onnx's spelled-out LayerNorm is one node; a second pass finds nothing to do.
-            nodes = [n.op_type for n in onnx.nodes(proto.graph)]
-            assert onnx_rewrite.simplify(proto.graph, onnx.OPSET) == dict.fromkeys(
-                ("LayerNormalization", "Where", "Transpose", "Gemm", "MatMul", "ScatterND"), 0
-            )
-            # Each loop's repeat guard scatters its penalties into the logits, adding duplicates.
-            scatters = [n for n in onnx.nodes(proto.graph) if n.op_type == "ScatterND"]
-            assert len(scatters) == 2 * SEARCH_LOOPS
-            assert all(onnx_rewrite._attributes(n)["reduction"] == b"add" for n in scatters)
-            bodies = [g for n in proto.graph.node if n.op_type == "Loop" for g in onnx_rewrite.subgraphs(n)]
-            loops = [len(g.node) for g in bodies]
-            assert len(loops) == 2 * SEARCH_LOOPS and _within(loops, ONNX_STEP_NODES), loops
-            # Each step's top tokens are normalized by one Softmax over the logits (the attention
-            # layers' are the rest), with no Exp spelled out; greedy ranks its logits whole (one TopK
-            # a step), beam search in chunks (kformer.portable.top_tokens).
-            count = lambda body, op: sum(n.op_type == op for n in body.node)  # noqa: E731
-            assert [count(body, "Exp") for body in bodies] == [0] * len(bodies)
-            attentions = 2 * load_manifest(artifacts)["config"]["num_decoder_layers"]
-            assert [count(body, "Softmax") for body in bodies] == [1 + attentions] * len(bodies)
-            assert sorted(count(body, "TopK") for body in bodies) == [1, 1, 6, 6]
-            assert len(proto.graph.node) <= ONNX_MAIN_NODES, len(proto.graph.node)
-            # Each weight is stored once, in the main graph, for both searches; the output projection
-            # reads the tied embedding itself.
-            nested = list(onnx_rewrite.graphs(proto.graph))[1:]
-            assert not [i.name for g in nested for i in g.initializer if np.prod(i.dims) >= 1024]
-            tables = [numpy_helper.to_array(i) for i in proto.graph.initializer if len(i.dims) == 2]
-            assert not any(
-                a.shape == b.T.shape and np.array_equal(a, b.T) for a in tables for b in tables if a is not b
-            )
-            assert not any(
-                a.shape == b.shape and np.array_equal(a, b) for a in tables for b in tables if a is not b
-            )
-            # The copy kept is the lookup table E (so int8 scales it per token); each loop body's output
-            # projection is a Gemm by E with transB, not a MatMul by a Transpose (which onnxruntime
-            # would fold into a second table in memory).
-            looked_up = {n.input[0] for n in onnx.nodes(proto.graph) if n.op_type == "Gather"}
-            tied = [
-                n for body in bodies for n in body.node if n.op_type == "Gemm" and n.input[1] in looked_up
-            ]
-            assert len(tied) == len(bodies) and all(onnx_rewrite._attributes(n)["transB"] == 1 for n in tied)
-            embedding = {i.name for i in proto.graph.initializer} & looked_up
-            assert not [
-                n for n in onnx.nodes(proto.graph) if n.op_type == "Transpose" and n.input[0] in embedding
-            ]
-            weights = sum(numpy_helper.to_array(i).nbytes for i in proto.graph.initializer)
-            assert weights < 1.1 * weight_bytes
-            assert [n.op_type for n in onnx.nodes(proto.graph)] == nodes
-            config = load_manifest(artifacts)["config"]
-            # The encoder's, once for both searches (both run: one on the batch, one on none of its
-            # rows), and per search the decoder's in each search pass's Loop body.
-            encoder = 2 * config["num_encoder_layers"]
-            layer_norms = encoder + 2 * 3 * config["num_decoder_layers"] * SEARCH_LOOPS
-            assert nodes.count("LayerNormalization") == layer_norms, nodes.count("LayerNormalization")
+        if entry["format"] == "onnx" and entry["variant"] in ("fp32", "text"):
+            assert sorted(os.listdir(path)) == ["beam.onnx", "greedy.onnx"]
+            assert entry["files"] == {
+                search: {"file": f"{entry['file']}/{search}.onnx", "sha256": sha256(file)}
+                for search in SEARCHES
+                for file in [onnx.FORMAT.search_file(path, search)]
+            }
+            for search in SEARCHES:
+                check = _check_onnx_text_file if entry["variant"] == "text" else _check_onnx_file
+                check(onnx.FORMAT.search_file(path, search), search, manifest["config"], weight_bytes)
+
+
+def _option_inputs(search):
+    return (
+        ["alpha", "max_length", "no_repeat_ngram"] if search == "beam" else ["max_length", "no_repeat_ngram"]
+    )
+
+
+def _check_onnx_text_file(path, search, config, weight_bytes):
+    proto = onnx_lib.load(path)
+    ops = {(n.domain, n.op_type) for n in onnx.nodes(proto.graph)}
+    assert ("ai.onnx.contrib", "SentencepieceTokenizer") in ops and ("", "Loop") in ops
+    assert [i.name for i in proto.graph.input] == ["text", *_option_inputs(search)]
+
+
+def _check_onnx_file(path, search, config, weight_bytes):
+    """One search's fp32 file: standard operators, a Loop per pass, the weights once, each loop
+    body within its budget of nodes."""
+    proto = onnx_lib.load(path)
+    onnx.check(proto, path)  # standard domains, a Loop per pass of the search, onnx.checker
+    assert [i.name for i in proto.graph.input] == ["source_ids", *_option_inputs(search)]
+    assert sorted(o.name for o in proto.graph.output) == ["scores", "tokens"]
+    # tf2onnx's spelled-out LayerNorm is one node; a second pass finds nothing to do.
+    nodes = [n.op_type for n in onnx.nodes(proto.graph)]
+    assert onnx_rewrite.simplify(proto.graph, onnx.OPSET) == dict.fromkeys(
+        ("LayerNormalization", "Where", "Transpose", "Gemm", "MatMul", "ScatterND"), 0
+    )
+    # Each loop's repeat guard scatters its penalties into the logits, adding duplicates.
+    scatters = [n for n in onnx.nodes(proto.graph) if n.op_type == "ScatterND"]
+    assert len(scatters) == SEARCH_LOOPS
+    assert all(onnx_rewrite._attributes(n)["reduction"] == b"add" for n in scatters)
+    bodies = [g for n in proto.graph.node if n.op_type == "Loop" for g in onnx_rewrite.subgraphs(n)]
+    loops = [len(g.node) for g in bodies]
+    assert len(loops) == SEARCH_LOOPS and _within(loops, ONNX_STEP_NODES[search]), loops
+    # Each step's top tokens are normalized by one Softmax over the logits (the attention layers'
+    # are the rest), with no Exp spelled out; greedy ranks its logits whole (one TopK a step), beam
+    # search in chunks (kformer.portable.top_tokens).
+    count = lambda body, op: sum(n.op_type == op for n in body.node)  # noqa: E731
+    assert [count(body, "Exp") for body in bodies] == [0] * len(bodies)
+    attentions = 2 * config["num_decoder_layers"]
+    assert [count(body, "Softmax") for body in bodies] == [1 + attentions] * len(bodies)
+    assert [count(body, "TopK") for body in bodies] == [1 if search == "greedy" else 6] * len(bodies)
+    assert len(proto.graph.node) <= ONNX_MAIN_NODES[search], len(proto.graph.node)
+    # Each weight is stored once, in the main graph, for both passes; the output projection reads
+    # the tied embedding itself.
+    nested = list(onnx_rewrite.graphs(proto.graph))[1:]
+    assert not [i.name for g in nested for i in g.initializer if np.prod(i.dims) >= 1024]
+    tables = [numpy_helper.to_array(i) for i in proto.graph.initializer if len(i.dims) == 2]
+    assert not any(
+        a.shape == b.T.shape and np.array_equal(a, b.T) for a in tables for b in tables if a is not b
+    )
+    assert not any(a.shape == b.shape and np.array_equal(a, b) for a in tables for b in tables if a is not b)
+    # The copy kept is the lookup table E (so int8 scales it per token); each loop body's output
+    # projection is a Gemm by E with transB, not a MatMul by a Transpose (which onnxruntime would
+    # fold into a second table in memory).
+    looked_up = {n.input[0] for n in onnx.nodes(proto.graph) if n.op_type == "Gather"}
+    tied = [n for body in bodies for n in body.node if n.op_type == "Gemm" and n.input[1] in looked_up]
+    assert len(tied) == len(bodies) and all(onnx_rewrite._attributes(n)["transB"] == 1 for n in tied)
+    embedding = {i.name for i in proto.graph.initializer} & looked_up
+    assert not [n for n in onnx.nodes(proto.graph) if n.op_type == "Transpose" and n.input[0] in embedding]
+    weights = sum(numpy_helper.to_array(i).nbytes for i in proto.graph.initializer)
+    assert weights < 1.1 * weight_bytes
+    assert [n.op_type for n in onnx.nodes(proto.graph)] == nodes
+    # The encoder's, and the decoder's in each pass's Loop body.
+    layer_norms = 2 * config["num_encoder_layers"] + 3 * config["num_decoder_layers"] * SEARCH_LOOPS
+    assert nodes.count("LayerNormalization") == layer_norms, nodes.count("LayerNormalization")
 
 
 def test_onnxruntime_runs_its_own_int8_file_for_int8(artifacts):
@@ -446,26 +469,29 @@ def test_onnxruntime_runs_its_own_int8_file_for_int8(artifacts):
     the page's comparisons run the portable int8 file as listed; an export without int8-ort runs it."""
     from kformer.export.formats import open_runner
 
-    assert open_runner(artifacts, "onnx", "int8").path.endswith("onnx/int8-ort.onnx")
-    assert open_runner(artifacts, "onnx", "int8", exact=True).path.endswith("onnx/int8.onnx")
-    assert open_runner(artifacts, "onnx", "fp32").path.endswith("onnx/fp32.onnx")
-    proto = onnx_lib.load(os.path.join(artifacts, "onnx/int8-ort.onnx"))
-    ops = [(n.domain, n.op_type) for n in onnx.nodes(proto.graph)]
+    assert open_runner(artifacts, "onnx", "int8").path.endswith("onnx/int8-ort")
+    assert open_runner(artifacts, "onnx", "int8", exact=True).path.endswith("onnx/int8")
+    assert open_runner(artifacts, "onnx", "fp32").path.endswith("onnx/fp32")
     config = load_manifest(artifacts)["config"]
     # In each Loop body: per decoder layer the self-attention's 2 (queries-keys-values, output),
     # the cross-attention's 2, the feed-forward's 2; and the output projection.
     step = 6 * config["num_decoder_layers"] + 1
-    bodies = [g for n in proto.graph.node if n.op_type == "Loop" for g in onnx_rewrite.subgraphs(n)]
-    assert [sum(n.op_type == "MatMulNBits" for n in body.node) for body in bodies] == [
-        step
-    ] * 2 * SEARCH_LOOPS
     # The encoder's 4 a layer, and each decoder layer's keys/values of the source, once.
     encoder = 4 * config["num_encoder_layers"] + config["num_decoder_layers"]
-    assert ops.count(("com.microsoft", "MatMulNBits")) == 2 * SEARCH_LOOPS * step + encoder
-    weights = {i.name for i in proto.graph.initializer}  # the MatMuls left multiply activations
-    assert not [
-        n.name for n in onnx.nodes(proto.graph) if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights
-    ]
+    for search in SEARCHES:
+        proto = onnx_lib.load(os.path.join(artifacts, f"onnx/int8-ort/{search}.onnx"))
+        ops = [(n.domain, n.op_type) for n in onnx.nodes(proto.graph)]
+        bodies = [g for n in proto.graph.node if n.op_type == "Loop" for g in onnx_rewrite.subgraphs(n)]
+        assert [sum(n.op_type == "MatMulNBits" for n in body.node) for body in bodies] == [
+            step
+        ] * SEARCH_LOOPS
+        assert ops.count(("com.microsoft", "MatMulNBits")) == SEARCH_LOOPS * step + encoder
+        weights = {i.name for i in proto.graph.initializer}  # the MatMuls left multiply activations
+        assert not [
+            n.name
+            for n in onnx.nodes(proto.graph)
+            if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights
+        ]
 
     without = str(artifacts) + "-without-int8-ort"
     shutil.copytree(artifacts, without)
@@ -473,7 +499,7 @@ def test_onnxruntime_runs_its_own_int8_file_for_int8(artifacts):
     manifest["artifacts"] = [a for a in manifest["artifacts"] if a["variant"] != "int8-ort"]
     with open(os.path.join(without, "manifest.json"), "w") as f:
         json.dump(manifest, f)
-    assert open_runner(without, "onnx", "int8").path.endswith("onnx/int8.onnx")
+    assert open_runner(without, "onnx", "int8").path.endswith("onnx/int8")
 
 
 def _check_tflite_files(path, variant, weight_bytes):
@@ -481,7 +507,7 @@ def _check_tflite_files(path, variant, weight_bytes):
     from ai_edge_litert.interpreter import Interpreter
 
     fixed = variant == tflite.FIXED
-    files = {path: tflite.SEARCHES} if fixed else {tflite.search_file(path, s): (s,) for s in tflite.SEARCHES}
+    files = {path: SEARCHES} if fixed else {tflite.FORMAT.search_file(path, s): (s,) for s in SEARCHES}
     assert fixed or sorted(os.listdir(path)) == ["beam.tflite", "greedy.tflite"]
     bodies = []
     for file, searches in files.items():
@@ -570,8 +596,8 @@ def damaged(artifacts, tmp_path):
 
 
 def test_missing_file(damaged):
-    os.remove(os.path.join(damaged, "onnx", "fp32.onnx"))
-    with pytest.raises(ArtifactError, match="onnx/fp32.onnx is missing"):
+    shutil.rmtree(os.path.join(damaged, "onnx", "fp32"))
+    with pytest.raises(ArtifactError, match="onnx/fp32 is missing"):
         OnnxRunner(damaged, BEAM)
 
 
@@ -585,7 +611,6 @@ def test_truncated_file(damaged):
 
 def test_tokenizer_that_does_not_match(damaged):
     from kformer.data import train_tokenizer
-    from kformer.export.manifest import sha256
 
     with open(os.path.join(damaged, "tokenizer.model"), "wb") as f:
         f.write(
@@ -639,7 +664,7 @@ small, calls = OnnxTextRunner(art, beam, batch_size=2), []
 class Spy:  # records the texts of each call
     def __init__(self, session): self.session = session
     def run(self, names, feed): calls.append(feed["text"].tolist()); return self.session.run(names, feed)
-small.session = Spy(small.session)
+small.handles = {search: Spy(session) for search, session in small.handles.items()}
 out["onnx_text_small_batches"], out["text_calls"] = small.translate(texts), calls
 print(json.dumps(out))
 """

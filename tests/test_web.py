@@ -176,7 +176,13 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
         page = open_page(browser, url, requests)
         info = page.evaluate("window.kformer.ready")
         assert (info["variant"], info["beamSize"]) == (variant, BEAM)
-        page.context.set_offline(True)  # once loaded, the page translates with no network at all
+        # The page fetches a search's file the first time it runs (ONNX: a file per search, the
+        # default's at load); after that, it translates with no network at all.
+        fetched = {s: any(r.endswith(f"/{s}.onnx") for r in requests) for s in ("greedy", "beam")}
+        assert fetched == {"greedy": False, "beam": runtime == "onnx"}  # the default search's file alone
+        page.evaluate("window.kformer.translate(['我'], {beam: 1})")
+        assert any(r.endswith("/greedy.onnx") for r in requests) == (runtime == "onnx")
+        page.context.set_offline(True)
         assert (
             page.evaluate("fetch('/model/manifest.json').then(() => 'online', () => 'offline')") == "offline"
         )
@@ -211,13 +217,13 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
 def test_page_shows_a_corrupted_artifact(browser, artifacts, tmp_path):
     damaged = tmp_path / "art"
     shutil.copytree(artifacts, damaged)
-    with open(damaged / "onnx" / "fp32.onnx", "r+b") as f:
+    with open(damaged / "onnx" / "fp32" / "beam.onnx", "r+b") as f:  # the default search's: loaded first
         f.seek(1000)
         f.write(b"\0" * 16)
     with web.serving(str(damaged)) as url:
         page = open_page(browser, url, [])
         page.wait_for_selector("#status.error")
-        assert "onnx/fp32.onnx is corrupted or truncated" in page.text_content("#status")
+        assert "onnx/fp32/beam.onnx is corrupted or truncated" in page.text_content("#status")
         assert page.is_disabled("#translate")
 
 

@@ -45,7 +45,7 @@ async function verifiedBytes(entry) {
   return bytes;
 }
 
-/** The file of that format and the page's variant: one file holds both searches. */
+/** The manifest entry of that format and the page's variant (both searches: one file, or a file each). */
 function findArtifact(manifest, format) {
   const entry = manifest.artifacts.find((a) => a.format === format && a.variant === variant);
   if (!entry) {
@@ -56,9 +56,10 @@ function findArtifact(manifest, format) {
   return entry;
 }
 
-// Each runtime: load(bytes) -> run; run(batch Int32Array, rows, width, inputs) -> {tokens, scores}, each
-// {data, dims}: tokens (B, N, T), scores (B, N), N = 1 for greedy. inputs: the search options of
-// the graphs ({beam, alpha, max_length, no_repeat_ngram}, as export/onnx.py's option_inputs).
+// Each runtime: load(entry) -> run, entry: the manifest's entry of its file; run(batch Int32Array,
+// rows, width, inputs) -> {tokens, scores}, each {data, dims}: tokens (B, N, T) or (B, T) (greedy),
+// scores (B, N) or (B,). inputs: the search options of the graphs ({beam, alpha, max_length,
+// no_repeat_ngram}).
 const RUNTIMES = {
   onnx: {
     format: "onnx",
@@ -67,18 +68,23 @@ const RUNTIMES = {
       ort.env.wasm.wasmPaths = "/ort/";
       return `onnxruntime-web ${ort.env.versions.web} (WASM)`;
     },
-    async load(bytes) {
-      const session = await ort.InferenceSession.create(bytes, {
-        executionProviders: ["wasm"], graphOptimizationLevel: "all" });
-      // One file, both searches: its bool input `beam` picks one.
+    async load(entry) {
+      // A folder of a file per search (entry.files, each with its sha256): a search's file is
+      // fetched and opened when it first runs, the export's default search's now.
+      if (!entry.files) throw new ArtifactError(`${entry.file} is one file of both searches, as kformer wrote ONNX before its files per search; export the model again`);
+      const sessions = {};
+      const session = (search) => (sessions[search] ??= verifiedBytes(entry.files[search]).then((bytes) =>
+        ort.InferenceSession.create(bytes, { executionProviders: ["wasm"], graphOptimizationLevel: "all" })));
+      await session(entry.defaultSearch);
       return async (batch, rows, width, inputs) => {
-        const result = await session.run({
+        const search = inputs.beam ? "beam" : "greedy";
+        const feed = {
           source_ids: new ort.Tensor("int32", batch, [rows, width]),
-          beam: new ort.Tensor("bool", [inputs.beam], []),
-          alpha: new ort.Tensor("float32", [inputs.alpha], []),
           max_length: new ort.Tensor("int32", [inputs.max_length], []),
           no_repeat_ngram: new ort.Tensor("int32", [inputs.no_repeat_ngram], []),
-        });
+        };
+        if (inputs.beam) feed.alpha = new ort.Tensor("float32", [inputs.alpha], []); // greedy has none
+        const result = await (await session(search)).run(feed);
         return { tokens: result.tokens, scores: result.scores };
       };
     },
@@ -90,9 +96,9 @@ const RUNTIMES = {
       await this.lrt.loadLiteRt("/litert/wasm/", { threads: threads > 1 });
       return "LiteRT.js 2.5.3 (WASM, XNNPack)";
     },
-    async load(bytes) {
+    async load(entry) {
       const { lrt } = this;
-      const model = await lrt.loadAndCompile(bytes, { accelerator: "wasm", cpuOptions: { numThreads: threads } });
+      const model = await lrt.loadAndCompile(await verifiedBytes(entry), { accelerator: "wasm", cpuOptions: { numThreads: threads } });
       // The file's fixed (1, max_source_length) input: the one input of rank 2 (the options are scalars).
       const length = model.getInputDetails().find((input) => input.shape.length === 2).shape[1];
       // LiteRT.js cannot resize inputs: one row at a time, padded to the fixed length (as
@@ -149,7 +155,8 @@ async function load() {
   const backend = RUNTIMES[runtime];
   if (!backend) throw new Error(`unknown runtime ${JSON.stringify(runtime)}; choose onnx or litert`);
   const name = await backend.start();
-  const run = await backend.load(await verifiedBytes(findArtifact(manifest, backend.format)));
+  const entry = findArtifact(manifest, backend.format);
+  const run = await backend.load({ ...entry, defaultSearch: manifest.beam_size > 1 ? "beam" : "greedy" });
   return { manifest, tokenizer, run, name, loadMs: performance.now() - started };
 }
 

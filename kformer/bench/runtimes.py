@@ -157,7 +157,7 @@ def bench_runtimes(
     sources, references = sources[:sentences], references[:sentences]
     language = (manifest.get("corpus") or {}).get("direction", "x-en").split("-")[-1]
     jobs = _jobs(manifest, runtimes)
-    # The bytes of a variant's file or folder, for both searches (TFLite: a file of each)
+    # The bytes of a variant's file or folder, for both searches (TFLite, ONNX: a file of each)
     sizes = {(a["format"], a["variant"]): a["bytes"] for a in manifest["artifacts"]}
     runs = {}  # (runtime, variant, beam) -> one result per round
     with tempfile.TemporaryDirectory() as work:
