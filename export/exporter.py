@@ -89,9 +89,10 @@ def _write_formats(module, work, formats, quantize, progress):
         entry.update(bytes=manifest_lib.file_size(path), seconds=round(seconds, 2))
         entry["sha256"] = manifest_lib.sha256(path)
         if fmt.files_per_search(variant):  # each file's own, for what loads one (the page)
+            files = {**fmt.search_files(variant), **fmt.shared_files(variant)}
             entry["files"] = {
-                search: {"file": name, "sha256": manifest_lib.sha256(os.path.join(work, name))}
-                for search, name in fmt.search_files(variant).items()
+                name: {"file": file, "sha256": manifest_lib.sha256(os.path.join(work, file))}
+                for name, file in files.items()
             }
         artifacts.append(entry)
         progress(f"{entry['bytes'] / 1e6:.1f} MB, {seconds:.1f}s")

@@ -48,6 +48,10 @@ class Format:
         """The file of `search` in the folder `path` of a variant written as a file per search."""
         return os.path.join(path, f"{search}{self.extension}")
 
+    def shared_files(self, variant):
+        """{name: path inside the export folder} of the files a variant's search files share."""
+        return {}
+
     def search_files(self, variant):
         """{search: its file's path inside the export folder (as the manifest writes paths)} of a
         variant of files per search."""

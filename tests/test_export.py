@@ -385,16 +385,30 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
         assert len(entry["sha256"]) == 64 and entry["bytes"] > 0
         if entry["format"] == "tflite":
             _check_tflite_files(path, entry["variant"], weight_bytes)
-        if entry["format"] == "onnx" and entry["variant"] in ("fp32", "text"):
-            assert sorted(os.listdir(path)) == ["beam.onnx", "greedy.onnx"]
+        if entry["format"] == "onnx":
+            assert sorted(os.listdir(path)) == ["beam.onnx", "greedy.onnx", onnx.WEIGHTS]
             assert entry["files"] == {
-                search: {"file": f"{entry['file']}/{search}.onnx", "sha256": sha256(file)}
-                for search in SEARCHES
-                for file in [onnx.FORMAT.search_file(path, search)]
+                name: {"file": f"{entry['file']}/{file}", "sha256": sha256(os.path.join(path, file))}
+                for name, file in [
+                    ("greedy", "greedy.onnx"),
+                    ("beam", "beam.onnx"),
+                    ("weights", onnx.WEIGHTS),
+                ]
             }
+            # Both searches' files read their weights from one copy in weights.bin.
+            stored = set()  # (offset, length) of each tensor either file reads from weights.bin
             for search in SEARCHES:
-                check = _check_onnx_text_file if entry["variant"] == "text" else _check_onnx_file
-                check(onnx.FORMAT.search_file(path, search), search, manifest["config"], weight_bytes)
+                graph = onnx_lib.load(onnx.FORMAT.search_file(path, search), load_external_data=False).graph
+                assert not [t.name for t in graph.initializer if len(t.raw_data) >= 1024], entry["file"]
+                external = [{e.key: e.value for e in t.external_data} for t in graph.initializer]
+                stored |= {(int(e["offset"]), int(e["length"])) for e in external if e}
+            if entry["variant"] == "fp32":
+                assert sum(length for _, length in stored) < 1.1 * weight_bytes
+            checks = {"fp32": _check_onnx_file, "text": _check_onnx_text_file}  # int8-ort: its own test
+            for search in SEARCHES if entry["variant"] in checks else ():
+                checks[entry["variant"]](
+                    onnx.FORMAT.search_file(path, search), search, manifest["config"], weight_bytes
+                )
 
 
 def _option_inputs(search):

@@ -69,12 +69,15 @@ const RUNTIMES = {
       return `onnxruntime-web ${ort.env.versions.web} (WASM)`;
     },
     async load(entry) {
-      // A folder of a file per search (entry.files, each with its sha256): a search's file is
-      // fetched and opened when it first runs, the export's default search's now.
+      // A folder of a file per search and the weights both read (entry.files, each with its
+      // sha256): the weights and the default search's file are fetched now, the other search's
+      // file when that search first runs.
       if (!entry.files) throw new ArtifactError(`${entry.file} is one file of both searches, as kformer wrote ONNX before its files per search; export the model again`);
+      const weights = verifiedBytes(entry.files.weights);
+      const externalData = [{ path: entry.files.weights.file.split("/").at(-1), data: await weights }];
       const sessions = {};
       const session = (search) => (sessions[search] ??= verifiedBytes(entry.files[search]).then((bytes) =>
-        ort.InferenceSession.create(bytes, { executionProviders: ["wasm"], graphOptimizationLevel: "all" })));
+        ort.InferenceSession.create(bytes, { executionProviders: ["wasm"], graphOptimizationLevel: "all", externalData })));
       await session(entry.defaultSearch);
       return async (batch, rows, width, inputs) => {
         const search = inputs.beam ? "beam" : "greedy";
