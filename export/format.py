@@ -46,7 +46,7 @@ class Format:
 
     def search_file(self, path, search):
         """The file of `search` in the folder `path` of a variant written as a file per search."""
-        return os.path.join(path, f"{search}{self.extension}")
+        return search_file(path, search, self.extension)
 
     def shared_files(self, variant):
         """{name: path inside the export folder} of the files a variant's search files share."""
@@ -73,6 +73,11 @@ class Format:
 
     def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
         raise NotImplementedError
+
+
+def search_file(folder, search, extension):
+    """The file of `search` ("greedy" or "beam") in the folder of a variant of files per search."""
+    return os.path.join(folder, f"{search}{extension}")
 
 
 def quantization(variant):

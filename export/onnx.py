@@ -275,8 +275,7 @@ class OnnxRunner(SearchFilesRunner):
 
     def _search(self, options, batch):
         feed = {"source_ids": batch, **options.inputs()}
-        tokens, scores = self.opened(options.search).run(["tokens", "scores"], feed)
-        return tokens, scores
+        return tuple(self.opened(options.search).run(["tokens", "scores"], feed))
 
 
 class OnnxTextRunner(SearchFilesRunner):

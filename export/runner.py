@@ -8,7 +8,7 @@ import numpy as np
 
 from kformer import batching, sentences
 from kformer.export import manifest as manifest_lib
-from kformer.export.format import SEARCHES
+from kformer.export.format import SEARCHES, search_file
 from kformer.options import SearchOptions
 
 
@@ -153,13 +153,13 @@ class SearchFilesRunner(ArtifactRunner):
     def opened(self, search):
         """The handle of the file that runs `search`, opening it the first time it is asked for."""
         if search not in self.handles:
-            if os.path.isfile(self.path) and not self.one_file_serves_both:
+            if not os.path.isfile(self.path):
+                self.handles[search] = self.open_file(search_file(self.path, search, self.extension))
+            elif self.one_file_serves_both:
+                self.handles = dict.fromkeys(SEARCHES, self.open_file(self.path))
+            else:
                 raise manifest_lib.ArtifactError(
                     f"{self.path} is one file of both searches, as kformer wrote {self.fmt} before its "
                     "files per search; export the model again"
                 )
-            if os.path.isfile(self.path):
-                self.handles = dict.fromkeys(SEARCHES, self.open_file(self.path))
-            else:
-                self.handles[search] = self.open_file(os.path.join(self.path, search + self.extension))
         return self.handles[search]
