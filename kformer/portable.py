@@ -163,6 +163,17 @@ def loop_condition(length, rows_left):
     return cond
 
 
+def shape_in_loop(like):
+    """The shape of `like`, a tensor computed in a loop body, as the shape argument of an operation
+    in that body (scatter_nd, reshape, fill). LiteRT plans a loop body's memory once, if every
+    tensor's shape is known when the body is prepared: tf.shape of a tensor of the body is (LiteRT
+    computes it then); a shape computed from loop variables (a stacked (B * K, T), B * V) is known
+    only as the step runs. One such tensor makes the loop "dynamic": its whole state is then
+    copied twice a step instead of once, and the body's tensors re-allocated at every step (a
+    top_k's outputs too: kformer.export.tflite.top_k_sized_when_prepared)."""
+    return tf.shape(like)
+
+
 def empty_to_append(ids, *dims, dtype="float32"):
     """Zeros of shape (B, dims[0], 0, *dims[1:]) for a (B, ...) int tensor `ids` of values >= 0,
     whose third dim no converter knows to be 0: a loop variable that grows along it (`tf.concat`

@@ -71,7 +71,6 @@ class RepeatGuard:
         self.positions = positions  # (T,)
         # A run no output reaches when the guard is off: the same graph either way.
         self.least_run = tf.where(ngram > 0, ngram - 1, tf.int32.max)
-        self.row_count = rows
         self.rows = tf.expand_dims(tf.range(rows), 1)  # (R, 1)
         self.zeros = tf.zeros([rows, 1], tf.int32)
 
@@ -93,7 +92,7 @@ class RepeatGuard:
         penalties = tf.scatter_nd(
             tf.reshape(flat, [-1, 1]),
             tf.reshape(tf.where(banned, NEG_INF, 0.0), [-1]),
-            tf.expand_dims(self.row_count * vocab, 0),
+            portable.shape_in_loop(tf.reshape(logits, [-1])),  # (R * V,)
         )  # (R * V,)
         return logits + tf.cast(tf.reshape(penalties, [-1, vocab]), logits.dtype)
 
@@ -389,13 +388,13 @@ def beam_search(
         row_starts = tf.expand_dims(tf.range(tf.shape(limits)[0]) * k, 1)
         rows = tf.shape(limits)[0] * k
         guard = None if no_repeat_ngram is None else RepeatGuard(no_repeat_ngram, rows, positions)
-        flat_shape = tf.stack([rows, length])  # (B * K, T) of the alive tokens
 
         def body(s):
             if guard is None:
                 ban = lambda logits: logits  # noqa: E731
             else:
                 written = guard.written(s.index)
+                flat_shape = portable.shape_in_loop(s.alive_runs)  # (B * K, T), as the alive tokens flat
                 alive_before = tf.reshape(s.alive_tokens, flat_shape)
                 ban = lambda logits: guard.ban(logits, alive_before, s.alive_runs, written)  # noqa: E731
             top_log_probs, top_beams, top_tokens, cache = _top_candidates(s, step, k, bos_id, ban)  # (B, 2K)

@@ -358,7 +358,7 @@ def test_text_in_text_out(artifacts, model_dir):
 # spells an operation in more nodes (keras.ops.take's negative-index guard, a tensordot, a
 # logsumexp's infinity guard) shows up here. Lower them when a change removes nodes.
 ONNX_STEP_NODES = {"beam": [182, 181], "greedy": [101, 100]}
-TFLITE_STEP_OPS = [168, 168, 121, 121]
+TFLITE_STEP_OPS = [169, 169, 121, 121]  # beam: a SHAPE a step (portable.shape_in_loop)
 # The main graph of an ONNX search's file runs once a call: the encoder and the two passes'
 # bookkeeping. tf2onnx does not write the same count twice (21 exports of the same model and code
 # once spread over 14 nodes: some Slice/Squeeze/Range/Shape/Cast are folded in one export and not
@@ -535,6 +535,7 @@ def _check_tflite_files(path, variant, weight_bytes):
         bodies += file_bodies
         if variant in ("fp32", "fixed"):  # the weights once in each file
             assert _constant_bytes(file) < 1.1 * weight_bytes  # a second decoder would be +13%
+        assert not _sized_as_the_loop_runs(file), file
     # In the loop bodies: matrix products that read no shapes at run time
     # (kformer.attention.contract; a tensordot's REDUCE_PROD would), no batched matmul for one
     # query (XNNPACK repacks its keys/values every step), no same-type CAST (a copy of a loop
@@ -569,6 +570,53 @@ def _while_bodies(tflite_path):
         if codes[op.opcodeIndex] == "WHILE"
     ]
     return [[name(body, op) for op in body.operators] for body in bodies]
+
+
+# The operand of each operator that sets the shape of its output (TOPK_V2: its input, whose
+# signature LiteRT reads) and the operators whose outputs LiteRT knows when it prepares a graph.
+SHAPE_OPERANDS = {"RESHAPE": [1], "SCATTER_ND": [2], "FILL": [0], "BROADCAST_TO": [1], "RANGE": [0, 1, 2]}
+KNOWN_WHEN_PREPARED = {"SHAPE"}
+
+
+def _sized_as_the_loop_runs(tflite_path):
+    """The tensors of WHILE bodies that LiteRT can only size as the loop runs, which make it copy
+    the loop's state twice a step (kformer.portable.shape_in_loop): TOPK_V2 inputs with an unknown
+    dim in their signature, and shape operands that are neither constants nor made of a SHAPE
+    (directly or sliced)."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    with open(tflite_path, "rb") as f:
+        model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(f.read(), 0))
+    names = {value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
+    codes = [names[max(c.builtinCode, c.deprecatedBuiltinCode)] for c in model.operatorCodes]
+    bodies = [
+        model.subgraphs[op.builtinOptions.bodySubgraphIndex]
+        for graph in model.subgraphs
+        for op in graph.operators
+        if codes[op.opcodeIndex] == "WHILE"
+    ]
+    return [found for body in bodies for found in _sized_as_the_body_runs(model, codes, body)]
+
+
+def _sized_as_the_body_runs(model, codes, body):
+    made_by = {output: op for op in body.operators for output in op.outputs}
+
+    def known(tensor):
+        buffer = body.tensors[tensor].buffer
+        if buffer and model.buffers[buffer].data is not None:
+            return True  # a constant
+        maker = made_by.get(tensor)
+        code = maker and codes[maker.opcodeIndex]
+        return code in KNOWN_WHEN_PREPARED or (code == "STRIDED_SLICE" and known(maker.inputs[0]))
+
+    for op in body.operators:
+        code = codes[op.opcodeIndex]
+        signature = body.tensors[op.inputs[0]].shapeSignature
+        if code == "TOPK_V2" and signature is not None and -1 in list(signature):
+            yield f"{code} input {body.tensors[op.inputs[0]].name.decode()}"
+        for i in SHAPE_OPERANDS.get(code, []):
+            if not known(op.inputs[i]):
+                yield f"{code} operand {i} {body.tensors[op.inputs[i]].name.decode()}"
 
 
 def _constant_bytes(tflite_path):
