@@ -85,7 +85,7 @@ def top_k_sized_when_prepared(flatbuffer):
     LiteRT sizes a TOPK's outputs when the graph is prepared only if its input's signature has
     no unknown dim (else they are dynamic tensors, sized at every call), and the converter writes
     -1 for the batch. A search loop whose body holds one dynamic tensor runs "dynamic": its state
-    is copied twice a step instead of once and its body re-allocated at every step
+    is copied twice a step instead of once and its dynamic tensors re-allocated at every step
     (`kformer.portable.shape_in_loop` keeps the body's other shapes known). The inputs' shapes are
     still those of the call, set as the graph is prepared."""
     from tensorflow.lite.python import schema_py_generated as schema

@@ -169,7 +169,7 @@ def shape_in_loop(like):
     tensor's shape is known when the body is prepared: tf.shape of a tensor of the body is (LiteRT
     computes it then); a shape computed from loop variables (a stacked (B * K, T), B * V) is known
     only as the step runs. One such tensor makes the loop "dynamic": its whole state is then
-    copied twice a step instead of once, and the body's tensors re-allocated at every step (a
+    copied twice a step instead of once, and its dynamic tensors re-allocated at every step (a
     top_k's outputs too: kformer.export.tflite.top_k_sized_when_prepared)."""
     return tf.shape(like)
 
