@@ -546,15 +546,32 @@ def _check_tflite_files(path, variant, weight_bytes):
         assert _within([len(body) for body in bodies], TFLITE_STEP_OPS), [len(body) for body in bodies]
 
 
-def _while_bodies(tflite_path):
-    """The operator names of each WHILE loop's body; a CAST as "CAST <input type>-><output type>"."""
+def _tflite_model(tflite_path):
+    """(the flatbuffer's object model, each operator code's builtin name)."""
     from tensorflow.lite.python import schema_py_generated as schema
 
     with open(tflite_path, "rb") as f:
         model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(f.read(), 0))
     names = {value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
+    return model, [names[max(c.builtinCode, c.deprecatedBuiltinCode)] for c in model.operatorCodes]
+
+
+def _loop_bodies(model, codes):
+    """The body subgraph of each WHILE loop of a model."""
+    return [
+        model.subgraphs[op.builtinOptions.bodySubgraphIndex]
+        for graph in model.subgraphs
+        for op in graph.operators
+        if codes[op.opcodeIndex] == "WHILE"
+    ]
+
+
+def _while_bodies(tflite_path):
+    """The operator names of each WHILE loop's body; a CAST as "CAST <input type>-><output type>"."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    model, codes = _tflite_model(tflite_path)
     types = {value: name for name, value in vars(schema.TensorType).items() if not name.startswith("_")}
-    codes = [names[max(c.builtinCode, c.deprecatedBuiltinCode)] for c in model.operatorCodes]
 
     def name(graph, op):
         code = codes[op.opcodeIndex]
@@ -563,13 +580,7 @@ def _while_bodies(tflite_path):
         source, target = (types[graph.tensors[t[0]].type] for t in (op.inputs, op.outputs))
         return f"CAST {source}->{target}"
 
-    bodies = [
-        model.subgraphs[op.builtinOptions.bodySubgraphIndex]
-        for g in model.subgraphs
-        for op in g.operators
-        if codes[op.opcodeIndex] == "WHILE"
-    ]
-    return [[name(body, op) for op in body.operators] for body in bodies]
+    return [[name(body, op) for op in body.operators] for body in _loop_bodies(model, codes)]
 
 
 # The operand of each operator that sets the shape of its output (TOPK_V2: its input, whose
@@ -583,19 +594,10 @@ def _sized_as_the_loop_runs(tflite_path):
     the loop's state twice a step (kformer.portable.shape_in_loop): TOPK_V2 inputs with an unknown
     dim in their signature, and shape operands that are neither constants nor made of a SHAPE
     (directly or sliced)."""
-    from tensorflow.lite.python import schema_py_generated as schema
-
-    with open(tflite_path, "rb") as f:
-        model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(f.read(), 0))
-    names = {value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
-    codes = [names[max(c.builtinCode, c.deprecatedBuiltinCode)] for c in model.operatorCodes]
-    bodies = [
-        model.subgraphs[op.builtinOptions.bodySubgraphIndex]
-        for graph in model.subgraphs
-        for op in graph.operators
-        if codes[op.opcodeIndex] == "WHILE"
+    model, codes = _tflite_model(tflite_path)
+    return [
+        found for body in _loop_bodies(model, codes) for found in _sized_as_the_body_runs(model, codes, body)
     ]
-    return [found for body in bodies for found in _sized_as_the_body_runs(model, codes, body)]
 
 
 def _sized_as_the_body_runs(model, codes, body):
@@ -620,10 +622,7 @@ def _sized_as_the_body_runs(model, codes, body):
 
 
 def _constant_bytes(tflite_path):
-    from tensorflow.lite.python import schema_py_generated as schema
-
-    with open(tflite_path, "rb") as f:
-        model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(f.read(), 0))
+    model, _ = _tflite_model(tflite_path)
     return sum(len(b.data) for b in model.buffers if b.data is not None)
 
 
