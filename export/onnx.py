@@ -268,7 +268,7 @@ class OnnxRunner(SearchFilesRunner):
     fmt = Onnx.name
     extension = Onnx.extension
     one_file_serves_both = False
-    beam_shares_batch = True
+    beam_capped = True
 
     def open_file(self, path):
         return _session(path, self.threads)
@@ -286,7 +286,7 @@ class OnnxTextRunner(SearchFilesRunner):
     fmt = Onnx.name
     extension = Onnx.extension
     one_file_serves_both = False
-    beam_shares_batch = True
+    beam_capped = True
 
     def __init__(self, artifact_dir, beam_size=None, variant="text", threads=None, batch_size=32, **options):
         super().__init__(artifact_dir, beam_size, "text", threads, batch_size, **options)

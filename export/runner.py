@@ -23,12 +23,16 @@ class Runner:
     as a dict; `language` the target language (how sentences are joined).
     """
 
-    # Beam search holds K hypotheses a sentence in buffers of fixed shape; where this is True (the
-    # ONNX and TFLite graphs), a beam of K takes K places of the batch: `batch_size` // K sentences a
-    # call. Demo model, 500 test sentences, beam 4, onnxruntime: 8 sentences a call took 0.9x the
-    # time of 32, at 0.62x the peak memory (217 vs 347 MB); LiteRT 259 vs 406 MB at about the same
-    # speed. CTranslate2 drops finished hypotheses as it goes and is faster with whole batches.
+    # How beam search calls are sized (batching.tokens_per_call). Where beam_shares_batch (the TFLite
+    # graphs), a beam of K takes K places of the batch: `batch_size` // K sentences a call. Their
+    # buffers are sized to the longest output: for LiteRT fp32 (demo model, 500 test sentences), 32
+    # sentences a call of at most 16 tokens each took 0.91x the time of 8 (4 interleaved rounds) at
+    # a peak of 212 MB against 160. Where beam_capped (onnxruntime's graphs, whose key/value caches
+    # grow a step at a time), a beam call takes `batch_size` sentences of at most
+    # batching.BEAM_TOKENS_PER_SENTENCE tokens each. CTranslate2 drops finished hypotheses as it
+    # goes: whole batches, uncapped.
     beam_shares_batch = False
+    beam_capped = False
 
     def __init__(self, config, tokenizer, options, batch_size=32, language=None):
         self.config, self.tokenizer, self.batch_size = config, tokenizer, batch_size
@@ -60,7 +64,7 @@ class Runner:
 
     def tokens_per_call(self, options):
         """The most padded source tokens one search call takes (`batching.tokens_per_call`)."""
-        return batching.tokens_per_call(self.sentences_per_call(options), options.search)
+        return batching.tokens_per_call(self.sentences_per_call(options), options.search, self.beam_capped)
 
     def translate_ids(self, ids, **options):
         """Lists of source ids -> (lists of output ids, scores), best hypothesis only."""

@@ -22,10 +22,16 @@ NEG_INF_SCORE = -1.0e8  # scores at or below it mark a beam slot without a hypot
 # padding included). Demo model, 500 test sentences, 32 a call: the last batch (24 sentences of up
 # to 62 tokens) raised onnxruntime's greedy peak from 125 to 155 MB; in calls of at most 512 tokens
 # it peaked at 124-125 MB (LiteRT 163-164 against 193, CTranslate2 88 against 96-97), with the same
-# translations in about the time (2 interleaved rounds). Not for beam search: the graphs take 8
-# sentences a call already (their peak 138 MB), and calls of at most 16 tokens a sentence made beam
-# search slower in every runtime (onnxruntime 1.2-1.4x, CTranslate2 1.1-1.2x, LiteRT 1.1-1.2x).
+# translations in about the time (2 interleaved rounds). Beam calls of 8 sentences (the TFLite
+# graphs', `Runner.beam_shares_batch`) are not capped: at 16 tokens a sentence they took 1.1-1.4x
+# the time in every runtime.
 TOKENS_PER_SENTENCE = 16
+# A beam call of `batch_size` sentences in a runner with `Runner.beam_capped` (onnxruntime's graphs)
+# takes at most this many source tokens a sentence. Demo model, 500 test sentences, onnxruntime fp32,
+# 2 AVX2 cores: 32 sentences a call took 0.77-0.78x the time of 8 (4 interleaved rounds in one
+# process); uncapped its peak was 195-199 MB against 8's 131-132, capped at 16 tokens 147-150, at
+# 12 141, at the same speed.
+BEAM_TOKENS_PER_SENTENCE = 12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,11 +249,13 @@ def length_sorted_batches(ids, batch_size, max_tokens=None):
         yield chunk, _padded(ids, chunk)
 
 
-def tokens_per_call(batch_size, search):
+def tokens_per_call(batch_size, search, beam_capped=False):
     """The most padded source tokens one call of `search` ("greedy" or "beam") takes, for calls of
-    `batch_size` sentences: TOKENS_PER_SENTENCE a sentence for greedy search, no limit (None) for
-    beam search."""
-    return batch_size * TOKENS_PER_SENTENCE if search == "greedy" else None
+    `batch_size` sentences: TOKENS_PER_SENTENCE a sentence for greedy search; for beam search
+    BEAM_TOKENS_PER_SENTENCE a sentence where `beam_capped`, else no limit (None)."""
+    if search == "greedy":
+        return batch_size * TOKENS_PER_SENTENCE
+    return batch_size * BEAM_TOKENS_PER_SENTENCE if beam_capped else None
 
 
 def _padded(ids, chunk):

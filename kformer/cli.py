@@ -7,7 +7,7 @@ import os
 import sys
 
 from kformer import extras, gather
-from kformer.batching import TOKENS_PER_SENTENCE
+from kformer.batching import BEAM_TOKENS_PER_SENTENCE, TOKENS_PER_SENTENCE
 from kformer.config import (
     BEAM_SIZE,
     DEFAULT_DIRECTION,
@@ -532,9 +532,9 @@ def _add_translate(commands):
         type=_positive(int),
         default=32,
         help="most lines (and sentences) translated together (greedy: fewer long ones, at most "
-        f"{TOKENS_PER_SENTENCE} source tokens a sentence); a beam of K takes K places in the ONNX and "
-        "TFLite graphs; a pipe's lines are translated as they arrive, those that arrive together in "
-        "one batch (default 32)",
+        f"{TOKENS_PER_SENTENCE} source tokens a sentence; beam in ONNX: at most "
+        f"{BEAM_TOKENS_PER_SENTENCE}); a beam of K takes K places in the TFLite graphs; a pipe's lines "
+        "are translated as they arrive, those that arrive together in one batch (default 32)",
     )
     _weights_option(p)
     p.add_argument("text", nargs="*")
@@ -693,7 +693,7 @@ def _add_bench(commands):
         type=_positive(int),
         default=32,
         help="runtimes: sentences a call of the file's translate takes, as translate's --batch-size (a "
-        "beam of K takes K places in the ONNX and TFLite graphs; default 32)",
+        "beam of K takes K places in the TFLite graphs; default 32)",
     )
     p.add_argument("--steps", type=_positive(int), default=30)
     p.add_argument(

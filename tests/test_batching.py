@@ -31,23 +31,26 @@ def test_a_token_budget_makes_batches_of_long_rows_smaller():
     assert sorted(i for chunk, _ in batches for i in chunk) == list(range(len(lengths)))
 
 
-def test_greedy_calls_take_fewer_long_sentences():
+def test_calls_take_fewer_long_sentences():
     """`search_units` with `tokens_per_call`'s budget: greedy calls of at most batch_size sentences
-    and batch_size * TOKENS_PER_SENTENCE padded source tokens; beam calls of batch_size sentences."""
+    and batch_size * TOKENS_PER_SENTENCE padded source tokens; beam calls of batch_size sentences,
+    capped at batch_size * BEAM_TOKENS_PER_SENTENCE tokens where asked."""
     long = batching.TOKENS_PER_SENTENCE * 3
     lengths = [4] * 40 + [long] * 10
 
-    def shapes_of(search_name):
+    def shapes_of(search_name, beam_capped=False):
         shapes = []
 
         def search(batch):
             shapes.append(batch.shape)
             return np.full((len(batch), 2), 3, np.int32), np.zeros(len(batch), np.float32)
 
-        budget = batching.tokens_per_call(8, search_name)
+        budget = batching.tokens_per_call(8, search_name, beam_capped)
         results = batching.search_units(search, _ids(lengths), 8, eos_id=3, max_tokens=budget)
         assert len(results) == len(lengths) and all(r == [([], 0.0)] for r in results)
         return shapes
 
     assert shapes_of("greedy") == [(8, 4)] * 5 + [(2, long)] * 5
     assert shapes_of("beam") == [(8, 4)] * 5 + [(8, long), (2, long)]
+    capped = 8 * batching.BEAM_TOKENS_PER_SENTENCE // long  # 2 sentences of 48 tokens in 96
+    assert shapes_of("beam", beam_capped=True) == [(8, 4)] * 5 + [(capped, long)] * (10 // capped)

@@ -303,16 +303,18 @@ def test_ctranslate2_keeps_each_rows_output_limit(artifacts, model_dir, monkeypa
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-4)
 
 
-def test_graphs_give_a_beam_of_k_the_places_of_k_sentences_in_a_batch(artifacts):
-    """ONNX and TFLite keep every hypothesis in fixed-shape buffers: a beam search call takes
-    batch_size // K sentences, greedy batch_size (fewer long ones); CTranslate2 takes batch_size
-    either way. The translations do not depend on it."""
+def test_beam_calls_are_sized_per_runtime(artifacts):
+    """TFLite keeps every hypothesis in buffers sized to the longest output: a beam search call
+    takes batch_size // K sentences; onnxruntime batch_size sentences of at most
+    BEAM_TOKENS_PER_SENTENCE tokens each; CTranslate2 batch_size; greedy calls batch_size (fewer
+    long ones) in all. The translations do not depend on it."""
     texts = [f"他{'很' * (i % 4)}高興。我們試試看{i}！" for i in range(14)]  # 28 sentences
     expected = OnnxRunner(artifacts, BEAM, batch_size=64).translate(texts)  # one call
-    for runner_class, beam_rows in (
-        (OnnxRunner, 9 // BEAM),
-        (TfliteRunner, 9 // BEAM),
-        (Ctranslate2Runner, 9),
+    long = [[5] * 20] * 7  # 20 tokens: 5 a beam call in onnxruntime (9 x 12 tokens), 9 // K in TFLite
+    for runner_class, beam_rows, long_beam_calls in (
+        (OnnxRunner, 9, [5, 2]),
+        (TfliteRunner, 9 // BEAM, [3, 3, 1]),
+        (Ctranslate2Runner, 9, [7]),
     ):
         runner = runner_class(artifacts, BEAM, batch_size=9)
         sizes, search = [], runner._search
@@ -323,6 +325,9 @@ def test_graphs_give_a_beam_of_k_the_places_of_k_sentences_in_a_batch(artifacts)
         assert max(sizes) == beam_rows and sum(sizes) == 28, runner_class
         if runner_class is not Ctranslate2Runner:  # its beam search is its own (test_ctranslate2_beam_...)
             assert translations == expected, runner_class
+        sizes.clear()
+        runner.translate_ids(long)
+        assert sizes == long_beam_calls, runner_class
         sizes.clear()
         runner.translate(texts, beam_size=1)
         assert max(sizes) == 9 and sum(sizes) == 28, runner_class
