@@ -27,13 +27,6 @@ from kformer.export.formats import DEFAULT_FORMATS, FORMATS, RUNTIMES, VARIANTS
 def _start_tensorflow(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # hides the CUDA probe noise on CPU machines
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    training = args.command in ("train", "demo") or (args.command == "bench" and args.what == "train")
-    if training and "tensorflow" not in sys.modules:
-        # oneDNN's CPU kernels, which TensorFlow turns on by default only on some CPUs (kformer's
-        # training step is 4-7% faster with them on the AMD EPYC CPUs it was measured on). TensorFlow reads this when it
-        # starts (a `main` called after it started, as in the tests, changes nothing: its
-        # subprocesses would inherit it); an explicit 0 wins.
-        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     if getattr(args, "runtime", "keras") != "keras" or args.command == "bench":
         return  # exported runtimes run without TensorFlow; bench sets XLA flags before it starts
     # TensorFlow's C++ start-up notes (oneDNN, "Could not find cuda drivers") ignore the log level

@@ -3,11 +3,12 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")  # processes share a GPU (tests/test_gpu.py)
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-# The kernels `kformer train` runs (kformer/cli.py turns oneDNN on; TensorFlow alone turns it on only
-# on some CPUs, not on AVX2-only ones), so a model trained here and one trained by the command in a
-# test's subprocess compute alike (tests/test_faults.py compares their weights).
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+# First, before keras starts TensorFlow: kformer's import sets the kernels TensorFlow runs
+# (kformer/__init__.py), so a model trained here and one trained by a command in a test's
+# subprocess compute alike (tests/test_faults.py compares their weights).
+import kformer  # noqa: E402, F401
 
+# isort: split
 import json  # noqa: E402
 import sys  # noqa: E402
 

@@ -1,4 +1,9 @@
-"""Which precision `--precision auto` picks, by the CPU's flags, oneDNN and GPUs."""
+"""Which precision `--precision auto` picks, by the CPU's flags, oneDNN and GPUs; which kernels
+TensorFlow runs once kformer is imported."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -42,3 +47,26 @@ def test_auto_precision_is_bfloat16_only_where_the_cpu_multiplies_it_through_one
     assert precision_lib.choose_precision("float16") == ("float16", "as asked")
     with pytest.raises(ValueError, match="--precision 'half'"):
         precision_lib.choose_precision("half")
+
+
+def test_importing_kformer_first_turns_on_onednn_unless_the_user_said_otherwise():
+    """kformer/__init__.py: TensorFlow started after kformer runs oneDNN's kernels on any CPU (on
+    AVX2-only ones TensorFlow alone leaves them off); an explicit TF_ENABLE_ONEDNN_OPTS=0 wins."""
+    code = (
+        "import os, kformer, tensorflow; from kformer.precision import onednn_state; "
+        "print(os.environ.get('TF_ENABLE_ONEDNN_OPTS'), onednn_state())"
+    )
+
+    def setting_and_state(**env):
+        environment = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+        result = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**environment, **env},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return result.stdout.split()[-2:]
+
+    assert setting_and_state() == ["1", "on"]
+    assert setting_and_state(TF_ENABLE_ONEDNN_OPTS="0") == ["0", "off"]

@@ -123,8 +123,9 @@ def _cli(*args):
 
 
 def _probe(out, data, config, steps, pipeline_batches=0):
-    # As `kformer train` runs: oneDNN's CPU kernels on (see cli._start_tensorflow), TensorFlow quiet.
-    env = {"TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPP_MIN_LOG_LEVEL": "3", **os.environ}
+    # As `kformer train` runs: TensorFlow quiet (oneDNN's kernels: this process's setting,
+    # kformer/__init__.py).
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", **os.environ}
     seconds, peak, stdout = measured(
         [sys.executable, "-c", PROBE, out, data, config, str(steps), str(pipeline_batches)], env=env
     )
