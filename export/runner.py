@@ -154,11 +154,15 @@ class SearchFilesRunner(ArtifactRunner):
         """The runtime's handle of one file (a session, an interpreter)."""
         raise NotImplementedError
 
+    def file_of(self, search):
+        """The path of the file that runs `search`: its own, or the variant's one file."""
+        return self.path if os.path.isfile(self.path) else search_file(self.path, search, self.extension)
+
     def opened(self, search):
         """The handle of the file that runs `search`, opening it the first time it is asked for."""
         if search not in self.handles:
             if not os.path.isfile(self.path):
-                self.handles[search] = self.open_file(search_file(self.path, search, self.extension))
+                self.handles[search] = self.open_file(self.file_of(search))
             elif self.one_file_serves_both:
                 self.handles = dict.fromkeys(SEARCHES, self.open_file(self.path))
             else:

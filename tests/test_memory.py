@@ -1,0 +1,62 @@
+"""Pages of mapped model files handed back (export/memory.py), each check in a process of its own
+so that the test process's mappings play no part."""
+
+import pytest
+from conftest import BEAM, python_lines
+
+from kformer.export import memory
+
+pytestmark = pytest.mark.skipif(memory._madvise() is None, reason="Linux only (madvise, /proc/self/maps)")
+
+RESIDENT = """
+def resident_mb(path):  # the resident MB of this process's mappings of the file at `path`
+    kb, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        if "-" in line.split()[0]:  # a mapping's first line: "start-end perms offset device inode path"
+            inside = line.rstrip().endswith(path)
+        elif inside and line.startswith("Rss:"):
+            kb += int(line.split()[1])
+    return kb / 1024
+"""
+
+
+def test_a_mapped_files_pages_are_dropped_and_read_again(tmp_path):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(bytes(range(256)) * 32768)  # 8 MB
+    script = """
+import hashlib, mmap, sys
+from kformer.export import memory
+path = sys.argv[1]
+with open(path, "rb") as f:
+    mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # read-only, as LiteRT maps a model
+digest = hashlib.md5(mapped).hexdigest()  # every page touched
+touched = resident_mb(path)
+dropped = memory.drop_file_pages(path)
+left = resident_mb(path)
+print(touched, dropped / 2**20, left, hashlib.md5(mapped).hexdigest() == digest, resident_mb(path))
+with open(path, "r+b") as f:
+    writable = mmap.mmap(f.fileno(), 0)
+print(memory.drop_file_pages(path) / 2**20)  # the read-only mapping's 8 MB again, not the writable's
+"""
+    first, second = python_lines(RESIDENT + script, str(path))[-2:]
+    touched, dropped, left, same, reread = first.split()
+    assert float(touched) > 7.9 and float(dropped) == 8 and float(left) < 0.5, first
+    assert same == "True" and float(reread) > 7.9, first
+    assert float(second) == 8, second
+
+
+def test_a_tflite_files_weights_are_not_held_twice_once_it_has_run(artifacts):
+    script = """
+import os, sys
+from kformer.export.tflite import TfliteRunner
+runner, texts = TfliteRunner(sys.argv[1], int(sys.argv[2])), ["我們試試看！", "他很高興。"]
+for beam_size in (1, int(sys.argv[2])):
+    first = runner.translate(texts, beam_size=beam_size)
+    path = runner.file_of("greedy" if beam_size == 1 else "beam")
+    share = resident_mb(os.path.realpath(path)) / (os.path.getsize(path) / 2**20)
+    print(share, runner.translate(texts, beam_size=beam_size) == first)  # read again as needed
+"""
+    lines = python_lines(RESIDENT + script, artifacts, str(BEAM))[-2:]
+    for line in lines:  # greedy's file, beam's: the resident share of the file after its first call
+        share, same = line.split()
+        assert float(share) < 0.1 and same == "True", lines
