@@ -28,7 +28,11 @@ chromium:
 demo: $(VENV)/.installed  ## train on Tatoeba zh-en for MINUTES, report BLEU, show translations
 	$(VENV)/bin/kformer demo --out runs/demo --config small --minutes $(MINUTES)
 
+# The suite in TEST_WORKERS processes (pytest-xdist), a test file to a process: most tests wait on
+# subprocesses or run one thread, so on 2 cores two processes took 30 minutes where one took 40.
+TEST_WORKERS ?= 2
+
 test: $(VENV)/.installed chromium  ## format and lint checks, then the whole test suite (tiny configs)
 	$(VENV)/bin/ruff format --check kformer export tests notebooks  # `ruff format` fixes what this finds
 	$(VENV)/bin/ruff check kformer export tests notebooks
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --numprocesses $(TEST_WORKERS) --dist loadfile
