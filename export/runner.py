@@ -23,14 +23,15 @@ class Runner:
     as a dict; `language` the target language (how sentences are joined).
     """
 
-    # How beam search calls are sized (batching.tokens_per_call). Where beam_shares_batch (the TFLite
-    # graphs), a beam of K takes K places of the batch: `batch_size` // K sentences a call. Their
-    # buffers are sized to the longest output: for LiteRT fp32 (demo model, 500 test sentences), 32
-    # sentences a call of at most 16 tokens each took 0.91x the time of 8 (4 interleaved rounds) at
-    # a peak of 212 MB against 160. Where beam_capped (onnxruntime's graphs, whose key/value caches
-    # grow a step at a time), a beam call takes `batch_size` sentences of at most
-    # batching.BEAM_TOKENS_PER_SENTENCE tokens each. CTranslate2 drops finished hypotheses as it
-    # goes: whole batches, uncapped.
+    # How beam search calls are sized (batching.tokens_per_call). Where beam_capped (onnxruntime's
+    # and LiteRT's graphs), a beam call takes sentences of at most batching.BEAM_TOKENS_PER_SENTENCE
+    # tokens each: `batch_size` of them, or where beam_shares_batch (the TFLite graphs, whose
+    # key/value buffers are sized to the longest output), a beam of K takes K of 2 x `batch_size`
+    # hypothesis rows: 2 * batch_size // K sentences a call (16 at K = 4). LiteRT, demo model, 500
+    # test sentences, time against 8 sentences a call uncapped (4 interleaved rounds in one
+    # process) and peak: fp32 16 sentences 0.82-0.91x at 142 MB against 151; 12: 0.89-0.92x at
+    # 156; 24: 0.86-0.89x at 188; 32 at 16 tokens each 0.91x at 212 (against 160); int8 16 0.92-1.16x
+    # at 155 MB, as 8. CTranslate2 drops finished hypotheses as it goes: whole batches, uncapped.
     beam_shares_batch = False
     beam_capped = False
 
@@ -46,7 +47,7 @@ class Runner:
     def sentences_per_call(self, options):
         """How many sentences one search call takes, for checked options (see beam_shares_batch)."""
         if self.beam_shares_batch and options.search == "beam":
-            return max(1, self.batch_size // options.beam_size)
+            return max(1, 2 * self.batch_size // options.beam_size)
         return self.batch_size
 
     def search(self, batch, **options):

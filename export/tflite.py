@@ -135,6 +135,7 @@ class TfliteRunner(SearchFilesRunner):
     fmt = Tflite.name
     extension = Tflite.extension
     beam_shares_batch = True
+    beam_capped = True
 
     def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
         super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)

@@ -22,15 +22,15 @@ NEG_INF_SCORE = -1.0e8  # scores at or below it mark a beam slot without a hypot
 # padding included). Demo model, 500 test sentences, 32 a call: the last batch (24 sentences of up
 # to 62 tokens) raised onnxruntime's greedy peak from 125 to 155 MB; in calls of at most 512 tokens
 # it peaked at 124-125 MB (LiteRT 163-164 against 193, CTranslate2 88 against 96-97), with the same
-# translations in about the time (2 interleaved rounds). Beam calls of 8 sentences (the TFLite
-# graphs', `Runner.beam_shares_batch`) are not capped: at 16 tokens a sentence they took 1.1-1.4x
-# the time in every runtime.
+# translations in about the time (2 interleaved rounds). Beam calls of 8 sentences capped at 16
+# tokens a sentence took 1.1-1.4x the time in every runtime: a beam call's cap is
+# BEAM_TOKENS_PER_SENTENCE, for larger calls (`Runner.sentences_per_call`).
 TOKENS_PER_SENTENCE = 16
-# A beam call of `batch_size` sentences in a runner with `Runner.beam_capped` (onnxruntime's graphs)
-# takes at most this many source tokens a sentence. Demo model, 500 test sentences, onnxruntime fp32,
-# 2 AVX2 cores: 32 sentences a call took 0.77-0.78x the time of 8 (4 interleaved rounds in one
-# process); uncapped its peak was 195-199 MB against 8's 131-132, capped at 16 tokens 147-150, at
-# 12 141, at the same speed.
+# A beam call in a runner with `Runner.beam_capped` (onnxruntime's and LiteRT's graphs) takes at
+# most this many source tokens a sentence. Demo model, 500 test sentences, onnxruntime fp32, 2 AVX2
+# cores: 32 sentences a call took 0.77-0.78x the time of 8 (4 interleaved rounds in one process);
+# uncapped its peak was 195-199 MB against 8's 131-132, capped at 16 tokens 147-150, at 12 141, at
+# the same speed.
 BEAM_TOKENS_PER_SENTENCE = 12
 
 

@@ -525,8 +525,9 @@ def _add_translate(commands):
         type=_positive(int),
         default=32,
         help="most lines (and sentences) translated together (greedy: fewer long ones, at most "
-        f"{TOKENS_PER_SENTENCE} source tokens a sentence; beam in ONNX: at most "
-        f"{BEAM_TOKENS_PER_SENTENCE}); a beam of K takes K places in the TFLite graphs; a pipe's lines "
+        f"{TOKENS_PER_SENTENCE} source tokens a sentence; beam in ONNX and TFLite: at most "
+        f"{BEAM_TOKENS_PER_SENTENCE}; a beam of K takes K of 2 x batch-size places in the TFLite graphs); "
+        "a pipe's lines "
         "are translated as they arrive, those that arrive together in one batch (default 32)",
     )
     _weights_option(p)
@@ -685,8 +686,8 @@ def _add_bench(commands):
         "--batch-size",
         type=_positive(int),
         default=32,
-        help="runtimes: sentences a call of the file's translate takes, as translate's --batch-size (a "
-        "beam of K takes K places in the TFLite graphs; default 32)",
+        help="runtimes: sentences a call of the file's translate takes, as translate's --batch-size "
+        "(default 32)",
     )
     p.add_argument("--steps", type=_positive(int), default=30)
     p.add_argument(

@@ -36,7 +36,7 @@ def test_runtime_worker_measures_the_runtime_it_names(artifacts, tmp_path):  # n
     job.write_text(json.dumps({"sources": sources, "batch1_sentences": 3, "batch_size": 2 * BEAM}))
     row = worker(artifacts, "tflite", "fp32", BEAM, str(job))
     assert row["search"] == f"beam{BEAM}" and row["batch1_ms"] > 0 and row["file_s"] > 0
-    assert row["batch_size"] == 2 * BEAM  # the file in calls of two sentences, as --batch-size asks
+    assert row["batch_size"] == 2 * BEAM  # the runner's --batch-size, as the job asks
     assert row["file_sentences_per_s"] == pytest.approx(len(sources) / row["file_s"])
     assert 0 < row["imported_mb"] < row["loaded_mb"] <= row["peak_rss_mb"]
     onnx = OnnxRunner(artifacts, BEAM)  # another runtime, which must give the same translations

@@ -306,15 +306,15 @@ def test_ctranslate2_keeps_each_rows_output_limit(artifacts, model_dir, monkeypa
 
 def test_beam_calls_are_sized_per_runtime(artifacts):
     """TFLite keeps every hypothesis in buffers sized to the longest output: a beam search call
-    takes batch_size // K sentences; onnxruntime batch_size sentences of at most
+    takes 2 * batch_size // K sentences, onnxruntime batch_size, both of at most
     BEAM_TOKENS_PER_SENTENCE tokens each; CTranslate2 batch_size; greedy calls batch_size (fewer
     long ones) in all. The translations do not depend on it."""
     texts = [f"他{'很' * (i % 4)}高興。我們試試看{i}！" for i in range(14)]  # 28 sentences
     expected = OnnxRunner(artifacts, BEAM, batch_size=64).translate(texts)  # one call
-    long = [[5] * 20] * 7  # 20 tokens: 5 a beam call in onnxruntime (9 x 12 tokens), 9 // K in TFLite
+    long = [[5] * 20] * 7  # 20 tokens: 5 a beam call in onnxruntime (9 x 12 tokens), 3 in TFLite (6 x 12)
     for runner_class, beam_rows, long_beam_calls in (
         (OnnxRunner, 9, [5, 2]),
-        (TfliteRunner, 9 // BEAM, [3, 3, 1]),
+        (TfliteRunner, 2 * 9 // BEAM, [3, 3, 1]),
         (Ctranslate2Runner, 9, [7]),
     ):
         runner = runner_class(artifacts, BEAM, batch_size=9)

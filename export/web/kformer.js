@@ -13,9 +13,9 @@ import * as ort from "/ort/ort.wasm.min.mjs";
 import { SentencePiece } from "./sentencepiece.js";
 import { joiner, splitClauses, splitSentences, strip } from "./sentences.js";
 
-const BATCH_SIZE = 32; // as the Python runners' default; beam search takes BATCH_SIZE / K sentences, as the
-// TFLite runner does (Runner.beam_shares_batch) for either file: the page was not measured with
-// onnxruntime's larger beam calls (Runner.beam_capped)
+const BATCH_SIZE = 32; // as the Python runners' default; beam search takes BATCH_SIZE / K sentences a call,
+// uncapped, for either file: the page was not measured with the Python runners' larger beam calls
+// of short sentences (Runner.beam_shares_batch, Runner.beam_capped)
 const NEG_INF_SCORE = -1.0e8; // batching.NEG_INF_SCORE: a beam slot without a hypothesis
 const TOKENS_PER_SENTENCE = 16; // batching.TOKENS_PER_SENTENCE: a greedy call of long sentences takes fewer
 // Python's str.strip()/split() whitespace, which JavaScript's trim() does not match exactly.

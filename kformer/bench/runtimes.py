@@ -147,7 +147,7 @@ def bench_runtimes(
     of the held-out test split of the corpus the model was trained on. Batch 1 is timed over the
     first `batch1_sentences`, one at a time: a single sentence of a few milliseconds gives ratios
     that move by up to 3x between rounds. `batch_size`: the file's sentences a runner call takes
-    (`kformer translate --batch-size`; a beam of K takes K places in the TFLite graphs)."""
+    (`kformer translate --batch-size`; see Runner.sentences_per_call)."""
     from kformer.evaluate import score, split_references
     from kformer.export.manifest import load as load_manifest
 
@@ -255,8 +255,8 @@ def _cells(ratios):
 def print_table(results):
     print(
         f"file: {results['sentences']} test sentences through translate (length-sorted batches of "
-        f"{results['batch_size']} sentences, fewer long ones greedy and onnxruntime's beam, "
-        f"{results['batch_size']} / K for TFLite's beam), "
+        f"{results['batch_size']} sentences, fewer long ones; TFLite's beam 2 x "
+        f"{results['batch_size']} / K), "
         f"BLEU on them; batch 1: the first {results['batch1_sentences']}, one at a time (out tok: their "
         f"mean output); timings: median of {results['rounds']} interleaved rounds; time / CTranslate2: "
         f"file, batch 1, round by round, against the same precision and against its fastest file"
