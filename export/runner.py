@@ -29,9 +29,10 @@ class Runner:
     # key/value buffers are sized to the longest output), a beam of K takes K of 2 x `batch_size`
     # hypothesis rows: 2 * batch_size // K sentences a call (16 at K = 4). LiteRT, demo model, 500
     # test sentences, time against 8 sentences a call uncapped (4 interleaved rounds in one
-    # process) and peak: fp32 16 sentences 0.82-0.91x at 142 MB against 151; 12: 0.89-0.92x at
-    # 156; 24: 0.86-0.89x at 188; 32 at 16 tokens each 0.91x at 212 (against 160); int8 16 0.92-1.16x
-    # at 155 MB, as 8. CTranslate2 drops finished hypotheses as it goes: whole batches, uncapped.
+    # process) and peak: fp32 16 sentences 0.82-1.01x (medians 0.87-0.88 in two runs) at 142 MB
+    # against 151; 12: 0.89-0.92x at 156; 24: 0.86-0.89x at 188; 32 at 16 tokens each 0.91x at 212
+    # (against 160); int8 16 0.92-1.16x at 155 MB, as 8. CTranslate2 drops finished hypotheses as
+    # it goes: whole batches, uncapped.
     beam_shares_batch = False
     beam_capped = False
 
