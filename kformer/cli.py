@@ -97,6 +97,7 @@ def _train(args):
         vocab_size=args.vocab_size,
         evaluation=Evaluation(args.eval_minutes, args.eval_steps, args.eval_sentences, args.early_stop),
         overrides=None if args.average is None else {"ema_momentum": args.average},
+        checkpoint_seconds=args.save_minutes * 60,
     )
     print(json.dumps(summary, indent=2))
 
@@ -390,6 +391,13 @@ def _add_train(commands):
         help="SentencePiece vocabulary size",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--save-minutes",
+        type=_positive(float),
+        default=5.0,
+        help="save model.keras (and where the batch stream is) this often, and at the end; a kill "
+        "loses at most this much training (default: %(default)s)",
+    )
     _evaluation_options(p)
     p.add_argument(
         "--strategy",

@@ -12,10 +12,7 @@ import pytest
 from conftest import PYTHON, python_lines, saved_weights
 
 from kformer import checkpoint
-from kformer import data as data_lib
-from kformer import prepare as prepare_lib
 from kformer.distributed import cluster_from_env, local_cluster
-from kformer.train import prepare
 
 
 @pytest.mark.parametrize(
@@ -164,9 +161,13 @@ def _summary(log_text):
 def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_tsv):
     out, logs = str(tmp_path / "run"), str(tmp_path)
     cluster = local_cluster(2)
-    # 1. Train until the chief has saved a checkpoint (each epoch saves), then kill worker 1.
+    # 1. Train until the chief has saved a checkpoint (every 1.2 s), then kill worker 1.
     workers = _start_workers(
-        cluster, _train_command(corpus_tsv, out, "--steps", "2000"), str(tmp_path), logs, "a"
+        cluster,
+        _train_command(corpus_tsv, out, "--steps", "2000", "--save-minutes", "0.02"),
+        str(tmp_path),
+        logs,
+        "a",
     )
     state_file = checkpoint.path(out, checkpoint.STATE_FILE)
     deadline = time.monotonic() + 240
@@ -181,9 +182,7 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
     survivor = _log(logs, "a0.log")
     assert "a worker stopped during training" in survivor and "Traceback" not in survivor, survivor[-3000:]
     saved = checkpoint.read_state(out)["steps"]
-    config, _, folder, _ = prepare(out, "tiny", data=corpus_tsv, vocab_size=1200)  # writes nothing
-    per_epoch = data_lib.prepared_steps_per_epoch(prepare_lib.load(folder), config, pad_to_bucket=False)
-    assert saved >= 20 and saved % per_epoch == 0, (saved, per_epoch)  # an epoch's end: a saved checkpoint
+    assert saved >= 20, saved
 
     # 2. Restart both: training resumes from the chief's last checkpoint and reaches the target.
     workers = _start_workers(
@@ -268,11 +267,10 @@ def test_sigterm_on_one_worker_stops_all_at_one_saved_step_and_a_restart_ends_as
     )
     assert _wait(workers) == [0, 0], _log(logs, "w1.log")[-3000:]
 
-    workers = _start_workers(
-        cluster, _train_command(corpus_tsv, stopped, "--steps", str(steps)), logs, logs, "a"
-    )
+    stopped_command = _train_command(corpus_tsv, stopped, "--steps", str(steps), "--save-minutes", "0.02")
+    workers = _start_workers(cluster, stopped_command, logs, logs, "a")
     deadline = time.monotonic() + 240
-    while not (os.path.exists(checkpoint.path(stopped, checkpoint.STATE_FILE))):  # the first epoch's save
+    while not (os.path.exists(checkpoint.path(stopped, checkpoint.STATE_FILE))):  # the first save
         assert time.monotonic() < deadline and all(w.poll() is None for w in workers), _log(logs, "a0.log")[
             -3000:
         ]

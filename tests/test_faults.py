@@ -94,15 +94,15 @@ def test_sigterm_saves_the_step_it_stopped_at_and_a_resume_ends_as_if_uninterrup
     the step it is at (not the last periodic checkpoint), says so in one line, exits 143."""
     out, whole = str(tmp_path / "stopped"), str(tmp_path / "whole")
     command = [PYTHON, "-m", "kformer.cli", "train", "--config", "tiny", "--data", corpus_tsv]
-    command += ["--vocab-size", "1200", "--out", out, "--steps", "3000", "--no-xla"]
+    command += ["--vocab-size", "1200", "--out", out, "--steps", "3000", "--no-xla", "--save-minutes", "0.02"]
     process = subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 300
-    while not os.path.exists(checkpoint.path(out, checkpoint.STATE_FILE)):  # the first epoch's save
+    while not os.path.exists(checkpoint.path(out, checkpoint.STATE_FILE)):  # the first save (every 1.2 s)
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
         time.sleep(0.05)
-    time.sleep(0.3)  # into the next epoch
+    time.sleep(0.3)  # past that save
     process.terminate()
     stderr = process.communicate(timeout=120)[1]
     assert process.returncode == 143, stderr[-3000:]

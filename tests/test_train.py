@@ -71,6 +71,34 @@ def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, c
         np.testing.assert_allclose(a[name], b[name], atol=1e-6, err_msg=name)
 
 
+def test_a_run_saves_by_time_and_after_its_last_epoch_not_after_every_epoch(
+    tmp_path, corpus_tsv, monkeypatch
+):
+    """A save can take as long as an epoch (a small corpus on a GPU): three epochs with no save
+    due by time write one checkpoint, after the last, holding every step."""
+    saved_at = []
+    save = checkpoint.save
+
+    def counted(model, model_path, state=None, input_iterator=None):
+        saved_at.append(state["steps"])
+        save(model, model_path, state, input_iterator)
+
+    monkeypatch.setattr(checkpoint, "save", counted)
+    out = str(tmp_path / "run")
+    summary = train(
+        out,
+        "tiny",
+        data=corpus_tsv,
+        vocab_size=1200,
+        epochs=3,
+        xla=False,
+        verbose=0,
+        checkpoint_seconds=10**6,
+    )
+    assert summary["steps"] > 3 and saved_at == [summary["steps"]], saved_at
+    assert checkpoint.read_state(out)["steps"] == summary["steps"]
+
+
 class StepClock(keras.callbacks.Callback):
     """A clock for `kformer.callbacks` that advances `seconds_per_step` at each training step (listed
     before kformer's callbacks, it ticks before they read it): the budget logic sees a machine of
