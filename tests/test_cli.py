@@ -58,6 +58,16 @@ def test_train_precision_option():
         precision("--precision", "half")
 
 
+def test_train_saves_every_save_minutes(monkeypatch, capsys):
+    import kformer.train
+
+    calls = []
+    monkeypatch.setattr(kformer.train, "train", lambda *args, **options: calls.append(options) or {})
+    main(["train", "--out", "X", "--steps", "3"])
+    main(["train", "--out", "X", "--steps", "3", "--save-minutes", "0.5"])
+    assert [c["checkpoint_seconds"] for c in calls] == [300, 30]
+
+
 def test_train_command_with_aligned_files(tmp_path, corpus_pairs, capsys):
     source, target = tmp_path / "train.zh", tmp_path / "train.en"
     source.write_text("".join(s + "\n" for s, _ in corpus_pairs), encoding="utf-8")
@@ -270,6 +280,7 @@ def test_each_optional_module_is_named_with_its_extra():
         (["train", "--out", "X", "--minutes", "nan"], "--minutes"),
         (["train", "--out", "X", "--steps", "-1"], "--steps"),
         (["train", "--out", "X", "--epochs", "0"], "--epochs"),
+        (["train", "--out", "X", "--save-minutes", "0"], "--save-minutes"),
         (["demo", "--minutes", "0"], "--minutes"),
         (["translate", "--model", "X", "--beam", "0", "hi"], "--beam"),
         (["translate", "--model", "X", "--batch-size", "-1", "hi"], "--batch-size"),
