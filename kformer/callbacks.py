@@ -1,4 +1,5 @@
-"""Keras callbacks of a training run: the budget (steps or minutes), the NaN guard, the checkpoints."""
+"""Keras callbacks of a training run: the budget (steps or minutes), the NaN guard, the checkpoints,
+the stops on signals."""
 
 import collections
 import logging
@@ -7,6 +8,7 @@ import shutil
 import signal
 import statistics
 import tempfile
+import threading
 import time
 
 import keras
@@ -201,6 +203,43 @@ class Checkpoint(keras.callbacks.Callback):
         last = self.model.stop_training or epoch + 1 >= self.params.get("epochs", epoch + 1)
         if last or time.monotonic() - self.last >= self.every_seconds:
             self.save()
+
+
+INTERRUPTED = "interrupted by Ctrl-C"  # a summary's "stopped" after StopOnInterrupt stopped it
+
+
+class StopOnInterrupt(keras.callbacks.Callback):
+    """Makes the first Ctrl-C (SIGINT: a terminal's, or a notebook's interrupt button) of a
+    single-process run stop training after the current step, as a spent budget does: `Checkpoint`
+    saves the run, `reason` says why it stopped, and the same command resumes. A second Ctrl-C
+    interrupts at once, as Python's default does. Only without a strategy: another worker would
+    wait for this one in the step's all-reduce (the stop that workers agree on is SIGTERM's,
+    `StopOnSigterm`); and only in the main thread, where a handler can be set."""
+
+    def __init__(self):
+        super().__init__()
+        self.reason, self.requested, self.default = None, False, None
+
+    def on_train_begin(self, logs=None):
+        if threading.current_thread() is threading.main_thread():
+            self.default = signal.signal(signal.SIGINT, self._request)
+
+    def _request(self, signum, frame):
+        self.requested = True
+        self._release()  # the next Ctrl-C: the default KeyboardInterrupt
+        log.warning("Ctrl-C: stopping after this step and saving the run (Ctrl-C again: stop now, unsaved)")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.requested:
+            self.reason, self.model.stop_training = INTERRUPTED, True
+
+    def on_train_end(self, logs=None):
+        self._release()
+
+    def _release(self):
+        if self.default is not None:
+            signal.signal(signal.SIGINT, self.default)
+            self.default = None
 
 
 class StopOnSigterm(keras.callbacks.Callback):

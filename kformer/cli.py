@@ -77,7 +77,7 @@ def _data_spec(values):
 def _train(args):
     from kformer.distributed import make_strategy
     from kformer.keep_best import Evaluation
-    from kformer.train import train
+    from kformer.train import stop_if_interrupted, train
 
     summary = train(
         args.out,
@@ -100,6 +100,7 @@ def _train(args):
         checkpoint_seconds=args.save_minutes * 60,
     )
     print(json.dumps(summary, indent=2))
+    stop_if_interrupted(summary)
 
 
 def _prepare(args):

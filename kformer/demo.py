@@ -3,7 +3,7 @@ chrF on the held-out test split and show a few of its translations."""
 
 from kformer.config import DEFAULT_PRESET
 from kformer.evaluate import evaluate, print_scores
-from kformer.train import train
+from kformer.train import stop_if_interrupted, train
 
 EXAMPLES = 8
 
@@ -13,6 +13,7 @@ def demo(out_dir="runs/demo", config_name=DEFAULT_PRESET, minutes=20, **train_op
     with beam search and prints the speed, the scores and a few translations. `train_options` go to
     `kformer.train.train` (e.g. `data`, for another corpus). Returns the evaluation result."""
     summary = train(out_dir, config_name, minutes=minutes, **train_options)
+    stop_if_interrupted(summary)  # Ctrl-C: saved, and no evaluation
     if "steps_per_s" in summary:
         print(
             f"training speed: {summary['steps_per_s']:.2f} steps/s, {summary['real_tokens_per_s']:.0f} real "

@@ -181,6 +181,12 @@ class Preempted(Exception):
     exit_code = 128 + signal.SIGTERM  # the status of a process ended by SIGTERM: not finished
 
 
+class Interrupted(Preempted):
+    """Training stopped on Ctrl-C (`kformer.callbacks.StopOnInterrupt`), its last step saved."""
+
+    exit_code = 128 + signal.SIGINT  # a shell's status for a command stopped by Ctrl-C
+
+
 class WorkerLost(ConnectionError):
     """A worker of a multi-worker run stopped (or became unreachable) during training."""
 

@@ -18,9 +18,11 @@ from kformer import data as data_lib
 from kformer import init_from as init_from_lib
 from kformer import prepare as prepare_lib
 from kformer.callbacks import (
+    INTERRUPTED,
     Budget,
     Checkpoint,
     InputPosition,
+    StopOnInterrupt,
     StopOnNaN,
     StopOnSigterm,
     batches_done,
@@ -207,6 +209,7 @@ class Training:
     budget: object = None
     nan_guard: object = None
     keep_best: object = None  # KeepBest, when the run evaluates a dev sample
+    interrupt: object = None  # StopOnInterrupt, in a single-process run
     real_tokens_per_step: float = 0.0  # non-pad source + target tokens of an average batch
     writes: bool = True  # False on a worker other than the chief
     precision: str = "float32"  # compute precision (`choose_precision`); weights are float32
@@ -225,7 +228,10 @@ class Training:
         best = self.keep_best
         summary = {
             "steps": steps_done(self.model),
-            "stopped": self.budget.reason or (best and best.reason) or "finished",
+            "stopped": (self.interrupt and self.interrupt.reason)
+            or self.budget.reason
+            or (best and best.reason)
+            or "finished",
             "minutes": self.budget.elapsed() / 60,
             "steps_per_s": speed,
             "real_tokens_per_s": speed * self.real_tokens_per_step,
@@ -242,6 +248,15 @@ class Training:
             summary["stopped"],
         )
         return summary
+
+
+def stop_if_interrupted(summary):
+    """Raises `Interrupted` (a command's exit status 130) if Ctrl-C stopped the run of `summary`."""
+    if summary.get("stopped") == INTERRUPTED:
+        raise distributed.Interrupted(
+            f"stopped by Ctrl-C after step {summary['steps']} (saved model.keras); "
+            "run the same command to resume"
+        )
 
 
 def train(out_dir, config_name=None, **options):
@@ -383,7 +398,9 @@ def _start(
     nan_guard = StopOnNaN()
     position, replay = _input_position(out_dir, state, batches_done(model), plain)
     keep_best = _keep_best(out_dir, evaluation, encoded, tokenizer, corpus, chief, strategy, nan_guard)
-    callbacks = [*callbacks, budget, nan_guard, *(c for c in (position, keep_best) if c is not None)]
+    interrupt = StopOnInterrupt() if plain else None  # one process: no worker waits for this one
+    optional = (position, keep_best, interrupt)
+    callbacks = [*callbacks, budget, nan_guard, *(c for c in optional if c is not None)]
     # Other workers compute the same weights and logs, and write nothing.
     writers = _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position) if chief else []
     callbacks += [*writers, StopOnSigterm(writers[0].save if writers else None)]
@@ -411,6 +428,7 @@ def _start(
         budget=budget,
         nan_guard=nan_guard,
         keep_best=keep_best,
+        interrupt=interrupt,
         real_tokens_per_step=real / per_epoch * config.accumulate_steps,
         writes=chief,
         precision=precision,

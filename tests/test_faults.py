@@ -147,3 +147,34 @@ def test_a_save_killed_between_its_two_renames_keeps_the_state_of_the_new_model(
     assert checkpoint.read_state(str(tmp_path))["steps"] == 1  # training.json was not replaced
     assert checkpoint.read_state(str(tmp_path), steps=2) == {"steps": 2, "seconds": 20.0}
     assert checkpoint.read_state(str(tmp_path), steps=1) == {"steps": 1, "seconds": 10.0}
+
+
+def test_ctrl_c_stops_after_the_step_saves_it_and_the_same_command_resumes(tmp_path, corpus_tsv):
+    """The first Ctrl-C (SIGINT) stops training after the current step with that step saved, one
+    line on stderr, exit status 130; the same command continues from it."""
+    import signal
+
+    out = str(tmp_path / "run")
+
+    def command(steps):
+        return [PYTHON, "-m", "kformer.cli", "train", "--config", "tiny", "--data", corpus_tsv, "--vocab-size",
+                "1200", "--out", out, "--steps", str(steps), "--no-xla", "--eval-minutes", "0"]  # fmt: skip
+
+    stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(stdout, "w") as o, open(stderr, "w") as e:
+        process = subprocess.Popen(command(3000), cwd=ROOT, stdout=o, stderr=e)
+        deadline = time.monotonic() + 300
+        while "ms/step" not in stdout.read_text():  # an epoch's progress line: training is under way
+            assert process.poll() is None and time.monotonic() < deadline, stderr.read_text()[-3000:]
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) == 130, stderr.read_text()[-3000:]
+    step = checkpoint.read_state(out)["steps"]
+    assert 0 < step < 3000 and _saved_step(out) == step
+    text = stderr.read_text()
+    assert f"kformer train: stopped by Ctrl-C after step {step} (saved model.keras); run the same" in text
+    assert "Traceback" not in text
+
+    resumed = subprocess.run(command(step + 5), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and f"resuming {out}/model.keras from step {step}" in resumed.stderr
+    assert checkpoint.read_state(out)["steps"] == step + 5
