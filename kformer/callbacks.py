@@ -222,7 +222,9 @@ class StopOnInterrupt(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if threading.current_thread() is threading.main_thread():
-            self.default = signal.signal(signal.SIGINT, self._request)
+            previous = signal.signal(signal.SIGINT, self._request)
+            # None: a handler set outside Python, which cannot be put back; Python's own then.
+            self.default = signal.default_int_handler if previous is None else previous
 
     def _request(self, signum, frame):
         self.requested = True
