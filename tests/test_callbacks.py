@@ -37,6 +37,7 @@ def test_ctrl_c_requests_a_stop_after_the_step_and_gives_sigint_back(monkeypatch
         pass
 
     model = types.SimpleNamespace(stop_training=False)
+    original = signal.getsignal(signal.SIGINT)  # the test runner's, put back at the end
     for previous, restored in ((mine, mine), (None, signal.default_int_handler)):
         signal.signal(signal.SIGINT, mine)
         if previous is None:
@@ -56,4 +57,4 @@ def test_ctrl_c_requests_a_stop_after_the_step_and_gives_sigint_back(monkeypatch
         stop.on_train_end()
         assert signal.getsignal(signal.SIGINT) is restored
         model.stop_training = False
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, original)
