@@ -7,9 +7,6 @@ inside the functions that use them, so that listing the formats imports neither.
 import os
 
 QUANTIZATIONS = ("fp16", "int8")  # variants written only when asked for (`kformer export --quantize`)
-# A search runs in two passes (kformer.search._in_two_passes), a loop each: ONNX Loops, TFLite
-# WHILEs. The writers check the count: a converter that unrolled or dropped a loop fails.
-SEARCH_LOOPS = 2
 SEARCHES = ("greedy", "beam")  # the files of a variant written as a file per search
 
 

@@ -64,13 +64,13 @@ class ExportModule(tf.Module):
         # A translator of its own (not an attribute: the SavedModel keeps the module's searches
         # only), whose functions are traced here, under the caller's kformer.portable settings
         # (ONNX's whole_top_1), not found already traced by the SavedModel's export. One row a call
-        # (fixed_shape) runs its first pass to the end: a second pass would be loop bodies that
-        # never run, whose weights LiteRT's XNNPACK still packs.
+        # (fixed_shape) runs in one pass: a second pass would be loop bodies that never run, whose
+        # weights LiteRT's XNNPACK still packs.
         translator = Translator(
             self.translator.model,
             beam_size=self.translator.beam_size,
             fixed_buffers=fixed_buffers,
-            two_passes=not fixed_shape,
+            drop_done=not fixed_shape,
         )
         fn = getattr(translator, search)
         if fixed_shape:

@@ -22,12 +22,16 @@ import os
 import numpy as np
 
 from kformer import batching
-from kformer.export.format import SEARCH_LOOPS, SEARCHES, ExportError, Format, beside
+from kformer.export.format import SEARCHES, ExportError, Format, beside
 from kformer.export.runner import SearchFilesRunner
 
 OPSET = 17
 WEIGHTS = "weights.bin"  # the weights of a variant's two search files, once
 WEIGHT_ALIGNMENT = 4096  # each tensor's offset in it: a page, so that a runtime may map it
+# A search's file has one Loop: its batch shrinks as rows are done (kformer.search's drop_done;
+# onnxruntime's Loops take shapes that change from step to step). `check` counts it: a converter
+# that unrolled or dropped a loop fails.
+SEARCH_LOOPS = 1
 
 
 class Onnx(Format):
@@ -177,8 +181,8 @@ def nodes(graph):
 
 
 def check(proto, path, extra_domains=(), top_level_loops=SEARCH_LOOPS):
-    """Standard domains only (tf2onnx exits 0 even when it leaves others), a top-level Loop per
-    pass of the search (plus that of the text graph), and onnx.checker's approval."""
+    """Standard domains only (tf2onnx exits 0 even when it leaves others), the search's one
+    top-level Loop (plus that of the text graph), and onnx.checker's approval."""
     import onnx
 
     allowed = ("", "ai.onnx", *extra_domains)
@@ -188,7 +192,7 @@ def check(proto, path, extra_domains=(), top_level_loops=SEARCH_LOOPS):
     loops = sum(1 for n in proto.graph.node if n.op_type == "Loop")
     if loops != top_level_loops:
         raise ExportError(
-            f"{path}: expected {top_level_loops} top-level ONNX Loop(s) (one per pass of the search), "
+            f"{path}: expected {top_level_loops} top-level ONNX Loop(s) (the search's, the text's), "
             f"found {loops}"
         )
     try:

@@ -144,7 +144,7 @@ def beam_trace(translator, text):
     config, tokenizer, k = translator.config, translator.tokenizer, translator.beam_size
     (ids,) = translator.encode([text])
     limits, length, cache, _ = translator.prepare(
-        tf.constant([ids or [config.pad_id]], tf.int32), translator.max_length, two_passes=False
+        tf.constant([ids or [config.pad_id]], tf.int32), translator.max_length, drop_done=False
     )
     _, _, trace = search.beam_search(
         translator.model.decode_step,

@@ -31,12 +31,13 @@ class Translator(tf.Module):
             (`kformer.options.SearchOptions`; max_length None: the config's max_target_length).
         batch_size: sentences per graph call in `translate`.
         jit_compile: compile the searches with XLA (one program per input shape; not exported).
-            The searches run in two passes (`search._in_two_passes`) except under XLA, which needs
-            static shapes where the second pass takes only the rows left.
         fixed_buffers: key/value buffers of a fixed length written one slot a step, instead of
             caches that grow by a step each step (`Transformer.init_cache`); XLA's always are.
             LiteRT, which re-plans a loop body whose shapes change, runs these faster.
-        two_passes: search in two passes; None: unless `jit_compile`.
+        drop_done: rows that are done stop taking steps (None: unless `jit_compile`, whose
+            static shapes cannot drop them): with growing caches, the loop drops them at every
+            step (`drop_done` of `kformer.search`); with fixed buffers, a second pass takes the
+            rows left once a quarter of them run on (`search._in_two_passes`).
 
     Graph functions (options are scalar inputs: max_length is clipped to [1, max_target_length],
     no_repeat_ngram <= 0 is off):
@@ -61,7 +62,7 @@ class Translator(tf.Module):
         jit_compile=False,
         nbest=1,
         fixed_buffers=False,
-        two_passes=None,
+        drop_done=None,
     ):
         super().__init__(name="translator")
         config = model.config
@@ -71,34 +72,33 @@ class Translator(tf.Module):
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.beam_size, self.max_length = beam_size, self.options.max_length
         self.batch_size = batch_size
-        self.two_passes = not jit_compile if two_passes is None else two_passes
+        self.drop_done = not jit_compile if drop_done is None else drop_done
         self.fixed_buffers = fixed_buffers or jit_compile
         self.greedy = tf.function(self._greedy, input_signature=GREEDY_SPECS, jit_compile=jit_compile)
         self.beam = tf.function(self._beam, input_signature=BEAM_SPECS, jit_compile=jit_compile)
 
-    def prepare(self, source_ids, max_length, two_passes=None):
+    def prepare(self, source_ids, max_length, drop_done=None):
         """(B, S) source ids and the max_length option -> (per-row output limits, buffer length,
-        decoder cache, first pass) for a search (first pass: `search.greedy_search`'s argument;
-        None for one pass, which `two_passes=False` asks for; the default is the translator's).
-        Ids beyond the positional table would be out of range (an error in TF and ONNX, an
-        unchecked read in TFLite): the graph keeps the first max_source_length, in every runtime."""
+        decoder cache, loop) for a search; loop: the search's keyword arguments that say how done
+        rows stop stepping ({} when they do not: `drop_done=False`; the default is the
+        translator's). Ids beyond the positional table would be out of range (an error in TF and
+        ONNX, an unchecked read in TFLite): the graph keeps the first max_source_length, in every
+        runtime."""
         c = self.config
         source_ids = source_ids[:, : c.max_source_length]
         cap = tf.clip_by_value(max_length, 1, c.max_target_length)
-        two_passes = self.two_passes if two_passes is None else two_passes
+        drop_done = self.drop_done if drop_done is None else drop_done
         # Buffers as long as the model's longest output whatever max_length is: their shapes then
         # follow from the input's shape alone, as XLA and LiteRT.js (the fixed file) need; a lower
         # max_length stops the loop earlier, in buffers a little longer than needed.
         limits, length = search.output_limits(source_ids, c.pad_id, cap, buffer_cap=c.max_target_length)
-        first_pass = None
-        if two_passes:
-            first_length = tf.minimum(length, tf.shape(source_ids)[1] + FIRST_PASS_EXTRA_TOKENS)
-            first_pass = (first_length, self.model.grow_cache)
-        if self.fixed_buffers:
-            cache = self.model.init_cache(source_ids, length if first_pass is None else first_pass[0])
-        else:  # key/value caches that grow by a step each step (Transformer.init_cache)
-            cache = self.model.init_cache(source_ids)
-        return limits, length, cache, first_pass
+        if not self.fixed_buffers:  # key/value caches that grow by a step each step (Transformer.init_cache)
+            return limits, length, self.model.init_cache(source_ids), {"drop_done": drop_done}
+        if not drop_done:
+            return limits, length, self.model.init_cache(source_ids, length), {}
+        first_length = tf.minimum(length, tf.shape(source_ids)[1] + FIRST_PASS_EXTRA_TOKENS)
+        loop = {"first_pass": (first_length, self.model.grow_cache)}
+        return limits, length, self.model.init_cache(source_ids, first_length), loop
 
     def _greedy(self, source_ids, max_length, no_repeat_ngram):
         return self.search_prepared(self.prepare(source_ids, max_length), False, 0.0, no_repeat_ngram)
@@ -108,7 +108,7 @@ class Translator(tf.Module):
 
     def search_prepared(self, prepared, beam, alpha, no_repeat_ngram):
         """Beam search (`beam` True) or greedy search over a batch from `prepare`."""
-        limits, length, cache, first_pass = prepared
+        limits, length, cache, loop = prepared
         c = self.config
         if beam:
             tokens, scores = search.beam_search(
@@ -121,8 +121,8 @@ class Translator(tf.Module):
                 c.eos_id,
                 alpha,
                 c.pad_id,
-                first_pass=first_pass,
                 no_repeat_ngram=no_repeat_ngram,
+                **loop,
             )
         else:
             tokens, scores = search.greedy_search(
@@ -133,8 +133,8 @@ class Translator(tf.Module):
                 c.bos_id,
                 c.eos_id,
                 c.pad_id,
-                first_pass,
                 no_repeat_ngram=no_repeat_ngram,
+                **loop,
             )
         return {"tokens": tokens, "scores": scores}
 

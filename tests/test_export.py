@@ -17,10 +17,10 @@ from kformer.config import NO_REPEAT_NGRAM
 from kformer.export import onnx, onnx_rewrite, tflite
 from kformer.export.ctranslate2 import Ctranslate2Runner
 from kformer.export.exporter import export
-from kformer.export.format import SEARCH_LOOPS, SEARCHES, ExportError
+from kformer.export.format import SEARCHES, ExportError
 from kformer.export.manifest import ArtifactError, load_tokenizer, sha256
 from kformer.export.manifest import load as load_manifest
-from kformer.export.onnx import OnnxRunner
+from kformer.export.onnx import SEARCH_LOOPS, OnnxRunner
 from kformer.export.savedmodel import SavedModelRunner
 from kformer.export.tflite import TfliteRunner
 from kformer.translate import KerasRunner
@@ -355,7 +355,9 @@ def test_text_in_text_out(artifacts, model_dir):
 
 
 # The most nodes each loop body of the tiny model's fp32 files may have (beam search, then greedy:
-# each pass's loop), as the pinned tf2onnx and TFLite converter write them. Included: the n-gram
+# ONNX's one loop, TFLite's loop of each pass), as the pinned tf2onnx and TFLite converter write
+# them. ONNX's include the drop of the rows done (kformer.search's drop_done: ~50 nodes a greedy
+# step, ~60 a beam step, of gathers and scatters). Included: the n-gram
 # repeat guard's 25 or 21 nodes a step, and the logits ranked in chunks (kformer.portable
 # .top_tokens: 14 TFLite ops a beam step, 8 a greedy one; 17 ONNX nodes a beam step, ONNX greedy
 # ranks whole). ONNX's key/value caches grow by concatenation: no slot or causal mask to write by
@@ -363,15 +365,14 @@ def test_text_in_text_out(artifacts, model_dir):
 # onnxruntime and TFLite run a loop body node by node at every step: a rewrite that
 # spells an operation in more nodes (keras.ops.take's negative-index guard, a tensordot, a
 # logsumexp's infinity guard) shows up here. Lower them when a change removes nodes.
-ONNX_STEP_NODES = {"beam": [182, 181], "greedy": [101, 100]}
+ONNX_STEP_NODES = {"beam": [242], "greedy": [146]}
 TFLITE_STEP_OPS = [169, 169, 121, 121]  # beam: a SHAPE a step (portable.shape_in_loop)
-# The main graph of an ONNX search's file runs once a call: the encoder and the two passes'
+# The main graph of an ONNX search's file runs once a call: the encoder and the search's
 # bookkeeping. tf2onnx does not write the same count twice (21 exports of the same model and code
 # once spread over 14 nodes: some Slice/Squeeze/Range/Shape/Cast are folded in one export and not
 # in the next, whatever PYTHONHASHSEED), so each budget is a count seen plus that spread; a change
-# that adds a step's worth of bookkeeping still shows. (One file of both searches: 428, both
-# encoded once, the idle search run on none of the rows.)
-ONNX_MAIN_NODES = {"beam": 300, "greedy": 243}
+# that adds a step's worth of bookkeeping still shows.
+ONNX_MAIN_NODES = {"beam": 189, "greedy": 153}
 
 
 def _within(counts, budget):
@@ -431,10 +432,10 @@ def _check_onnx_text_file(path, search, config, weight_bytes):
 
 
 def _check_onnx_file(path, search, config, weight_bytes):
-    """One search's fp32 file: standard operators, a Loop per pass, the weights once, each loop
-    body within its budget of nodes."""
+    """One search's fp32 file: standard operators, one Loop, the weights once, the loop body
+    within its budget of nodes."""
     proto = onnx_lib.load(path)
-    onnx.check(proto, path)  # standard domains, a Loop per pass of the search, onnx.checker
+    onnx.check(proto, path)  # standard domains, the search's Loop, onnx.checker
     assert [i.name for i in proto.graph.input] == ["source_ids", *_option_inputs(search)]
     assert sorted(o.name for o in proto.graph.output) == ["scores", "tokens"]
     # tf2onnx's spelled-out LayerNorm is one node; a second pass finds nothing to do.
@@ -442,10 +443,10 @@ def _check_onnx_file(path, search, config, weight_bytes):
     assert onnx_rewrite.simplify(proto.graph, onnx.OPSET) == dict.fromkeys(
         ("LayerNormalization", "Where", "Transpose", "Gemm", "MatMul", "ScatterND"), 0
     )
-    # Each loop's repeat guard scatters its penalties into the logits, adding duplicates.
-    scatters = [n for n in onnx.nodes(proto.graph) if n.op_type == "ScatterND"]
-    assert len(scatters) == SEARCH_LOOPS
-    assert all(onnx_rewrite._attributes(n)["reduction"] == b"add" for n in scatters)
+    # The loop's repeat guard scatters its penalties into the logits, adding duplicates; two more
+    # scatters write the step's results into the whole batch's buffers (each row once).
+    scatters = [onnx_rewrite._attributes(n) for n in onnx.nodes(proto.graph) if n.op_type == "ScatterND"]
+    assert sorted(str(a.get("reduction")) for a in scatters) == ["None", "None", "b'add'"], scatters
     bodies = [g for n in proto.graph.node if n.op_type == "Loop" for g in onnx_rewrite.subgraphs(n)]
     loops = [len(g.node) for g in bodies]
     assert len(loops) == SEARCH_LOOPS and _within(loops, ONNX_STEP_NODES[search]), loops
@@ -458,7 +459,7 @@ def _check_onnx_file(path, search, config, weight_bytes):
     assert [count(body, "Softmax") for body in bodies] == [1 + attentions] * len(bodies)
     assert [count(body, "TopK") for body in bodies] == [1 if search == "greedy" else 6] * len(bodies)
     assert len(proto.graph.node) <= ONNX_MAIN_NODES[search], len(proto.graph.node)
-    # Each weight is stored once, in the main graph, for both passes; the output projection reads
+    # Each weight is stored once, in the main graph, not in the loop; the output projection reads
     # the tied embedding itself.
     nested = list(onnx_rewrite.graphs(proto.graph))[1:]
     assert not [i.name for g in nested for i in g.initializer if np.prod(i.dims) >= 1024]
@@ -478,7 +479,7 @@ def _check_onnx_file(path, search, config, weight_bytes):
     weights = sum(numpy_helper.to_array(i).nbytes for i in proto.graph.initializer)
     assert weights < 1.1 * weight_bytes
     assert [n.op_type for n in onnx.nodes(proto.graph)] == nodes
-    # The encoder's, and the decoder's in each pass's Loop body.
+    # The encoder's, and the decoder's in the Loop body.
     layer_norms = 2 * config["num_encoder_layers"] + 3 * config["num_decoder_layers"] * SEARCH_LOOPS
     assert nodes.count("LayerNormalization") == layer_norms, nodes.count("LayerNormalization")
 
@@ -534,10 +535,10 @@ def _check_tflite_files(path, variant, weight_bytes):
         ops = tflite.operators(open(file, "rb").read())
         assert "WHILE" in ops and not any(op.startswith("CUSTOM") for op in ops), ops
         assert sorted(Interpreter(model_path=file).get_signature_list()) == sorted(searches)
-        # A loop per pass of each search (kformer.search._in_two_passes); one in the fixed file,
-        # whose one row a call runs its first pass to the end.
+        # A loop per pass of each search (fixed buffers: kformer.search._in_two_passes); one in the
+        # fixed file, whose one row a call runs its first pass to the end.
         file_bodies = _while_bodies(file)
-        assert len(file_bodies) == (1 if fixed else SEARCH_LOOPS) * len(searches), file
+        assert len(file_bodies) == (1 if fixed else 2) * len(searches), file
         bodies += file_bodies
         if variant in ("fp32", "fixed"):  # the weights once in each file
             assert _constant_bytes(file) < 1.1 * weight_bytes  # a second decoder would be +13%

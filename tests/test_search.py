@@ -288,6 +288,79 @@ def test_two_passes_give_the_results_of_one(seed):
         np.testing.assert_allclose(one[1], two[1], rtol=1e-6)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_dropping_done_rows_gives_the_results_of_one_pass(seed):
+    """Rows with limits 0-9 (some empty, some ending at EOS, some at their limit), a per-hypothesis
+    state and the n-gram guard, eager and in a graph of unknown batch (as exported)."""
+    rng = np.random.default_rng(seed)
+    rows = 6
+    table = tf.constant(rng.normal(size=(rows, V, V)).astype(np.float32) * 2)
+    limits = tf.constant(rng.integers(0, 10, rows), tf.int32)
+    length = int(tf.reduce_max(limits))
+    cache = {"static": tf.range(rows), "state": tf.zeros([rows, length], tf.int32)}
+    guard = {"no_repeat_ngram": 2}
+    searches = [
+        functools.partial(greedy_search, counting_step(table), bos_id=BOS, eos_id=EOS, **guard),
+        functools.partial(beam_search, counting_step(table), beam_size=3, bos_id=BOS, eos_id=EOS, **guard),
+    ]
+    for search in searches:
+        one = search(cache, limits, length)
+        graph = tf.function(
+            lambda static, state, limits, search=search: search(
+                {"static": static, "state": state}, limits, length, drop_done=True
+            ),
+            input_signature=[
+                tf.TensorSpec([None], tf.int32),  # static: the row ids
+                tf.TensorSpec([None, None], tf.int32),  # state: the tokens fed
+                tf.TensorSpec([None], tf.int32),  # limits
+            ],
+        )
+        for dropping in (
+            search(cache, limits, length, drop_done=True),
+            graph(cache["static"], cache["state"], limits),
+        ):
+            np.testing.assert_array_equal(one[0], dropping[0])
+            np.testing.assert_allclose(one[1], dropping[1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_done_rows_are_dropped_from_the_next_step(beam_size):
+    """Rows that never say EOS, limits 1-4: the step sees only the rows still running. Eager, so
+    the step sees each step's rows; the row ids in the static cache follow the drops (a row's
+    outputs are its own chain's: row 3 says "b", the others "a")."""
+    loop, other = {BOS: {A: 1.0}, A: {A: 1.0}}, {BOS: {B: 1.0}, B: {B: 1.0}}
+    rows = [loop, loop, loop, other, loop]
+    limits = tf.constant([2, 1, 4, 3, 0], tf.int32)
+    stepped = []
+
+    def step(tokens, cache, index):
+        stepped.append(int(tf.shape(tokens)[0]) // beam_size)
+        return markov_step(table_from(rows))(tokens, cache, index)
+
+    search = greedy_search if beam_size == 1 else functools.partial(beam_search, beam_size=beam_size)
+    tokens, _ = search(step, row_cache(rows), limits, 4, bos_id=BOS, eos_id=EOS, drop_done=True)
+    assert stepped == [4, 3, 2, 1], stepped
+    best = (tokens if beam_size == 1 else tokens[:, 0]).numpy()
+    np.testing.assert_array_equal(
+        best, [[A, A, 0, 0], [A, 0, 0, 0], [A, A, A, A], [B, B, B, 0], [0, 0, 0, 0]]
+    )
+
+
+def test_a_search_drops_done_rows_or_runs_two_passes_not_both():
+    rows = [{BOS: {EOS: 1.0}}]
+    with pytest.raises(ValueError, match="not both"):
+        greedy_search(
+            markov_step(table_from(rows)),
+            row_cache(rows),
+            tf.constant([2]),
+            2,
+            BOS,
+            EOS,
+            first_pass=(1, lambda state, length: state),
+            drop_done=True,
+        )
+
+
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_the_long_rows_of_a_batch_continue_without_the_others(beam_size):
     """The first pass ends once at most a quarter of its rows run on; they alone take the

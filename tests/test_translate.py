@@ -94,6 +94,15 @@ def test_caches_append_unless_fixed_buffers_or_xla_are_asked_for(random_model):
     assert kind(Translator(random_model, jit_compile=True)) == ["self"]
 
 
+def test_done_rows_are_dropped_with_growing_caches_and_left_by_a_second_pass_with_fixed_buffers(random_model):
+    source = tf.constant(random_ids(np.random.default_rng(9), 2, 5, 40))
+    loop = lambda translator: translator.prepare(source, 10)[3]  # noqa: E731
+    assert loop(Translator(random_model)) == {"drop_done": True}
+    assert list(loop(Translator(random_model, fixed_buffers=True))) == ["first_pass"]
+    assert loop(Translator(random_model, fixed_buffers=True, drop_done=False)) == {}
+    assert loop(Translator(random_model, jit_compile=True)) == {}  # static shapes: one pass
+
+
 def test_beam_of_one_equals_greedy_on_a_model(random_model):
     source = random_ids(np.random.default_rng(6), 4, 7, 40, pad_tail=3)
     translator = Translator(random_model, beam_size=1, alpha=0.0, no_repeat_ngram=0)
