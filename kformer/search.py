@@ -74,11 +74,13 @@ class RepeatGuard:
     difference measured in onnxruntime."""
 
     def __init__(self, ngram, rows, positions):
+        """rows: R, or None when R changes from step to step (`drop_done`): then the steps count
+        their rows."""
         self.positions = positions  # (T,)
         # A run no output reaches when the guard is off: the same graph either way.
         self.least_run = tf.where(ngram > 0, ngram - 1, tf.int32.max)
-        self.rows = tf.expand_dims(tf.range(rows), 1)  # (R, 1)
-        self.zeros = tf.zeros([rows, 1], tf.int32)
+        self.rows = None if rows is None else tf.expand_dims(tf.range(rows), 1)  # (R, 1)
+        self.zeros = None if rows is None else tf.zeros([rows, 1], tf.int32)
 
     def written(self, index):
         """(T,) bool: the positions of the output so far, before step `index`."""
@@ -94,7 +96,8 @@ class RepeatGuard:
         vocab = logits.shape[-1]
         vocab = tf.shape(logits)[1] if vocab is None else vocab
         banned = (runs >= self.least_run) & written  # (R, T)
-        flat = self.rows * vocab + tf.where(banned, tokens, 0)  # (R, T) into (R * V,)
+        rows = tf.expand_dims(tf.range(tf.shape(runs)[0]), 1) if self.rows is None else self.rows
+        flat = rows * vocab + tf.where(banned, tokens, 0)  # (R, T) into (R * V,)
         penalties = tf.scatter_nd(
             tf.reshape(flat, [-1, 1]),
             tf.reshape(tf.where(banned, NEG_INF, 0.0), [-1]),
@@ -107,7 +110,8 @@ class RepeatGuard:
         (whose `written` positions are read): the run at j + 1 grows by one where tokens[j] ==
         token, else it is 0. One shift a step, whatever the n-gram size (a run-time input)."""
         grown = tf.where(tf.equal(tokens, tf.expand_dims(token, 1)) & written, runs + 1, 0)  # runs at j + 1
-        return tf.concat([self.zeros, grown[:, :-1]], axis=1)
+        zeros = tf.zeros_like(runs[:, :1]) if self.zeros is None else self.zeros
+        return tf.concat([zeros, grown[:, :-1]], axis=1)
 
 
 class GreedyState(NamedTuple):
@@ -200,9 +204,11 @@ def _check_one_way(first_pass):
         raise ValueError("a search drops its done rows (drop_done) or runs two passes (first_pass), not both")
 
 
-def _where(mask):
-    """(N,) int32 the positions where (B,) bool `mask` is True, in order."""
-    return tf.cast(tf.reshape(tf.where(mask), [-1]), tf.int32)
+def _where(mask, dtype=tf.int32):
+    """(N,) the positions where (B,) bool `mask` is True, in order; int64 as tf.where (and ONNX's
+    NonZero) gives them saves a cast, for indices only gathered by."""
+    positions = tf.reshape(tf.where(mask), [-1])
+    return positions if dtype == tf.int64 else tf.cast(positions, dtype)
 
 
 def _running(limits):
@@ -210,10 +216,10 @@ def _running(limits):
     return _where(limits > 0)
 
 
-def _to_batch(rows, values, batch):
-    """values (R, ...) of the running `rows` (R,) scattered into zeros (batch, ...); rows are
-    distinct, so a plain scatter (no duplicates to add)."""
-    shape = tf.concat([[batch], tf.shape(values)[1:]], 0)
+def _to_batch(rows, values, shape):
+    """values (R, ...) of the running `rows` (R,) scattered into zeros of `shape` (B, ...), a
+    shape computed before the loop (no shape read a step); rows are distinct, so a plain scatter
+    (no duplicates to add)."""
     return tf.scatter_nd(tf.expand_dims(rows, 1), values, shape)
 
 
@@ -251,29 +257,31 @@ def _greedy_dropping_done(step, cache, limits, length, bos_id, eos_id, pad_id, n
     its token is written into the buffers of all B rows, and the rows that end (EOS or their
     limit) are then dropped from the rows, their tokens and their cache (one gather of each).
 
-    Demo model, 500 test sentences in batches of 32, onnxruntime fp32, against two passes: 0.90x
-    the time (beam 4: 0.89x); one sentence a call, 1.03x (beam 4: 1.10x: the scatters and gathers
-    of a step that drops nothing); the same tokens.
+    Demo model, 500 test sentences in batches of 32, onnxruntime fp32, against two passes: 0.88x
+    the time (beam 4: 0.87x); one sentence a call, 1.02x (beam 4: 1.05x: the scatters and gathers
+    of a step that drops nothing); the same tokens. Each node of a step costs a few microseconds
+    in onnxruntime, so what a step reads is computed before the loop (the scatters' shapes, the
+    guard's bound).
     """
     batch = tf.shape(limits)[0]
     positions = tf.range(length)  # (T,)
+    guard = None if no_repeat_ngram is None else RepeatGuard(no_repeat_ngram, None, positions)
 
     def body(s):
         logits, cache = step(s.last, s.cache, s.index)  # (R, V)
         runs = s.runs
-        if no_repeat_ngram is not None:  # a guard of the step's R rows
-            guard = RepeatGuard(no_repeat_ngram, tf.shape(s.rows)[0], positions)
+        if guard is not None:
             written, outputs = guard.written(s.index), tf.gather(s.tokens, s.rows)  # (T,), (R, T)
             logits = guard.ban(logits, outputs, s.runs, written)
         token_log_prob, token = (tf.squeeze(t, 1) for t in portable.top_log_probs(logits, 1, NEG_INF))  # (R,)
         ends = tf.equal(token, eos_id) | (s.index + 1 >= tf.gather(limits, s.rows))  # (R,)
-        token_after = _to_batch(s.rows, token + 1, batch)  # (B,): 0 for the rows not running
+        token_after = _to_batch(s.rows, token + 1, [batch])  # (B,): 0 for the rows not running
         slot = tf.expand_dims(token_after > 0, 1) & tf.equal(positions, s.index)  # (B, T)
         tokens = tf.where(slot, tf.expand_dims(token_after - 1, 1), s.tokens)
-        scores = s.scores + _to_batch(s.rows, token_log_prob, batch)
-        if no_repeat_ngram is not None:
+        scores = s.scores + _to_batch(s.rows, token_log_prob, [batch])
+        if guard is not None:
             runs = guard.grown(s.runs, outputs, token, written)
-        keep = _where(tf.logical_not(ends))  # (R',) into R
+        keep = _where(tf.logical_not(ends), tf.int64)  # (R',) into R
         kept = lambda t: tf.gather(t, keep)  # noqa: E731
         state = (s.index + 1, kept(s.rows), kept(token), tf.nest.map_structure(kept, runs), tokens, scores)
         return [DroppingGreedyState(*state, tf.nest.map_structure(kept, cache))]
@@ -559,19 +567,24 @@ def _beam_dropping_done(step, cache, limits, length, k, bos_id, eos_id, alpha, p
     batch = tf.shape(limits)[0]
     positions = tf.range(length)  # (T,)
     beam_offsets = tf.range(k)  # (K,)
+    tokens_shape, scores_shape = tf.stack([batch, k, length]), tf.stack([batch, k])  # (B, K, T), (B, K)
+
+    guard = None if no_repeat_ngram is None else RepeatGuard(no_repeat_ngram, None, positions)
 
     def body(s):
-        running = tf.size(s.rows)  # R
-        guard = None if no_repeat_ngram is None else RepeatGuard(no_repeat_ngram, running * k, positions)
-        row_starts = tf.expand_dims(tf.range(running) * k, 1)  # (R, 1)
+        row_starts = tf.expand_dims(tf.range(tf.size(s.rows)) * k, 1)  # (R, 1)
         limits_now = tf.gather(limits, s.rows)
         beams, continued = _beam_step(
             s.beams, step, k, bos_id, eos_id, alpha, limits_now, positions, row_starts, guard
         )
-        finished_after = _to_batch(s.rows, beams.finished_tokens + 1, batch)  # (B, K, T): 0 if not running
+        finished_after = _to_batch(
+            s.rows, beams.finished_tokens + 1, tokens_shape
+        )  # (B, K, T): 0 if not running
         stepped = finished_after[:, :1, :1] > 0  # (B, 1, 1)
         out_tokens = tf.where(stepped, finished_after - 1, s.out_tokens)
-        out_scores = tf.where(stepped[:, :, 0], _to_batch(s.rows, beams.finished_scores, batch), s.out_scores)
+        out_scores = tf.where(
+            stepped[:, :, 0], _to_batch(s.rows, beams.finished_scores, scores_shape), s.out_scores
+        )
         keep = _where(tf.logical_not(beams.done))  # (R',) into R
         kept_beams = tf.reshape(tf.expand_dims(keep * k, 1) + beam_offsets, [-1])  # (R' * K,) into R * K
         cache = {
