@@ -219,8 +219,11 @@ def _running(limits):
 def _to_batch(rows, values, shape):
     """values (R, ...) of the running `rows` (R,) scattered into zeros of `shape` (B, ...), a
     shape computed before the loop (no shape read a step); rows are distinct, so a plain scatter
-    (no duplicates to add)."""
-    return tf.scatter_nd(tf.expand_dims(rows, 1), values, shape)
+    (no duplicates to add). The result keeps the static dims of `values` past the first (a beam
+    of 1 would otherwise broadcast to an unknown dim and change a loop variable's shape)."""
+    scattered = tf.scatter_nd(tf.expand_dims(rows, 1), values, shape)
+    scattered.set_shape([None, *values.shape[1:]])
+    return scattered
 
 
 def _shrinking(state, whole):
