@@ -308,6 +308,11 @@ def _greedy_dropping_done(step, cache, limits, length, bos_id, eos_id, pad_id, n
     return final.tokens, final.scores
 
 
+def _beams_of(rows, k):
+    """(R * k,) the cache rows of source rows `rows` (R,) whose k beams are adjacent."""
+    return tf.reshape(tf.expand_dims(rows * k, 1) + tf.range(k), [-1])
+
+
 def _take_rows(state, rows, buffer_length, grow, beam_size, pad_id):
     """The search state of the source rows `rows` (R,) only (all rows if None), with its output
     buffers padded and its cache grown (`grow(cache_state, length)`) to `buffer_length`.
@@ -316,8 +321,7 @@ def _take_rows(state, rows, buffer_length, grow, beam_size, pad_id):
     def take(t, k=1):
         if rows is None:
             return t
-        flat = tf.reshape(rows[:, None] * k + tf.range(k)[None, :], [-1])  # (R * k,)
-        return tf.gather(t, flat, axis=0)
+        return tf.gather(t, _beams_of(rows, k), axis=0)
 
     fields = {}
     for name, value in state._asdict().items():
@@ -569,7 +573,6 @@ def _beam_dropping_done(step, cache, limits, length, k, bos_id, eos_id, alpha, p
     and the drop are one gather. Returns the finished (tokens (B, K, T), scores (B, K))."""
     batch = tf.shape(limits)[0]
     positions = tf.range(length)  # (T,)
-    beam_offsets = tf.range(k)  # (K,)
     tokens_shape, scores_shape = tf.stack([batch, k, length]), tf.stack([batch, k])  # (B, K, T), (B, K)
 
     guard = None if no_repeat_ngram is None else RepeatGuard(no_repeat_ngram, None, positions)
@@ -589,7 +592,7 @@ def _beam_dropping_done(step, cache, limits, length, k, bos_id, eos_id, alpha, p
             stepped[:, :, 0], _to_batch(s.rows, beams.finished_scores, scores_shape), s.out_scores
         )
         keep = _where(tf.logical_not(beams.done))  # (R',) into R
-        kept_beams = tf.reshape(tf.expand_dims(keep * k, 1) + beam_offsets, [-1])  # (R' * K,) into R * K
+        kept_beams = _beams_of(keep, k)  # (R' * K,) into R * K
         cache = {
             "static": tf.nest.map_structure(lambda t: tf.gather(t, kept_beams), beams.cache["static"]),
             # The reorder of the beams and the drop of the rows in one gather.
