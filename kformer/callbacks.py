@@ -228,7 +228,7 @@ class StopOnInterrupt(keras.callbacks.Callback):
 
     def _request(self, signum, frame):
         self.requested = True
-        self._release()  # the next Ctrl-C: the default KeyboardInterrupt
+        self.release()  # the next Ctrl-C: the default KeyboardInterrupt
         log.warning("Ctrl-C: stopping after this step and saving the run (Ctrl-C again: stop now, unsaved)")
 
     def on_train_batch_end(self, batch, logs=None):
@@ -236,9 +236,11 @@ class StopOnInterrupt(keras.callbacks.Callback):
             self.reason, self.model.stop_training = INTERRUPTED, True
 
     def on_train_end(self, logs=None):
-        self._release()
+        self.release()
 
-    def _release(self):
+    def release(self):
+        """Hands SIGINT back; also for a fit that raised, which calls no on_train_end (see
+        `kformer.train.start`). Does nothing the second time."""
         if self.default is not None:
             signal.signal(signal.SIGINT, self.default)
             self.default = None
@@ -260,7 +262,7 @@ class StopOnSigterm(keras.callbacks.Callback):
 
     def __init__(self, save=None):
         super().__init__()
-        self.save, self.handler = save, None
+        self.save, self.handler, self.folder, self.default = save, None, None, None
 
     def on_train_begin(self, logs=None):
         import tensorflow as tf
@@ -279,19 +281,27 @@ class StopOnSigterm(keras.callbacks.Callback):
         self.handler.save_checkpoint_if_preempted()  # saves and calls _stop at the agreed step
 
     def on_train_end(self, logs=None):
-        self._release()
-        # What the handler's __del__ does; its watcher thread holds it, so __del__ would wait for
-        # the process's end. A no-op for a single process.
-        self.handler._stop_cluster_wise_termination_watcher_thread()
+        self.release()
 
     def _stop(self):
-        self._release()
+        self.release()
         saved = "the chief saved it" if self.save is None else "saved model.keras"
         raise Preempted(
             f"stopped by SIGTERM after step {steps_done(self.model)} ({saved}); "
             "run the same command to resume"
         )
 
-    def _release(self):
-        signal.signal(signal.SIGTERM, self.default)
-        shutil.rmtree(self.folder, ignore_errors=True)
+    def release(self):
+        """Hands SIGTERM back, stops the handler and deletes its folder; also for a fit that raised,
+        which calls no on_train_end (see `kformer.train.start`). Does nothing the second time."""
+        if self.default is not None:
+            signal.signal(signal.SIGTERM, self.default)
+            self.default = None
+        if self.handler is not None:
+            # What the handler's __del__ does; its watcher thread holds it, so __del__ would wait
+            # for the process's end. A no-op for a single process.
+            self.handler._stop_cluster_wise_termination_watcher_thread()
+            self.handler = None
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None

@@ -6,6 +6,7 @@ kformer.checkpoint's.
 """
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -304,7 +305,8 @@ def start(
     accumulate: optimizer steps of batch_tokens tokens, each the average of the gradients of
     `accumulate` batches of batch_tokens / accumulate (the config's accumulate_steps).
     The run folder is locked (kformer.locks) from here until the returned run's `release()`; a
-    second process on it is refused.
+    second process on it is refused. `release()` also hands back SIGINT and SIGTERM, which the
+    run's callbacks hold while it trains: call it after `fit`, whether `fit` returned or raised.
     evaluation: when the run translates a dev sample and keeps the best weights (kformer.keep_best).
     init_from: a trained run to start from, with its tokenizer, direction and model sizes and the
     fine-tuning recipe (kformer.init_from); the corpus is encoded with its tokenizer."""
@@ -318,8 +320,19 @@ def start(
     except BaseException:
         release()
         raise
-    run.release = release
+    run.release = functools.partial(_release, release, run.fit_args.get("callbacks", []))
     return run
+
+
+def _release(unlock, callbacks):
+    """The lock dropped and the signal handlers of `callbacks` handed back (the callbacks hold them
+    from fit's start to its end, but Keras calls no end when fit raises)."""
+    try:
+        for callback in callbacks:
+            if isinstance(callback, (StopOnInterrupt, StopOnSigterm)):
+                callback.release()
+    finally:
+        unlock()
 
 
 def _start(

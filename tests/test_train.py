@@ -325,6 +325,36 @@ def test_nan_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path, corpus_tsv):
     assert _sha(os.path.join(out, "model.keras")) == good
 
 
+def test_a_fit_that_raises_hands_back_the_signals_and_leaves_no_folder(tmp_path, corpus_tsv, monkeypatch):
+    """Keras calls no on_train_end when fit raises (a callback's error here; out of memory, a bad
+    batch): the run's release still hands SIGINT and SIGTERM back, so a notebook's interrupt button
+    works on the next cell, and deletes the preemption handler's temporary folder."""
+    import signal
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the handler's folder goes
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+    class Broken(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:
+                raise RuntimeError("a callback's bug")
+
+    with pytest.raises(RuntimeError, match="a callback's bug"):
+        train(
+            str(tmp_path / "run"),
+            "tiny",
+            data=corpus_tsv,
+            vocab_size=1200,
+            xla=False,
+            verbose=0,
+            steps=5,
+            callbacks=[Broken()],
+        )
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert not glob.glob(str(tmp_path / "kformer-preemption-*"))
+
+
 def test_time_budget_stops_and_saves(tmp_path, corpus_tsv):
     out = str(tmp_path / "run")
     summary = train(out, "tiny", data=corpus_tsv, vocab_size=1200, minutes=0.001, xla=False, verbose=0)
