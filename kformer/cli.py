@@ -274,6 +274,8 @@ def _bench(args):
             reference=args.reference,
             length=args.length,
             profile=args.profile,
+            steps_per_call=args.steps_per_call,
+            variants=args.variants,
         )
         print_table = train.print_train_table
     else:
@@ -722,6 +724,18 @@ def _add_bench(commands):
         "--profile",
         help="train: also run kformer's variants under TensorFlow's profiler, a trace each in this folder "
         "(TensorBoard's Profile tab reads them), and print the op types that took the time",
+    )
+    p.add_argument(
+        "--steps-per-call",
+        type=_positive(int),
+        default=1,
+        help="train: also time XLA with this many steps a call of Keras' train function "
+        "(steps_per_execution; the host then waits for the device once a call, not once a step)",
+    )
+    p.add_argument(
+        "--variants",
+        type=lambda s: [v for v in s.split(",") if v],
+        help="train: time only these variants, comma-separated (names as in the table)",
     )
     p.add_argument("--screenshot", help="web: save a picture of the page here (PNG)")
     p.add_argument(

@@ -48,10 +48,12 @@ from kformer.schedules import BudgetSchedule, make_schedule
 log = logging.getLogger("kformer")
 
 
-def compile_model(model, config, xla=True, schedule=None, fused=True):
+def compile_model(model, config, xla=True, schedule=None, fused=True, steps_per_call=1):
     """Adam(0.9, 0.98, 1e-9) on `schedule` (default: the config's, sized for 10 x warmup_steps),
     label-smoothed loss, token accuracy; with `ema_momentum`, the optimizer keeps a moving average
-    of the weights (see kformer.checkpoint). `fused=False`: Keras' own Adam (same arithmetic)."""
+    of the weights (see kformer.checkpoint). `fused=False`: Keras' own Adam (same arithmetic).
+    `steps_per_call`: Keras' steps_per_execution, the training steps one call of the train function
+    runs (callbacks see every that many steps)."""
     schedule = schedule or make_schedule(config, config.warmup_steps * 10)
     options = dict(use_ema=True, ema_momentum=config.ema_momentum) if config.ema_momentum else {}
     if config.accumulate_steps > 1:
@@ -63,6 +65,7 @@ def compile_model(model, config, xla=True, schedule=None, fused=True):
         loss=LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id),
         metrics=[MaskedAccuracy(config.pad_id)],
         jit_compile=xla,
+        steps_per_execution=steps_per_call,
     )
     return model
 

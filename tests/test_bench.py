@@ -132,6 +132,22 @@ def test_bench_train_without_the_reference_needs_no_keras_hub(monkeypatch):
     assert results["variants"] == ["kformer", "kformer_xla"] and "vs_keras_hub" not in results
 
 
+def test_bench_train_times_xla_at_several_steps_a_call(capsys):
+    """--steps-per-call N adds XLA at N steps a call of Keras' train function (steps_per_execution),
+    timed beside XLA at one, the variants taking turns in whole calls; --variants keeps only those
+    named."""
+    results = _tiny_bench_train(steps=4, steps_per_call=3, variants=["kformer_xla", "kformer_xla_3"])
+    assert results["variants"] == ["kformer_xla", "kformer_xla_3"] and results["chunk"] == 6
+    xla, calls = results["kformer_xla"], results["kformer_xla_3"]
+    assert (xla["steps_per_call"], calls["steps_per_call"]) == (1, 3)
+    assert results["steps_per_call_speedup"] == calls["target_tokens_per_s"] / xla["target_tokens_per_s"]
+    assert "xla_speedup" not in results  # the variant without XLA did not run
+    print_train_table(results)
+    assert f"XLA, 3 steps a call vs one: {results['steps_per_call_speedup']:.2f}x" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--variants kformer_xla_4: choose from kformer, kformer_xla"):
+        _tiny_bench_train(variants=["kformer_xla_4"])
+
+
 def test_bench_train_profile_says_which_op_types_took_the_step(tmp_path, capsys):
     """With a profile folder, the variant without XLA runs once more under TensorFlow's profiler:
     its trace is written there, the op types it reports are those of the model's step (the
@@ -405,7 +421,7 @@ def test_train_table_shows_the_datasheet_utilization_on_a_listed_gpu(capsys):
     peak = {"device": "NVIDIA H200", "datasheet": 989.4e12, "squares": 700e12, "own_shapes": 500e12}
     row = dict(precision="bfloat16", steps_per_s=4.0, target_tokens_per_s=95_000, tflops=24.0, padding=0.1)
     row.update(mfu_datasheet=24e12 / 989.4e12, mfu_squares=24 / 700, mfu_own_shapes=24 / 500)
-    results = dict(config="base", steps=12, rounds=2, pairs_per_step=2000, target_tokens=250_000)
+    results = dict(config="base", steps=12, chunk=5, rounds=2, pairs_per_step=2000, target_tokens=250_000)
     results["batches"] = "the default corpus"
     results.update(onednn="on", precision="bfloat16", precision_why="auto", peaks={"bfloat16": peak})
     results.update(variants=["kformer"], kformer={**row, "warmup_s": 83.0, "parameters": 60_000_000})

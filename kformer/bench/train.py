@@ -137,6 +137,8 @@ def bench_train(
     reference=True,
     length=None,
     profile=None,
+    steps_per_call=1,
+    variants=None,
 ):
     """Target tokens/s and model FLOPs utilization of training through `model.fit`, on the same
     batches, the variants taking turns a few batches at a time, `rounds` times (medians): kformer as it
@@ -156,6 +158,9 @@ def bench_train(
     default corpus' batches, batches of one shape (`_one_shape_batches`). `profile`: a folder; each
     kformer variant then also runs its batches once under TensorFlow's profiler, its trace in
     `profile/VARIANT`, and the results say which op types took the time (kformer.bench.profile).
+    `steps_per_call` > 1 adds kformer_xla_N: XLA with N steps a call of Keras' train function
+    (steps_per_execution) instead of one, whose result the host waits for before the next call; the
+    variants then take turns every N steps. `variants`: the names of those to run (default: all).
     """
     from kformer.precision import choose_precision, onednn_state
 
@@ -170,13 +175,17 @@ def bench_train(
         "kformer": ("kformer", precision, False, dynamic),
         "kformer_xla": ("kformer", precision, True, bucketed),
     }
+    if steps_per_call > 1:
+        runs[f"kformer_xla_{steps_per_call}"] = ("kformer", precision, True, bucketed, steps_per_call)
     if reference:
         runs["keras_hub"] = ("keras_hub", "float32", False, dynamic)
     if precision != "float32":
         runs["kformer_float32"] = ("kformer", "float32", False, dynamic)
         if reference:
             runs[f"keras_hub_{precision}"] = ("keras_hub", precision, False, dynamic)
-    variants = {name: _compiled(config, seed, *run) for name, run in runs.items()}
+    runs = _chosen(runs, variants)
+    chunk = -(-CHUNK // steps_per_call) * steps_per_call  # whole calls of every variant
+    variants = {name: _compiled(config, seed, chunk, *run) for name, run in runs.items()}
     precisions = dict.fromkeys((precision, "float32"))
     # Peaks measured before and after the timing, the faster kept: the machine's speed can drop for
     # seconds at a time, and the peak is what the hardware can do.
@@ -186,9 +195,11 @@ def bench_train(
         "config": config_name,
         "batches": f"one shape, {length} tokens a side" if length else "the default corpus",
         "steps": steps,
+        "chunk": chunk,
+        "steps_per_call": steps_per_call,
         "rounds": rounds,
-        "target_tokens": variants["kformer"]["target"],
-        "real_tokens": variants["kformer"]["real"],
+        "target_tokens": next(iter(variants.values()))["target"],
+        "real_tokens": next(iter(variants.values()))["real"],
         "pairs_per_step": sum(len(y) for _, y in dynamic) / steps,
         "precision": precision,
         "precision_why": why,
@@ -205,6 +216,16 @@ def bench_train(
     if dump:
         results["xla_compilations"] = count_xla_compilations(dump)
     return results
+
+
+def _chosen(runs, names):
+    """The runs named in `names` (all when None), in their order; an unknown name is an error."""
+    if names is None:
+        return runs
+    unknown = [n for n in names if n not in runs]
+    if unknown or not names:
+        raise ValueError(f"--variants {','.join(names)}: choose from {', '.join(runs)}")
+    return {name: runs[name] for name in runs if name in names}
 
 
 def _profiles(variants, steps, directory):
@@ -260,10 +281,10 @@ def _peak_memory_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _compiled(config, seed, model_kind, precision, xla, batches):
+def _compiled(config, seed, chunk, model_kind, precision, xla, batches, steps_per_call=1):
     """A compiled model of `model_kind` ("kformer" or "keras_hub"), trained through `fit` once on
     every distinct batch shape (the warm-up: tracing and compiling), with its batches as datasets
-    of CHUNK batches each, and their token and FLOP counts."""
+    of `chunk` batches each, and their token and FLOP counts."""
     import keras
 
     from kformer import flops
@@ -273,7 +294,9 @@ def _compiled(config, seed, model_kind, precision, xla, batches):
     keras.utils.set_random_seed(seed)
     dtype = PRECISIONS[precision]
     model = Transformer(config, dtype=dtype) if model_kind == "kformer" else reference_model(config, dtype)
-    model = compile_model(model, config, xla=xla, fused=model_kind == "kformer")
+    model = compile_model(
+        model, config, xla=xla, fused=model_kind == "kformer", steps_per_call=steps_per_call
+    )
     start = time.perf_counter()
     shapes = {(x["source_ids"].shape, y.shape): (x, y) for x, y in batches}
     model.fit(_dataset(list(shapes.values())), shuffle=False, verbose=0)
@@ -282,7 +305,7 @@ def _compiled(config, seed, model_kind, precision, xla, batches):
     real = target + sum(int((x["source_ids"] != pad).sum()) for x, _ in batches)
     return {
         "model": model,
-        "chunks": [_dataset(batches[i : i + CHUNK]) for i in range(0, len(batches), CHUNK)],
+        "chunks": [_dataset(batches[i : i + chunk]) for i in range(0, len(batches), chunk)],
         "warmup_s": time.perf_counter() - start,
         "target": target,
         "real": real,
@@ -295,6 +318,7 @@ def _compiled(config, seed, model_kind, precision, xla, batches):
         "precision": precision,
         "kind": model_kind,
         "xla": xla,
+        "steps_per_call": model.steps_per_execution,
     }
 
 
@@ -310,7 +334,7 @@ def _dataset(batches):
 
 
 def _time_interleaved(variants, rounds):
-    """Adds each round's seconds to every variant's "seconds": `fit` over CHUNK batches at a
+    """Adds each round's seconds to every variant's "seconds": `fit` over a chunk of batches at a
     time, the variants taking turns chunk by chunk in an order that rotates, so a change in the
     machine's speed (it can drop to a fixed rate for seconds at a time) hits all alike."""
     names = list(variants)
@@ -338,20 +362,26 @@ def _add_speeds(results, variants, steps, precision):
             "real_tokens_per_s": v["real"] / seconds,
             "tflops": achieved / 1e12,
             **{f"mfu_{k}": achieved / peaks[k] for k in ("datasheet", "squares", "own_shapes") if peaks[k]},
-            **{k: v[k] for k in ("precision", "padding", "warmup_s", "parameters")},
+            **{k: v[k] for k in ("precision", "padding", "warmup_s", "parameters", "steps_per_call")},
         }
         log.info("%s: %.2f steps/s, %.0f target tokens/s", name, steps / seconds, v["target"] / seconds)
     speed = {name: results[name]["target_tokens_per_s"] for name in variants}
-    results["xla_speedup"] = speed["kformer_xla"] / speed["kformer"]
-    if "keras_hub" in speed:
-        results["vs_keras_hub"] = speed["kformer"] / speed["keras_hub"]  # each as it trains by default
-        results["vs_keras_hub_same_precision"] = speed["kformer"] / speed.get(
-            f"keras_hub_{precision}", speed["keras_hub"]
-        )
-    if precision != "float32":
-        if "keras_hub" in speed:
-            results["vs_keras_hub_float32"] = speed["kformer_float32"] / speed["keras_hub"]
-        results["precision_speedup"] = speed["kformer"] / speed["kformer_float32"]
+    ratios = {  # name: (variant, over variant), each where both ran
+        "xla_speedup": ("kformer_xla", "kformer"),
+        "vs_keras_hub": ("kformer", "keras_hub"),  # each as it trains by default
+        "vs_keras_hub_same_precision": ("kformer", f"keras_hub_{precision}"),
+        "vs_keras_hub_float32": ("kformer_float32", "keras_hub"),
+        "precision_speedup": ("kformer", "kformer_float32"),
+        "steps_per_call_speedup": (
+            next((n for n in speed if n.startswith("kformer_xla_")), None),
+            "kformer_xla",
+        ),
+    }
+    if precision == "float32":
+        ratios["vs_keras_hub_same_precision"] = ratios["vs_keras_hub"]
+    for name, (a, b) in ratios.items():
+        if a in speed and b in speed:
+            results[name] = speed[a] / speed[b]
 
 
 def print_train_table(results):
@@ -360,7 +390,7 @@ def print_train_table(results):
         f"train bench, config {results['config']}: {results['steps']} batches of {results['batches']} ("
         f"{results['pairs_per_step']:.0f} "
         f"pairs each, {results['target_tokens']} target tokens) through fit, variants taking turns every "
-        f"{CHUNK} batches, median of {results['rounds']} rounds; oneDNN CPU kernels {results['onednn']}; "
+        f"{results['chunk']} batches, median of {results['rounds']} rounds; oneDNN CPU kernels {results['onednn']}; "
         f"kformer's precision {results['precision']} ({results['precision_why']})"
     )
     for precision, p in peaks.items():
@@ -388,16 +418,21 @@ def print_train_table(results):
         print(
             f"kformer ({precision}) vs keras-hub (float32), target tokens/s: {results['vs_keras_hub']:.2f}x"
         )
-    if precision != "float32":
+    if "precision_speedup" in results:
         same = (
             f"same precision: {precision} {results['vs_keras_hub_same_precision']:.2f}x, float32 "
             f"{results['vs_keras_hub_float32']:.2f}x; "
-            if "vs_keras_hub" in results
+            if "vs_keras_hub_float32" in results
             else ""
         )
         print(f"{same}kformer {precision} vs float32: {results['precision_speedup']:.2f}x")
+    if "steps_per_call_speedup" in results:
+        print(
+            f"XLA, {results['steps_per_call']} steps a call vs one: {results['steps_per_call_speedup']:.2f}x"
+        )
+    xla = f"XLA vs no XLA: {results['xla_speedup']:.2f}x; " if "xla_speedup" in results else ""
     print(
-        f"XLA vs no XLA: {results['xla_speedup']:.2f}x; XLA compilations of the train step: "
+        f"{xla}XLA compilations of the train step: "
         f"{results.get('xla_compilations', 'not counted')} (bucket shapes: {results['distinct_bucket_shapes']}); "
         f"peak memory {results['peak_memory_mb']:.0f} MB"
     )
