@@ -132,10 +132,12 @@ def test_bench_train_without_the_reference_needs_no_keras_hub(monkeypatch):
     assert results["variants"] == ["kformer", "kformer_xla"] and "vs_keras_hub" not in results
 
 
-def test_bench_train_times_xla_at_several_steps_a_call(capsys):
+def test_bench_train_times_xla_at_several_steps_a_call(capsys, monkeypatch):
     """--steps-per-call N adds XLA at N steps a call of Keras' train function (steps_per_execution),
     timed beside XLA at one, the variants taking turns in whole calls; --variants keeps only those
-    named."""
+    named, and a name not among them is refused before any batch is made."""
+    from kformer.bench import train as bench
+
     results = _tiny_bench_train(steps=4, steps_per_call=3, variants=["kformer_xla", "kformer_xla_3"])
     assert results["variants"] == ["kformer_xla", "kformer_xla_3"] and results["chunk"] == 6
     xla, calls = results["kformer_xla"], results["kformer_xla_3"]
@@ -144,6 +146,7 @@ def test_bench_train_times_xla_at_several_steps_a_call(capsys):
     assert "xla_speedup" not in results  # the variant without XLA did not run
     print_train_table(results)
     assert f"XLA, 3 steps a call vs one: {results['steps_per_call_speedup']:.2f}x" in capsys.readouterr().out
+    monkeypatch.setattr(bench, "_fixed_batches", None)  # refused before the corpus is read
     with pytest.raises(ValueError, match="--variants kformer_xla_4: choose from kformer, kformer_xla"):
         _tiny_bench_train(variants=["kformer_xla_4"])
 

@@ -167,25 +167,29 @@ def bench_train(
     if reference:
         extras.require("keras_hub", "kformer bench train")  # its reference model; before any work
     precision, why = choose_precision(precision)
+    # name: (model kind, precision, XLA, padded to the bucket, steps a call); chosen before any work
+    runs = {
+        "kformer": ("kformer", precision, False, False, 1),
+        "kformer_xla": ("kformer", precision, True, True, 1),
+    }
+    if steps_per_call > 1:
+        runs[f"kformer_xla_{steps_per_call}"] = ("kformer", precision, True, True, steps_per_call)
+    if reference:
+        runs["keras_hub"] = ("keras_hub", "float32", False, False, 1)
+    if precision != "float32":
+        runs["kformer_float32"] = ("kformer", "float32", False, False, 1)
+        if reference:
+            runs[f"keras_hub_{precision}"] = ("keras_hub", precision, False, False, 1)
+    runs = _chosen(runs, variants)
     if length:
         config, dynamic, bucketed = _one_shape_batches(config_name, steps, seed, length, overrides)
     else:
         config, dynamic, bucketed = _fixed_batches(config_name, steps, seed, overrides)
-    runs = {
-        "kformer": ("kformer", precision, False, dynamic),
-        "kformer_xla": ("kformer", precision, True, bucketed),
-    }
-    if steps_per_call > 1:
-        runs[f"kformer_xla_{steps_per_call}"] = ("kformer", precision, True, bucketed, steps_per_call)
-    if reference:
-        runs["keras_hub"] = ("keras_hub", "float32", False, dynamic)
-    if precision != "float32":
-        runs["kformer_float32"] = ("kformer", "float32", False, dynamic)
-        if reference:
-            runs[f"keras_hub_{precision}"] = ("keras_hub", precision, False, dynamic)
-    runs = _chosen(runs, variants)
     chunk = -(-CHUNK // steps_per_call) * steps_per_call  # whole calls of every variant
-    variants = {name: _compiled(config, seed, chunk, *run) for name, run in runs.items()}
+    variants = {
+        name: _compiled(config, seed, chunk, kind, p, xla, bucketed if padded else dynamic, calls)
+        for name, (kind, p, xla, padded, calls) in runs.items()
+    }
     precisions = dict.fromkeys((precision, "float32"))
     # Peaks measured before and after the timing, the faster kept: the machine's speed can drop for
     # seconds at a time, and the peak is what the hardware can do.
@@ -281,7 +285,7 @@ def _peak_memory_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _compiled(config, seed, chunk, model_kind, precision, xla, batches, steps_per_call=1):
+def _compiled(config, seed, chunk, model_kind, precision, xla, batches, steps_per_call):
     """A compiled model of `model_kind` ("kformer" or "keras_hub"), trained through `fit` once on
     every distinct batch shape (the warm-up: tracing and compiling), with its batches as datasets
     of `chunk` batches each, and their token and FLOP counts."""
