@@ -282,6 +282,10 @@ class StopOnSigterm(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.release()
+        # What the handler's __del__ does; its watcher thread holds it, so __del__ would wait for
+        # the process's end. A no-op for a single process. Not in `release`: after a preemption the
+        # other workers may still be agreeing through the keys this sets.
+        self.handler._stop_cluster_wise_termination_watcher_thread()
 
     def _stop(self):
         self.release()
@@ -292,16 +296,11 @@ class StopOnSigterm(keras.callbacks.Callback):
         )
 
     def release(self):
-        """Hands SIGTERM back, stops the handler and deletes its folder; also for a fit that raised,
-        which calls no on_train_end (see `kformer.train.start`). Does nothing the second time."""
+        """Hands SIGTERM back and deletes the handler's folder; also for a fit that raised, which
+        calls no on_train_end (see `kformer.train.start`). Does nothing the second time."""
         if self.default is not None:
             signal.signal(signal.SIGTERM, self.default)
             self.default = None
-        if self.handler is not None:
-            # What the handler's __del__ does; its watcher thread holds it, so __del__ would wait
-            # for the process's end. A no-op for a single process.
-            self.handler._stop_cluster_wise_termination_watcher_thread()
-            self.handler = None
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
