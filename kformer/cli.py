@@ -730,7 +730,7 @@ def _add_bench(commands):
         type=_positive(int),
         default=1,
         help="train: also time XLA with this many steps a call of Keras' train function "
-        "(steps_per_execution; the host then waits for the device once a call, not once a step)",
+        "(Keras' steps_per_execution: one return to Python a call instead of one a step)",
     )
     p.add_argument(
         "--variants",
