@@ -4,12 +4,13 @@ the stops on signals."""
 import collections
 import logging
 import math
-import shutil
+import os
 import signal
 import statistics
 import tempfile
 import threading
 import time
+import uuid
 
 import keras
 from keras import ops
@@ -256,22 +257,23 @@ class StopOnSigterm(keras.callbacks.Callback):
     tells the others through the cluster's coordination service, and all stop after the same step
     (a worker a step ahead would wait forever in that step's all-reduce); no collective is added to
     the steps. It is built for tf.train.Checkpoint and custom training loops: here its save and
-    exit are kformer's, and its own checkpoint manager, never written, lives in a temporary folder.
+    exit are kformer's, and its own checkpoint manager, which only looks for a checkpoint to
+    restore, is given a folder that is never made (so even a killed process leaves nothing behind).
     As TensorFlow does, on a GCP VM it watches GCP's maintenance notices instead of SIGTERM on a
     GPU VM, and does nothing on a CPU VM."""
 
     def __init__(self, save=None):
         super().__init__()
-        self.save, self.handler, self.folder, self.default = save, None, None, None
+        self.save, self.handler, self.default = save, None, None
 
     def on_train_begin(self, logs=None):
         import tensorflow as tf
 
-        self.folder = tempfile.mkdtemp(prefix="kformer-preemption-")
+        unused = os.path.join(tempfile.gettempdir(), f"kformer-preemption-{uuid.uuid4().hex}")
         self.default = signal.getsignal(signal.SIGTERM)
         self.handler = tf.distribute.experimental.PreemptionCheckpointHandler(
             getattr(self.model.distribute_strategy, "cluster_resolver", None),
-            tf.train.CheckpointManager(tf.train.Checkpoint(), self.folder, max_to_keep=1),
+            tf.train.CheckpointManager(tf.train.Checkpoint(), unused, max_to_keep=1),
             termination_config=tf.distribute.experimental.TerminationConfig(
                 exit_fn=self._stop, save_fn=self.save or (lambda: None)
             ),
@@ -296,11 +298,8 @@ class StopOnSigterm(keras.callbacks.Callback):
         )
 
     def release(self):
-        """Hands SIGTERM back and deletes the handler's folder; also for a fit that raised, which
-        calls no on_train_end (see `kformer.train.start`). Does nothing the second time."""
+        """Hands SIGTERM back; also for a fit that raised, which calls no on_train_end (see
+        `kformer.train.start`). Does nothing the second time."""
         if self.default is not None:
             signal.signal(signal.SIGTERM, self.default)
             self.default = None
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder = None

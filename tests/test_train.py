@@ -328,7 +328,8 @@ def test_nan_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path, corpus_tsv):
 def test_a_fit_that_raises_hands_back_the_signals_and_leaves_no_folder(tmp_path, corpus_tsv, monkeypatch):
     """Keras calls no on_train_end when fit raises (a callback's error here; out of memory, a bad
     batch): the run's release still hands SIGINT and SIGTERM back, so a notebook's interrupt button
-    works on the next cell, and deletes the preemption handler's temporary folder."""
+    works on the next cell; the preemption handler's checkpoint folder is never made (a killed
+    process would leave it behind)."""
     import signal
     import tempfile
 
@@ -338,7 +339,10 @@ def test_a_fit_that_raises_hands_back_the_signals_and_leaves_no_folder(tmp_path,
     class Broken(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if batch == 1:
+                made.extend(glob.glob(str(tmp_path / "kformer-preemption-*")))  # none, even now
                 raise RuntimeError("a callback's bug")
+
+    made = []
 
     with pytest.raises(RuntimeError, match="a callback's bug"):
         train(
@@ -352,7 +356,7 @@ def test_a_fit_that_raises_hands_back_the_signals_and_leaves_no_folder(tmp_path,
             callbacks=[Broken()],
         )
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
-    assert not glob.glob(str(tmp_path / "kformer-preemption-*"))
+    assert not made and not glob.glob(str(tmp_path / "kformer-preemption-*"))
 
 
 def test_time_budget_stops_and_saves(tmp_path, corpus_tsv):
