@@ -376,10 +376,7 @@ def _add_speeds(results, variants, steps, precision):
         "vs_keras_hub_same_precision": ("kformer", f"keras_hub_{precision}"),
         "vs_keras_hub_float32": ("kformer_float32", "keras_hub"),
         "precision_speedup": ("kformer", "kformer_float32"),
-        "steps_per_call_speedup": (
-            next((n for n in speed if n.startswith("kformer_xla_")), None),
-            "kformer_xla",
-        ),
+        "steps_per_call_speedup": (f"kformer_xla_{results['steps_per_call']}", "kformer_xla"),
     }
     if precision == "float32":
         ratios["vs_keras_hub_same_precision"] = ratios["vs_keras_hub"]
