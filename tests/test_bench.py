@@ -280,35 +280,94 @@ def test_runtimes_are_set_against_ctranslate2_of_the_same_search_and_precision_a
     assert [medians(r["vs_ct2_fastest"]) for r in rows] == fastest
 
 
-def test_ratios_to_ctranslate2_are_taken_round_by_round():
-    from kformer.bench.runtimes import _against_ctranslate2, _median_row
+def _rounds(runtime, variant, times, backend=None):
+    """A row reduced from rounds of file times `times` (batch 1: 1000x each)."""
+    from kformer.bench.runtimes import _median_row
 
-    def rounds(runtime, variant, times):
-        return _median_row(
-            [
-                {
-                    **_timed(runtime, variant, "greedy", s, 1000 * s),
-                    "load_s": 1,
-                    "file_sentences_per_s": 500 / s,
-                    "imported_mb": 1,
-                    "loaded_mb": 2,
-                    "peak_rss_mb": 3,
-                }
-                for s in times
-            ]
-        )
+    return _median_row(
+        [
+            {
+                **_timed(runtime, variant, "greedy", s, 1000 * s),
+                "backend": backend,
+                "load_s": 1,
+                "file_sentences_per_s": 500 / s,
+                "imported_mb": 1,
+                "loaded_mb": 2,
+                "peak_rss_mb": 3,
+            }
+            for s in times
+        ]
+    )
+
+
+def test_ratios_to_ctranslate2_are_taken_round_by_round():
+    from kformer.bench.runtimes import _against_ctranslate2
 
     # CTranslate2 slow in round 2 only: the medians alone (15 / 5) would say 3x; round by round it is 2, 2, 4.
     rows = [
-        rounds("ctranslate2", "fp32", [5, 15, 5]),
-        rounds("ctranslate2", "int8", [8, 12, 8]),
-        rounds("onnx", "fp32", [10, 30, 20]),
+        _rounds("ctranslate2", "fp32", [5, 15, 5]),
+        _rounds("ctranslate2", "int8", [8, 12, 8]),
+        _rounds("onnx", "fp32", [10, 30, 20]),
     ]
     _against_ctranslate2(rows)
     assert rows[2]["vs_ct2"]["file_s"] == rows[2]["vs_ct2"]["batch1_ms"] == (2, 2, 4)
     assert rows[0]["vs_ct2"]["file_s"] == (1, 1, 1)
     # The fastest in each round: 5, 12, 5 -> 2, 2.5, 4.
     assert rows[2]["vs_ct2_fastest"]["file_s"] == (2.5, 2, 4)
+
+
+def test_ctranslate2_on_two_backends_is_timed_on_the_faster_in_each_round():
+    from kformer.bench.runtimes import _against_ctranslate2
+
+    rows = [
+        _rounds("ctranslate2", "fp32", [20, 2, 20], "mkl"),
+        _rounds("ctranslate2", "fp32", [5, 5, 5], "dnnl"),
+        _rounds("onnx", "fp32", [5, 5, 10]),
+    ]
+    _against_ctranslate2(rows)
+    # CTranslate2 fp32 took 5, 2, 5: onnxruntime 1, 2.5, 2 of it.
+    assert rows[2]["vs_ct2"]["file_s"] == rows[2]["vs_ct2_fastest"]["file_s"] == (2, 1, 2.5)
+    assert rows[0]["vs_ct2"]["file_s"] == (4, 1, 4)  # MKL against the faster of the two
+
+
+def test_bench_runtimes_measures_ctranslate2_on_each_backend(artifacts, trained_dir, tmp_path, monkeypatch):
+    """Every CTranslate2 file is measured with CT2_USE_MKL on and off (x86-64), each its own row;
+    the other runtimes once, in their own environment."""
+    from kformer.bench import runtimes
+
+    shutil.copytree(artifacts, tmp_path / "ART")
+    with open(tmp_path / "ART" / "manifest.json", encoding="utf-8") as f:
+        manifest = json.load(f)
+    manifest["trained_in"] = trained_dir
+    with open(tmp_path / "ART" / "manifest.json", "w", encoding="utf-8") as f:
+        json.dump(manifest, f)
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+    monkeypatch.delenv("CT2_USE_MKL", raising=False)
+    started = []
+
+    def measure(code, artifact_dir, runtime, variant, beam, job_file, cwd, env):
+        """A worker's result without running it: 1 s on the file, CT2_USE_MKL recorded."""
+        started.append((runtime, variant, beam, env.get("CT2_USE_MKL")))
+        with open(job_file, encoding="utf-8") as f:
+            sentences = len(json.load(f)["sources"])
+        row = {"runtime": runtime, "variant": variant, "search": "greedy" if beam == "1" else "beam"}
+        row.update(file_s=1, batch1_ms=1, load_s=1, file_sentences_per_s=sentences)
+        row.update(imported_mb=1, loaded_mb=1, peak_rss_mb=1, hypotheses=["x"] * sentences)
+        with open(os.path.join(cwd, "out.json"), "w", encoding="utf-8") as f:
+            json.dump(row, f)
+
+    monkeypatch.setattr(runtimes.subprocesses, "run_python", measure)
+    results = runtimes.bench_runtimes(
+        str(tmp_path / "ART"), sentences=2, rounds=1, runtimes=["ctranslate2", "onnx"], progress=print
+    )
+    variants = sorted({a["variant"] for a in manifest["artifacts"] if a["format"] == "ctranslate2"})
+    assert sorted({(v, mkl) for r, v, _, mkl in started if r == "ctranslate2"}) == [
+        (v, mkl) for v in variants for mkl in ("0", "1")
+    ]
+    assert {(r, mkl) for r, _, _, mkl in started if r != "ctranslate2"} == {("onnx", None)}
+    backends = {(r["variant"], r["backend"]) for r in results["rows"] if r["runtime"] == "ctranslate2"}
+    assert backends == {(v, b) for v in variants for b in ("mkl", "dnnl")}
+    assert len(started) == len(results["rows"])  # a process per row (search, backend) in one round
 
 
 def test_runtime_rounds_are_reduced_to_medians_and_the_highest_memory():

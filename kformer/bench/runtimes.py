@@ -17,6 +17,12 @@ from kformer.export.format import quantization
 
 TIMINGS = ("file_s", "batch1_ms")  # the two cells each ratio to CTranslate2 is taken in
 
+# CTranslate2's matrix-product backends on x86-64, chosen by CT2_USE_MKL (its default: MKL on Intel
+# CPUs, oneDNN on others). Either can be the slow one: on an Intel Xeon (AVX-512 VNNI), demo model,
+# MKL's fp32 took 9x oneDNN's time at batch 1 and 4x on the file. Each is measured, and
+# CTranslate2's time for a cell is its faster backend's in that round.
+CT2_BACKENDS = {"mkl": "1", "dnnl": "0"}
+
 
 def _runner(runtime, artifact_dir, beam, variant, threads, batch_size):
     from kformer.export.formats import open_runner
@@ -135,6 +141,15 @@ def _jobs(manifest, runtimes):
     return jobs
 
 
+def _backends(runtime):
+    """The backends a runtime is measured with: {name: its environment}, or {None: {}} for one."""
+    import platform
+
+    if runtime == "ctranslate2" and platform.machine().lower() in ("x86_64", "amd64"):
+        return {name: {"CT2_USE_MKL": value} for name, value in CT2_BACKENDS.items()}
+    return {None: {}}
+
+
 def bench_runtimes(
     artifact_dir,
     sentences=500,
@@ -168,11 +183,16 @@ def bench_runtimes(
         with open(job_file, "w", encoding="utf-8") as f:
             batch1_sentences = min(batch1_sentences, len(sources))
             json.dump({"sources": sources, "batch1_sentences": batch1_sentences, "batch_size": batch_size}, f)
-        for number, (runtime, variant, beam) in enumerate(
-            [(r, v, b) for _ in range(rounds) for r, v in jobs for b in (1, manifest["beam_size"])]
-        ):
+        measured = [
+            (runtime, variant, backend, environment, beam)
+            for runtime, variant in jobs
+            for backend, environment in _backends(runtime).items()
+            for beam in (1, manifest["beam_size"])
+        ]
+        for number, (runtime, variant, backend, environment, beam) in enumerate(measured * rounds):
+            label = variant if backend is None else f"{variant} ({backend})"
             progress(
-                f"round {number // (2 * len(jobs)) + 1}/{rounds}: {runtime} {variant} beam {beam} ...",
+                f"round {number // len(measured) + 1}/{rounds}: {runtime} {label} beam {beam} ...",
                 end=" ",
                 flush=True,
             )
@@ -182,14 +202,24 @@ def bench_runtimes(
                 f"json.dump(worker(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5]), open({out!r}, 'w'))"
             )
             try:  # in the work folder: a relative export folder would not be found there
-                subprocesses.run_python(code, artifact_dir, runtime, variant, str(beam), job_file, cwd=work)
+                subprocesses.run_python(
+                    code,
+                    artifact_dir,
+                    runtime,
+                    variant,
+                    str(beam),
+                    job_file,
+                    cwd=work,
+                    env={**os.environ, **environment},
+                )
             except subprocesses.Failed as e:
-                raise RuntimeError(f"bench of {runtime} {variant} failed:\n{e}") from None
+                raise RuntimeError(f"bench of {runtime} {label} failed:\n{e}") from None
             with open(out, encoding="utf-8") as f:
                 row = json.load(f)
+            row["backend"] = backend
             row["bleu"] = score(row.pop("hypotheses"), references, language)["bleu"]
             row["bytes"] = sizes.get((runtime, variant))  # None for keras: no file of its own
-            runs.setdefault((runtime, variant, beam), []).append(row)
+            runs.setdefault((runtime, variant, backend, beam), []).append(row)
             progress(f"file {row['file_sentences_per_s']:.0f} sent/s, {row['batch1_ms']:.1f} ms at b1")
     rows = [_median_row(results) for results in runs.values()]
     _against_ctranslate2(rows)
@@ -221,25 +251,23 @@ def _against_ctranslate2(rows):
     (CTranslate2's own timings move by up to 1.6x between processes), with their (min, max):
     "vs_ct2": against the same precision (int8 and int8-ort with int8, the others with fp32);
     "vs_ct2_fastest": against the fastest of CTranslate2's files in that round and cell (its int8
-    can be slower than its fp32, by CPU)."""
+    can be slower than its fp32, by CPU). A file of CTranslate2 measured on several backends
+    (CT2_BACKENDS) takes, in each round and cell, its fastest backend's time."""
 
     def per_round(row, key):  # a row reduced by _median_row keeps its rounds; a plain row is one round
         return row.get("per_round", {}).get(key, [row[key]])
 
-    ct2 = {(r["search"], r["variant"]): r for r in rows if r["runtime"] == "ctranslate2"}
+    def fastest(references):  # {cell: the fastest of `references` in each round}
+        return {k: [min(times) for times in zip(*(per_round(c, k) for c in references))] for k in TIMINGS}
+
+    ct2 = [r for r in rows if r["runtime"] == "ctranslate2"]
     for r in rows:
         ours = {key: per_round(r, key) for key in TIMINGS}
-        theirs = ct2.get((r["search"], "int8" if quantization(r["variant"]) == "int8" else "fp32"))
-        references = [row for (search, _), row in ct2.items() if search == r["search"]]
-        r["vs_ct2"] = None if theirs is None else _ratios(ours, {k: per_round(theirs, k) for k in TIMINGS})
-        r["vs_ct2_fastest"] = (
-            None
-            if not references
-            else _ratios(
-                ours,
-                {k: [min(times) for times in zip(*(per_round(c, k) for c in references))] for k in TIMINGS},
-            )
-        )
+        precision = "int8" if quantization(r["variant"]) == "int8" else "fp32"
+        same = [c for c in ct2 if c["search"] == r["search"] and c["variant"] == precision]
+        references = [c for c in ct2 if c["search"] == r["search"]]
+        r["vs_ct2"] = _ratios(ours, fastest(same)) if same else None
+        r["vs_ct2_fastest"] = _ratios(ours, fastest(references)) if references else None
 
 
 def _ratios(ours, theirs):
@@ -262,16 +290,18 @@ def print_table(results):
         f"{results['batch_size']} / K), "
         f"BLEU on them; batch 1: the first {results['batch1_sentences']}, one at a time (out tok: their "
         f"mean output); timings: median of {results['rounds']} interleaved rounds; time / CTranslate2: "
-        f"file, batch 1, round by round, against the same precision and against its fastest file"
+        f"file, batch 1, round by round, against the same precision and against its fastest file, "
+        f"each on its faster backend in the round"
     )
     print(
-        f"{'runtime':>11} {'variant':>7} {'search':>6} {'sent/s':>7} {'ms@b1':>6} {'out tok':>7} "
+        f"{'runtime':>11} {'variant':>11} {'search':>6} {'sent/s':>7} {'ms@b1':>6} {'out tok':>7} "
         f"{'MB':>5} {'import':>6} {'loaded':>6} {'peak':>5} {'BLEU':>6} {'/CT2 same':>10} {'/CT2 best':>10}"
     )
     for r in results["rows"]:
         size = "-" if r["bytes"] is None else f"{r['bytes'] / 1e6:.1f}"
+        variant = r["variant"] if r.get("backend") is None else f"{r['variant']} {r['backend']}"
         print(
-            f"{r['runtime']:>11} {r['variant']:>7} {r['search']:>6} {r['file_sentences_per_s']:7.0f} "
+            f"{r['runtime']:>11} {variant:>11} {r['search']:>6} {r['file_sentences_per_s']:7.0f} "
             f"{r['batch1_ms']:6.1f} {r['batch1_output_tokens']:7.1f} {size:>5} {r['imported_mb']:6.0f} "
             f"{r['loaded_mb']:6.0f} {r['peak_rss_mb']:5.0f} {r['bleu']:6.2f} {_cells(r['vs_ct2']):>10} "
             f"{_cells(r['vs_ct2_fastest']):>10}"
