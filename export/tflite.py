@@ -140,10 +140,6 @@ class TfliteRunner(SearchFilesRunner):
     def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
         super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
         self.signatures = {}  # search -> (its signature's runner, input length), once asked for
-        # The searches whose file has run: XNNPACK packed its weights then, and the file's pages
-        # were dropped (export/memory.py). Demo model, 500 test sentences, 2 runs each: fp32 peaks
-        # 128 / 150 MB against 137-138 / 160 (greedy / beam), int8 134 / 158 against 135 / 165.
-        self.packed = set()
 
     def open_file(self, path):
         """LiteRT's interpreter of one file."""
@@ -160,24 +156,39 @@ class TfliteRunner(SearchFilesRunner):
 
     def signature(self, search):
         """(LiteRT's runner of a search's signature, its input length: the fixed file's, or -1
-        for any (B, S)), opening its file the first time."""
+        for any (B, S)), opening its file and packing its weights the first time."""
         if search not in self.signatures:
             runner = self.opened(search).get_signature_runner(search)
-            self.signatures[search] = runner, runner.get_input_details()["source_ids"]["shape_signature"][1]
+            length = runner.get_input_details()["source_ids"]["shape_signature"][1]
+            self.signatures[search] = runner, length
+            self._pack(search, runner, length)
         return self.signatures[search]
+
+    def _pack(self, search, runner, length):
+        """Has XNNPACK pack the search's weights now, in a call of one row and one step, then
+        drops the file's pages (export/memory.py). A loop packs its weights, read from the mapped
+        file, the first time it runs: in a first real call, the file's pages, the packed copies
+        and the call's buffers were all resident at once. Demo model, 500 test sentences, 4
+        interleaved runs each, against packing in the first real call and dropping the pages after
+        it: fp32 peak greedy 119 against 130 MB, beam 142 against 166; int8 greedy 132 against 121
+        in that run and 127 against 133 in another (LiteRT's peaks move by 10-20 MB from run to
+        run with what glibc keeps of the heap freed between calls). kformer.search's second pass
+        is a loop of its own, packed by the first call that runs it; packing it here too (a call
+        of 4 rows, all empty but one) left fp32 beam's peak higher, at 144-156 MB."""
+        options = self.checked(
+            self.options, beam_size=1 if search == "greedy" else self.manifest["beam_size"], max_length=1
+        )
+        one_token = np.full((1, 1 if length == -1 else length), self.config["eos_id"], np.int32)
+        self._invoke(runner, options, one_token)
+        memory.drop_file_pages(self.file_of(search))
 
     def _search(self, options, batch):
         signature, length = self.signature(options.search)
         if length != -1:  # the "fixed" file: rows cut or padded to the fixed length, run one at a time
             batch = np.pad(batch[:, :length], [(0, 0), (0, length - min(batch.shape[1], length))])
             rows = [self._invoke(signature, options, batch[row : row + 1]) for row in range(len(batch))]
-            found = tuple(np.concatenate(parts) for parts in zip(*rows))
-        else:
-            found = self._invoke(signature, options, batch)
-        if options.search not in self.packed:  # XNNPACK has packed the file's weights in its first call
-            self.packed.add(options.search)
-            memory.drop_file_pages(self.file_of(options.search))
-        return found
+            return tuple(np.concatenate(parts) for parts in zip(*rows))
+        return self._invoke(signature, options, batch)
 
     @staticmethod
     def _invoke(signature, options, batch):
