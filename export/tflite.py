@@ -75,6 +75,8 @@ def _convert(module, path, variant, searches):
         except Exception as e:  # the converter raises ConverterError and friends
             raise ExportError(f"TFLite conversion of the searches failed: {e}") from None
     flatbuffer = top_k_sized_when_prepared(flatbuffer)
+    if variant == "fp16":
+        flatbuffer = fp16_products_in_xnnpack(flatbuffer)
     check_ops(flatbuffer, path)
     with open(path, "wb") as f:
         f.write(flatbuffer)
@@ -103,6 +105,67 @@ def top_k_sized_when_prepared(flatbuffer):
             if op.opcodeIndex in top_k:
                 graph.tensors[op.inputs[0]].shapeSignature = None
     return flatbuffer_utils.convert_object_to_bytearray(model)
+
+
+def fp16_products_in_xnnpack(flatbuffer):
+    """The fp16 flatbuffer with every loop body's FULLY_CONNECTED reading its weights from a
+    DEQUANTIZE of a float16 constant of the body (the buffer shared, no bytes added).
+
+    XNNPACK runs a product whose weights are a DEQUANTIZE of a float16 constant; the converter
+    dequantizes the tied embedding table (source and target lookups, output projection) once, in
+    the main graph, and hands it to the loops as an input, so the output projection, the largest
+    product of a step, ran in TFLite's own kernel: it packed the 8,000 x 256 table at every step,
+    its sums depended on the batch size (scores 5e-6 apart for a sentence alone and in its batch),
+    and the demo model's file took 2.7x fp32's time (Eigen's GEMM 42% of it, `perf`)."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model_from_bytearray(bytearray(flatbuffer))
+    codes = [max(c.builtinCode, c.deprecatedBuiltinCode) for c in model.operatorCodes]
+    if schema.BuiltinOperator.DEQUANTIZE not in codes:
+        return flatbuffer
+    dequantize = codes.index(schema.BuiltinOperator.DEQUANTIZE)
+    for graph in model.subgraphs:
+        # tensor -> its float16 constant, for the outputs of this graph's DEQUANTIZEs of one
+        halves = {
+            op.outputs[0]: graph.tensors[op.inputs[0]]
+            for op in graph.operators
+            if op.opcodeIndex == dequantize and graph.tensors[op.inputs[0]].type == schema.TensorType.FLOAT16
+        }
+        for op in graph.operators:
+            if codes[op.opcodeIndex] == schema.BuiltinOperator.WHILE:
+                body = model.subgraphs[op.builtinOptions.bodySubgraphIndex]
+                constants = {body.inputs[i]: halves[t] for i, t in enumerate(op.inputs) if t in halves}
+                _dequantize_in_body(body, constants, codes, dequantize, schema)
+    return flatbuffer_utils.convert_object_to_bytearray(model)
+
+
+def _dequantize_in_body(body, constants, codes, dequantize, schema):
+    """Rewires the FULLY_CONNECTED weights of `body` that are its inputs in `constants` (input
+    tensor -> the float16 constant it was dequantized from) to a DEQUANTIZE of the constant, added
+    to the body."""
+    added, steps = {}, []  # body input -> its dequantized tensor in the body; the DEQUANTIZEs
+    for op in body.operators:
+        if codes[op.opcodeIndex] != schema.BuiltinOperator.FULLY_CONNECTED or op.inputs[1] not in constants:
+            continue
+        if op.inputs[1] not in added:
+            source, half = body.tensors[op.inputs[1]], constants[op.inputs[1]]
+            body.tensors.append(schema.TensorT())
+            body.tensors[-1].shape, body.tensors[-1].type = half.shape, half.type
+            body.tensors[-1].buffer, body.tensors[-1].name = half.buffer, (half.name or b"") + b"/in_loop"
+            body.tensors.append(schema.TensorT())
+            body.tensors[-1].shape, body.tensors[-1].type = source.shape, source.type
+            body.tensors[-1].buffer, body.tensors[-1].name = 0, (source.name or b"") + b"/dequantized"
+            step = schema.OperatorT()
+            step.opcodeIndex, step.inputs, step.outputs = (
+                dequantize,
+                [len(body.tensors) - 2],
+                [len(body.tensors) - 1],
+            )
+            steps.append(step)
+            added[op.inputs[1]] = len(body.tensors) - 1
+        op.inputs[1] = added[op.inputs[1]]
+    body.operators[:0] = steps  # constants in, so first
 
 
 def operators(flatbuffer):

@@ -215,6 +215,38 @@ def test_a_runner_opens_the_file_of_a_search_when_it_first_runs(artifacts, runne
     assert sorted(runner_class(artifacts, BEAM).handles) == ["beam"]
 
 
+def test_every_product_of_an_fp16_loop_body_has_float16_constant_weights(artifacts):
+    """XNNPACK runs the products whose weights are a DEQUANTIZE of a float16 constant; one whose
+    weights are a loop input (the tied embedding table, dequantized in the main graph) ran in
+    TFLite's own kernel, slower and with sums that depend on the batch."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    for search in SEARCHES:
+        model = flatbuffer_utils.read_model(tflite.FORMAT.search_file(f"{artifacts}/tflite/fp16", search))
+        codes = [max(c.builtinCode, c.deprecatedBuiltinCode) for c in model.operatorCodes]
+        bodies = {
+            op.builtinOptions.bodySubgraphIndex
+            for graph in model.subgraphs
+            for op in graph.operators
+            if codes[op.opcodeIndex] == schema.BuiltinOperator.WHILE
+        }
+        products = 0
+        for body in (model.subgraphs[i] for i in bodies):
+            made_by = {t: op for op in body.operators for t in op.outputs}
+            for op in body.operators:
+                if codes[op.opcodeIndex] == schema.BuiltinOperator.FULLY_CONNECTED:
+                    weights = made_by.get(op.inputs[1])
+                    assert (
+                        weights is not None
+                        and codes[weights.opcodeIndex] == schema.BuiltinOperator.DEQUANTIZE
+                    )
+                    half = body.tensors[weights.inputs[0]]
+                    assert half.type == schema.TensorType.FLOAT16 and len(model.buffers[half.buffer].data) > 0
+                    products += 1
+        assert products > 0, search
+
+
 def test_the_fixed_tflite_file_serves_both_searches(artifacts):
     fixed = TfliteRunner(artifacts, BEAM, "fixed")  # one file of both searches, for the page
     assert sorted(fixed.handles) == ["beam", "greedy"] and fixed.handles["beam"] is fixed.handles["greedy"]
