@@ -96,9 +96,7 @@ def top_k_sized_when_prepared(flatbuffer):
 
     model = flatbuffer_utils.read_model_from_bytearray(bytearray(flatbuffer))
     top_k = {
-        index
-        for index, code in enumerate(model.operatorCodes)
-        if max(code.builtinCode, code.deprecatedBuiltinCode) == schema.BuiltinOperator.TOPK_V2
+        index for index, code in enumerate(builtin_codes(model)) if code == schema.BuiltinOperator.TOPK_V2
     }
     for graph in model.subgraphs:
         for op in graph.operators:
@@ -121,7 +119,7 @@ def fp16_products_in_xnnpack(flatbuffer):
     from tensorflow.lite.tools import flatbuffer_utils
 
     model = flatbuffer_utils.read_model_from_bytearray(bytearray(flatbuffer))
-    codes = [max(c.builtinCode, c.deprecatedBuiltinCode) for c in model.operatorCodes]
+    codes = builtin_codes(model)
     if schema.BuiltinOperator.DEQUANTIZE not in codes:
         return flatbuffer
     dequantize = codes.index(schema.BuiltinOperator.DEQUANTIZE)
@@ -150,22 +148,34 @@ def _dequantize_in_body(body, constants, codes, dequantize, schema):
             continue
         if op.inputs[1] not in added:
             source, half = body.tensors[op.inputs[1]], constants[op.inputs[1]]
-            body.tensors.append(schema.TensorT())
-            body.tensors[-1].shape, body.tensors[-1].type = half.shape, half.type
-            body.tensors[-1].buffer, body.tensors[-1].name = half.buffer, (half.name or b"") + b"/in_loop"
-            body.tensors.append(schema.TensorT())
-            body.tensors[-1].shape, body.tensors[-1].type = source.shape, source.type
-            body.tensors[-1].buffer, body.tensors[-1].name = 0, (source.name or b"") + b"/dequantized"
             step = schema.OperatorT()
-            step.opcodeIndex, step.inputs, step.outputs = (
-                dequantize,
-                [len(body.tensors) - 2],
-                [len(body.tensors) - 1],
-            )
+            step.opcodeIndex = dequantize
+            step.inputs = [
+                _add_tensor(body, half.shape, half.type, half.buffer, (half.name or b"") + b"/in_loop")
+            ]
+            step.outputs = [
+                _add_tensor(body, source.shape, source.type, 0, (source.name or b"") + b"/dequantized")
+            ]
             steps.append(step)
-            added[op.inputs[1]] = len(body.tensors) - 1
+            added[op.inputs[1]] = step.outputs[0]
         op.inputs[1] = added[op.inputs[1]]
     body.operators[:0] = steps  # constants in, so first
+
+
+def _add_tensor(graph, shape, dtype, buffer, name):
+    """Appends a tensor to `graph` (buffer 0: none, its values computed); returns its index."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    tensor = schema.TensorT()
+    tensor.shape, tensor.type, tensor.buffer, tensor.name = shape, dtype, buffer, name
+    graph.tensors.append(tensor)
+    return len(graph.tensors) - 1
+
+
+def builtin_codes(model):
+    """The builtin operator of each of a flatbuffer model's operator codes (the larger of its two
+    fields: codes past 127 live only in `builtinCode`)."""
+    return [max(code.builtinCode, code.deprecatedBuiltinCode) for code in model.operatorCodes]
 
 
 def operators(flatbuffer):
@@ -175,8 +185,7 @@ def operators(flatbuffer):
     model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(flatbuffer, 0))
     names = {value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
     ops = set()
-    for code in model.operatorCodes:
-        builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
+    for code, builtin in zip(model.operatorCodes, builtin_codes(model)):
         if builtin == schema.BuiltinOperator.CUSTOM:
             ops.add("CUSTOM:" + bytes(code.customCode or b"").decode())
         else:

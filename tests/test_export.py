@@ -224,7 +224,7 @@ def test_every_product_of_an_fp16_loop_body_has_float16_constant_weights(artifac
 
     for search in SEARCHES:
         model = flatbuffer_utils.read_model(tflite.FORMAT.search_file(f"{artifacts}/tflite/fp16", search))
-        codes = [max(c.builtinCode, c.deprecatedBuiltinCode) for c in model.operatorCodes]
+        codes = tflite.builtin_codes(model)
         bodies = {
             op.builtinOptions.bodySubgraphIndex
             for graph in model.subgraphs
