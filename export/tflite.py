@@ -237,18 +237,21 @@ class TfliteRunner(SearchFilesRunner):
         return self.signatures[search]
 
     def _pack(self, search, runner, length):
-        """Has XNNPACK pack the search's weights now, in a call of one row and one step, then
+        """Has XNNPACK pack the search's weights now, in a call on a source of one token, then
         drops the file's pages (export/memory.py). A loop packs its weights, read from the mapped
         file, the first time it runs: in a first real call, the file's pages, the packed copies
-        and the call's buffers were all resident at once. Demo model, 500 test sentences, 4
+        and the call's buffers were all resident at once. Demo model, 500 test sentences, 3
         interleaved runs each, against packing in the first real call and dropping the pages after
-        it: fp32 peak greedy 119 against 130 MB, beam 142 against 166; int8 greedy 132 against 121
-        in that run and 127 against 133 in another (LiteRT's peaks move by 10-20 MB from run to
-        run with what glibc keeps of the heap freed between calls). kformer.search's second pass
-        is a loop of its own, packed by the first call that runs it; packing it here too (a call
-        of 4 rows, all empty but one) left fp32 beam's peak higher, at 144-156 MB."""
+        it: fp32 peak greedy 120 against 128 MB, beam 145 against 166; int8 greedy 127 against
+        121, beam 158 against 154 (LiteRT's peaks move by 10-20 MB from run to run with what
+        glibc keeps of the heap freed between calls); the same times; the call takes 27-34 ms,
+        packing included. The call has the search's default options: capped at one output token
+        (buffers of length 1), it left LiteRT's next, resized, call giving other tokens in one
+        interpreter in 40 (test_fresh_tflite_interpreters_agree, 4 runs in 4). kformer.search's
+        second pass is a loop of its own, packed by the first call that runs it; packing it here
+        too (a call of 4 rows, all empty but one) left fp32 beam's peak higher."""
         options = self.checked(
-            self.options, beam_size=1 if search == "greedy" else self.manifest["beam_size"], max_length=1
+            self.options, beam_size=1 if search == "greedy" else self.manifest["beam_size"]
         )
         one_token = np.full((1, 1 if length == -1 else length), self.config["eos_id"], np.int32)
         self._invoke(runner, options, one_token)
