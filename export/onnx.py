@@ -258,10 +258,12 @@ def _session(path, threads, custom_ops=False):
         options.register_custom_ops_library(get_library_path())
     options.intra_op_num_threads = threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Without the arena, buffers go back to the allocator as each call ends: on the demo model's
-    # file the peak was 13-34 MB lower (greedy 170 against 191 MB in the bench's worker), at the
-    # same speed (interleaved processes).
-    options.enable_cpu_mem_arena = False
+    # onnxruntime's own arena (its default) keeps a call's buffers for the next: without it every
+    # step's tensors come from malloc, a beam step's (rows, V) logits megabytes each. Demo model, 500
+    # test sentences in the bench's worker, 2 interleaved rounds: fp32 beam file 0.80x the time,
+    # greedy 0.97x, batch 1 0.97-0.99x; int8-ort beam 0.91x; peaks within 4 MB of malloc's (greedy
+    # 107 against 110-113 MB, beam 133 against 134).
+    options.enable_cpu_mem_arena = True
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
