@@ -174,3 +174,115 @@ def test_penalties_scattered_into_zeros_are_scattered_into_the_logits():
     banned, still_other = _run_graph(graph, feeds)
     np.testing.assert_array_equal(banned, logits + penalties.reshape(3, 5))
     np.testing.assert_array_equal(still_other, other)
+
+
+def test_scatters_at_row_offsets_become_scatter_elements_along_the_vocabulary():
+    """_scatter_adds' ScatterND into the flat logits at row * V + column, the row offsets from a
+    Range as a shrinking loop computes them, becomes one ScatterElements at the columns: the logits
+    plus the updates, duplicates summed (numpy's reference). Offsets of another width stay."""
+    h, f32, i32 = onnx.helper, onnx.TensorProto.FLOAT, onnx.TensorProto.INT32
+    rows, vocab, written = 3, 5, 4
+
+    def scattered(width, out):
+        return [
+            h.make_node("Reshape", ["logits", "flat"], [f"{out}/flat"]),
+            h.make_node("Range", ["zero", "rows", "one"], [f"{out}/rows"]),
+            h.make_node("Unsqueeze", [f"{out}/rows", "axis_1"], [f"{out}/row"]),
+            h.make_node("Mul", [f"{out}/row", width], [f"{out}/offsets"]),
+            h.make_node("Add", [f"{out}/offsets", "columns"], [f"{out}/index"]),
+            h.make_node("Reshape", [f"{out}/index", "index_shape"], [f"{out}/indices32"]),
+            h.make_node("Cast", [f"{out}/indices32"], [f"{out}/indices"], to=onnx.TensorProto.INT64),
+            h.make_node("Reshape", ["updates", "flat"], [f"{out}/updates"]),
+            h.make_node(
+                "ScatterND",
+                [f"{out}/flat", f"{out}/indices", f"{out}/updates"],
+                [f"{out}/added"],
+                reduction="add",
+            ),
+            h.make_node("Reshape", [f"{out}/added", "shape"], [out]),
+        ]
+
+    constants = {
+        "flat": np.array([-1], np.int64),
+        "index_shape": np.array([-1, 1], np.int64),
+        "shape": np.array([-1, vocab], np.int64),
+        "axis_1": np.array([1], np.int64),
+        "zero": np.array(0, np.int32),
+        "one": np.array(1, np.int32),
+        "vocab": np.array(vocab, np.int32),
+        "other_width": np.array(vocab - 1, np.int32),
+    }
+    graph = h.make_graph(
+        scattered("vocab", "banned") + scattered("other_width", "other"),
+        "g",
+        [
+            h.make_tensor_value_info("logits", f32, ["rows", vocab]),
+            h.make_tensor_value_info("rows", i32, []),
+            h.make_tensor_value_info("columns", i32, ["rows", written]),
+            h.make_tensor_value_info("updates", f32, ["rows", written]),
+        ],
+        [h.make_tensor_value_info(n, f32, None) for n in ("banned", "other")],
+        initializer=[numpy_helper.from_array(v, k) for k, v in constants.items()],
+    )
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(rows, vocab)).astype(np.float32)
+    columns = np.array([[1, 1, 0, 4], [2, 3, 2, 0], [4, 4, 4, 1]], np.int32)  # repeats: summed
+    updates = np.where(rng.random((rows, written)) < 0.6, -1e9, 0.0).astype(np.float32)
+    feeds = {"logits": logits, "rows": np.array(rows, np.int32), "columns": columns, "updates": updates}
+    expected = logits.copy()
+    np.add.at(expected, (np.arange(rows)[:, None].repeat(written, 1), columns), updates)
+
+    other = _run_graph(graph, feeds)[1]
+    assert onnx_rewrite.simplify(graph, OPSET)["ScatterElements"] == 1
+    assert [n.op_type for n in graph.node].count("ScatterND") == 1  # the other width's
+    banned, still_other = _run_graph(graph, feeds)
+    np.testing.assert_array_equal(banned, expected)
+    np.testing.assert_array_equal(still_other, other)
+
+
+def test_values_a_loop_passes_on_unchanged_are_read_from_the_enclosing_graph():
+    """A Loop's carried values returned unchanged (as Identity, as tf2onnx writes them, or as
+    themselves) are dropped from the Loop and read from outside, their final values too; one whose
+    final value the graph returns stays, and so do the values that change. Same outputs."""
+    h, f32 = onnx.helper, onnx.TensorProto.FLOAT
+    scalar = lambda name, t=f32: h.make_tensor_value_info(name, t, [])  # noqa: E731
+    body = h.make_graph(
+        [
+            h.make_node("Identity", ["cond_in"], ["cond_out"]),
+            h.make_node("Add", ["x_in", "step_in"], ["sum"]),
+            h.make_node("Mul", ["sum", "scale_in"], ["x_out"]),
+            h.make_node("Identity", ["step_in"], ["step_out"]),
+            h.make_node("Identity", ["scale_in"], ["scale_out"]),
+            h.make_node("Add", ["kept_in", "step_in"], ["total"]),
+        ],
+        "body",
+        [scalar("i", onnx.TensorProto.INT64), scalar("cond_in", onnx.TensorProto.BOOL)]
+        + [scalar(f"{n}_in") for n in ("x", "step", "scale", "kept", "same")],
+        [scalar("cond_out", onnx.TensorProto.BOOL)]
+        + [scalar(n) for n in ("x_out", "step_out", "scale_out", "kept_in", "same_in", "total")],
+    )
+    loop = h.make_node(
+        "Loop",
+        ["trips", "", "x", "step", "scale", "kept", "same"],
+        ["x_final", "step_final", "scale_final", "kept_final", "same_final", "totals"],
+        body=body,
+    )
+    graph = h.make_graph(
+        [loop, h.make_node("Mul", ["step_final", "same_final"], ["product"])],
+        "g",
+        [scalar(n) for n in ("x", "step", "scale", "kept", "same")],
+        [scalar(n) for n in ("x_final", "kept_final", "product")]
+        + [h.make_tensor_value_info("totals", f32, [None])],
+        initializer=[numpy_helper.from_array(np.array(4, np.int64), "trips")],
+    )
+    feeds = {
+        n: np.array(v, np.float32) for n, v in zip(("x", "step", "scale", "kept", "same"), (1, 2, 3, 5, 7))
+    }
+    before = _run_graph(graph, feeds)
+
+    assert onnx_rewrite.simplify(graph, OPSET)["Loop inputs"] == 3  # step, scale, same
+    (loop,) = [n for n in graph.node if n.op_type == "Loop"]
+    assert list(loop.input) == ["trips", "", "x", "kept"]
+    assert list(loop.output) == ["x_final", "kept_final", "totals"]
+    for expected, value in zip(before, _run_graph(graph, feeds)):
+        np.testing.assert_array_equal(value, expected)
