@@ -74,35 +74,17 @@ def _convert(module, path, variant, searches):
             flatbuffer = converter.convert()
         except Exception as e:  # the converter raises ConverterError and friends
             raise ExportError(f"TFLite conversion of the searches failed: {e}") from None
-    flatbuffer = top_k_sized_when_prepared(flatbuffer)
+    # Each TOPK_V2 keeps the converter's signature (batch -1): LiteRT sizes its outputs as the loop
+    # runs. With its input's signature removed (outputs sized when the graph is prepared), 1-6
+    # fresh interpreters in 119-160 gave other tokens on a call after one of another shape
+    # (test_fresh_tflite_interpreters_agree; a Xeon with AVX-512 FP16; none without the XNNPACK
+    # delegate, which makes that input), for 0.96-1.05x the time and peaks 13 MB lower to 7 MB
+    # higher (demo model, 2 interleaved rounds).
     if variant == "fp16":
         flatbuffer = fp16_products_in_xnnpack(flatbuffer)
     check_ops(flatbuffer, path)
     with open(path, "wb") as f:
         f.write(flatbuffer)
-
-
-def top_k_sized_when_prepared(flatbuffer):
-    """The flatbuffer with no unknown dim in the shape signature of any TOPK_V2's input.
-
-    LiteRT sizes a TOPK's outputs when the graph is prepared only if its input's signature has
-    no unknown dim (else they are dynamic tensors, sized at every call), and the converter writes
-    -1 for the batch. A search loop whose body holds one dynamic tensor runs "dynamic": its state
-    is copied twice a step instead of once and its dynamic tensors re-allocated at every step
-    (`kformer.portable.shape_in_loop` keeps the body's other shapes known). The inputs' shapes are
-    still those of the call, set as the graph is prepared."""
-    from tensorflow.lite.python import schema_py_generated as schema
-    from tensorflow.lite.tools import flatbuffer_utils
-
-    model = flatbuffer_utils.read_model_from_bytearray(bytearray(flatbuffer))
-    top_k = {
-        index for index, code in enumerate(builtin_codes(model)) if code == schema.BuiltinOperator.TOPK_V2
-    }
-    for graph in model.subgraphs:
-        for op in graph.operators:
-            if op.opcodeIndex in top_k:
-                graph.tensors[op.inputs[0]].shapeSignature = None
-    return flatbuffer_utils.convert_object_to_bytearray(model)
 
 
 def fp16_products_in_xnnpack(flatbuffer):

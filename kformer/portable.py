@@ -168,9 +168,8 @@ def shape_in_loop(like):
     in that body (scatter_nd, reshape, fill). LiteRT plans a loop body's memory once, if every
     tensor's shape is known when the body is prepared: tf.shape of a tensor of the body is (LiteRT
     computes it then); a shape computed from loop variables (a stacked (B * K, T), B * V) is known
-    only as the step runs. One such tensor makes the loop "dynamic": its whole state is then
-    copied twice a step instead of once, and its dynamic tensors re-allocated at every step (a
-    top_k's outputs too: kformer.export.tflite.top_k_sized_when_prepared)."""
+    only as the step runs. Such a tensor is re-allocated at every step, as a top_k's outputs are
+    (kformer.export.tflite keeps their converter's signatures)."""
     return tf.shape(like)
 
 
