@@ -254,8 +254,7 @@ def _match_layer_norm(node, made_by, constants):
         not difference
         or list(difference.input) != [x, mean.output[0]]
         or gamma not in constants
-        or eps not in constants
-        or constants[eps].size != 1
+        or _scalar(constants, eps) is None
         or (beta is not None and beta not in constants)
     ):
         return None
@@ -265,7 +264,7 @@ def _match_layer_norm(node, made_by, constants):
         return None
     if mean.op_type == "ReduceMean" and axis not in (-1, scale.ndim - 1):  # not gamma's: (1, D) on (rows, D)
         return None
-    return x, scale.reshape(-1), offset.reshape(-1), float(constants[eps].reshape(())), axis
+    return x, scale.reshape(-1), offset.reshape(-1), float(_scalar(constants, eps)), axis
 
 
 def _wheres(graph):
@@ -329,19 +328,19 @@ def _attention_product(node, made_by, constants, shapes):
     _attention_products' two patterns, else None."""
     product = made_by(node.input[0], "Mul") if node.op_type == "ReduceSum" and len(node.input) == 2 else None
     attributes = _attributes(node)
-    axes = constants.get(node.input[1]) if product is not None else None
-    if axes is None or axes.size != 1 or attributes.get("keepdims", 1):
+    axis = _scalar(constants, node.input[1]) if product is not None else None
+    if axis is None or attributes.get("keepdims", 1):
         return None
     a, b = product.input
     if len(shapes.get(a) or ()) != 4 or len(shapes.get(b) or ()) != 4:
         return None
-    axis = int(axes.reshape(())) % 4
+    axis = int(axis) % 4
     for x, y in ((a, b), (b, a)):
         if axis == 3 and shapes[x][2] == 1 and shapes[y][2] != 1:  # x: (B, H, 1, D)
             return "scores", x, y
         unsqueeze = made_by(x, "Unsqueeze") if axis == 2 else None
-        unsqueezed = constants.get(unsqueeze.input[-1]) if unsqueeze is not None else None
-        if unsqueezed is not None and unsqueezed.size == 1 and int(unsqueezed.reshape(())) % 4 == 3:
+        unsqueezed = _scalar(constants, unsqueeze.input[-1]) if unsqueeze is not None else None
+        if unsqueezed is not None and int(unsqueezed) % 4 == 3:
             return "context", unsqueeze.input[0], y  # x: the weights as (B, H, T, 1)
     return None
 
@@ -439,17 +438,12 @@ def _row_offsets(product, made_by, constants, vocab):
         return False
     rows, factor = _one_of(product, made_by, "Unsqueeze")
     count = rows and made_by(rows.input[0], "Range")
-
-    def value(name):
-        array = constants.get(name)
-        return None if array is None or array.size != 1 else int(array.reshape(()))
-
     return bool(
         count
-        and value(factor) == vocab
-        and value(rows.input[1]) == 1
-        and value(count.input[0]) == 0
-        and value(count.input[2]) == 1
+        and _scalar(constants, factor) == vocab
+        and _scalar(constants, rows.input[1]) == 1
+        and _scalar(constants, count.input[0]) == 0
+        and _scalar(constants, count.input[2]) == 1
     )
 
 
@@ -490,6 +484,12 @@ def _drop_invariants(loop, enclosing):
         del body.input[2 + j], body.output[1 + j], loop.input[2 + j], loop.output[j]
         dropped += 1
     return dropped
+
+
+def _scalar(constants, name):
+    """The one value of the constant `name` (of any shape) among `constants`, or None."""
+    array = constants.get(name)
+    return None if array is None or array.size != 1 else array.reshape(()).item()
 
 
 def _axes_constant(graph, axis):
