@@ -6,6 +6,8 @@ keeps standard-domain ops, and runs before the export's parity checks:
 
 - LayerNorm: tf2onnx's thirteen nodes become one LayerNormalization (opset 17).
 - A float tf.where, which tf2onnx writes as Cast(c) * x + y * Cast(Not(c)), becomes one Where.
+  (The key/value cache writes are additions instead, kformer.portable.add_to_slot: as Where nodes
+  they made beam search at batch 32 slower.)
 - Each weight is stored once: tf2onnx folds transpose(E) of the tied output projection into a
   second copy of the embedding table; the product reads E itself, as a Gemm with transB (or, where
   its operand's rank is unknown, through a Transpose node, folded back at load).
@@ -269,7 +271,9 @@ def _match_layer_norm(node, made_by, constants):
 
 def _wheres(graph):
     """tf2onnx writes a tf.where(c, x, y) as Cast(c) * x + y * Cast(Not(c)): six nodes, where one
-    Where does (and gives x or y where the blend would give NaN from 0 * inf)."""
+    Where does (and gives x or y where the blend would give NaN from 0 * inf). (The key/value
+    cache writes, for which onnxruntime's Where was slower than the blend, are no tf.where: see
+    kformer.attention.)"""
 
     def where(g, node, found):
         return [helper.make_node("Where", list(found), list(node.output), name=node.name)]

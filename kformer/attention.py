@@ -33,16 +33,18 @@ class MultiHeadAttention(keras.layers.Layer):
             of precomputed keys/values is given.
         attention_mask: boolean, broadcastable to (B, Tq, Tk); True = may attend.
         cache: optional `(key, value)` pair, each (B, H, T, D).
-            With `write` (decoder self-attention, one new token at a time), the new token's
-            key/value goes into it and the updated cache is returned: "append" (buffers that
-            hold exactly the tokens before this one) appends it, and the cache returned is one
-            longer; "shift" (buffers of a fixed length, `kformer.portable.shift_in`) drops the
-            first slot and puts it last. Without (encoder-decoder attention): the cache holds
-            precomputed keys/values of the encoder output and is used as is.
-        write: None, "append" or "shift"; see `cache`.
+            With `cache_slot` (decoder self-attention, one new token at a time): the new
+            token's key/value is written at that position and the updated cache is returned.
+            With `append` (the same, in buffers that hold exactly the tokens before this one):
+            the new token's key/value is appended, and the cache returned is one longer.
+            Otherwise (encoder-decoder attention): the cache holds precomputed keys/values of
+            the encoder output and is used as is.
+        cache_slot: (1, 1, T, 1) from `kformer.masks.step_masks`: 1 at the (single) query
+            token's position in the cache, 0 elsewhere.
+        append: see `cache`.
 
     Returns `(output, {"cache": (key, value), "weights": weights})`, always this structure:
-    output (B, Tq, M); the keys/values attended to, each (B, H, Tk, D) (with `write`, the
+    output (B, Tq, M); the keys/values attended to, each (B, H, Tk, D) (with `cache_slot`, the
     updated cache); the (B, H, Tq, Tk) attention weights ((B, H, Tk) for a step's (B, M) query).
     Unused parts cost nothing in a graph.
 
@@ -107,8 +109,8 @@ class MultiHeadAttention(keras.layers.Layer):
         """(B, Tk, M) -> (key, value), each (B, H, Tk, D): precompute once per source sentence."""
         return tuple(self._project(value, self.key, self.value))
 
-    def call(self, query, value=None, attention_mask=None, cache=None, write=None):
-        if cache is not None and write is None:  # encoder-decoder attention, precomputed
+    def call(self, query, value=None, attention_mask=None, cache=None, cache_slot=None, append=False):
+        if cache is not None and cache_slot is None and not append:  # encoder-decoder attention, precomputed
             (q,) = self._project(query, self.query)
             k, v = cache
         elif value is None:  # self-attention: queries, keys and values in one product
@@ -116,10 +118,10 @@ class MultiHeadAttention(keras.layers.Layer):
         else:
             (q,) = self._project(query, self.query)
             k, v = self.key_value(value)  # (B, H, Tk, D)
-        if write == "shift":  # the new token's key/value (B, H, 1, D) last, the oldest dropped
-            k = portable.shift_in(cache[0], k)  # (B, H, T, D)
-            v = portable.shift_in(cache[1], v)
-        elif write == "append":  # (B, H, T, D) -> (B, H, T + 1, D)
+        if cache_slot is not None:  # the new token's key/value (B, H, 1, D) into its slot
+            k = portable.add_to_slot(cache[0], cache_slot, k)  # (B, H, T, D)
+            v = portable.add_to_slot(cache[1], cache_slot, v)
+        elif append:  # (B, H, T, D) -> (B, H, T + 1, D)
             k = ops.concatenate([cache[0], k], axis=2)
             v = ops.concatenate([cache[1], v], axis=2)
 

@@ -240,9 +240,9 @@ class DecoderBlock(_ResidualBlock):
         self_mask: boolean broadcastable to (B, T, T): causal and target padding.
         cross_mask: boolean broadcastable to (B, T, S): the *source* padding mask.
         cache: optional dict with "self" = (key, value) buffers (B, H, Tmax, D) and "cross" =
-            precomputed encoder (key, value) (B, H, S, D); then x is one step (B, M), shifted
-            into the self-attention buffers with `shift` (`kformer.masks.shifted_step_mask`), or
-            appended to them without (buffers of the steps before, (B, H, index, D)).
+            precomputed encoder (key, value) (B, H, S, D); then x is one step (B, M), written
+            to the self-attention buffers at `cache_slot` (`kformer.masks.step_masks`), or
+            appended to them without one (buffers of the steps before, (B, H, index, D)).
 
     Returns (x (B, T, M), {"self": ..., "cross": ...}), each the attention's {"cache", "weights"}:
     "self" "cache" is the updated buffers when decoding step by step.
@@ -272,7 +272,7 @@ class DecoderBlock(_ResidualBlock):
         self_mask=None,
         cross_mask=None,
         cache=None,
-        shift=False,
+        cache_slot=None,
         training=None,
     ):
         self_cache = None if cache is None else cache["self"]
@@ -284,7 +284,8 @@ class DecoderBlock(_ResidualBlock):
                 h,
                 attention_mask=self_mask,
                 cache=self_cache,
-                write=None if self_cache is None else ("shift" if shift else "append"),
+                cache_slot=cache_slot,
+                append=self_cache is not None and cache_slot is None,
             ),
             training,
         )

@@ -24,12 +24,14 @@ def causal_mask(query_length, key_length=None, offset=0):
     return ops.expand_dims(ops.less_equal(key_positions, query_positions), axis=0)
 
 
-def shifted_step_mask(buffer_length, index):
-    """(1, 1, T): the keys a cached decoding step at `index` attends in key/value buffers of
-    `buffer_length` T that shift one slot a step (`MultiHeadAttention`'s write="shift"): its own,
-    in the last slot, and the `index` keys before it, in the slots before."""
+def step_masks(buffer_length, index, dtype="float32"):
+    """What a cached decoding step at `index` needs over key/value buffers of `buffer_length` T,
+    from one range: its causal mask (1, 1, T), keys 0..index; and its write slot (1, 1, T, 1),
+    1 at `index` and 0 elsewhere in `dtype`, which `MultiHeadAttention` adds into the buffers."""
     positions = ops.arange(buffer_length)
-    return ops.reshape(ops.greater_equal(positions, buffer_length - 1 - index), (1, 1, -1))
+    causal = ops.reshape(ops.less_equal(positions, index), (1, 1, -1))
+    slot = ops.reshape(ops.cast(ops.equal(positions, index), dtype), (1, 1, -1, 1))
+    return causal, slot
 
 
 def combine(*masks):

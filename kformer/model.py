@@ -190,12 +190,11 @@ class Transformer(keras.Model):
          "state":  {"appended": L x (key, value) each (B, H, 0, D)}: each step appends its token's}.
 
         With a `buffer_length` Tmax, the state is {"self": L x (key, value) each (B, H, Tmax, D)}
-        instead: zeros, into which each step shifts its token's (`kformer.portable.shift_in`).
-        Appended caches are what TensorFlow and onnxruntime run: a step reads and copies only the
-        keys so far, where fixed buffers cost passes over whole buffers (the demo model's files in
-        onnxruntime: 0.76-0.90x the time and 20-40 MB lower peaks). Fixed buffers are what XLA
-        (static shapes) and the TFLite files run: LiteRT re-plans a loop body whose shapes change,
-        at every step (`Translator`).
+        instead: zeros, written one slot a step. Appended caches are what TensorFlow and
+        onnxruntime run: a step reads and copies only the keys so far, where fixed buffers cost
+        passes over whole buffers (the demo model's files in onnxruntime: 0.76-0.90x the time and
+        20-40 MB lower peaks). Fixed buffers are what XLA (static shapes) and the TFLite files run:
+        LiteRT re-plans a loop body whose shapes change, at every step (`Translator`).
         """
         source_ids = ops.convert_to_tensor(source_ids, "int32")
         source_mask = masks.padding_mask(source_ids, self.config.pad_id)
@@ -216,11 +215,11 @@ class Transformer(keras.Model):
 
     def grow_cache(self, state, buffer_length):
         """The "state" part of a cache (`init_cache`) with its key/value buffers extended with zeros
-        to `buffer_length` steps (the second pass of a two-pass search), in front: the newest keys
-        stay last; appended buffers, which are as long as the output so far, as they are."""
+        to `buffer_length` steps (the second pass of a two-pass search); appended buffers, which
+        are as long as the output so far, as they are."""
         if "appended" in state:
             return state
-        # Every buffer is (B, H, T1, D): one block of zeros (B, H, T - T1, D) before each.
+        # Every buffer is (B, H, T1, D): one block of zeros (B, H, T - T1, D) appended to each.
         buffer = state["self"][0][0]
         shape = ops.shape(buffer)
         zeros = ops.zeros(
@@ -228,7 +227,7 @@ class Transformer(keras.Model):
         )
 
         def grow(t):  # (B, H, T1, D) -> (B, H, T, D)
-            return ops.concatenate([zeros, t], axis=2)
+            return ops.concatenate([t, zeros], axis=2)
 
         return {"self": [(grow(key), grow(value)) for key, value in state["self"]]}
 
@@ -238,9 +237,11 @@ class Transformer(keras.Model):
         x = self.target_embedding(tokens)  # (B, M): the step runs on rows, no length axis
         x = self.target_positions(x, start_index=index, training=False)
         ((name, buffers),) = state.items()
-        self_mask = None  # appended buffers: every key is one to attend to
-        if name == "self":  # fixed buffers (B, H, Tmax, D), the newest key last
-            self_mask = masks.shifted_step_mask(ops.shape(buffers[0][0])[2], index)  # (1, 1, Tmax)
+        self_mask, slot = None, None  # appended buffers: every key is one to attend to
+        if name == "self":  # fixed buffers (B, H, Tmax, D)
+            # (1, 1, Tmax): keys 0..index; (1, 1, Tmax, 1): where every layer writes its key/value.
+            buffer = buffers[0][0]
+            self_mask, slot = masks.step_masks(ops.shape(buffer)[2], index, buffer.dtype)
         new_self = []
         for block, self_kv, cross_kv in zip(self.decoder_blocks, buffers, static["cross"]):
             x, attention = block(
@@ -248,7 +249,7 @@ class Transformer(keras.Model):
                 self_mask=self_mask,
                 cross_mask=static["source_mask"],
                 cache={"self": self_kv, "cross": cross_kv},
-                shift=name == "self",
+                cache_slot=slot,
                 training=False,
             )
             new_self.append(attention["self"]["cache"])

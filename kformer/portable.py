@@ -62,21 +62,18 @@ def one_query_context(weights, v):
     return ops.sum(ops.expand_dims(weights, -1) * v, axis=2)
 
 
-def shift_in(buffer, values):
-    """buffer (B, H, T, D) without its first slot, then values (B, H, 1, D): a key/value buffer of
-    fixed length whose newest entry is last (kformer.masks.shifted_step_mask says which slots hold
-    keys). One copy of the buffer a step, with no dynamic-update-slice (which TFLite and ONNX cannot
-    run in a loop as they must), where a multiply-and-add into the step's slot wrote a temporary
-    as big and passed over both. Demo model in LiteRT (2 interleaved rounds against the slot):
-    batch 1 fp32 greedy 0.93-0.96x the time, beam 0.96-1.00x, int8 0.98-1.02x; files 0.98-1.01x
-    (perf, int8 greedy file: the writes' multiplies and adds 16% -> 7% of the samples, copies 12%
-    -> 19%)."""
-    return ops.concatenate([buffer[:, :, 1:], values], axis=2)
+def add_to_slot(buffer, slot, values):
+    """buffer + slot * values: writes values (B, H, 1, D) into the slot (1, 1, T, 1) of a
+    key/value buffer (B, H, T, D) that is still zero there (buffers start as zeros and each step
+    writes the next slot). Fixed shapes, no dynamic-update-slice (which TFLite and ONNX cannot
+    run in a loop as they must), and two exported nodes where a select is three."""
+    return buffer + slot * values
 
 
 def write_slot(buffer, slot, values):
     """buffer[..., i] = values where (T,) `slot` is True at i alone: a one-hot blend (a select),
-    for the output-token buffers. No dynamic-update-slice, as `shift_in`."""
+    for the output-token buffers, whose slots are not zero (pad is a token). No
+    dynamic-update-slice, as `add_to_slot`."""
     return tf.where(slot, tf.expand_dims(values, -1), buffer)
 
 

@@ -48,24 +48,22 @@ def test_fully_masked_row_stays_finite():
     assert np.all(np.isfinite(np.asarray(out)))
 
 
-def test_shifted_steps_equal_full_causal_pass():
-    """Steps into fixed buffers, each shifting its key/value in last: the full causal pass's
-    outputs, with the keys so far last in the buffers and zeros before them."""
+def test_cached_steps_equal_full_causal_pass():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(2, 6, WIDTH)).astype("float32")
     layer = MultiHeadAttention(HEADS, HEAD_SIZE)
-    full, full_extras = layer(x, attention_mask=masks.causal_mask(6))
+    full = np.asarray(layer(x, attention_mask=masks.causal_mask(6))[0])
     buffer = np.zeros((2, HEADS, 8, HEAD_SIZE), "float32")  # longer than needed: unused slots masked
     cache = (buffer, buffer)
     for i in range(6):
         step, extras = layer(
-            x[:, i : i + 1], attention_mask=masks.shifted_step_mask(8, i), cache=cache, write="shift"
+            x[:, i : i + 1],
+            attention_mask=masks.causal_mask(1, 8, offset=i),
+            cache=cache,
+            cache_slot=masks.step_masks(8, i)[1],
         )
         cache = extras["cache"]
-        np.testing.assert_allclose(np.asarray(step)[:, 0], np.asarray(full)[:, i], atol=1e-5)
-    keys = np.asarray(cache[0])
-    np.testing.assert_allclose(keys[:, :, 2:], np.asarray(full_extras["cache"][0]), atol=1e-5)
-    assert not keys[:, :, :2].any()
+        np.testing.assert_allclose(np.asarray(step)[:, 0], full[:, i], atol=1e-5)
 
 
 def test_appended_steps_equal_full_causal_pass():
@@ -76,7 +74,7 @@ def test_appended_steps_equal_full_causal_pass():
     empty = np.zeros((2, HEADS, 0, HEAD_SIZE), "float32")  # the keys/values of no token yet
     cache = (empty, empty)
     for i in range(6):
-        step, extras = layer(x[:, i], cache=cache, write="append")  # a step's (B, M) query
+        step, extras = layer(x[:, i], cache=cache, append=True)  # a step's (B, M) query
         cache = extras["cache"]
         assert cache[0].shape == (2, HEADS, i + 1, HEAD_SIZE)
         np.testing.assert_allclose(np.asarray(step), full[:, i], atol=1e-5)

@@ -18,14 +18,6 @@ def test_causal_mask_and_offset():
     )
 
 
-def test_a_shifted_step_sees_its_key_last_and_those_before_it():
-    # Step 2 over a 5-slot buffer that shifts its keys in last: keys in slots 2..4.
-    np.testing.assert_array_equal(
-        np.asarray(masks.shifted_step_mask(5, 2)), [[[False, False, True, True, True]]]
-    )
-    assert np.asarray(masks.shifted_step_mask(5, 4)).all()
-
-
 def test_combine_ignores_none_and_ands():
     a = np.array([[True, False]])
     b = np.array([[True, True]])
