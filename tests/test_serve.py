@@ -1,6 +1,7 @@
 """`kformer serve`: its two APIs against the runner's own translations, real LibreTranslate clients
 from PyPI, batching across requests, bad requests, a full queue, clients that leave, SIGTERM."""
 
+import asyncio
 import concurrent.futures
 import http.client
 import json
@@ -16,6 +17,7 @@ import pytest
 from conftest import BEAM, PYTHON
 
 from kformer.export.formats import open_runner
+from kformer.serve import app as app_lib
 from kformer.serve.app import create_app
 from kformer.serve.server import serving
 from kformer.serve.settings import Settings
@@ -246,6 +248,23 @@ def test_a_full_queue_answers_503_with_retry_after_and_recovers(runner):
         gated.gate.set()
         assert running.result()[0] == 200 and queued.result()[0] == 200
         assert request(url + "v1/translate", {"texts": ["六七八九十"]})[0] == 200
+
+
+def test_a_client_that_leaves_has_its_request_cancelled_before_the_499():
+    """The cancel must not wait for a later turn of the event loop: by then the 499 is on
+    /metrics and the batcher may have started the request (seen once in CI through
+    asyncio.wrap_future, which passes a cancel on in a loop callback)."""
+
+    class Left:
+        async def receive(self):
+            return {"type": "http.disconnect"}
+
+    async def leave(future):
+        with pytest.raises(app_lib.ClientGone):
+            await app_lib._unless_disconnected(Left(), future)
+        return future.cancelled()  # no await since: still the turn that raised
+
+    assert asyncio.run(leave(concurrent.futures.Future()))
 
 
 def test_a_client_that_leaves_costs_no_translation(runner):

@@ -126,7 +126,10 @@ async def _unless_disconnected(request, future):
     if waiter.done():
         watcher.cancel()
         return waiter.result()
-    waiter.cancel()  # cancels the batcher's future too
+    # Cancelled here, not through `waiter`: wrap_future passes a cancel on in a loop callback, which
+    # may run after the 499 is recorded and the batcher has started the request.
+    future.cancel()
+    waiter.cancel()
     raise ClientGone
 
 
