@@ -51,8 +51,8 @@ class Ctranslate2(Format):
         os.makedirs(path)
         spec.save(path)
 
-    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
-        return Ctranslate2Runner(artifact_dir, beam_size, variant, threads, batch_size, **options)
+    def runner_class(self, variant):
+        return Ctranslate2Runner
 
 
 def _weights(layer):
@@ -117,12 +117,15 @@ class Ctranslate2Runner(ArtifactRunner):
     """A CTranslate2 model folder (fp32 or int8) on the CPU."""
 
     fmt = Ctranslate2.name
+    concurrent_searches = True  # translate_batch calls run at once on its inter_threads replicas
 
     def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
         import ctranslate2
 
         super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
-        self.translator = ctranslate2.Translator(self.path, device="cpu", intra_threads=self.threads)
+        self.translator = ctranslate2.Translator(
+            self.path, device="cpu", intra_threads=self.threads, inter_threads=self.parallel
+        )
 
     def _search(self, options, batch):
         c, cap, k = self.config, options.max_length, options.beam_size

@@ -68,8 +68,14 @@ class Format:
     def write(self, module, path, variant):
         raise NotImplementedError
 
-    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
+    def runner_class(self, variant):
+        """The kformer.export.runner.ArtifactRunner subclass that runs `variant`'s files."""
         raise NotImplementedError
+
+    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
+        """The runner of `variant` (kformer.export.formats.open_runner says what the arguments are)."""
+        runner = self.runner_class(variant)
+        return runner(artifact_dir, beam_size, variant, threads, batch_size, **options)
 
 
 def search_file(folder, search, extension):

@@ -11,6 +11,11 @@ RUNTIMES = ("keras", *FORMATS)  # keras: the training folder's model, the refere
 VARIANTS = {name: fmt.variants for name, fmt in FORMATS.items()}
 
 
+def runs_batches_at_once(runtime, variant):
+    """Whether `open_runner(..., parallel=N)` takes N > 1 for this runtime and variant."""
+    return runtime in FORMATS and FORMATS[runtime].runner_class(variant).concurrent_searches
+
+
 def open_runner(
     path,
     runtime="keras",
@@ -20,6 +25,7 @@ def open_runner(
     threads=None,
     weights="best",
     exact=False,
+    parallel=1,
     **options,
 ):
     """A `kformer.export.runner.Runner`: `path` is a training directory for runtime "keras" (the
@@ -29,12 +35,16 @@ def open_runner(
     (kformer.checkpoint.weights_file); an export holds the weights it was made from. A runtime
     runs its own file of the variant where the export has one (onnxruntime: int8 -> int8-ort,
     kformer.export.onnx_ort) unless `exact`: the export's check, the benches and the page's
-    comparisons run each file as it is listed."""
+    comparisons run each file as it is listed. `parallel`: batches a translate call runs at once,
+    each on threads // parallel threads (onnxruntime's ids files and CTranslate2;
+    kformer.export.runner.ArtifactRunner)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
     if runtime == "keras":
         if variant != "fp32":
             raise ValueError(f"--variant {variant} needs an exported runtime; the keras runtime is fp32")
+        if parallel != 1:
+            raise ValueError(f"--parallel {parallel} needs an exported runtime (onnx or ctranslate2)")
         from kformer.translate import KerasRunner
 
         return KerasRunner(path, batch_size, weights, beam_size=beam_size, **options)
@@ -47,4 +57,4 @@ def open_runner(
         raise ValueError(f"--variant {variant} does not exist for {runtime}; choose one of {fmt.variants}")
     if not exact:
         variant = fmt.runtime_variant(path, variant)
-    return fmt.open(path, variant, beam_size, threads, batch_size, **options)
+    return fmt.open(path, variant, beam_size, threads, batch_size, parallel=parallel, **options)

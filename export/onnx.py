@@ -65,9 +65,8 @@ class Onnx(Format):
         }
         save_sharing_weights(models, files, os.path.join(path, WEIGHTS))
 
-    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
-        runner = OnnxTextRunner if variant == "text" else OnnxRunner
-        return runner(artifact_dir, beam_size, variant, threads, batch_size, **options)
+    def runner_class(self, variant):
+        return OnnxTextRunner if variant == "text" else OnnxRunner
 
 
 def _search_model(module, path, variant, search, fp32):
@@ -275,6 +274,7 @@ class OnnxRunner(SearchFilesRunner):
     extension = Onnx.extension
     one_file_serves_both = False
     beam_capped = True
+    concurrent_searches = True  # an InferenceSession's run may be called from several threads
 
     def open_file(self, path):
         return _session(path, self.threads)

@@ -23,8 +23,8 @@ class SavedModel(Format):
         }
         tf.saved_model.save(module, path, signatures=signatures)
 
-    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
-        return SavedModelRunner(artifact_dir, beam_size, variant, threads, batch_size, **options)
+    def runner_class(self, variant):
+        return SavedModelRunner
 
 
 class SavedModelRunner(ArtifactRunner):

@@ -45,8 +45,8 @@ class Tflite(Format):
         for search in SEARCHES:
             _convert(module, self.search_file(path, search), variant, [search])
 
-    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
-        return TfliteRunner(artifact_dir, beam_size, variant, threads, batch_size, **options)
+    def runner_class(self, variant):
+        return TfliteRunner
 
 
 def _convert(module, path, variant, searches):

@@ -222,13 +222,14 @@ def translations(
     joiner=" ",
     nbest=1,
     max_tokens=None,
+    map_batches=map,
 ):
     """`translate_texts` through `search((B, S) int32) -> (tokens, scores)` (see `search_units`):
     what every runner and kformer.translate.Translator do with texts."""
 
     def translate_units(units):
         ids = [u.ids for u in units]
-        found = search_units(search, ids, batch_size, eos_id, pad_id, nbest, max_tokens)
+        found = search_units(search, ids, batch_size, eos_id, pad_id, nbest, max_tokens, map_batches)
         return [[(tokenizer.decode(output), score) for output, score in unit] for unit in found]
 
     return translate_texts(tokenizer, texts, max_source_length, translate_units, joiner, nbest)
@@ -273,14 +274,16 @@ def strip_special(tokens, eos_id, pad_id=0):
     return [t for t in tokens if t != pad_id]
 
 
-def search_units(search, ids, batch_size, eos_id, pad_id=0, nbest=1, max_tokens=None):
+def search_units(search, ids, batch_size, eos_id, pad_id=0, nbest=1, max_tokens=None, map_batches=map):
     """Runs `search((B, S) int32) -> (tokens (B, [K,] T), scores (B, [K]))` over length-sorted
     batches (`length_sorted_batches`; max_tokens: see `tokens_per_call`); returns per row of `ids`,
     in input order, its best `nbest` hypotheses as (output ids without EOS/pad, score), best first
-    (fewer when the search finished fewer)."""
+    (fewer when the search finished fewer). `map_batches(search, batches)` yields the searches'
+    results in order: `map` runs them one after another, an executor's map several at once
+    (Runner's `parallel`)."""
     results = [None] * len(ids)
-    for chunk, batch in length_sorted_batches(ids, batch_size, max_tokens):
-        tokens, scores = search(batch)
+    batches = list(length_sorted_batches(ids, batch_size, max_tokens))
+    for (chunk, _), (tokens, scores) in zip(batches, map_batches(search, [batch for _, batch in batches])):
         tokens, scores = np.asarray(tokens), np.asarray(scores)
         if tokens.ndim == 2:  # greedy: (B, T) -> (B, 1, T)
             tokens, scores = tokens[:, None], scores[:, None]
@@ -292,7 +295,8 @@ def search_units(search, ids, batch_size, eos_id, pad_id=0, nbest=1, max_tokens=
     return results
 
 
-def translate_ids(search, ids, batch_size, eos_id, pad_id=0, max_tokens=None):
+def translate_ids(search, ids, batch_size, eos_id, pad_id=0, max_tokens=None, map_batches=map):
     """`search_units` for the best hypothesis only: (output ids, scores), in input order."""
-    best = [unit[0] for unit in search_units(search, ids, batch_size, eos_id, pad_id, 1, max_tokens)]
+    units = search_units(search, ids, batch_size, eos_id, pad_id, 1, max_tokens, map_batches)
+    best = [unit[0] for unit in units]
     return [output for output, _ in best], [score for _, score in best]

@@ -137,6 +137,8 @@ def _translate(args):
         no_repeat_ngram=args.no_repeat_ngram,
         nbest=args.nbest,
         weights=args.weights,
+        threads=args.threads,
+        parallel=args.parallel,
     )
     if args.text:
         batches, where = [args.text], "argument"
@@ -242,6 +244,7 @@ def _bench(args):
             rounds=args.rounds,
             runtimes=runtimes,
             batch_size=args.batch_size,
+            parallel=args.parallel,
         )
     elif args.what == "web":
         from kformer.bench.web import bench_web
@@ -541,6 +544,14 @@ def _add_translate(commands):
         "a pipe's lines "
         "are translated as they arrive, those that arrive together in one batch (default 32)",
     )
+    p.add_argument("--threads", type=_positive(int), help="the runtime's threads (default: all cores)")
+    p.add_argument(
+        "--parallel",
+        type=_positive(int),
+        default=1,
+        help="batches translated at once, each on threads / N threads: more sentences a second on a "
+        "file, slower single sentences (onnx ids variants and ctranslate2; default 1)",
+    )
     _weights_option(p)
     p.add_argument("text", nargs="*")
     p.set_defaults(run=_translate)
@@ -699,6 +710,13 @@ def _add_bench(commands):
         default=32,
         help="runtimes: sentences a call of the file's translate takes, as translate's --batch-size "
         "(default 32)",
+    )
+    p.add_argument(
+        "--parallel",
+        type=_positive(int),
+        default=1,
+        help="runtimes: batches translated at once, as translate's --parallel (only the runtimes that "
+        "take it are measured; default 1)",
     )
     p.add_argument("--steps", type=_positive(int), default=30)
     p.add_argument(

@@ -1,6 +1,9 @@
 """kformer.batching's length-sorted batches: every row once, in order of length, and a call of long
 sentences holding fewer of them."""
 
+import concurrent.futures
+import time
+
 import numpy as np
 
 from kformer import batching
@@ -54,3 +57,21 @@ def test_calls_take_fewer_long_sentences():
     assert shapes_of("beam") == [(8, 4)] * 5 + [(8, long), (2, long)]
     capped = 8 * batching.BEAM_TOKENS_PER_SENTENCE // long  # 2 sentences of 48 tokens in 96
     assert shapes_of("beam", beam_capped=True) == [(8, 4)] * 5 + [(capped, long)] * (10 // capped)
+
+
+def test_searches_run_through_the_given_map_and_come_back_in_input_order():
+    """`map_batches` an executor's map: batches finish out of order (the first sleeps longest),
+    and every row still gets its own batch's output."""
+    lengths = [3, 1, 2, 5, 4, 6, 1]
+    ran = []
+
+    def search(batch):  # each row's output: its length as a token, EOS 3 after
+        ran.append(batch.shape)
+        time.sleep(0.05 if len(ran) == 1 else 0)
+        tokens = np.stack([[100 + int((row != 0).sum()), 3] for row in batch]).astype(np.int32)
+        return tokens, -np.ones(len(batch), np.float32)
+
+    ids = _ids(lengths)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        results = batching.search_units(search, ids, 2, eos_id=3, map_batches=pool.map)
+    assert results == [[([100 + n], -1.0)] for n in lengths] and len(ran) == 4

@@ -426,6 +426,27 @@ def test_bench_runtimes_measures_the_runtimes_asked_for():
         match=r"--runtimes tflite: not in this export \(it has ctranslate2,keras,onnx,savedmodel\)",
     ):
         _jobs(manifest, ["tflite", "onnx"])
+    # Batches at once: the runtimes whose runners take it (kformer.export.runner's parallel)
+    assert _jobs(manifest, None, parallel=2) == [("ctranslate2", "fp32"), ("onnx", "fp32"), ("onnx", "int8")]
+    with pytest.raises(ValueError, match="--parallel 2: none of these runtimes"):
+        _jobs(manifest, ["savedmodel"], parallel=2)
+
+
+def test_runtime_worker_runs_the_jobs_batches_at_once(artifacts, tmp_path, monkeypatch):  # noqa: F811
+    from kformer.export import onnx
+
+    real, opened = onnx._session, []
+
+    def session(path, threads, **kwargs):  # the threads of each session the runner opens
+        opened.append(threads)
+        return real(path, threads, **kwargs)
+
+    monkeypatch.setattr(onnx, "_session", session)
+    job = tmp_path / "job.json"
+    sources = ["我們試試看！", "他很高興。", "好"]
+    job.write_text(json.dumps({"sources": sources, "batch1_sentences": 1, "batch_size": 1, "parallel": 2}))
+    row = worker(artifacts, "onnx", "fp32", 1, str(job), threads=2)
+    assert opened == [1] and row["hypotheses"] == onnx.OnnxRunner(artifacts, 1).translate(sources)
 
 
 def test_xla_dump_folder_is_removed_at_exit():

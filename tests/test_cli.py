@@ -200,6 +200,10 @@ def test_evaluate_split_and_files(trained_dir, tmp_path, capsys):
             "--variant int8 needs an exported runtime",
         ),
         (
+            ["translate", "--model", "{trained}", "--parallel", "2", "x"],
+            "--parallel 2 needs an exported runtime",
+        ),
+        (
             ["translate", "--model", "{trained}", "--beam", "2", "--nbest", "3", "x"],
             "nbest 3 is more than the beam size 2",
         ),

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 
 import numpy as np
 import onnx as onnx_lib
@@ -19,6 +20,7 @@ from kformer.export import onnx, onnx_rewrite, tflite
 from kformer.export.ctranslate2 import Ctranslate2Runner
 from kformer.export.exporter import export
 from kformer.export.format import SEARCHES, ExportError
+from kformer.export.formats import open_runner
 from kformer.export.manifest import ArtifactError, load_tokenizer, sha256
 from kformer.export.manifest import load as load_manifest
 from kformer.export.onnx import SEARCH_LOOPS, OnnxRunner
@@ -767,6 +769,55 @@ def test_wrong_input_dtype_and_beam_size(artifacts):
         runner.search(np.ones((1, 3), np.int64))
     with pytest.raises(ArtifactError, match="re-export with --beam 5"):
         TfliteRunner(artifacts, 5)
+
+
+class InFlight:
+    """Wraps a runner's _search: the first `together` calls wait at a barrier for each other (so
+    they fail unless they run at once), and every call's batch is recorded."""
+
+    def __init__(self, runner, together=2):
+        self.search, self.barrier, self.batches = runner._search, threading.Barrier(together, timeout=10), []
+        runner._search = self
+
+    def __call__(self, options, batch):
+        self.batches.append(batch.shape)
+        if len(self.batches) <= self.barrier.parties:
+            self.barrier.wait()
+        return self.search(options, batch)
+
+
+@pytest.mark.parametrize("runner_class", [OnnxRunner, Ctranslate2Runner])
+@pytest.mark.parametrize("beam", [1, BEAM])
+def test_parallel_batches_run_at_once_and_translate_as_one_at_a_time(artifacts, runner_class, beam):
+    texts = ["我們試試看！", "他很高興。你呢？", "", "好", "汤姆本可以报警的。这是书。", "走了"]
+    alone = runner_class(artifacts, beam, batch_size=2, threads=2)
+    together = runner_class(artifacts, beam, batch_size=2, threads=2, parallel=2)
+    calls = InFlight(together)
+    nbest = 1 if runner_class is Ctranslate2Runner else min(2, beam)  # CT2: its own beam scores
+    expected = [t.to_dict() for t in alone.translations(texts, nbest=nbest)]
+    assert [t.to_dict() for t in together.translations(texts, nbest=nbest)] == expected
+    assert len(calls.batches) >= 3 and together.threads == 1 and alone.threads == 2  # each batch's
+    assert together.translate_ids([[5, 6, 7], [8], [9, 10]]) == alone.translate_ids([[5, 6, 7], [8], [9, 10]])
+    if runner_class is OnnxRunner:
+        session = together.opened(together.options.search)
+        assert session.get_session_options().intra_op_num_threads == 1
+    else:
+        assert together.translator.num_translators == 2 and alone.translator.num_translators == 1
+
+
+@pytest.mark.parametrize(
+    "open_it",
+    [
+        lambda artifacts, model_dir: TfliteRunner(artifacts, parallel=2),
+        lambda artifacts, model_dir: SavedModelRunner(artifacts, parallel=2),
+        lambda artifacts, model_dir: onnx.OnnxTextRunner(artifacts, parallel=2),
+        lambda artifacts, model_dir: open_runner(model_dir, "keras", parallel=2),
+        lambda artifacts, model_dir: OnnxRunner(artifacts, parallel=0),
+    ],
+)
+def test_parallel_needs_a_runtime_that_runs_batches_at_once(artifacts, model_dir, open_it):
+    with pytest.raises(ValueError, match="--parallel|parallel must be"):
+        open_it(artifacts, model_dir)
 
 
 def test_export_refuses_a_non_empty_folder_and_unknown_formats(model_dir, tmp_path, monkeypatch):

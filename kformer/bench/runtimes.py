@@ -24,7 +24,7 @@ TIMINGS = ("file_s", "batch1_ms")  # the two cells each ratio to CTranslate2 is 
 CT2_BACKENDS = {"mkl": "1", "dnnl": "0"}
 
 
-def _runner(runtime, artifact_dir, beam, variant, threads, batch_size):
+def _runner(runtime, artifact_dir, beam, variant, threads, batch_size, parallel=1):
     from kformer.export.formats import open_runner
     from kformer.export.manifest import load as load_manifest
 
@@ -39,7 +39,9 @@ def _runner(runtime, artifact_dir, beam, variant, threads, batch_size):
             no_repeat_ngram=manifest["no_repeat_ngram"],
             batch_size=batch_size,
         )
-    return open_runner(artifact_dir, runtime, variant, beam, batch_size, threads=threads, exact=True)
+    return open_runner(
+        artifact_dir, runtime, variant, beam, batch_size, threads=threads, exact=True, parallel=parallel
+    )
 
 
 def _import_runtime(runtime):
@@ -67,7 +69,7 @@ def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None):
     _import_runtime(runtime)
     imported_mb = resident_memory_mb()
     start = time.perf_counter()
-    runner = _runner(runtime, artifact_dir, beam, variant, threads, job["batch_size"])
+    runner = _runner(runtime, artifact_dir, beam, variant, threads, job["batch_size"], job.get("parallel", 1))
     load_seconds = time.perf_counter() - start
     loaded_mb = resident_memory_mb()
     sources, singles = job["sources"], job["sources"][: job["batch1_sentences"]]
@@ -123,9 +125,10 @@ def peak_memory_mb():
     return _proc_status_mb("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _jobs(manifest, runtimes):
+def _jobs(manifest, runtimes, parallel=1):
     """(runtime, variant) pairs to measure: Keras (the training folder) and every SavedModel, TFLite,
-    ONNX and CTranslate2 file of the export; those of `runtimes` only when given."""
+    ONNX and CTranslate2 file of the export; those of `runtimes` only when given; with `parallel`
+    > 1, those whose runners take it only."""
     formats = ("savedmodel", "tflite", "onnx", "ctranslate2")
     jobs = [("keras", "fp32")] + sorted(
         {(a["format"], a["variant"]) for a in manifest["artifacts"] if a["format"] in formats}
@@ -138,6 +141,14 @@ def _jobs(manifest, runtimes):
                 f"(it has {','.join(sorted({r for r, _ in jobs}))})"
             )
         jobs = [(runtime, variant) for runtime, variant in jobs if runtime in runtimes]
+    if parallel > 1:
+        from kformer.export.formats import runs_batches_at_once
+
+        jobs = [(runtime, variant) for runtime, variant in jobs if runs_batches_at_once(runtime, variant)]
+        if not jobs:
+            raise ValueError(
+                f"--parallel {parallel}: none of these runtimes runs batches at once (onnx and ctranslate2 do)"
+            )
     return jobs
 
 
@@ -157,6 +168,7 @@ def bench_runtimes(
     batch1_sentences=100,
     runtimes=None,
     batch_size=32,
+    parallel=1,
     progress=print,
 ):
     """Runs every runtime/variant/search of an export in a subprocess, in `rounds` interleaved
@@ -165,7 +177,9 @@ def bench_runtimes(
     of the held-out test split of the corpus the model was trained on. Batch 1 is timed over the
     first `batch1_sentences`, one at a time: a single sentence of a few milliseconds gives ratios
     that move by up to 3x between rounds. `batch_size`: the file's sentences a runner call takes
-    (`kformer translate --batch-size`; see Runner.sentences_per_call)."""
+    (`kformer translate --batch-size`; see Runner.sentences_per_call). `parallel`: batches a
+    runner's translate runs at once (`kformer translate --parallel`), CTranslate2's included;
+    runtimes that run one at a time are left out."""
     from kformer.evaluate import score, split_references
     from kformer.export.manifest import load as load_manifest
 
@@ -174,7 +188,7 @@ def bench_runtimes(
     sources, references = split_references(manifest["trained_in"], "test")
     sources, references = sources[:sentences], references[:sentences]
     language = (manifest.get("corpus") or {}).get("direction", "x-en").split("-")[-1]
-    jobs = _jobs(manifest, runtimes)
+    jobs = _jobs(manifest, runtimes, parallel)
     # The bytes of a variant's file or folder, for both searches (TFLite, ONNX: a file of each)
     sizes = {(a["format"], a["variant"]): a["bytes"] for a in manifest["artifacts"]}
     runs = {}  # (runtime, variant, beam) -> one result per round
@@ -182,7 +196,8 @@ def bench_runtimes(
         job_file = os.path.join(work, "job.json")
         with open(job_file, "w", encoding="utf-8") as f:
             batch1_sentences = min(batch1_sentences, len(sources))
-            json.dump({"sources": sources, "batch1_sentences": batch1_sentences, "batch_size": batch_size}, f)
+            job = {"sources": sources, "batch1_sentences": batch1_sentences, "batch_size": batch_size}
+            json.dump({**job, "parallel": parallel}, f)
         measured = [
             (runtime, variant, backend, environment, beam)
             for runtime, variant in jobs
@@ -228,6 +243,7 @@ def bench_runtimes(
         "sentences": len(sources),
         "rounds": rounds,
         "batch_size": batch_size,
+        "parallel": parallel,
         "batch1_sentences": batch1_sentences,
         "rows": rows,
     }
@@ -287,7 +303,7 @@ def print_table(results):
     print(
         f"file: {results['sentences']} test sentences through translate (length-sorted batches of "
         f"{results['batch_size']} sentences, fewer long ones; TFLite's beam 2 x "
-        f"{results['batch_size']} / K), "
+        f"{results['batch_size']} / K; {results.get('parallel', 1)} at once), "
         f"BLEU on them; batch 1: the first {results['batch1_sentences']}, one at a time (out tok: their "
         f"mean output); timings: median of {results['rounds']} interleaved rounds; time / CTranslate2: "
         f"file, batch 1, round by round, against the same precision and against its fastest file, "
