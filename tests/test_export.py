@@ -1,12 +1,14 @@
 """Export parity and failure modes on a random tiny model (its outputs are long and varied, so
 token equality across runtimes means something)."""
 
+import concurrent.futures
 import glob
 import json
 import os
 import shutil
 import sys
 import threading
+import time
 
 import numpy as np
 import onnx as onnx_lib
@@ -803,6 +805,29 @@ def test_parallel_batches_run_at_once_and_translate_as_one_at_a_time(artifacts, 
         assert session.get_session_options().intra_op_num_threads == 1
     else:
         assert together.translator.num_translators == 2 and alone.translator.num_translators == 1
+
+
+def test_litert_runs_one_call_at_a_time_in_a_process(artifacts, monkeypatch):
+    """Two runners' interpreters running at once from two threads gave LiteRT errors (out of
+    bounds indices) on the demo model: their calls wait for each other, and translate as alone."""
+    inside, most, search_alone = [], [], TfliteRunner._search_alone
+
+    def timed(self, options, batch):
+        inside.append(self)
+        most.append(len(inside))
+        time.sleep(0.02)  # long enough for another thread's call to come in
+        try:
+            return search_alone(self, options, batch)
+        finally:
+            inside.remove(self)
+
+    monkeypatch.setattr(TfliteRunner, "_search_alone", timed)
+    texts = ["我們試試看！", "他很高興。", "好", "走了", "这是书。", ""]
+    runners = [TfliteRunner(artifacts, 1, batch_size=1) for _ in range(2)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        outputs = list(pool.map(lambda runner: runner.translate(texts), runners))
+    assert max(most) == 1 and len(most) == 2 * 5  # 5 non-empty texts, a call each, per runner
+    assert outputs == [TfliteRunner(artifacts, 1).translate(texts)] * 2
 
 
 @pytest.mark.parametrize(
