@@ -330,9 +330,13 @@ def test_ctranslate2_on_two_backends_is_timed_on_the_faster_in_each_round():
     assert rows[0]["vs_ct2"]["file_s"] == (4, 1, 4)  # MKL against the faster of the two
 
 
-def test_bench_runtimes_measures_ctranslate2_on_each_backend(artifacts, trained_dir, tmp_path, monkeypatch):
-    """Every CTranslate2 file is measured with CT2_USE_MKL on and off (x86-64), each its own row;
-    the other runtimes once, in their own environment."""
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_bench_runtimes_measures_ctranslate2_in_each_setting(
+    artifacts, trained_dir, tmp_path, monkeypatch, parallel
+):
+    """Every CTranslate2 file is measured with CT2_USE_MKL on and off (x86-64), on the bench's
+    threads and (one batch at a time) on one, each its own row; the other runtimes once, in their own
+    environment."""
     from kformer.bench import runtimes
 
     shutil.copytree(artifacts, tmp_path / "ART")
@@ -345,9 +349,9 @@ def test_bench_runtimes_measures_ctranslate2_on_each_backend(artifacts, trained_
     monkeypatch.delenv("CT2_USE_MKL", raising=False)
     started = []
 
-    def measure(code, artifact_dir, runtime, variant, beam, job_file, cwd, env):
-        """A worker's result without running it: 1 s on the file, CT2_USE_MKL recorded."""
-        started.append((runtime, variant, beam, env.get("CT2_USE_MKL")))
+    def measure(code, artifact_dir, runtime, variant, beam, job_file, threads, cwd, env):
+        """A worker's result without running it: 1 s on the file, CT2_USE_MKL and threads recorded."""
+        started.append((runtime, variant, beam, (env.get("CT2_USE_MKL"), threads)))
         with open(job_file, encoding="utf-8") as f:
             sentences = len(json.load(f)["sources"])
         row = {"runtime": runtime, "variant": variant, "search": "greedy" if beam == "1" else "beam"}
@@ -358,16 +362,23 @@ def test_bench_runtimes_measures_ctranslate2_on_each_backend(artifacts, trained_
 
     monkeypatch.setattr(runtimes.subprocesses, "run_python", measure)
     results = runtimes.bench_runtimes(
-        str(tmp_path / "ART"), sentences=2, rounds=1, runtimes=["ctranslate2", "onnx"], progress=print
+        str(tmp_path / "ART"),
+        sentences=2,
+        rounds=1,
+        runtimes=["ctranslate2", "onnx"],
+        parallel=parallel,
+        progress=print,
     )
     variants = sorted({a["variant"] for a in manifest["artifacts"] if a["format"] == "ctranslate2"})
-    assert sorted({(v, mkl) for r, v, _, mkl in started if r == "ctranslate2"}) == [
-        (v, mkl) for v in variants for mkl in ("0", "1")
+    threads = ["", "1"] if parallel == 1 else [""]  # "": the bench's
+    assert sorted({(v, setting) for r, v, _, setting in started if r == "ctranslate2"}) == [
+        (v, (mkl, t)) for v in variants for mkl in ("0", "1") for t in threads
     ]
-    assert {(r, mkl) for r, _, _, mkl in started if r != "ctranslate2"} == {("onnx", None)}
+    assert {(r, setting) for r, _, _, setting in started if r != "ctranslate2"} == {("onnx", (None, ""))}
+    names = ["mkl", "dnnl"] + (["mkl, 1 thread", "dnnl, 1 thread"] if parallel == 1 else [])
     backends = {(r["variant"], r["backend"]) for r in results["rows"] if r["runtime"] == "ctranslate2"}
-    assert backends == {(v, b) for v in variants for b in ("mkl", "dnnl")}
-    assert len(started) == len(results["rows"])  # a process per row (search, backend) in one round
+    assert backends == {(v, b) for v in variants for b in names}
+    assert len(started) == len(results["rows"])  # a process per row (search, setting) in one round
 
 
 def test_runtime_rounds_are_reduced_to_medians_and_the_highest_memory():

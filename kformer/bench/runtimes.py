@@ -18,10 +18,13 @@ from kformer.export.format import quantization
 TIMINGS = ("file_s", "batch1_ms")  # the two cells each ratio to CTranslate2 is taken in
 
 # CTranslate2's matrix-product backends on x86-64, chosen by CT2_USE_MKL (its default: MKL on Intel
-# CPUs, oneDNN on others). Either can be the slow one: on an Intel Xeon (AVX-512 VNNI), demo model,
-# MKL's fp32 took 9x oneDNN's time at batch 1 and 4x on the file. Each is measured, and
-# CTranslate2's time for a cell is its faster backend's in that round.
+# CPUs, oneDNN on others), and its intra-op threads: the bench's, and one. Any of them can be the slow
+# one: on 2 cores of an Intel Xeon (AVX-512 VNNI), demo model, 2 threads made its int8 5-8x slower
+# than 1 on either backend (batch 1 24.9 against 3.3 ms, the file 1.74 against 0.39 s), and MKL's
+# fp32 on 2 threads took 9x oneDNN's time at batch 1. Each is measured, and CTranslate2's time for a
+# cell is its fastest setting's in that round.
 CT2_BACKENDS = {"mkl": "1", "dnnl": "0"}
+CT2_ONE_THREAD = "1 thread"
 
 
 def _runner(runtime, artifact_dir, beam, variant, threads, batch_size, parallel=1):
@@ -152,13 +155,22 @@ def _jobs(manifest, runtimes, parallel=1):
     return jobs
 
 
-def _backends(runtime):
-    """The backends a runtime is measured with: {name: its environment}, or {None: {}} for one."""
+def _settings(runtime, parallel):
+    """The settings a runtime is measured with: {name: (its environment, its threads or None for the
+    bench's)}, or {None: ({}, None)} for one. CTranslate2: each backend (x86-64), on the bench's
+    threads and, with one batch at a time, on one."""
     import platform
 
-    if runtime == "ctranslate2" and platform.machine().lower() in ("x86_64", "amd64"):
-        return {name: {"CT2_USE_MKL": value} for name, value in CT2_BACKENDS.items()}
-    return {None: {}}
+    if runtime != "ctranslate2":
+        return {None: ({}, None)}
+    backends = {None: {}}
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        backends = {name: {"CT2_USE_MKL": value} for name, value in CT2_BACKENDS.items()}
+    settings = {name: (environment, None) for name, environment in backends.items()}
+    if parallel == 1:  # with batches at once, each already runs on threads / parallel
+        for name, environment in backends.items():
+            settings[CT2_ONE_THREAD if name is None else f"{name}, {CT2_ONE_THREAD}"] = (environment, 1)
+    return settings
 
 
 def bench_runtimes(
@@ -199,12 +211,12 @@ def bench_runtimes(
             job = {"sources": sources, "batch1_sentences": batch1_sentences, "batch_size": batch_size}
             json.dump({**job, "parallel": parallel}, f)
         measured = [
-            (runtime, variant, backend, environment, beam)
+            (runtime, variant, backend, environment, threads, beam)
             for runtime, variant in jobs
-            for backend, environment in _backends(runtime).items()
+            for backend, (environment, threads) in _settings(runtime, parallel).items()
             for beam in (1, manifest["beam_size"])
         ]
-        for number, (runtime, variant, backend, environment, beam) in enumerate(measured * rounds):
+        for number, (runtime, variant, backend, environment, threads, beam) in enumerate(measured * rounds):
             label = variant if backend is None else f"{variant} ({backend})"
             progress(
                 f"round {number // len(measured) + 1}/{rounds}: {runtime} {label} beam {beam} ...",
@@ -214,7 +226,8 @@ def bench_runtimes(
             out = os.path.join(work, "out.json")
             code = (
                 "import json, sys; from kformer.bench.runtimes import worker; "
-                f"json.dump(worker(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5]), open({out!r}, 'w'))"
+                "threads = int(sys.argv[6]) if sys.argv[6] else None; "
+                f"json.dump(worker(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5], threads), open({out!r}, 'w'))"
             )
             try:  # in the work folder: a relative export folder would not be found there
                 subprocesses.run_python(
@@ -224,6 +237,7 @@ def bench_runtimes(
                     variant,
                     str(beam),
                     job_file,
+                    str(threads or ""),
                     cwd=work,
                     env={**os.environ, **environment},
                 )
@@ -267,8 +281,8 @@ def _against_ctranslate2(rows):
     (CTranslate2's own timings move by up to 1.6x between processes), with their (min, max):
     "vs_ct2": against the same precision (int8 and int8-ort with int8, the others with fp32);
     "vs_ct2_fastest": against the fastest of CTranslate2's files in that round and cell (its int8
-    can be slower than its fp32, by CPU). A file of CTranslate2 measured on several backends
-    (CT2_BACKENDS) takes, in each round and cell, its fastest backend's time."""
+    can be slower than its fp32, by CPU). A file of CTranslate2 measured with several settings
+    (`_settings`: backends, threads) takes, in each round and cell, its fastest setting's time."""
 
     def per_round(row, key):  # a row reduced by _median_row keeps its rounds; a plain row is one round
         return row.get("per_round", {}).get(key, [row[key]])
@@ -307,7 +321,7 @@ def print_table(results):
         f"BLEU on them; batch 1: the first {results['batch1_sentences']}, one at a time (out tok: their "
         f"mean output); timings: median of {results['rounds']} interleaved rounds; time / CTranslate2: "
         f"file, batch 1, round by round, against the same precision and against its fastest file, "
-        f"each on its faster backend in the round"
+        f"each with its fastest setting (backend, threads) in the round"
     )
     print(
         f"{'runtime':>11} {'variant':>11} {'search':>6} {'sent/s':>7} {'ms@b1':>6} {'out tok':>7} "
