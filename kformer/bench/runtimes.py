@@ -19,8 +19,8 @@ TIMINGS = ("file_s", "batch1_ms")  # the two cells each ratio to CTranslate2 is 
 
 # CTranslate2's matrix-product backends on x86-64, chosen by CT2_USE_MKL (its default: MKL on Intel
 # CPUs, oneDNN on others), and its intra-op threads: the bench's, and one. Any of them can be the slow
-# one: on 2 cores of an Intel Xeon (AVX-512 VNNI), demo model, 2 threads made its int8 5-8x slower
-# than 1 on either backend (batch 1 24.9 against 3.3 ms, the file 1.74 against 0.39 s), and MKL's
+# one: on 2 cores of an Intel Xeon (AVX-512 VNNI), demo model, 2 threads made its int8 2.3-12x slower
+# than 1 on either backend (greedy: batch 1 24.9 against 3.3 ms, the file 1.74 against 0.39 s), and MKL's
 # fp32 on 2 threads took 9x oneDNN's time at batch 1. Each is measured, and CTranslate2's time for a
 # cell is its fastest setting's in that round.
 CT2_BACKENDS = {"mkl": "1", "dnnl": "0"}
