@@ -139,7 +139,7 @@ class ArtifactRunner(Runner):
     def __init__(
         self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, parallel=1, **options
     ):
-        self.artifact_dir = artifact_dir
+        self.artifact_dir, self.parallel = artifact_dir, self._checked_parallel(parallel, variant)
         self.manifest = manifest_lib.load(artifact_dir)
         tokenizer = manifest_lib.load_tokenizer(artifact_dir, self.manifest)
         defaults = SearchOptions(
@@ -152,7 +152,7 @@ class ArtifactRunner(Runner):
         super().__init__(
             config, tokenizer, defaults.replace(beam_size=beam_size, **options), batch_size, language
         )
-        self.variant, self.parallel = variant, self._checked_parallel(parallel, variant)
+        self.variant = variant
         self.threads = max(1, (threads or os.cpu_count() or 1) // parallel)  # each batch's
         entry = manifest_lib.find_artifact(self.manifest, self.fmt, variant)
         self.path = manifest_lib.verified_path(artifact_dir, self.manifest, entry)

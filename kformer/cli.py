@@ -258,7 +258,11 @@ def _bench(args):
         from kformer.bench.serve import print_serve_table as print_table
 
         results = bench_serve(
-            args.model, sentences=args.sentences or 200, rounds=args.rounds, requests=args.requests
+            args.model,
+            sentences=args.sentences or 200,
+            rounds=args.rounds,
+            requests=args.requests,
+            parallel=args.parallel,
         )
     elif args.what == "data":
         from kformer.bench.data import bench_data
@@ -310,6 +314,7 @@ def _serve(args):
         args.runtime,
         args.variant,
         threads=args.threads,
+        parallel=args.parallel,
         alpha=args.alpha,
         max_length=args.max_len,
         no_repeat_ngram=args.no_repeat_ngram,
@@ -654,6 +659,13 @@ def _add_serve(commands):
         "Bearer); default $KFORMER_API_KEY, else none",
     )
     p.add_argument("--threads", type=_positive(int), help="the runtime's threads (default: all cores)")
+    p.add_argument(
+        "--parallel",
+        type=_positive(int),
+        default=1,
+        help="batches run at once, each on threads / N threads: more sentences a second under load, "
+        "a lone request slower (onnx ids variants and ctranslate2; default 1)",
+    )
     defaults = Settings()
     p.add_argument(
         "--batch-size",
@@ -716,7 +728,7 @@ def _add_bench(commands):
         type=_positive(int),
         default=1,
         help="runtimes: batches translated at once, as translate's --parallel (only the runtimes that "
-        "take it are measured; default 1)",
+        "take it are measured); serve: the server's --parallel (default 1)",
     )
     p.add_argument("--steps", type=_positive(int), default=30)
     p.add_argument(

@@ -234,6 +234,36 @@ def test_a_batch_holds_batch_size_texts_and_the_request_that_reaches_it(runner):
     assert [len(call) for call in gated.calls] == [1, 6, 3]
 
 
+def test_a_runner_of_parallel_batches_serves_that_many_at_once(artifacts):
+    """With a runner opened with parallel=2, two requests' batches run at the same time (each waits
+    for the other at a barrier, which a lone batcher thread would never pass) and both are
+    answered; closing the server stops both batcher threads."""
+    parallel = open_runner(artifacts, "onnx", "fp32", threads=2, parallel=2)
+    barrier = threading.Barrier(2, timeout=30)
+
+    class Together(Gated):
+        def translations(self, texts, **options):
+            self.calls.append(list(texts))
+            barrier.wait()
+            return self.runner.translations(texts, **options)
+
+    def batchers():  # the batcher threads started by this test
+        return [t for t in threading.enumerate() if t not in before and t.name.startswith("kformer-batcher")]
+
+    together, before = Together(parallel), set(threading.enumerate())
+    with (
+        serving(create_app(together, Settings(batch_size=1))) as url,
+        concurrent.futures.ThreadPoolExecutor(2) as pool,
+    ):
+        answers = list(
+            pool.map(lambda text: request(url + "v1/translate", {"texts": [text]}), ["好", "走了"])
+        )
+        assert len(batchers()) == 2
+    assert [status for status, _, _ in answers] == [200, 200] and sorted(together.calls) == [["好"], ["走了"]]
+    assert [a["translations"][0]["translation"] for _, _, a in answers] == parallel.translate(["好", "走了"])
+    assert not batchers()
+
+
 def test_a_full_queue_answers_503_with_retry_after_and_recovers(runner):
     gated = Gated(runner)
     with (
@@ -339,6 +369,7 @@ def test_serve_command_errors_are_one_line(artifacts, tmp_path):
             (["--model", str(partial), "--variant", "int8"], "no onnx int8"),
             (["--model", artifacts, "--runtime", "keras"], "invalid choice"),
             (["--model", artifacts, "--max-chars", "0"], "--max-chars"),
+            (["--model", artifacts, "--runtime", "tflite", "--parallel", "2"], "runs one batch at a time"),
             (["--model", artifacts, "--port", port], "choose another --host or --port"),
         ]:
             # A case that loads after all serves until killed: fail it, do not hang.
@@ -356,10 +387,17 @@ def test_serve_command_errors_are_one_line(artifacts, tmp_path):
 def test_bench_serve_measures_levels_mixed_bodies_and_overload(artifacts, capsys):
     from kformer.bench.serve import CLIENT_LEVELS, bench_serve, print_serve_table
 
-    results = bench_serve(
-        artifacts, sentences=20, rounds=1, seconds=0.5, requests=200, progress=lambda *a, **k: None
+    results = bench_serve(  # the server with two batcher threads: the mixed check covers them too
+        artifacts,
+        sentences=20,
+        rounds=1,
+        seconds=0.5,
+        requests=200,
+        parallel=2,
+        progress=lambda *a, **k: None,
     )
     assert set(results["levels"]) == set(CLIENT_LEVELS) and results["runner_batch32"] > 0
+    assert results["parallel"] == 2
     assert all(
         row["sentences_per_s"] > 0 and row["errors"] == row["refused"] == 0
         for row in results["levels"].values()

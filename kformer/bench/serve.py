@@ -190,8 +190,18 @@ def overload(artifact_dir, threads, sources, clients, seconds, queue_chars):
 
 
 def bench_serve(
-    artifact_dir, sentences=200, rounds=2, seconds=10.0, requests=10_000, threads=None, progress=print
+    artifact_dir,
+    sentences=200,
+    rounds=2,
+    seconds=10.0,
+    requests=10_000,
+    threads=None,
+    parallel=1,
+    progress=print,
 ):
+    """`kformer serve` under load against its runner alone (onnxruntime fp32, batches of 32 and of
+    1, one at a time), at several numbers of clients; a mixed good/bad check; overload. `parallel`:
+    the server's `--parallel`."""
     from kformer.evaluate import split_references
     from kformer.export.formats import open_runner
     from kformer.export.manifest import load as load_manifest
@@ -200,7 +210,7 @@ def bench_serve(
     sources = split_references(load_manifest(artifact_dir)["trained_in"], "test")[0][:sentences]
     runner = open_runner(artifact_dir, "onnx", "fp32", threads=threads)
     bodies = [(_lt_body(s), "application/json", 1) for s in sources]
-    server = Server(artifact_dir, threads)
+    server = Server(artifact_dir, threads, "--parallel", str(parallel))
     levels = {n: [] for n in CLIENT_LEVELS}
     baseline, single = [], []
     try:
@@ -236,6 +246,7 @@ def bench_serve(
         "seconds": seconds,
         "sentences": len(sources),
         "threads": threads or os.cpu_count(),
+        "parallel": parallel,
     }
 
 
@@ -251,7 +262,8 @@ def _median(runs):
 def print_serve_table(results):
     base = results["runner_batch32"]
     print(
-        f"kformer serve, LibreTranslate API, one test sentence a request; {results['seconds']:g} s a level, "
+        f"kformer serve --parallel {results.get('parallel', 1)}, LibreTranslate API, one test sentence a request; "
+        f"{results['seconds']:g} s a level, "
         f"median of {results['rounds']} interleaved rounds (ratios: of the per-round ratios); "
         f"runner batch 32: {base:.1f}, batch 1: {results['runner_batch1']:.1f} sentences/s"
     )

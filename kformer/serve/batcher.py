@@ -2,10 +2,11 @@
 
 Requests wait in a queue bounded by the characters it holds (characters are what a translation
 costs); a full queue refuses work at once (`QueueFull`, which the server answers with 503 and
-Retry-After) instead of letting a backlog grow. One thread takes what has queued (kformer.gather:
+Retry-After) instead of letting a backlog grow. A thread takes what has queued (kformer.gather:
 requests up to batch_size texts, the last one whole), runs each group of texts that share search
-options in one `runner.translations` call, and hands each request its results. A request whose
-client left before its turn is skipped.
+options in one `runner.translations` call, and hands each request its results; a runner opened
+with `parallel` N (kformer.export.runner) has N such threads, each batch on threads / N threads. A
+request whose client left before its turn is skipped.
 """
 
 import concurrent.futures
@@ -47,11 +48,15 @@ class Batcher:
         self.runner, self.batch_size, self.window = runner, batch_size, window
         self.max_queue_chars, self.observe = max_queue_chars, observe or (lambda texts, seconds: None)
         self.queued_chars = self.queued_requests = 0
-        self.chars_per_second = None  # measured, for Retry-After
+        self.chars_per_second = None  # measured per thread, for Retry-After
         self._lock = threading.Lock()
         self._queue = queue_lib.Queue()
-        self._thread = threading.Thread(target=self._work, daemon=True, name="kformer-batcher")
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._work, daemon=True, name=f"kformer-batcher-{i}")
+            for i in range(getattr(runner, "parallel", 1))
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, texts, options):
         """Queues the texts; raises QueueFull when they would take the queue over its bound (a
@@ -70,12 +75,13 @@ class Batcher:
         """Whole seconds until the queue has drained, at the measured rate (1 before a measure)."""
         if not self.chars_per_second:
             return 1
-        return max(1, round(self.queued_chars / self.chars_per_second))
+        return max(1, round(self.queued_chars / (self.chars_per_second * len(self._threads))))
 
     def close(self):
-        """Translates what is queued, then stops the thread."""
+        """Translates what is queued, then stops the threads."""
         self._queue.put(_STOP)
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
 
     def _work(self):
         while True:
@@ -90,9 +96,9 @@ class Batcher:
             for options in dict.fromkeys(r.options for r in live):  # in order of arrival
                 self._run([r for r in live if r.options == options], options)
             if stop:
-                if self._queue.empty():
+                self._queue.put(_STOP)  # what queued behind it runs first, and each thread sees it
+                if self._queue.qsize() == 1:  # nothing but the stop
                     return
-                self._queue.put(_STOP)  # what queued behind it runs first
 
     def _run(self, requests, options):
         texts = [text for r in requests for text in r.texts]

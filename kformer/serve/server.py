@@ -22,11 +22,12 @@ MAX_CONNECTIONS = 1024  # beyond these uvicorn answers 503 at once; the queue bo
 PROBE = "你好。"
 
 
-def load(model, runtime="onnx", variant="fp32", threads=None, **options):
-    """The runner of an export folder, checked by translating a probe sentence."""
+def load(model, runtime="onnx", variant="fp32", threads=None, parallel=1, **options):
+    """The runner of an export folder, checked by translating a probe sentence; `parallel`: batches
+    the server runs at once (kformer.serve.batcher)."""
     if runtime not in ("onnx", "tflite", "ctranslate2"):
         raise ValueError(f"--runtime {runtime}: the server runs an export with onnx, tflite or ctranslate2")
-    runner = open_runner(model, runtime, variant, threads=threads, **options)
+    runner = open_runner(model, runtime, variant, threads=threads, parallel=parallel, **options)
     runner.translations([PROBE])
     return runner
 
