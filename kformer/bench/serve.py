@@ -173,9 +173,9 @@ def mixed(server, runner, sources, requests, bad_share=0.2, clients=32, seed=0):
     }
 
 
-def overload(artifact_dir, threads, sources, clients, seconds, queue_chars):
+def overload(artifact_dir, threads, sources, clients, seconds, queue_chars, parallel=1):
     """Clients of 10-sentence requests against a queue of `queue_chars`; then one request alone."""
-    server = Server(artifact_dir, threads, "--max-queue-chars", str(queue_chars))
+    server = Server(artifact_dir, threads, "--max-queue-chars", str(queue_chars), "--parallel", str(parallel))
     try:
         bodies = [
             (_lt_body(sources[i : i + 10]), "application/json", 10) for i in range(0, len(sources) - 10, 10)
@@ -228,7 +228,7 @@ def bench_serve(
     finally:
         server.close()
     progress("overload ...", flush=True)
-    overloaded = overload(artifact_dir, threads, sources, 256, seconds, queue_chars=2_000)
+    overloaded = overload(artifact_dir, threads, sources, 256, seconds, queue_chars=2_000, parallel=parallel)
     return {
         "levels": {n: _median(runs) for n, runs in levels.items()},
         "runner_batch32": statistics.median(baseline),
