@@ -554,6 +554,7 @@ def _add_translate(commands):
         "--parallel",
         type=_positive(int),
         default=1,
+        metavar="N",
         help="batches translated at once, each on threads / N threads: more sentences a second on a "
         "file, slower single sentences (onnx ids variants and ctranslate2; default 1)",
     )
@@ -663,6 +664,7 @@ def _add_serve(commands):
         "--parallel",
         type=_positive(int),
         default=1,
+        metavar="N",
         help="batches run at once, each on threads / N threads: more sentences a second under load, "
         "a lone request slower (onnx ids variants and ctranslate2; default 1)",
     )
@@ -727,6 +729,7 @@ def _add_bench(commands):
         "--parallel",
         type=_positive(int),
         default=1,
+        metavar="N",
         help="runtimes: batches translated at once, as translate's --parallel (only the runtimes that "
         "take it are measured); serve: the server's --parallel (default 1)",
     )
