@@ -51,12 +51,13 @@ class Runner:
     @contextlib.contextmanager
     def _batch_mapper(self):
         """`map` over a call's batches: the builtin (one after another), or with `parallel` > 1 a
-        thread pool's (that many at once; results in order)."""
+        thread pool's (that many at once; results in order) where there are several (the pool
+        starts its threads as work comes: a call of one batch starts none)."""
         if self.parallel == 1:
             yield map
             return
         with concurrent.futures.ThreadPoolExecutor(self.parallel, thread_name_prefix="kformer-batch") as pool:
-            yield pool.map
+            yield lambda search, batches: (pool.map if len(batches) > 1 else map)(search, batches)
 
     def checked(self, options, **changes):
         """`options` with the `changes` that are not None, checked for this model and runtime."""

@@ -783,6 +783,7 @@ class InFlight:
 
     def __call__(self, options, batch):
         self.batches.append(batch.shape)
+        self.thread = threading.current_thread()
         if len(self.batches) <= self.barrier.parties:
             self.barrier.wait()
         return self.search(options, batch)
@@ -800,6 +801,9 @@ def test_parallel_batches_run_at_once_and_translate_as_one_at_a_time(artifacts, 
     assert [t.to_dict() for t in together.translations(texts, nbest=nbest)] == expected
     assert len(calls.batches) >= 3 and together.threads == 1 and alone.threads == 2  # each batch's
     assert together.translate_ids([[5, 6, 7], [8], [9, 10]]) == alone.translate_ids([[5, 6, 7], [8], [9, 10]])
+    assert (
+        together.translate(["好"]) == alone.translate(["好"]) and calls.thread is threading.current_thread()
+    )
     if runner_class is OnnxRunner:
         session = together.opened(together.options.search)
         assert session.get_session_options().intra_op_num_threads == 1
