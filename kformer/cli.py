@@ -142,9 +142,11 @@ def _translate(args):
     )
     if args.text:
         batches, where = [args.text], "argument"
-    else:  # stdin: what has arrived is translated when the input pauses (kformer.gather)
+    else:  # stdin: what has arrived is translated when the input pauses (kformer.gather), in calls
+        # of up to --parallel batches, so that a file's batches run that many at once
         lines = data_lib.stream_lines(sys.stdin.buffer, "<stdin>")
-        batches, where = gather.gathered(lines, args.batch_size, GATHER_WINDOW_SECONDS), "<stdin> line"
+        size = args.batch_size * args.parallel
+        batches, where = gather.gathered(lines, size, GATHER_WINDOW_SECONDS), "<stdin> line"
     done = 0
     for lines in batches:
         for number, line in enumerate(lines, start=done + 1):

@@ -106,6 +106,31 @@ def test_translate_arguments_and_stdin_keep_order(trained_dir, capsys, monkeypat
     assert code == 0 and from_stdin == stdout
 
 
+def test_translate_from_stdin_gives_each_call_parallel_batches(capsys, monkeypatch):
+    """With --parallel N, stdin's lines go to the runner N x --batch-size at a time (what has
+    arrived): a call of one batch would leave N - 1 of its threads idle."""
+    from kformer.batching import Translation
+    from kformer.export import formats
+
+    calls, opened = [], {}
+
+    class Recorder:
+        def translations(self, lines):
+            calls.append(len(lines))
+            return [Translation(line.upper(), 0.0, ()) for line in lines]
+
+    def open_runner(*args, **kwargs):
+        opened.update(kwargs)
+        return Recorder()
+
+    monkeypatch.setattr(formats, "open_runner", open_runner)
+    lines = "".join(f"line {i}\n" for i in range(10))
+    argv = ["translate", "--model", "X", "--batch-size", "2", "--parallel", "2", "--runtime", "onnx"]
+    code, stdout, _ = run(argv, capsys, stdin=lines.encode(), monkeypatch=monkeypatch)
+    assert code == 0 and stdout.split("\n")[:-1] == [f"LINE {i}" for i in range(10)]
+    assert calls == [4, 4, 2] and opened["parallel"] == 2
+
+
 def test_translate_nbest_in_jsonl_and_text(trained_dir, capsys, monkeypatch):
     import json
 
