@@ -4,6 +4,7 @@ Listing the formats imports no converter or runtime (each format module imports 
 functions that use them); `open_runner` imports only the chosen runtime."""
 
 from kformer.export import ctranslate2, onnx, savedmodel, tflite
+from kformer.export.runner import Runner
 
 FORMATS = {fmt.name: fmt for fmt in (savedmodel.FORMAT, tflite.FORMAT, onnx.FORMAT, ctranslate2.FORMAT)}
 DEFAULT_FORMATS = ("savedmodel", "tflite", "onnx")  # ctranslate2 is an optional extra
@@ -44,7 +45,7 @@ def open_runner(
         if variant != "fp32":
             raise ValueError(f"--variant {variant} needs an exported runtime; the keras runtime is fp32")
         if parallel != 1:
-            raise ValueError(f"--parallel {parallel} needs an exported runtime (onnx or ctranslate2)")
+            raise ValueError(f"--parallel {parallel} needs an exported runtime: {Runner.PARALLEL_RUNTIMES}")
         from kformer.translate import KerasRunner
 
         return KerasRunner(path, batch_size, weights, beam_size=beam_size, **options)

@@ -42,6 +42,9 @@ class Runner:
     # batches a call of translate runs at once (see ArtifactRunner).
     concurrent_searches = False
     parallel = 1
+    # What errors about `parallel` name as the runtimes that take it (the runners with
+    # concurrent_searches: onnx.OnnxRunner, ctranslate2.Ctranslate2Runner).
+    PARALLEL_RUNTIMES = "--runtime ctranslate2, or onnx with an ids variant (fp32, int8)"
 
     def __init__(self, config, tokenizer, options, batch_size=32, language=None):
         self.config, self.tokenizer, self.batch_size = config, tokenizer, batch_size
@@ -163,8 +166,8 @@ class ArtifactRunner(Runner):
             raise ValueError(f"parallel must be a whole number of batches, 1 or more; got {parallel!r}")
         if parallel > 1 and not self.concurrent_searches:
             raise ValueError(
-                f"{self.fmt} {variant} runs one batch at a time; --parallel {parallel} needs --runtime "
-                "ctranslate2, or onnx with an ids variant (fp32, int8)"
+                f"{self.fmt} {variant} runs one batch at a time; --parallel {parallel} needs "
+                f"{self.PARALLEL_RUNTIMES}"
             )
         return parallel
 

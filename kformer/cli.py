@@ -456,6 +456,19 @@ def _evaluation_options(p):
     )
 
 
+def _threads_options(p, what_parallel_does):
+    """--threads and --parallel (kformer.export.runner.ArtifactRunner) of a command that runs an export."""
+    p.add_argument("--threads", type=_positive(int), help="the runtime's threads (default: all cores)")
+    p.add_argument(
+        "--parallel",
+        type=_positive(int),
+        default=1,
+        metavar="N",
+        help=f"batches run at once, each on threads / N threads: {what_parallel_does} "
+        "(onnx ids variants and ctranslate2; default 1)",
+    )
+
+
 def _weights_option(p):
     from kformer.checkpoint import WEIGHTS
 
@@ -551,15 +564,7 @@ def _add_translate(commands):
         "a pipe's lines "
         "are translated as they arrive, those that arrive together in one batch (default 32)",
     )
-    p.add_argument("--threads", type=_positive(int), help="the runtime's threads (default: all cores)")
-    p.add_argument(
-        "--parallel",
-        type=_positive(int),
-        default=1,
-        metavar="N",
-        help="batches translated at once, each on threads / N threads: more sentences a second on a "
-        "file, slower single sentences (onnx ids variants and ctranslate2; default 1)",
-    )
+    _threads_options(p, "more sentences a second on a file, slower single sentences")
     _weights_option(p)
     p.add_argument("text", nargs="*")
     p.set_defaults(run=_translate)
@@ -661,15 +666,7 @@ def _add_serve(commands):
         help="require this key (LibreTranslate's api_key field or Authorization: "
         "Bearer); default $KFORMER_API_KEY, else none",
     )
-    p.add_argument("--threads", type=_positive(int), help="the runtime's threads (default: all cores)")
-    p.add_argument(
-        "--parallel",
-        type=_positive(int),
-        default=1,
-        metavar="N",
-        help="batches run at once, each on threads / N threads: more sentences a second under load, "
-        "a lone request slower (onnx ids variants and ctranslate2; default 1)",
-    )
+    _threads_options(p, "more sentences a second under load, a lone request slower")
     defaults = Settings()
     p.add_argument(
         "--batch-size",

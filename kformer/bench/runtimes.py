@@ -146,11 +146,13 @@ def _jobs(manifest, runtimes, parallel=1):
         jobs = [(runtime, variant) for runtime, variant in jobs if runtime in runtimes]
     if parallel > 1:
         from kformer.export.formats import runs_batches_at_once
+        from kformer.export.runner import Runner
 
         jobs = [(runtime, variant) for runtime, variant in jobs if runs_batches_at_once(runtime, variant)]
         if not jobs:
             raise ValueError(
-                f"--parallel {parallel}: none of these runtimes runs batches at once (onnx and ctranslate2 do)"
+                f"--parallel {parallel}: none of these runtimes runs batches at once; "
+                f"measure {Runner.PARALLEL_RUNTIMES}"
             )
     return jobs
 
@@ -208,8 +210,13 @@ def bench_runtimes(
         job_file = os.path.join(work, "job.json")
         with open(job_file, "w", encoding="utf-8") as f:
             batch1_sentences = min(batch1_sentences, len(sources))
-            job = {"sources": sources, "batch1_sentences": batch1_sentences, "batch_size": batch_size}
-            json.dump({**job, "parallel": parallel}, f)
+            job = {
+                "sources": sources,
+                "batch1_sentences": batch1_sentences,
+                "batch_size": batch_size,
+                "parallel": parallel,
+            }
+            json.dump(job, f)
         measured = [
             (runtime, variant, backend, environment, threads, beam)
             for runtime, variant in jobs
