@@ -10,10 +10,10 @@ import os
 
 import numpy as np
 
-from kformer.batching import NEG_INF_SCORE
-from kformer.config import EXTRA_OUTPUT_TOKENS
+from kformer.decode.text_batches import NEG_INF_SCORE
 from kformer.export.format import Format
 from kformer.export.runner import ArtifactRunner
+from kformer.model.config import EXTRA_OUTPUT_TOKENS
 
 NEG_INF = 2 * NEG_INF_SCORE  # a hypothesis slot CTranslate2 did not fill
 

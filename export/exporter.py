@@ -5,11 +5,11 @@ import shutil
 import time
 
 from kformer import extras, folders
-from kformer.config import BEAM_SIZE, LENGTH_PENALTY, NO_REPEAT_NGRAM
+from kformer.decode.options import SearchOptions
 from kformer.export import manifest as manifest_lib
 from kformer.export.format import QUANTIZATIONS
 from kformer.export.formats import DEFAULT_FORMATS, FORMATS
-from kformer.options import SearchOptions
+from kformer.model.config import BEAM_SIZE, LENGTH_PENALTY, NO_REPEAT_NGRAM
 
 WORK_PREFIX = ".kformer-export-"  # the temporary sibling an export is written in (kformer.folders)
 
@@ -32,18 +32,18 @@ def export(
     beam_size is fixed in the files; alpha, max_length and no_repeat_ngram are the defaults of
     their run-time inputs, kept in the manifest. weights: the training directory's "best"
     (best.weights.h5 where kept) or "last" (model.keras); the manifest says which."""
-    from kformer import checkpoint
+    from kformer import run_folder
     from kformer.export import onnx, verify
     from kformer.export.module import ExportModule
 
     _check_request(formats, quantize, out_dir)
-    model, config, tokenizer, corpus = checkpoint.load(model_dir, weights)
+    model, config, tokenizer, corpus = run_folder.load(model_dir, weights)
     options = SearchOptions(beam_size, alpha, max_length, no_repeat_ngram).checked(config.max_target_length)
-    tokenizer_file = checkpoint.path(model_dir, checkpoint.TOKENIZER_FILE)
+    tokenizer_file = run_folder.path(model_dir, run_folder.TOKENIZER_FILE)
     with open(tokenizer_file, "rb") as f:
         module = ExportModule(model, f.read(), beam_size=beam_size)
     manifest = manifest_lib.describe(config, options, onnx.OPSET, corpus, model_dir)
-    manifest["weights"] = checkpoint.describe_weights(model_dir, checkpoint.weights_file(model_dir, weights))
+    manifest["weights"] = run_folder.describe_weights(model_dir, run_folder.weights_file(model_dir, weights))
     with folders.work_folder(out_dir, WORK_PREFIX) as work:
         shutil.copy(tokenizer_file, os.path.join(work, manifest_lib.TOKENIZER))
         manifest["tokenizer"]["sha256"] = manifest_lib.sha256(os.path.join(work, manifest_lib.TOKENIZER))

@@ -3,8 +3,8 @@
 Listing the formats imports no converter or runtime (each format module imports them inside the
 functions that use them); `open_runner` imports only the chosen runtime."""
 
+from kformer.decode.runner import Runner
 from kformer.export import ctranslate2, onnx, savedmodel, tflite
-from kformer.export.runner import Runner
 
 FORMATS = {fmt.name: fmt for fmt in (savedmodel.FORMAT, tflite.FORMAT, onnx.FORMAT, ctranslate2.FORMAT)}
 DEFAULT_FORMATS = ("savedmodel", "tflite", "onnx")  # ctranslate2 is an optional extra
@@ -29,16 +29,16 @@ def open_runner(
     parallel=1,
     **options,
 ):
-    """A `kformer.export.runner.Runner`: `path` is a training directory for runtime "keras" (the
+    """A `kformer.decode.runner.Runner`: `path` is a training directory for runtime "keras" (the
     reference) or a `kformer export` folder for the others. `options`: the defaults of its search
-    options (alpha, max_length, no_repeat_ngram, nbest; kformer.options.SearchOptions); an
+    options (alpha, max_length, no_repeat_ngram, nbest; kformer.decode.options.SearchOptions); an
     export's own defaults are in its manifest. `weights`: which of a training directory's
-    (kformer.checkpoint.weights_file); an export holds the weights it was made from. A runtime
+    (kformer.run_folder.weights_file); an export holds the weights it was made from. A runtime
     runs its own file of the variant where the export has one (onnxruntime: int8 -> int8-ort,
     kformer.export.onnx_ort) unless `exact`: the export's check, the benches and the page's
     comparisons run each file as it is listed. `parallel`: batches a translate call runs at once,
     each on threads // parallel threads (onnxruntime's ids files and CTranslate2;
-    kformer.export.runner.ArtifactRunner)."""
+    kformer.decode.runner.ArtifactRunner)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
     if runtime == "keras":
@@ -46,7 +46,7 @@ def open_runner(
             raise ValueError(f"--variant {variant} needs an exported runtime; the keras runtime is fp32")
         if parallel != 1:
             raise ValueError(f"--parallel {parallel} needs an exported runtime: {Runner.PARALLEL_RUNTIMES}")
-        from kformer.translate import KerasRunner
+        from kformer.decode.translator import KerasRunner
 
         return KerasRunner(path, batch_size, weights, beam_size=beam_size, **options)
     if weights != "best":

@@ -7,7 +7,7 @@ import json
 import os
 from importlib import metadata
 
-from kformer.config import TransformerConfig, read_json
+from kformer.model.config import TransformerConfig, read_json
 
 MANIFEST = "manifest.json"
 VERSION = 2  # 2: the searches take alpha, max_length and no_repeat_ngram as inputs
@@ -54,7 +54,7 @@ def file_size(path):
 
 def describe(config, options, onnx_opset, corpus, trained_in):
     """A new manifest (without artifacts yet): the model, the beam size fixed at export and the
-    defaults of the run-time options (checked `kformer.options.SearchOptions`), the tokenizer,
+    defaults of the run-time options (checked `kformer.decode.options.SearchOptions`), the tokenizer,
     the inputs and outputs of every format, the versions that wrote it."""
     return {
         "kformer_export": VERSION,

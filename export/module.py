@@ -3,14 +3,14 @@
 import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
-from kformer.config import BEAM_SIZE
-from kformer.translate import BEAM_SPECS, GREEDY_SPECS, SOURCE_SPEC, Translator
+from kformer.decode.translator import BEAM_SPECS, GREEDY_SPECS, SOURCE_SPEC, Translator
+from kformer.model.config import BEAM_SIZE
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 
 
 class ExportModule(tf.Module):
-    """Token-id searches of `kformer.translate.Translator` plus text-in/text-out functions with
+    """Token-id searches of `kformer.decode.translator.Translator` plus text-in/text-out functions with
     the SentencePiece model inside the graph (tensorflow-text's FastSentencepieceTokenizer: one
     tokenizer object, used by both text functions).
 
@@ -62,7 +62,7 @@ class ExportModule(tf.Module):
         cannot resize inputs (LiteRT.js).
         fixed_buffers: the searches' key/value buffers of a fixed length (`Translator`)."""
         # A translator of its own (not an attribute: the SavedModel keeps the module's searches
-        # only), whose functions are traced here, under the caller's kformer.portable settings
+        # only), whose functions are traced here, under the caller's kformer.model.portable settings
         # (ONNX's whole_top_1), not found already traced by the SavedModel's export. One row a call
         # (fixed_shape) runs in one pass: a second pass would be loop bodies that never run, whose
         # weights LiteRT's XNNPACK still packs.

@@ -5,11 +5,9 @@ options (alpha for beam search only, max_length, no_repeat_ngram); outputs token
 (B,) (greedy), (B, K, T) and (B, K) (beam), as TFLite's signatures. Each pass of the search is one
 ONNX Loop. Both files read their weights from `weights.bin` beside them (ONNX external data, each
 tensor once). onnxruntime prepacks the weights of every Loop body in a file when it loads it: a file
-of both searches (a bool input choosing one) held them for four loops where a search runs two.
-Demo model, 500 test sentences, 3 interleaved rounds: loaded 121-129 -> 108-110 MB, peak greedy
-123-132 -> 113-114 MB, beam 137-140 -> 135 MB; the same tokens, the same time within the noise.
-The weights in a file of their own then took loaded to 95-97 MB and the beam peak to 129-132 (2
-rounds), the folder from 37.9 to 19.2 MB, and the page fetches them once for both searches.
+of both searches (a bool input choosing one) held them for four loops where a search runs two,
+so a file per search loads and peaks lower at the same tokens and speed. The weights in a file of
+their own are stored once for both searches, and the page fetches them once.
 
 Variants: fp32; int8 (int8 weights, fp32 arithmetic); int8-ort (onnxruntime's int8 products,
 kformer.export.onnx_ort; written with int8); text (text in, text out: onnxruntime-extensions'
@@ -21,14 +19,14 @@ import os
 
 import numpy as np
 
-from kformer import batching
+from kformer.decode import text_batches
 from kformer.export.format import SEARCHES, ExportError, Format, beside
 from kformer.export.runner import SearchFilesRunner
 
 OPSET = 17
 WEIGHTS = "weights.bin"  # the weights of a variant's two search files, once
 WEIGHT_ALIGNMENT = 4096  # each tensor's offset in it: a page, so that a runtime may map it
-# A search's file has one Loop: its batch shrinks as rows are done (kformer.search's drop_done;
+# A search's file has one Loop: its batch shrinks as rows are done (kformer.decode.search's drop_done;
 # onnxruntime's Loops take shapes that change from step to step). `check` counts it: a converter
 # that unrolled or dropped a loop fails.
 SEARCH_LOOPS = 1
@@ -132,8 +130,8 @@ def convert(module, search):
     import tensorflow as tf
     import tf2onnx
 
-    from kformer import portable
     from kformer.export import onnx_rewrite
+    from kformer.model import portable
 
     with portable.whole_top_1():  # onnxruntime ranks one row's top 1 faster whole
         frozen = module.frozen(search)
@@ -204,7 +202,7 @@ def quantize(model, min_size=65536):
     """int8 weights, fp32 arithmetic. Each float matrix of at least `min_size` values is stored as
     int8 with one fp32 scale per output column (per row for an embedding table) and restored by a
     Cast and a Mul in the main graph, outside the decoding Loop, which onnxruntime folds into a
-    constant when it loads the file. The file shrinks ~4x, and translations keep fp32's
+    constant when it loads the file. The file is about a quarter of fp32's, and translations keep fp32's
     properties: they do not depend on the other sentences of a batch, and onnxruntime-web gives
     onnxruntime's. Not onnxruntime's dynamic quantization, which scales activations by their
     batch-wide range (a sentence's translation then depends on its batch), nor its MatMulNBits
@@ -258,10 +256,8 @@ def _session(path, threads, custom_ops=False):
     options.intra_op_num_threads = threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # onnxruntime's own arena (its default) keeps a call's buffers for the next: without it every
-    # step's tensors come from malloc, a beam step's (rows, V) logits megabytes each. Demo model, 500
-    # test sentences in the bench's worker, 2 interleaved rounds: fp32 beam file 0.80x the time,
-    # greedy 0.97x, batch 1 0.97-0.99x; int8-ort beam 0.91x; peaks within 4 MB of malloc's (greedy
-    # 107 against 110-113 MB, beam 133 against 134).
+    # step's tensors come from malloc, a beam step's (rows, V) logits large ones: slower, most of
+    # all for beam search, at about the same peak.
     options.enable_cpu_mem_arena = True
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
@@ -313,14 +309,14 @@ class OnnxTextRunner(SearchFilesRunner):
             outputs = [None] * len(units)
             ids = [u.ids for u in units]
             sentences, tokens = self.sentences_per_call(options), self.tokens_per_call(options)
-            for chunk, _ in batching.length_sorted_batches(ids, sentences, tokens):
+            for chunk, _ in text_batches.length_sorted_batches(ids, sentences, tokens):
                 feed = {"text": np.array([units[i].text for i in chunk], dtype=object), **options.inputs()}
                 for i, translation in zip(chunk, self.opened(options.search).run(["translation"], feed)[0]):
                     outputs[i] = [(str(translation), 0.0)]
             return outputs
 
         c = self.config
-        return batching.translate_texts(
+        return text_batches.translate_texts(
             self.tokenizer, texts, c["max_source_length"], translate_units, self.joiner
         )
 

@@ -6,12 +6,12 @@ keeps standard-domain ops, and runs before the export's parity checks:
 
 - LayerNorm: tf2onnx's thirteen nodes become one LayerNormalization (opset 17).
 - A float tf.where, which tf2onnx writes as Cast(c) * x + y * Cast(Not(c)), becomes one Where.
-  (The key/value cache writes are additions instead, kformer.portable.add_to_slot: as Where nodes
+  (The key/value cache writes are additions instead, kformer.model.portable.add_to_slot: as Where nodes
   they made beam search at batch 32 slower.)
 - Each weight is stored once: tf2onnx folds transpose(E) of the tied output projection into a
   second copy of the embedding table; the product reads E itself, as a Gemm with transB (or, where
   its operand's rank is unknown, through a Transpose node, folded back at load).
-- A decoding step's attention products, which kformer.portable spells as a broadcast multiply and
+- A decoding step's attention products, which kformer.model.portable spells as a broadcast multiply and
   a sum for TFLite, become matrix products.
 - The repeat guard's penalties, scattered into zeros and added to the logits (TFLite's scatter
   starts from zeros), are scattered into the logits themselves: one ScatterND with reduction add,
@@ -45,7 +45,7 @@ def simplify(graph, opset):
 
 def _share_transposed_weights(graph, min_size=1024):
     """tf2onnx folds transpose(E) of the tied output projection into a second copy of the embedding
-    table E (8 MB of the demo model's 27 MB). Each such copy becomes Transpose(E) in the main graph:
+    table E (a large part of a small model's file). Each such copy becomes Transpose(E) in the main graph:
     the same numbers, one copy on disk (`_tied_products` then has the products read E itself). The
     copy kept is E, the table a Gather looks rows up in, whichever tf2onnx wrote first: quantized, E
     then gets one scale per token (a row of E, a column of transpose(E)); keeping transpose(E)
@@ -82,8 +82,7 @@ def _share_transposed_weights(graph, min_size=1024):
 def _tied_products(graph, shapes):
     """MatMul(x (rows, M), Transpose(E)) of `_share_transposed_weights` -> Gemm(x, E, transB=1).
     onnxruntime folds a Transpose of a constant into a new one when it loads the file: a second
-    (V, M) table in memory (8 MB of the demo model's 19 MB; loaded +65 MB instead of +73 MB over the
-    import, the same tokens at the same speed). Gemm takes rank-2 operands only: a MatMul whose x
+    (V, M) table in memory, which Gemm's transB avoids at the same tokens and speed. Gemm takes rank-2 operands only: a MatMul whose x
     has another or an unknown rank keeps the Transpose."""
     shared = {
         node.output[0]: node.input[0]
@@ -273,7 +272,7 @@ def _wheres(graph):
     """tf2onnx writes a tf.where(c, x, y) as Cast(c) * x + y * Cast(Not(c)): six nodes, where one
     Where does (and gives x or y where the blend would give NaN from 0 * inf). (The key/value
     cache writes, for which onnxruntime's Where was slower than the blend, are no tf.where: see
-    kformer.attention.)"""
+    kformer.model.attention.)"""
 
     def where(g, node, found):
         return [helper.make_node("Where", list(found), list(node.output), name=node.name)]
@@ -301,7 +300,7 @@ def _blend(node, made_by, constants):
 
 def _attention_products(graph, shapes):
     """A decoding step's one query attends as q * k summed over D and weights * v summed over the
-    keys (kformer.attention: TFLite's XNNPACK repacks the keys of a batched matmul at every step).
+    keys (kformer.model.attention: TFLite's XNNPACK repacks the keys of a batched matmul at every step).
     In onnxruntime each is two or three element-wise passes over the (rows, H, T, D) cache, where a
     matrix product of the same values is one (onnxruntime folds the Transpose of k into it):
         ReduceSum(Mul(q (B, H, 1, D), k (B, H, T, D)), [3])  ->  Squeeze(MatMul(q, Transpose(k)), [2])
@@ -350,15 +349,14 @@ def _attention_product(node, made_by, constants, shapes):
 
 
 def _scatter_adds(graph):
-    """kformer.search.RepeatGuard.ban adds to the logits L (rows, V) penalties scattered into zeros
+    """kformer.decode.search.RepeatGuard.ban adds to the logits L (rows, V) penalties scattered into zeros
     (duplicate indices summed, as in TensorFlow and TFLite), which tf2onnx writes as
         Add(L, Reshape(ScatterND(ConstantOfShape(n, 0), indices, updates), shape))
     (ONNX's ScatterND keeps one of duplicates unless told to add them). In onnxruntime those are
     four passes over a (rows, V) tensor, one of them filling zeros; one ScatterND with reduction add
     scatters the same updates into L (flattened; a Reshape is no copy), shaped back as the
     penalties were (the Add is of equal shapes):
-        Reshape(ScatterND(Reshape(L, [-1]), indices, updates, reduction="add"), shape)
-    Demo model, 500 test sentences: greedy 0.95x the time, beam the same within the noise."""
+        Reshape(ScatterND(Reshape(L, [-1]), indices, updates, reduction="add"), shape)"""
 
     def scatter_add(g, node, found):
         logits, scatter, shape = found
@@ -391,15 +389,12 @@ def _added_scatter(node, made_by, constants):
 
 def _row_scatters(graph):
     """_scatter_adds' ScatterND into the flat logits, at indices row * V + column of (rows, V) logits
-    (kformer.search.RepeatGuard.ban; in a Loop whose batch shrinks, the row offsets are computed
+    (kformer.decode.search.RepeatGuard.ban; in a Loop whose batch shrinks, the row offsets are computed
     at every step from a Range), becomes one ScatterElements along the vocabulary at the columns:
         Reshape(ScatterND(Reshape(L, [-1]), Reshape(Mul(Unsqueeze(Range(0, R, 1), [1]), V) + C,
             [-1, 1]), Reshape(U, [-1]), reduction="add"), [-1, V])
         ->  ScatterElements(L, C, U, axis=1, reduction="add")
-    the same sums (duplicates added) with ten fewer nodes a step. With _loop_invariants, on the
-    demo model (greedy loop body 183 -> 164 nodes, beam 281 -> 260), 3 interleaved rounds in
-    onnxruntime: batch 1 0.96-0.99x the time (fp32 and int8-ort, both searches), files 0.98-1.00x,
-    the same tokens."""
+    the same sums (duplicates added) with ten fewer nodes a step, the same tokens."""
 
     def scatter_elements(g, node, found):
         logits, columns, updates = found

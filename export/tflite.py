@@ -8,9 +8,8 @@ ai-edge-litert only.
 Files: each variant but `fixed` is a folder of one file per search, `tflite/fp32/greedy.tflite`
 and `tflite/fp32/beam.tflite`, each with the weights once. At its first call, LiteRT's XNNPACK
 packs the weights of every loop in the file, whichever search the call runs: a file of both
-searches held the packed decoder and output projection four times, for two loops. Demo model, 500
-test sentences, fp32: peak 164 -> 129 MB greedy, 187 -> 155 MB beam (int8 beam 164 -> 159), the
-same tokens, the same time within the noise (3 interleaved rounds). A device ships the file of the
+searches held the packed decoder and output projection four times, for two loops, so a file per
+search peaks lower at the same tokens and speed. A device ships the file of the
 search it runs; the runner opens its default search's file, and the other's when that search first
 runs. `fixed` stays one file of both searches: the page downloads it once and switches searches at
 run time."""
@@ -65,7 +64,7 @@ def _convert(module, path, variant, searches):
     import tensorflow as tf
 
     # Fixed key/value buffers: LiteRT re-plans a loop body whose shapes change at every step,
-    # which made greedy search 1.1-1.2x slower with caches that grow (demo model).
+    # which made greedy search slower with caches that grow.
     functions = {name: module.frozen(name, variant == FIXED, fixed_buffers=True) for name in searches}
     # Through a SavedModel of the functions, as from_concrete_functions converts, but keeping the
     # name of a lone signature (from_concrete_functions calls it "serving_default").
@@ -82,11 +81,10 @@ def _convert(module, path, variant, searches):
         except Exception as e:  # the converter raises ConverterError and friends
             raise ExportError(f"TFLite conversion of the searches failed: {e}") from None
     # Each TOPK_V2 keeps the converter's signature (batch -1): LiteRT sizes its outputs as the loop
-    # runs. With its input's signature removed (outputs sized when the graph is prepared), 1-6
-    # fresh interpreters in 119-160 gave other tokens on a call after one of another shape
-    # (test_fresh_tflite_interpreters_agree; a Xeon with AVX-512 FP16; none without the XNNPACK
-    # delegate, which makes that input), for 0.96-1.05x the time and peaks 13 MB lower to 7 MB
-    # higher (demo model, 2 interleaved rounds).
+    # runs. With its input's signature removed (outputs sized when the graph is prepared), some
+    # fresh interpreters gave other tokens on a call after one of another shape
+    # (test_fresh_tflite_interpreters_agree; seen on AVX-512 FP16 CPUs, never without the XNNPACK
+    # delegate, which makes that input), for no gain in speed or memory.
     if variant == "fp16":
         flatbuffer = fp16_products_in_xnnpack(flatbuffer)
     check_ops(flatbuffer, path)
@@ -101,9 +99,8 @@ def fp16_products_in_xnnpack(flatbuffer):
     XNNPACK runs a product whose weights are a DEQUANTIZE of a float16 constant; the converter
     dequantizes the tied embedding table (source and target lookups, output projection) once, in
     the main graph, and hands it to the loops as an input, so the output projection, the largest
-    product of a step, ran in TFLite's own kernel: it packed the 8,000 x 256 table at every step,
-    its sums depended on the batch size (scores 5e-6 apart for a sentence alone and in its batch),
-    and the demo model's file took 2.7x fp32's time (Eigen's GEMM 42% of it, `perf`)."""
+    product of a step, ran in TFLite's own kernel: it packed the table at every step, its sums
+    depended on the batch size, and the file took far longer than fp32's."""
     from tensorflow.lite.python import schema_py_generated as schema
     from tensorflow.lite.tools import flatbuffer_utils
 
@@ -209,7 +206,7 @@ class TfliteRunner(SearchFilesRunner):
         # Delegate clustering off: with LiteRT's default, an interpreter made after another of the
         # same file was freed now and then gave other scores or tokens on its first call
         # (test_fresh_tflite_interpreters_agree). Tensors are not kept apart
-        # (experimental_preserve_all_tensors costs 1.17-1.2x the time and is not needed for the
+        # (experimental_preserve_all_tensors is slower and not needed for the
         # decoding graphs as they are written now; the same test guards it).
         return Interpreter(
             model_path=path, num_threads=self.threads, experimental_disable_delegate_clustering=True
@@ -229,14 +226,10 @@ class TfliteRunner(SearchFilesRunner):
         """Has XNNPACK pack the search's weights now, in a call on a source of one token, then
         drops the file's pages (export/memory.py). A loop packs its weights, read from the mapped
         file, the first time it runs: in a first real call, the file's pages, the packed copies
-        and the call's buffers were all resident at once. Demo model, 500 test sentences, 3
-        interleaved runs each, against packing in the first real call and dropping the pages after
-        it: fp32 peak greedy 120 against 128 MB, beam 145 against 166; int8 greedy 127 against
-        121, beam 158 against 154 (LiteRT's peaks move by 10-20 MB from run to run with what
-        glibc keeps of the heap freed between calls); the same times; the call takes 27-34 ms,
-        packing included. The call has the search's default options: capped at one output token
-        (buffers of length 1), it left LiteRT's next, resized, call giving other tokens in one
-        interpreter in 40 (test_fresh_tflite_interpreters_agree, 4 runs in 4). kformer.search's
+        and the call's buffers were all resident at once, a higher fp32 peak. The call has the
+        search's default options: capped at one output token (buffers of length 1), it left
+        LiteRT's next, resized, call giving other tokens in some interpreters
+        (test_fresh_tflite_interpreters_agree). kformer.decode.search's
         second pass is a loop of its own, packed by the first call that runs it; packing it here
         too (a call of 4 rows, all empty but one) left fp32 beam's peak higher."""
         options = self.checked(

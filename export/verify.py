@@ -75,10 +75,10 @@ def verify(artifact_dir, model, config, tokenizer, sources, references=None, lan
     Keras (ExportError where an fp32 or text file differs). Returns {file: {search: {"agreement":
     share of `sources` translated as Keras does, "bleu_delta": its BLEU minus Keras' against
     `references` (None without references)}}}."""
+    from kformer.decode.translator import Translator
     from kformer.evaluate import score
     from kformer.export import manifest as manifest_lib
     from kformer.export.formats import open_runner
-    from kformer.translate import Translator
 
     manifest = manifest_lib.load(artifact_dir)
     beams = {"greedy": 1, "beam": manifest["beam_size"]}

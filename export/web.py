@@ -54,21 +54,6 @@ def check(artifact_dir, runtime="onnx", variant="fp32"):
 
 
 @contextlib.contextmanager
-def serving(artifact_dir, runtime="onnx", variant=None):
-    """The page and the export folder as `kformer serve` serves them (no model loaded: the page
-    checks the files itself), on a free loopback port, in a thread, for as long as the block runs;
-    yields the page's URL for `runtime` and `variant` (default fp32 for onnx, fixed for litert)."""
-    from kformer.serve.app import page_app
-    from kformer.serve.server import serving as serving_app
-
-    if variant is None and runtime in PAGE_RUNTIMES:
-        variant = PAGE_RUNTIMES[runtime][1][0]
-    check(artifact_dir, runtime, variant)
-    with serving_app(page_app(os.path.abspath(artifact_dir))) as url:
-        yield f"{url}?runtime={runtime}&variant={variant}"
-
-
-@contextlib.contextmanager
 def chromium():
     """A headless Chromium driven by Playwright (for the tests and `kformer bench web`)."""
     from playwright.sync_api import sync_playwright

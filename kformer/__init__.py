@@ -4,9 +4,7 @@ import os
 import sys
 
 # oneDNN's CPU kernels, which TensorFlow turns on by default only on some CPUs (not on AVX2-only
-# ones). On 2 AVX2-only cores they took Keras' translation of 500 test sentences to 0.66-0.74x the
-# time greedy and 0.80-0.83x beam (demo model, 2 interleaved rounds); the training step was 4-7%
-# faster with them on the AMD EPYC CPUs it was measured on. TensorFlow reads the setting once, when
+# ones), where they made Keras' translation and the training step faster. TensorFlow reads the setting once, when
 # it starts: here, before any kformer module imports it, so notebooks and the commands run the same
 # kernels. An explicit TF_ENABLE_ONEDNN_OPTS=0 wins; a TensorFlow started before kformer keeps its own.
 if "tensorflow" not in sys.modules:

@@ -6,9 +6,11 @@ import logging
 import os
 import sys
 
-from kformer import extras, gather
-from kformer.batching import BEAM_TOKENS_PER_SENTENCE, TOKENS_PER_SENTENCE
-from kformer.config import (
+from kformer import extras
+from kformer.decode import gather
+from kformer.decode.text_batches import BEAM_TOKENS_PER_SENTENCE, TOKENS_PER_SENTENCE
+from kformer.export.formats import DEFAULT_FORMATS, FORMATS, RUNTIMES, VARIANTS
+from kformer.model.config import (
     BEAM_SIZE,
     DEFAULT_DIRECTION,
     DEFAULT_PRESET,
@@ -20,8 +22,7 @@ from kformer.config import (
     PRESETS,
     TransformerConfig,
 )
-from kformer.distributed import CONNECT_TIMEOUT_SECONDS, STRATEGIES, Preempted
-from kformer.export.formats import DEFAULT_FORMATS, FORMATS, RUNTIMES, VARIANTS
+from kformer.train.distributed import CONNECT_TIMEOUT_SECONDS, STRATEGIES, Preempted
 
 
 def _start_tensorflow(args):
@@ -75,9 +76,9 @@ def _data_spec(values):
 
 
 def _train(args):
-    from kformer.distributed import make_strategy
-    from kformer.keep_best import Evaluation
-    from kformer.train import stop_if_interrupted, train
+    from kformer.train.distributed import make_strategy
+    from kformer.train.fit import stop_if_interrupted, train
+    from kformer.train.keep_best import Evaluation
 
     summary = train(
         args.out,
@@ -104,7 +105,7 @@ def _train(args):
 
 
 def _prepare(args):
-    from kformer.prepare import prepare, summary
+    from kformer.data.prepare import prepare, summary
 
     manifest = prepare(
         _data_spec(args.data),
@@ -123,7 +124,7 @@ def _prepare(args):
 
 
 def _translate(args):
-    from kformer import data as data_lib
+    from kformer.data import corpus as corpus_lib
     from kformer.export.formats import open_runner
 
     runner = open_runner(
@@ -142,9 +143,9 @@ def _translate(args):
     )
     if args.text:
         batches, where = [args.text], "argument"
-    else:  # stdin: what has arrived is translated when the input pauses (kformer.gather), in calls
+    else:  # stdin: what has arrived is translated when the input pauses (kformer.decode.gather), in calls
         # of up to --parallel batches, so that a file's batches run that many at once
-        lines = data_lib.stream_lines(sys.stdin.buffer, "<stdin>")
+        lines = corpus_lib.stream_lines(sys.stdin.buffer, "<stdin>")
         size = args.batch_size * args.parallel
         batches, where = gather.gathered(lines, size, GATHER_WINDOW_SECONDS), "<stdin> line"
     done = 0
@@ -430,7 +431,7 @@ def _add_train(commands):
 
 
 def _evaluation_options(p):
-    from kformer.config import EVAL_MINUTES, EVAL_SENTENCES
+    from kformer.model.config import EVAL_MINUTES, EVAL_SENTENCES
 
     group = p.add_argument_group(
         "keeping the best weights (best.weights.h5, used by translate/evaluate/export)"
@@ -470,7 +471,7 @@ def _threads_options(p, what_parallel_does):
 
 
 def _weights_option(p):
-    from kformer.checkpoint import WEIGHTS
+    from kformer.run_folder import WEIGHTS
 
     p.add_argument(
         "--weights",
@@ -481,7 +482,7 @@ def _weights_option(p):
 
 
 def _add_prepare(commands):
-    from kformer import prepare
+    from kformer.data import prepare
 
     p = commands.add_parser(
         "prepare", help="a corpus of any size into a folder that training reads as a stream"
@@ -571,7 +572,7 @@ def _add_translate(commands):
 
 
 def _add_search_options(p, defaults, where):
-    """--alpha, --max-len and --no-repeat-ngram (kformer.options), with their defaults unless
+    """--alpha, --max-len and --no-repeat-ngram (kformer.decode.options), with their defaults unless
     `defaults` is None (then the runner's own apply)."""
 
     def default(value):

@@ -1,9 +1,9 @@
 """`kformer demo` (the README's `make demo`): train a preset for a time budget, then report BLEU and
 chrF on the held-out test split and show a few of its translations."""
 
-from kformer.config import DEFAULT_PRESET
 from kformer.evaluate import evaluate, print_scores
-from kformer.train import stop_if_interrupted, train
+from kformer.model.config import DEFAULT_PRESET
+from kformer.train.fit import stop_if_interrupted, train
 
 EXAMPLES = 8
 
@@ -11,7 +11,7 @@ EXAMPLES = 8
 def demo(out_dir="runs/demo", config_name=DEFAULT_PRESET, minutes=20, **train_options):
     """Trains (or resumes) the run in `out_dir` for `minutes` in all, evaluates it on the test split
     with beam search and prints the speed, the scores and a few translations. `train_options` go to
-    `kformer.train.train` (e.g. `data`, for another corpus). Returns the evaluation result."""
+    `kformer.train.fit.train` (e.g. `data`, for another corpus). Returns the evaluation result."""
     summary = train(out_dir, config_name, minutes=minutes, **train_options)
     stop_if_interrupted(summary)  # Ctrl-C: saved, and no evaluation
     if "steps_per_s" in summary:

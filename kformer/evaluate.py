@@ -6,19 +6,19 @@ import os
 
 import sacrebleu
 
-from kformer import checkpoint
-from kformer import data as data_lib
-from kformer import prepare as prepare_lib
-from kformer.config import BEAM_SIZE, LENGTH_PENALTY, NO_REPEAT_NGRAM
-from kformer.translate import Translator
+from kformer import run_folder
+from kformer.data import corpus as corpus_lib
+from kformer.data import prepare as prepare_lib
+from kformer.decode.translator import Translator
+from kformer.model.config import BEAM_SIZE, LENGTH_PENALTY, NO_REPEAT_NGRAM
 
 log = logging.getLogger("kformer")
 
 
 def split_references(model_dir, split="test"):
     """(sources, references) of a held-out split of the corpus the model was trained on, as it was
-    prepared (kformer.prepare): `group_references` of its pairs."""
-    return group_references(prepare_lib.held_out(checkpoint.prepared_folder(model_dir), split))
+    prepared (kformer.data.prepare): `group_references` of its pairs."""
+    return group_references(prepare_lib.held_out(run_folder.prepared_folder(model_dir), split))
 
 
 def group_references(pairs):
@@ -75,10 +75,10 @@ def evaluate(
     weights: "best" (best.weights.h5 where kept) or "last" (model.keras)."""
     if (source_file is None) != (reference_file is None):
         raise ValueError("give both --source and --reference, or neither (to use --split)")
-    model, config, tokenizer, corpus = checkpoint.load(model_dir, weights)
+    model, config, tokenizer, corpus = run_folder.load(model_dir, weights)
     if source_file is not None:
-        sources = data_lib.read_text_file(source_file)
-        references = [[r] for r in data_lib.read_text_file(reference_file)]
+        sources = corpus_lib.read_text_file(source_file)
+        references = [[r] for r in corpus_lib.read_text_file(reference_file)]
         if len(sources) != len(references):
             raise ValueError(
                 f"{source_file} has {len(sources)} lines but {reference_file} has {len(references)}"

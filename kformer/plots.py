@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import font_manager
 
-from kformer.config import BEAM_SIZE
+from kformer.model.config import BEAM_SIZE
 
 CJK_FONTS = (
     "Noto Sans CJK SC",
@@ -86,7 +86,7 @@ def alignment(translator, text, layer=-1, beam_size=None):
     "decoder_input": <s> + target[:-1], "translation": text,
     "weights": (T, S) cross-attention of `layer` averaged over heads,
     "attention": every layer's weights (see `Transformer.attention_weights`)}."""
-    from kformer.batching import strip_special
+    from kformer.decode.text_batches import strip_special
 
     config, tokenizer = translator.config, translator.tokenizer
     (ids,) = translator.encode([text])
@@ -115,10 +115,10 @@ def alignment(translator, text, layer=-1, beam_size=None):
 def save_alignment(model_dir, text, path, layer=-1, beam_size=BEAM_SIZE):
     """`kformer attention`: translates `text` with the model of a training folder and writes the
     picture of its encoder-decoder alignment (`layer`, mean of heads) to `path`. Returns the translation."""
-    from kformer import checkpoint
-    from kformer.translate import Translator
+    from kformer import run_folder
+    from kformer.decode.translator import Translator
 
-    model, config, tokenizer, _ = checkpoint.load(model_dir)
+    model, config, tokenizer, _ = run_folder.load(model_dir)
     result = alignment(Translator(model, tokenizer, beam_size=beam_size), text, layer=layer)
     number = (layer if layer >= 0 else config.num_decoder_layers + layer) + 1
     figure = alignment_figure(
@@ -139,7 +139,7 @@ def beam_trace(translator, text):
     outside the loop could show a search that is not the one translating."""
     import tensorflow as tf
 
-    from kformer import search
+    from kformer.decode import search
 
     config, tokenizer, k = translator.config, translator.tokenizer, translator.beam_size
     (ids,) = translator.encode([text])
@@ -175,7 +175,7 @@ def beam_trace(translator, text):
 def positional_encoding_figure(length=100, d_model=128):
     """The paper's interleaved sin/cos encoding beside the concatenated sin|cos layout of early
     implementations (the same numbers, columns reordered)."""
-    from kformer.layers import sinusoidal_table
+    from kformer.model.layers import sinusoidal_table
 
     table = sinusoidal_table(length, d_model)
     concatenated = np.concatenate([table[:, 0::2], table[:, 1::2]], axis=1)
@@ -194,7 +194,7 @@ def positional_encoding_figure(length=100, d_model=128):
 
 def mask_figure(length=8):
     """The causal mask: query i may attend to keys 0..i (True = may attend)."""
-    from kformer.masks import causal_mask
+    from kformer.model.masks import causal_mask
 
     fig, ax = _figure(figsize=(4, 4))
     ax.imshow(np.asarray(causal_mask(length))[0], cmap="Greys", vmin=0, vmax=1)

@@ -17,11 +17,12 @@ import pytest  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from kformer import data as data_lib  # noqa: E402
-from kformer.config import preset  # noqa: E402
+from kformer.data import corpus as corpus_lib
+from kformer.data import tokenizer as tokenizer_lib  # noqa: E402
 from kformer.export.exporter import export  # noqa: E402
 from kformer.export.formats import FORMATS  # noqa: E402
-from kformer.model import Transformer  # noqa: E402
+from kformer.model.config import preset  # noqa: E402
+from kformer.model.transformer import Transformer  # noqa: E402
 
 PYTHON = sys.executable
 
@@ -40,7 +41,7 @@ def python_lines(script, *args, env=None):
 @pytest.fixture(scope="session")
 def corpus_pairs():
     """A few hundred real Tatoeba zh-en pairs (a fixed slice of the default corpus)."""
-    pairs, _ = data_lib.read_corpus()
+    pairs, _ = corpus_lib.read_corpus()
     return pairs[:: len(pairs) // 400][:400]
 
 
@@ -53,7 +54,7 @@ def corpus_tsv(tmp_path_factory, corpus_pairs):
 
 @pytest.fixture(scope="session")
 def tokenizer(corpus_pairs):
-    return data_lib.train_tokenizer([t for p in corpus_pairs for t in p], vocab_size=1200)
+    return tokenizer_lib.train_tokenizer([t for p in corpus_pairs for t in p], vocab_size=1200)
 
 
 @pytest.fixture()
@@ -64,7 +65,7 @@ def tiny_config(tokenizer):
 @pytest.fixture(scope="session")
 def trained_dir(tmp_path_factory, corpus_tsv):
     """A tiny model trained for a few steps by `train` (shared by the slower tests)."""
-    from kformer.train import train
+    from kformer.train.fit import train
 
     out = str(tmp_path_factory.mktemp("run") / "tiny")
     train(
@@ -99,7 +100,9 @@ def model_dir(tmp_path_factory, tokenizer):
     (out / "corpus.json").write_text(
         json.dumps({"data": "default", "direction": "zh-en", "prepared": "data"})
     )
-    splits = data_lib.split_pairs(data_lib.read_corpus()[0])  # the held-out splits, as prepare writes them
+    splits = corpus_lib.split_pairs(
+        corpus_lib.read_corpus()[0]
+    )  # the held-out splits, as prepare writes them
     (out / "data").mkdir()
     for name in ("dev", "test"):
         (out / "data" / f"{name}.tsv").write_text(

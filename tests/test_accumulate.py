@@ -6,11 +6,11 @@ import re
 import numpy as np
 import pytest
 
-from kformer import checkpoint
-from kformer.callbacks import batches_done, steps_done
-from kformer.config import preset
-from kformer.model import Transformer
-from kformer.train import compile_model, train
+from kformer import run_folder
+from kformer.model.config import preset
+from kformer.model.transformer import Transformer
+from kformer.train.callbacks import batches_done, steps_done
+from kformer.train.fit import compile_model, train
 
 VOCAB = 50
 
@@ -76,8 +76,8 @@ def test_train_with_accumulate_counts_updates_and_resumes(tmp_path, corpus_tsv):
     out = str(tmp_path / "run")
     args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0, accumulate=2)
     summary = train(out, "tiny", steps=3, **args)
-    assert summary["steps"] == checkpoint.read_state(out)["steps"] == 3
-    config = checkpoint.load(out).config
+    assert summary["steps"] == run_folder.read_state(out)["steps"] == 3
+    config = run_folder.load(out).config
     assert config.accumulate_steps == 2 and config.batch_tokens == preset("tiny").batch_tokens
     assert train(out, "tiny", steps=5, **args)["steps"] == 5
     assert os.path.exists(os.path.join(out, "model.keras"))
@@ -91,11 +91,11 @@ def test_a_time_budget_counts_updates_with_accumulation(tmp_path, corpus_tsv, mo
 
     clock = StepClock(0.25)  # a batch each 0.25 s: with 2 batches an update, 2 updates/s, 60 in 30 s
     monkeypatch.setattr(
-        sys.modules["kformer.callbacks"], "time", types.SimpleNamespace(monotonic=clock.monotonic)
+        sys.modules["kformer.train.callbacks"], "time", types.SimpleNamespace(monotonic=clock.monotonic)
     )
     out = str(tmp_path / "run")
     args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0, accumulate=2, callbacks=[clock])
     summary = train(out, "tiny", minutes=0.5, overrides={"schedule": "budget"}, **args)
-    state = checkpoint.read_state(out)
+    state = run_folder.read_state(out)
     assert summary["steps"] == state["steps"] == 60 and summary["steps_per_s"] == pytest.approx(2, rel=0.02)
     assert state["schedule"]["total_steps"] == pytest.approx(60, abs=1)

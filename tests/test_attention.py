@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 from layer_test import run_layer_test
 
-from kformer import masks
-from kformer.attention import MultiHeadAttention
-from kformer.portable import contract
+from kformer.model import masks
+from kformer.model.attention import MultiHeadAttention
+from kformer.model.portable import contract
 
 HEADS, HEAD_SIZE, WIDTH = 2, 4, 8
 

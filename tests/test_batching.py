@@ -1,4 +1,4 @@
-"""kformer.batching's length-sorted batches: every row once, in order of length, and a call of long
+"""kformer.decode.text_batches's length-sorted batches: every row once, in order of length, and a call of long
 sentences holding fewer of them."""
 
 import concurrent.futures
@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from kformer import batching
+from kformer.decode import text_batches
 
 
 def _ids(lengths):
@@ -16,7 +16,7 @@ def _ids(lengths):
 def test_batches_are_length_sorted_and_hold_every_row_once():
     lengths = [5, 1, 9, 3, 3, 0, 12]
     ids = _ids(lengths)
-    batches = list(batching.length_sorted_batches(ids, 3))
+    batches = list(text_batches.length_sorted_batches(ids, 3))
     assert [len(chunk) for chunk, _ in batches] == [3, 3, 1]
     order = [i for chunk, _ in batches for i in chunk]
     assert sorted(order) == list(range(len(ids)))
@@ -29,7 +29,7 @@ def test_batches_are_length_sorted_and_hold_every_row_once():
 
 def test_a_token_budget_makes_batches_of_long_rows_smaller():
     lengths = [2] * 10 + [10] * 7 + [40]  # the row of 40 alone is over the budget
-    batches = list(batching.length_sorted_batches(_ids(lengths), 8, max_tokens=30))
+    batches = list(text_batches.length_sorted_batches(_ids(lengths), 8, max_tokens=30))
     assert [batch.shape for _, batch in batches] == [(8, 2), (3, 10), (3, 10), (3, 10), (1, 40)]
     assert sorted(i for chunk, _ in batches for i in chunk) == list(range(len(lengths)))
 
@@ -38,7 +38,7 @@ def test_calls_take_fewer_long_sentences():
     """`search_units` with `tokens_per_call`'s budget: greedy calls of at most batch_size sentences
     and batch_size * TOKENS_PER_SENTENCE padded source tokens; beam calls of batch_size sentences,
     capped at batch_size * BEAM_TOKENS_PER_SENTENCE tokens where asked."""
-    long = batching.TOKENS_PER_SENTENCE * 3
+    long = text_batches.TOKENS_PER_SENTENCE * 3
     lengths = [4] * 40 + [long] * 10
 
     def shapes_of(search_name, beam_capped=False):
@@ -48,14 +48,14 @@ def test_calls_take_fewer_long_sentences():
             shapes.append(batch.shape)
             return np.full((len(batch), 2), 3, np.int32), np.zeros(len(batch), np.float32)
 
-        budget = batching.tokens_per_call(8, search_name, beam_capped)
-        results = batching.search_units(search, _ids(lengths), 8, eos_id=3, max_tokens=budget)
+        budget = text_batches.tokens_per_call(8, search_name, beam_capped)
+        results = text_batches.search_units(search, _ids(lengths), 8, eos_id=3, max_tokens=budget)
         assert len(results) == len(lengths) and all(r == [([], 0.0)] for r in results)
         return shapes
 
     assert shapes_of("greedy") == [(8, 4)] * 5 + [(2, long)] * 5
     assert shapes_of("beam") == [(8, 4)] * 5 + [(8, long), (2, long)]
-    capped = 8 * batching.BEAM_TOKENS_PER_SENTENCE // long  # 2 sentences of 48 tokens in 96
+    capped = 8 * text_batches.BEAM_TOKENS_PER_SENTENCE // long  # 2 sentences of 48 tokens in 96
     assert shapes_of("beam", beam_capped=True) == [(8, 4)] * 5 + [(capped, long)] * (10 // capped)
 
 
@@ -73,5 +73,5 @@ def test_searches_run_through_the_given_map_and_come_back_in_input_order():
 
     ids = _ids(lengths)
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        results = batching.search_units(search, ids, 2, eos_id=3, map_batches=pool.map)
+        results = text_batches.search_units(search, ids, 2, eos_id=3, map_batches=pool.map)
     assert results == [[([100 + n], -1.0)] for n in lengths] and len(ran) == 4

@@ -51,8 +51,8 @@ def test_reference_model_trains_one_step():
     from conftest import random_ids
 
     from kformer.bench.train import reference_model
-    from kformer.config import preset
-    from kformer.train import compile_model
+    from kformer.model.config import preset
+    from kformer.train.fit import compile_model
 
     config = preset("tiny", vocab_size=50)
     model = compile_model(reference_model(config), config, xla=False)
@@ -69,8 +69,8 @@ def test_reference_model_trains_one_step():
 
 @pytest.mark.slow
 def test_bench_train_compares_same_size_models_on_the_same_pairs(capsys):
-    from kformer import flops
     from kformer.bench.train import bench_train
+    from kformer.model import flops
 
     results = bench_train("tiny", steps=3, rounds=1, precision="bfloat16", overrides={"batch_tokens": 128})
     assert results["variants"] == [
@@ -437,7 +437,7 @@ def test_bench_runtimes_measures_the_runtimes_asked_for():
         match=r"--runtimes tflite: not in this export \(it has ctranslate2,keras,onnx,savedmodel\)",
     ):
         _jobs(manifest, ["tflite", "onnx"])
-    # Batches at once: the runtimes whose runners take it (kformer.export.runner's parallel)
+    # Batches at once: the runtimes whose runners take it (kformer.decode.runner's parallel)
     assert _jobs(manifest, None, parallel=2) == [("ctranslate2", "fp32"), ("onnx", "fp32"), ("onnx", "int8")]
     with pytest.raises(ValueError, match="--parallel 2: none of these runtimes"):
         _jobs(manifest, ["savedmodel"], parallel=2)

@@ -1,10 +1,10 @@
-"""The training callbacks' time accounting (kformer.callbacks)."""
+"""The training callbacks' time accounting (kformer.train.callbacks)."""
 
 import types
 
 import keras
 
-from kformer import callbacks
+from kformer.train import callbacks
 
 
 def test_budget_speed_leaves_out_compile_stalls(monkeypatch):

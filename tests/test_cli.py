@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from kformer import checkpoint
+from kformer import run_folder
 from kformer.cli import main
 
 
@@ -42,7 +42,7 @@ def test_train_command_writes_a_training_directory(tmp_path, corpus_tsv, capsys)
     )
     assert code == 0 and '"steps": 2' in stdout
     assert {"config.json", "tokenizer.model", "model.keras", "best.weights.h5"} <= set(os.listdir(out))
-    config = checkpoint.load(out).config
+    config = run_folder.load(out).config
     assert (config.accumulate_steps, config.ema_momentum) == (2, 0.5)
 
 
@@ -59,10 +59,10 @@ def test_train_precision_option():
 
 
 def test_train_saves_every_save_minutes(monkeypatch, capsys):
-    import kformer.train
+    import kformer.train.fit
 
     calls = []
-    monkeypatch.setattr(kformer.train, "train", lambda *args, **options: calls.append(options) or {})
+    monkeypatch.setattr(kformer.train.fit, "train", lambda *args, **options: calls.append(options) or {})
     main(["train", "--out", "X", "--steps", "3"])
     main(["train", "--out", "X", "--steps", "3", "--save-minutes", "0.5"])
     assert [c["checkpoint_seconds"] for c in calls] == [300, 30]
@@ -109,7 +109,7 @@ def test_translate_arguments_and_stdin_keep_order(trained_dir, capsys, monkeypat
 def test_translate_from_stdin_gives_each_call_parallel_batches(capsys, monkeypatch):
     """With --parallel N, stdin's lines go to the runner N x --batch-size at a time (what has
     arrived): a call of one batch would leave N - 1 of its threads idle."""
-    from kformer.batching import Translation
+    from kformer.decode.text_batches import Translation
     from kformer.export import formats
 
     calls, opened = [], {}

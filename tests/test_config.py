@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from kformer.config import PRESETS, TransformerConfig, preset
-from kformer.model import Transformer
+from kformer.model.config import PRESETS, TransformerConfig, preset
+from kformer.model.transformer import Transformer
 
 
 def test_json_round_trip(tmp_path):

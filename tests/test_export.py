@@ -16,8 +16,8 @@ import pytest
 from conftest import BEAM, MAX_LENGTH, python_lines
 from onnx import numpy_helper
 
-from kformer.batching import BEAM_TOKENS_PER_SENTENCE
-from kformer.config import NO_REPEAT_NGRAM
+from kformer.decode.text_batches import BEAM_TOKENS_PER_SENTENCE
+from kformer.decode.translator import KerasRunner
 from kformer.export import onnx, onnx_rewrite, tflite
 from kformer.export.ctranslate2 import Ctranslate2Runner
 from kformer.export.exporter import export
@@ -28,7 +28,7 @@ from kformer.export.manifest import load as load_manifest
 from kformer.export.onnx import SEARCH_LOOPS, OnnxRunner
 from kformer.export.savedmodel import SavedModelRunner
 from kformer.export.tflite import TfliteRunner
-from kformer.translate import KerasRunner
+from kformer.model.config import NO_REPEAT_NGRAM
 
 
 def runners(artifacts, model_dir, beam):
@@ -68,10 +68,10 @@ def uncached_search(
     source length + `extra` tokens (the paper's rule), capped at `max_length`."""
     import tensorflow as tf
 
-    from kformer import checkpoint
-    from kformer.search import beam_search, greedy_search, naive_cache, naive_step, output_limits
+    from kformer import run_folder
+    from kformer.decode.search import beam_search, greedy_search, naive_cache, naive_step, output_limits
 
-    model, config = checkpoint.load(model_dir)[:2]
+    model, config = run_folder.load(model_dir)[:2]
     source = tf.constant(batch[:, : config.max_source_length])
     limits, length = output_limits(source, config.pad_id, max_length, extra, config.max_target_length)
     step = naive_step(lambda s, t: model({"source_ids": s, "target_ids": t}, training=False))
@@ -117,7 +117,7 @@ def test_all_runtimes_give_identical_tokens(artifacts, model_dir, beam, options)
 
 
 def test_quantized_files_report_agreement_and_bleu_delta_from_their_translations(artifacts, model_dir):
-    from kformer import checkpoint
+    from kformer import run_folder
     from kformer.evaluate import score
     from kformer.export.verify import check_sentences, verify
 
@@ -131,7 +131,7 @@ def test_quantized_files_report_agreement_and_bleu_delta_from_their_translations
     # Recompute the figures of the quantized files from their translations, with references that
     # make BLEU move: Keras' own beam translations (Keras scores 100 on them).
     sources = check_sentences(model_dir)[0][:24]
-    model, config, tokenizer, _ = checkpoint.load(model_dir)
+    model, config, tokenizer, _ = run_folder.load(model_dir)
     keras = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(sources)
     results = verify(artifacts, model, config, tokenizer, sources, [[k] for k in keras])
     agreements = []
@@ -263,12 +263,12 @@ def test_the_fixed_tflite_file_serves_both_searches(artifacts):
 def test_an_export_with_one_tflite_file_of_both_searches_still_runs(artifacts, model_dir, tmp_path):
     """Exports written before the files per search list `tflite/fp32.tflite`, both signatures in
     one file: the runner serves both searches from it, as from the fixed file."""
-    from kformer import checkpoint
+    from kformer import run_folder
     from kformer.export.module import ExportModule
 
     older = str(tmp_path / "older")
     shutil.copytree(artifacts, older)
-    model = checkpoint.load(model_dir)[0]
+    model = run_folder.load(model_dir)[0]
     with open(os.path.join(model_dir, "tokenizer.model"), "rb") as f:
         module = ExportModule(model, f.read(), beam_size=BEAM)
     manifest = load_manifest(older)
@@ -396,9 +396,9 @@ def test_text_in_text_out(artifacts, model_dir):
 
 # The most nodes each loop body of the tiny model's fp32 files may have (beam search, then greedy:
 # ONNX's one loop, TFLite's loop of each pass), as the pinned tf2onnx and TFLite converter write
-# them. ONNX's include the drop of the rows done (kformer.search's drop_done: 31 nodes a greedy
+# them. ONNX's include the drop of the rows done (kformer.decode.search's drop_done: 31 nodes a greedy
 # step, 49 a beam step, of gathers and scatters). Included: the n-gram
-# repeat guard's 25 or 21 nodes a step, and the logits ranked in chunks (kformer.portable
+# repeat guard's 25 or 21 nodes a step, and the logits ranked in chunks (kformer.model.portable
 # .top_tokens: 14 TFLite ops a beam step, 8 a greedy one; 17 ONNX nodes a beam step, ONNX greedy
 # ranks whole). ONNX's key/value caches grow by concatenation: no slot or causal mask to write by
 # (13 nodes fewer a greedy step, 13 a beam step); TFLite's buffers are fixed (`Translator`).
@@ -420,9 +420,9 @@ def _within(counts, budget):
 
 
 def test_manifest_and_operator_lists(artifacts, model_dir):
-    from kformer import checkpoint
+    from kformer import run_folder
 
-    weight_bytes = 4 * checkpoint.load(model_dir)[0].count_params()  # float32, the tied embedding once
+    weight_bytes = 4 * run_folder.load(model_dir)[0].count_params()  # float32, the tied embedding once
     manifest = load_manifest(artifacts)
     assert manifest["beam_size"] == BEAM and manifest["max_length"] == MAX_LENGTH
     assert manifest["inputs"]["source_ids"]["dtype"] == "int32"
@@ -501,7 +501,7 @@ def _check_onnx_file(path, search, config, weight_bytes):
     assert len(loops) == SEARCH_LOOPS and _within(loops, ONNX_STEP_NODES[search]), loops
     # Each step's top tokens are normalized by one Softmax over the logits (the attention layers'
     # are the rest), with no Exp spelled out; greedy ranks its logits whole (one TopK a step), beam
-    # search in chunks (kformer.portable.top_tokens).
+    # search in chunks (kformer.model.portable.top_tokens).
     count = lambda body, op: sum(n.op_type == op for n in body.node)  # noqa: E731
     assert [count(body, "Exp") for body in bodies] == [0] * len(bodies)
     attentions = 2 * config["num_decoder_layers"]
@@ -595,7 +595,7 @@ def _check_tflite_files(path, variant, weight_bytes):
         ops = tflite.operators(open(file, "rb").read())
         assert "WHILE" in ops and not any(op.startswith("CUSTOM") for op in ops), ops
         assert sorted(Interpreter(model_path=file).get_signature_list()) == sorted(searches)
-        # A loop per pass of each search (fixed buffers: kformer.search._in_two_passes); one in the
+        # A loop per pass of each search (fixed buffers: kformer.decode.search._in_two_passes); one in the
         # fixed file, whose one row a call runs its first pass to the end.
         file_bodies = _while_bodies(file)
         assert len(file_bodies) == (1 if fixed else 2) * len(searches), file
@@ -604,7 +604,7 @@ def _check_tflite_files(path, variant, weight_bytes):
             assert _constant_bytes(file) < 1.1 * weight_bytes  # a second decoder would be +13%
         assert not _sized_as_the_loop_runs(file), file
     # In the loop bodies: matrix products that read no shapes at run time
-    # (kformer.attention.contract; a tensordot's REDUCE_PROD would), no batched matmul for one
+    # (kformer.model.attention.contract; a tensordot's REDUCE_PROD would), no batched matmul for one
     # query (XNNPACK repacks its keys/values every step), no same-type CAST (a copy of a loop
     # variable whose shape the converter lost).
     unwanted = {"REDUCE_PROD", "BATCH_MATMUL", "CAST FLOAT32->FLOAT32", "CAST INT32->INT32"}
@@ -658,7 +658,7 @@ KNOWN_WHEN_PREPARED = {"SHAPE"}
 
 def _sized_as_the_loop_runs(tflite_path):
     """The shape operands of WHILE bodies that LiteRT can only read as the loop runs, which make it
-    re-allocate their tensors at every step (kformer.portable.shape_in_loop): neither constants nor
+    re-allocate their tensors at every step (kformer.model.portable.shape_in_loop): neither constants nor
     made of a SHAPE (directly or sliced). (TOPK_V2's outputs are sized as the loop runs: see
     test_every_top_k_keeps_the_converters_signature.)"""
     model, codes = _tflite_model(tflite_path)
@@ -751,7 +751,7 @@ def test_truncated_file(damaged):
 
 
 def test_tokenizer_that_does_not_match(damaged):
-    from kformer.data import train_tokenizer
+    from kformer.data.tokenizer import train_tokenizer
 
     with open(os.path.join(damaged, "tokenizer.model"), "wb") as f:
         f.write(
@@ -922,10 +922,10 @@ def test_a_paragraph_translates_as_its_sentences_joined_in_every_runtime(artifac
     """Five test-split sentences run together into one text: each runtime's translation is its
     own translations of the five, joined (a space between English sentences); the n-best lists
     join too. The text ONNX file runs in test_device_runners_need_no_tensorflow's process."""
-    from kformer import data
+    from kformer.data import corpus as corpus_lib
 
-    pairs, _ = data.read_corpus()
-    sentences = [source for source, _ in data.split_pairs(pairs)["test"][:5]]
+    pairs, _ = corpus_lib.read_corpus()
+    sentences = [source for source, _ in corpus_lib.split_pairs(pairs)["test"][:5]]
     assert all(s[-1] in "。！？" for s in sentences)
     for runtime, runner in runners(artifacts, model_dir, beam).items():
         alone = runner.translations(sentences, nbest=beam)

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from conftest import PYTHON, saved_weights
 
-from kformer import checkpoint
-from kformer.train import train
+from kformer import run_folder
+from kformer.train.fit import train
 
 STEPS = 60
 TRAIN = """
 import sys
-from kformer.train import train
+from kformer.train.fit import train
 train(sys.argv[1], "tiny", data=sys.argv[2], vocab_size=1200, steps=int(sys.argv[3]), xla=False, verbose=0,
       checkpoint_seconds=0)  # a save after every step: most of the time is spent inside saves
 """
@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _saved_step(out):
-    model_path = checkpoint.path(out, checkpoint.MODEL_FILE)
+    model_path = run_folder.path(out, run_folder.MODEL_FILE)
     return int(saved_weights(model_path)["optimizer/vars/0"]) if os.path.exists(model_path) else 0  # the step
 
 
@@ -43,15 +43,15 @@ def _train_until_killed(out, corpus, moment, rng):
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )
     deadline = time.monotonic() + 300
-    while checkpoint.read_state(out).get("steps", 0) <= started_at:
+    while run_folder.read_state(out).get("steps", 0) <= started_at:
         assert process.poll() is None and time.monotonic() < deadline, "training made no progress"
         time.sleep(0.01)
     if moment == "inside a save":
-        while not os.path.exists(checkpoint.path(out, "model.tmp.keras")) and process.poll() is None:
+        while not os.path.exists(run_folder.path(out, "model.tmp.keras")) and process.poll() is None:
             time.sleep(0.001)
     else:
         time.sleep(rng.uniform(0.0, 1.5))
-    seen = checkpoint.read_state(out)["steps"]
+    seen = run_folder.read_state(out)["steps"]
     process.kill()
     assert process.wait() != 0, f"training finished its {STEPS} steps before the kill; raise STEPS"
     return seen
@@ -66,9 +66,9 @@ def test_sigkill_at_random_moments_loses_nothing_and_resumes_exactly(tmp_path, c
         seen = _train_until_killed(out, corpus_tsv, moment, rng)
         step = _saved_step(out)
         assert step >= seen, f"kill {number} ({moment}): the checkpoint went back from step {seen} to {step}"
-        assert checkpoint.read_state(out, steps=step)["steps"] == step  # the state that belongs to the model
+        assert run_folder.read_state(out, steps=step)["steps"] == step  # the state that belongs to the model
         kept.append(
-            (step, shutil.copy(checkpoint.path(out, checkpoint.MODEL_FILE), tmp_path / f"kill{number}.keras"))
+            (step, shutil.copy(run_folder.path(out, run_folder.MODEL_FILE), tmp_path / f"kill{number}.keras"))
         )
     assert kept[-1][0] < STEPS
 
@@ -77,15 +77,15 @@ def test_sigkill_at_random_moments_loses_nothing_and_resumes_exactly(tmp_path, c
     step, killed_model = kept[0]
     for reference, steps in ((whole_at_kill, step), (whole, STEPS)):  # fresh models, never killed or stopped
         os.makedirs(reference)
-        for name in (checkpoint.CONFIG_FILE, checkpoint.TOKENIZER_FILE, checkpoint.CORPUS_FILE):
-            shutil.copy(checkpoint.path(out, name), reference)  # the same tokenizer and corpus
+        for name in (run_folder.CONFIG_FILE, run_folder.TOKENIZER_FILE, run_folder.CORPUS_FILE):
+            shutil.copy(run_folder.path(out, name), reference)  # the same tokenizer and corpus
         shutil.copytree(
-            checkpoint.path(out, checkpoint.DATA_DIR), checkpoint.path(reference, checkpoint.DATA_DIR)
+            run_folder.path(out, run_folder.DATA_DIR), run_folder.path(reference, run_folder.DATA_DIR)
         )
         train(reference, "tiny", steps=steps, **args)
-    _assert_same_weights(killed_model, checkpoint.path(whole_at_kill, checkpoint.MODEL_FILE))
+    _assert_same_weights(killed_model, run_folder.path(whole_at_kill, run_folder.MODEL_FILE))
     _assert_same_weights(
-        checkpoint.path(out, checkpoint.MODEL_FILE), checkpoint.path(whole, checkpoint.MODEL_FILE)
+        run_folder.path(out, run_folder.MODEL_FILE), run_folder.path(whole, run_folder.MODEL_FILE)
     )
 
 
@@ -99,14 +99,14 @@ def test_sigterm_saves_the_step_it_stopped_at_and_a_resume_ends_as_if_uninterrup
         command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 300
-    while not os.path.exists(checkpoint.path(out, checkpoint.STATE_FILE)):  # the first save (every 1.2 s)
+    while not os.path.exists(run_folder.path(out, run_folder.STATE_FILE)):  # the first save (every 1.2 s)
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
         time.sleep(0.05)
     time.sleep(0.3)  # past that save
     process.terminate()
     stderr = process.communicate(timeout=120)[1]
     assert process.returncode == 143, stderr[-3000:]
-    step = checkpoint.read_state(out)["steps"]
+    step = run_folder.read_state(out)["steps"]
     assert _saved_step(out) == step and 0 < step < 3000
     assert stderr.rstrip().endswith(
         f"kformer train: stopped by SIGTERM after step {step} (saved model.keras); run the same command to resume"
@@ -116,7 +116,7 @@ def test_sigterm_saves_the_step_it_stopped_at_and_a_resume_ends_as_if_uninterrup
     assert train(out, "tiny", steps=step + 10, **args)["steps"] == step + 10  # resumed
     train(whole, "tiny", steps=step + 10, **args)
     _assert_same_weights(
-        checkpoint.path(out, checkpoint.MODEL_FILE), checkpoint.path(whole, checkpoint.MODEL_FILE)
+        run_folder.path(out, run_folder.MODEL_FILE), run_folder.path(whole, run_folder.MODEL_FILE)
     )
 
 
@@ -131,22 +131,22 @@ def test_a_save_killed_between_its_two_renames_keeps_the_state_of_the_new_model(
     import keras
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    model_path = str(tmp_path / checkpoint.MODEL_FILE)
-    checkpoint.save(model, model_path, {"steps": 1, "seconds": 10.0})
+    model_path = str(tmp_path / run_folder.MODEL_FILE)
+    run_folder.save(model, model_path, {"steps": 1, "seconds": 10.0})
     replace = os.replace
 
     def killed_before_the_state(source, destination):
-        if destination.endswith(os.sep + checkpoint.STATE_FILE):
+        if destination.endswith(os.sep + run_folder.STATE_FILE):
             raise SystemExit("SIGKILL")
         replace(source, destination)
 
-    monkeypatch.setattr(checkpoint.os, "replace", killed_before_the_state)
+    monkeypatch.setattr(run_folder.os, "replace", killed_before_the_state)
     with pytest.raises(SystemExit):
-        checkpoint.save(model, model_path, {"steps": 2, "seconds": 20.0})  # model.keras now holds step 2
+        run_folder.save(model, model_path, {"steps": 2, "seconds": 20.0})  # model.keras now holds step 2
     monkeypatch.undo()
-    assert checkpoint.read_state(str(tmp_path))["steps"] == 1  # training.json was not replaced
-    assert checkpoint.read_state(str(tmp_path), steps=2) == {"steps": 2, "seconds": 20.0}
-    assert checkpoint.read_state(str(tmp_path), steps=1) == {"steps": 1, "seconds": 10.0}
+    assert run_folder.read_state(str(tmp_path))["steps"] == 1  # training.json was not replaced
+    assert run_folder.read_state(str(tmp_path), steps=2) == {"steps": 2, "seconds": 20.0}
+    assert run_folder.read_state(str(tmp_path), steps=1) == {"steps": 1, "seconds": 10.0}
 
 
 def test_ctrl_c_stops_after_the_step_saves_it_and_the_same_command_resumes(tmp_path, corpus_tsv):
@@ -169,7 +169,7 @@ def test_ctrl_c_stops_after_the_step_saves_it_and_the_same_command_resumes(tmp_p
             time.sleep(0.1)
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=120) == 130, stderr.read_text()[-3000:]
-    step = checkpoint.read_state(out)["steps"]
+    step = run_folder.read_state(out)["steps"]
     assert 0 < step < 3000 and _saved_step(out) == step
     text = stderr.read_text()
     assert f"kformer train: stopped by Ctrl-C after step {step} (saved model.keras); run the same" in text
@@ -177,4 +177,4 @@ def test_ctrl_c_stops_after_the_step_saves_it_and_the_same_command_resumes(tmp_p
 
     resumed = subprocess.run(command(step + 5), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0 and f"resuming {out}/model.keras from step {step}" in resumed.stderr
-    assert checkpoint.read_state(out)["steps"] == step + 5
+    assert run_folder.read_state(out)["steps"] == step + 5

@@ -1,11 +1,11 @@
-"""The analytic training FLOPs behind `bench train`'s utilization (kformer.flops), checked against
+"""The analytic training FLOPs behind `bench train`'s utilization (kformer.model.flops), checked against
 the weights of the built model, and the peaks it is divided by (kformer.bench.peak)."""
 
 import numpy as np
 import pytest
 
-from kformer import flops
-from kformer.config import preset
+from kformer.model import flops
+from kformer.model.config import preset
 
 
 def _product_weights(model):
@@ -17,7 +17,7 @@ def _product_weights(model):
 
 
 def test_training_flops_count_every_weight_matrix_and_the_attention_products():
-    from kformer.model import Transformer
+    from kformer.model.transformer import Transformer
 
     config = preset("tiny", vocab_size=97, num_encoder_layers=2, num_decoder_layers=3)
     model = Transformer(config)

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from kformer import gather
+from kformer.decode import gather
 
 
 def test_take_batch_takes_what_is_queued_up_to_size_and_waits_at_most_the_window():

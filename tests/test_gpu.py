@@ -29,7 +29,7 @@ SENTENCES = 64  # dev sources decoded on both devices
 def gpu_run(tmp_path_factory, corpus_tsv):
     """A tiny model trained on the GPU with the defaults there: XLA, precision auto (bfloat16 on
     compute capability 8.0+), through `fit`."""
-    from kformer.train import train
+    from kformer.train.fit import train
 
     out = str(tmp_path_factory.mktemp("gpu") / "run")
     summary = train(
@@ -39,8 +39,8 @@ def gpu_run(tmp_path_factory, corpus_tsv):
 
 
 def test_the_gpu_trains_with_xla_and_its_precision_through_fit(gpu_run):
-    from kformer.precision import gpu_capability
-    from kformer.train import default_xla
+    from kformer.train.fit import default_xla
+    from kformer.train.precision import gpu_capability
 
     out, summary = gpu_run
     _, capability = gpu_capability()
@@ -52,8 +52,8 @@ def test_the_gpu_trains_with_xla_and_its_precision_through_fit(gpu_run):
 def test_greedy_translations_on_the_gpu_equal_the_cpus(gpu_run):
     import tensorflow as tf
 
+    from kformer.decode.translator import KerasRunner
     from kformer.evaluate import split_references
-    from kformer.translate import KerasRunner
 
     out, _ = gpu_run
     sources = split_references(out, "dev")[0][:SENTENCES]
@@ -66,7 +66,7 @@ def test_greedy_translations_on_the_gpu_equal_the_cpus(gpu_run):
     finally:
         tf.config.experimental.enable_tensor_float_32_execution(True)
     script = (
-        "import json, sys; from kformer.translate import KerasRunner; r = KerasRunner(sys.argv[1]); "
+        "import json, sys; from kformer.decode.translator import KerasRunner; r = KerasRunner(sys.argv[1]); "
         "print(json.dumps([r.tokenizer.encode(t) for t in r.translate(json.loads(sys.argv[2]), beam_size=1)]))"
     )
     cpu_only = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}

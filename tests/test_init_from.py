@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from conftest import PYTHON
 
-from kformer import checkpoint, init_from
-from kformer import data as data_lib
-from kformer.keep_best import Evaluation
-from kformer.train import train
+from kformer import run_folder
+from kformer.data import corpus as corpus_lib
+from kformer.train import init_from
+from kformer.train.fit import train
+from kformer.train.keep_best import Evaluation
 
 ARGS = dict(xla=False, verbose=0, checkpoint_seconds=10**6, evaluation=Evaluation(0))
 
@@ -35,7 +36,7 @@ def digests(folder):
 def domain_tsv(tmp_path_factory):
     """Other pairs of the default corpus than the tiny runs' (every ~140th), and a character the
     runs' tokenizer has never seen."""
-    pairs, _ = data_lib.read_corpus()
+    pairs, _ = corpus_lib.read_corpus()
     chosen = pairs[7::97][:300] + [("龘龘。", "Dragons.")] * 3
     path = tmp_path_factory.mktemp("domain") / "domain.tsv"
     path.write_text("".join(f"{s}\t{t}\n" for s, t in chosen), encoding="utf-8")
@@ -70,10 +71,10 @@ def test_fine_tuning_starts_from_the_run_and_leaves_it_untouched(tmp_path, train
         logger.removeHandler(logged)
         logger.setLevel(level)
     assert summary["steps"] == 3
-    trained = checkpoint.load(trained_dir).model
+    trained = run_folder.load(trained_dir).model
     for variable in trained.weights:
         np.testing.assert_array_equal(start.weights[variable.path], np.array(variable), err_msg=variable.path)
-    source, tuned = (checkpoint.load(d).config for d in (trained_dir, out))
+    source, tuned = (run_folder.load(d).config for d in (trained_dir, out))
     assert tuned == source.replace(**init_from.FINE_TUNE)
     with (
         open(os.path.join(out, "tokenizer.model"), "rb") as a,

@@ -1,4 +1,4 @@
-"""Keeping the best weights during training (kformer.keep_best), early stopping, and readers' choice."""
+"""Keeping the best weights during training (kformer.train.keep_best), early stopping, and readers' choice."""
 
 import csv
 import os
@@ -7,10 +7,11 @@ import keras
 import numpy as np
 import pytest
 
-from kformer import checkpoint, evaluate, prepare
-from kformer.callbacks import steps_done
-from kformer.keep_best import Evaluation
-from kformer.train import train
+from kformer import evaluate, run_folder
+from kformer.data import prepare
+from kformer.train.callbacks import steps_done
+from kformer.train.fit import train
+from kformer.train.keep_best import Evaluation
 
 ARGS = dict(vocab_size=1200, xla=False, verbose=0, checkpoint_seconds=10**6)
 
@@ -59,14 +60,14 @@ def test_the_best_is_kept_training_stops_early_and_readers_take_it(tmp_path, cor
         ("6", 11.0, "False"),
         ("8", 11.5, "False"),
     ]
-    assert checkpoint.read_json(os.path.join(out, "best.json"))["evaluations_since"] == 2
+    assert run_folder.read_json(os.path.join(out, "best.json"))["evaluations_since"] == 2
     assert os.listdir(os.path.join(out, "logs", "dev_sample"))  # TensorBoard events
-    best, last = checkpoint.load(out).model, checkpoint.load(out, "last").model
+    best, last = run_folder.load(out).model, run_folder.load(out, "last").model
     for kept, expected in zip(_weights(best), recorded.at[4]):
         np.testing.assert_array_equal(kept, expected)
     for kept, expected in zip(_weights(last), recorded.at[8]):
         np.testing.assert_array_equal(kept, expected)
-    assert checkpoint.describe_weights(out, checkpoint.weights_file(out)).startswith(
+    assert run_folder.describe_weights(out, run_folder.weights_file(out)).startswith(
         "best.weights.h5 (step 4"
     )
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from layer_test import run_layer_test
 
-from kformer.layers import (
+from kformer.model.layers import (
     DecoderBlock,
     EncoderBlock,
     FeedForward,

@@ -8,7 +8,7 @@ import time
 import pytest
 from conftest import PYTHON
 
-from kformer import checkpoint, locks
+from kformer import locks, run_folder
 
 HOLD = (
     "import sys, time; from kformer import locks; locks.hold(sys.argv[1], 'train'); "
@@ -61,7 +61,7 @@ def test_two_trainings_on_one_folder(tmp_path, corpus_tsv):
     )
     try:
         deadline = time.monotonic() + 120
-        while not os.path.exists(checkpoint.path(out, checkpoint.CONFIG_FILE)):  # training started
+        while not os.path.exists(run_folder.path(out, run_folder.CONFIG_FILE)):  # training started
             assert first.poll() is None and time.monotonic() < deadline, "the first run did not start"
             time.sleep(0.2)
         second = subprocess.run([*command, "--steps", "3"], capture_output=True, text=True)

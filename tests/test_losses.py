@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from kformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
+from kformer.train.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 
 
 def test_label_smoothed_loss_against_numpy():

@@ -1,6 +1,6 @@
 import numpy as np
 
-from kformer import masks
+from kformer.model import masks
 
 
 def test_padding_mask_marks_non_pad_keys():

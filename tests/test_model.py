@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from conftest import python_lines, random_ids
 
-from kformer.config import preset
-from kformer.model import Transformer
-from kformer.train import compile_model
+from kformer.model.config import preset
+from kformer.model.transformer import Transformer
+from kformer.train.fit import compile_model
 
 VOCAB = 40
 
@@ -79,7 +79,7 @@ def test_keras_round_trip_in_a_fresh_process(tmp_path):
     np.savez(data, expected=np.asarray(model(x)), **x)
     script = f"""
 import keras, numpy as np, json
-import kformer.model  # registers the classes; safe mode stays on
+import kformer.model.transformer  # registers the classes; safe mode stays on
 d = np.load({data!r})
 m = keras.saving.load_model({path!r})
 out = m({{"source_ids": d["source_ids"], "target_ids": d["target_ids"]}})

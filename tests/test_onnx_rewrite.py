@@ -90,7 +90,7 @@ def test_blends_become_where():
 
 
 def test_step_attention_products_become_matmuls():
-    """A step's q * k summed over D and weights * v summed over the keys (kformer.attention) become
+    """A step's q * k summed over D and weights * v summed over the keys (kformer.model.attention) become
     matrix products with the same values; a product of two full (B, H, T, D) tensors stays."""
     h, f32 = onnx.helper, onnx.TensorProto.FLOAT
     axes = {

@@ -9,7 +9,7 @@ def test_fused_adam_is_adam_with_a_moving_average_in_one_kernel_each():
     step for step on a decaying rate, and its graph runs the fused kernels (not Keras' ops)."""
     import tensorflow as tf
 
-    from kformer.optimizer import FusedAdam
+    from kformer.train.optimizer import FusedAdam
 
     rng = np.random.default_rng(0)
     start = rng.normal(size=(7, 5)).astype("float32")

@@ -68,11 +68,11 @@ def test_beam_trace_history_and_bar_figures(tmp_path):
 
 
 def test_alignment_and_attention_command(trained_dir, tmp_path, capsys):
-    from kformer import checkpoint
+    from kformer import run_folder
     from kformer.cli import main
-    from kformer.translate import Translator
+    from kformer.decode.translator import Translator
 
-    model, config, tokenizer, _ = checkpoint.load(trained_dir)
+    model, config, tokenizer, _ = run_folder.load(trained_dir)
     # Without the repeat guard, so that the search's output is the model's own argmax at every step.
     translator = Translator(model, tokenizer, beam_size=2, no_repeat_ngram=0)
     result = plots.alignment(translator, "我們試試看！", beam_size=1)
@@ -95,10 +95,10 @@ def test_alignment_and_attention_command(trained_dir, tmp_path, capsys):
 
 
 def test_beam_trace_starts_from_the_models_own_top_first_tokens(trained_dir):
-    from kformer import checkpoint
-    from kformer.translate import Translator
+    from kformer import run_folder
+    from kformer.decode.translator import Translator
 
-    model, config, tokenizer, _ = checkpoint.load(trained_dir)
+    model, config, tokenizer, _ = run_folder.load(trained_dir)
     steps = plots.beam_trace(Translator(model, tokenizer, beam_size=3), "我們試試看！")
     assert steps and all(len(pieces) == step + 1 for step, alive in enumerate(steps) for pieces, _ in alive)
     assert all(

@@ -1,10 +1,10 @@
-"""kformer.portable's spellings against the plain TensorFlow operations they stand for."""
+"""kformer.model.portable's spellings against the plain TensorFlow operations they stand for."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from kformer import portable
+from kformer.model import portable
 
 
 @pytest.mark.parametrize("vocab", [8000, 1200, 200, 50])  # chunks of 32, 16, 8; none divides 50

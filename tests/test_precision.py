@@ -11,7 +11,7 @@ import pytest
 def test_auto_precision_is_bfloat16_only_where_the_cpu_multiplies_it_through_onednn(tmp_path, monkeypatch):
     import tensorflow as tf
 
-    from kformer import precision as precision_lib
+    from kformer.train import precision as precision_lib
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 fma\nbogomips\t: 4000\n")
@@ -53,7 +53,7 @@ def test_importing_kformer_first_turns_on_onednn_unless_the_user_said_otherwise(
     """kformer/__init__.py: TensorFlow started after kformer runs oneDNN's kernels on any CPU (on
     AVX2-only ones TensorFlow alone leaves them off); an explicit TF_ENABLE_ONEDNN_OPTS=0 wins."""
     code = (
-        "import os, kformer, tensorflow; from kformer.precision import onednn_state; "
+        "import os, kformer, tensorflow; from kformer.train.precision import onednn_state; "
         "print(os.environ.get('TF_ENABLE_ONEDNN_OPTS'), onednn_state())"
     )
 

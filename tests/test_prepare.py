@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 from conftest import PYTHON, python_lines
 
-from kformer import data as data_lib
-from kformer import prepare as prepare_lib
-from kformer.config import tokenizer_digest
+from kformer.data import corpus as corpus_lib
+from kformer.data import prepare as prepare_lib
+from kformer.data import shards as shards_lib
+from kformer.data import tokenizer as tokenizer_lib
+from kformer.model.config import tokenizer_digest
 
 
 def _shard_pairs(folder, paths=None):
@@ -35,12 +37,12 @@ def _shard_pairs(folder, paths=None):
 def test_splits_tokenizer_and_shards_are_those_of_the_corpus(tmp_path, corpus_tsv):
     out = str(tmp_path / "prepared")
     manifest = prepare_lib.prepare(corpus_tsv, out, vocab_size=1200, shards=3)
-    pairs, _ = data_lib.read_corpus(corpus_tsv)
-    splits = data_lib.split_pairs(pairs)  # the in-memory rule: the same splits (none is over its bound)
+    pairs, _ = corpus_lib.read_corpus(corpus_tsv)
+    splits = corpus_lib.split_pairs(pairs)  # the in-memory rule: the same splits (none is over its bound)
     for name in ("dev", "test"):
         assert prepare_lib.held_out(out, name) == splits[name]
-    tokenizer = data_lib.load_tokenizer(os.path.join(out, prepare_lib.TOKENIZER))
-    expected = data_lib.train_tokenizer([t for p in splits["train"] for t in p], 1200)
+    tokenizer = tokenizer_lib.load_tokenizer(os.path.join(out, prepare_lib.TOKENIZER))
+    expected = tokenizer_lib.train_tokenizer([t for p in splits["train"] for t in p], 1200)
     assert tokenizer_digest(tokenizer) == tokenizer_digest(expected) == manifest["tokenizer"]["sha256"]
     encoded = {(tuple(tokenizer.encode(s)), tuple(tokenizer.encode(t))) for s, t in splits["train"]}
     stored = _shard_pairs(out)
@@ -66,7 +68,7 @@ def test_held_out_splits_are_bounded_whatever_the_order_and_share_no_source(tmp_
         out = str(tmp_path / f"prepared{order}")
         prepare_lib.prepare(_write(tmp_path / f"c{order}.tsv", lines), out, vocab_size=200, split_size=7)
         dev, test = prepare_lib.held_out(out, "dev"), prepare_lib.held_out(out, "test")
-        train_sources = {s for s, _ in data_lib.read_corpus(_train_text(out))[0]}
+        train_sources = {s for s, _ in corpus_lib.read_corpus(_train_text(out))[0]}
         assert (
             0 < len(dev) <= 7 and 0 < len(test) <= 7 and len(dev) % 3 == len(test) % 3 == 0
         )  # whole sources
@@ -79,7 +81,7 @@ def test_held_out_splits_are_bounded_whatever_the_order_and_share_no_source(tmp_
 
 def _train_text(folder):
     """The train pairs of a prepared folder back as text (its tokenizer decodes them)."""
-    tokenizer = data_lib.load_tokenizer(os.path.join(folder, prepare_lib.TOKENIZER))
+    tokenizer = tokenizer_lib.load_tokenizer(os.path.join(folder, prepare_lib.TOKENIZER))
     path = os.path.join(folder, "train-text.tsv")
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(
@@ -154,7 +156,9 @@ def test_a_half_written_folder_is_refused_naming_the_file(tmp_path, corpus_tsv):
         prepare_lib.load(out)
 
 
-KILLED = "import sys; from kformer import prepare; prepare.prepare(sys.argv[1], sys.argv[2], vocab_size=400)"
+KILLED = (
+    "import sys; from kformer.data import prepare; prepare.prepare(sys.argv[1], sys.argv[2], vocab_size=400)"
+)
 
 
 def test_a_killed_prepare_leaves_no_finished_folder_and_blocks_nothing(tmp_path):
@@ -178,7 +182,7 @@ def test_a_killed_prepare_leaves_no_finished_folder_and_blocks_nothing(tmp_path)
 
 PEAK = """
 import sys
-from kformer import prepare
+from kformer.data import prepare
 prepare.prepare(sys.argv[1], sys.argv[2], vocab_size=300, sample=2000)
 print([line for line in open("/proc/self/status") if line.startswith("VmHWM")][0].split()[1])
 """
@@ -204,17 +208,17 @@ def test_memory_does_not_grow_with_the_corpus(tmp_path):
 def test_train_on_a_prepared_folder_streamed_and_resumed(tmp_path, corpus_tsv, monkeypatch):
     """`train --data PREPARED` reads the folder where it is, here streamed from its shards (as a
     corpus too big for memory would be), and a resumed run continues the stream exactly."""
-    from kformer import checkpoint
+    from kformer import run_folder
     from kformer.evaluate import split_references
-    from kformer.train import train
+    from kformer.train.fit import train
 
     prepared = str(tmp_path / "prepared")
     prepare_lib.prepare(corpus_tsv, prepared, vocab_size=1200, shards=3)
-    monkeypatch.setattr(data_lib, "IN_MEMORY_TOKENS", 0)
+    monkeypatch.setattr(shards_lib, "IN_MEMORY_TOKENS", 0)
     args = dict(data=prepared, xla=False, verbose=0, checkpoint_seconds=10**6)
     stopped, whole = str(tmp_path / "stopped"), str(tmp_path / "whole")
     train(stopped, "tiny", steps=4, **args)
-    assert checkpoint.prepared_folder(stopped) == prepared and not os.path.exists(
+    assert run_folder.prepared_folder(stopped) == prepared and not os.path.exists(
         os.path.join(stopped, "data")
     )
     assert json.load(open(os.path.join(stopped, "corpus.json")))["prepared"] == prepared
@@ -254,19 +258,19 @@ def test_the_command_writes_a_folder_and_refuses_to_overwrite_it(tmp_path, corpu
 
 
 def test_each_input_worker_reads_only_its_own_shards(tmp_path, corpus_tsv):
-    from kformer import train as train_lib
-    from kformer.config import preset
+    from kformer.model.config import preset
+    from kformer.train import fit as train_lib
 
     out = str(tmp_path / "prepared")
     prepare_lib.prepare(corpus_tsv, out, vocab_size=1200, shards=3)
     manifest = prepare_lib.load(out)
     paths = prepare_lib.shard_paths(out, manifest)
-    assert data_lib.worker_part(paths, 2, 0) == (paths[0::2], 1, 0)
-    assert data_lib.worker_part(paths, 2, 1) == (paths[1:2], 1, 0)
-    assert data_lib.worker_part(paths, 4, 3) == (paths, 4, 3)  # fewer files than workers: by pair
-    assert data_lib.worker_part(paths) == (paths, 1, 0)
+    assert shards_lib.worker_part(paths, 2, 0) == (paths[0::2], 1, 0)
+    assert shards_lib.worker_part(paths, 2, 1) == (paths[1:2], 1, 0)
+    assert shards_lib.worker_part(paths, 4, 3) == (paths, 4, 3)  # fewer files than workers: by pair
+    assert shards_lib.worker_part(paths) == (paths, 1, 0)
 
-    tokenizer = data_lib.load_tokenizer(os.path.join(out, prepare_lib.TOKENIZER))
+    tokenizer = tokenizer_lib.load_tokenizer(os.path.join(out, prepare_lib.TOKENIZER))
     config = preset("tiny", vocab_size=tokenizer.get_piece_size())
     encoded = train_lib._encode(out, tokenizer, config)
     for rank, own in ((0, paths[0::2]), (1, paths[1:2])):

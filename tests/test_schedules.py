@@ -5,8 +5,8 @@ import json
 import pytest
 from conftest import python_lines
 
-from kformer.config import preset
-from kformer.schedules import BudgetSchedule, TransformerSchedule, budget_warmup
+from kformer.model.config import preset
+from kformer.train.schedules import BudgetSchedule, TransformerSchedule, budget_warmup
 
 
 def test_schedule_follows_the_paper():
@@ -45,7 +45,7 @@ import json
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from kformer.schedules import BudgetSchedule
+from kformer.train.schedules import BudgetSchedule
 with tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")]).scope():
     schedule = BudgetSchedule(peak=1e-3, warmup_steps=10, total_steps=110)
 print(json.dumps({"describe": schedule.describe(), "config": schedule.get_config()}))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from kformer.search import NEG_INF, beam_search, greedy_search, length_penalty
+from kformer.decode.search import NEG_INF, beam_search, greedy_search, length_penalty
 
 BOS, EOS, A, B = 2, 3, 4, 5
 V = 6

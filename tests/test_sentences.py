@@ -1,4 +1,4 @@
-"""Sentence and clause splitting (kformer/sentences.py), and the page's copy of it
+"""Sentence and clause splitting (kformer/decode/sentences.py), and the page's copy of it
 (export/web/sentences.js, run by Node) giving the same splits."""
 
 import json
@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from test_web import NODE, need, split_sentences
 
-from kformer import sentences
+from kformer.decode import sentences
 from kformer.export import web
 
 CASES = {

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from conftest import python_lines, saved_weights
 
-from kformer import checkpoint
-from kformer.config import preset
-from kformer.schedules import budget_warmup
-from kformer.train import train
+from kformer import run_folder
+from kformer.model.config import preset
+from kformer.train.fit import train
+from kformer.train.schedules import budget_warmup
 
 
 def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, corpus_tsv):
@@ -45,7 +45,7 @@ def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, c
 
     split, whole = str(tmp_path / "split"), str(tmp_path / "whole")
     train(split, "tiny", steps=4, **args)
-    assert checkpoint.read_state(split)["steps"] == 4
+    assert run_folder.read_state(split)["steps"] == 4
     os.makedirs(whole)
     for name in ("config.json", "tokenizer.model", "corpus.json"):  # the same tokenizer, a fresh model
         shutil.copy(os.path.join(split, name), whole)
@@ -57,7 +57,7 @@ def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, c
     average = record.raw[0]
     for raw in record.raw[1:]:
         average = [momentum * a + (1 - momentum) * w for a, w in zip(average, raw)]
-    model = checkpoint.load(whole).model
+    model = run_folder.load(whole).model
     for variable, expected in zip(model.trainable_variables, average):
         np.testing.assert_allclose(np.array(variable), expected, atol=1e-6, err_msg=variable.path)
     assert max(np.abs(a - r).max() for a, r in zip(average, record.raw[-1])) > 1e-3  # averaging did something
@@ -77,13 +77,13 @@ def test_a_run_saves_by_time_and_after_its_last_epoch_not_after_every_epoch(
     """A save can take as long as an epoch (a small corpus on a GPU): three epochs with no save
     due by time write one checkpoint, after the last, holding every step."""
     saved_at = []
-    save = checkpoint.save
+    save = run_folder.save
 
     def counted(model, model_path, state=None, input_iterator=None):
         saved_at.append(state["steps"])
         save(model, model_path, state, input_iterator)
 
-    monkeypatch.setattr(checkpoint, "save", counted)
+    monkeypatch.setattr(run_folder, "save", counted)
     out = str(tmp_path / "run")
     summary = train(
         out,
@@ -96,11 +96,11 @@ def test_a_run_saves_by_time_and_after_its_last_epoch_not_after_every_epoch(
         checkpoint_seconds=10**6,
     )
     assert summary["steps"] > 3 and saved_at == [summary["steps"]], saved_at
-    assert checkpoint.read_state(out)["steps"] == summary["steps"]
+    assert run_folder.read_state(out)["steps"] == summary["steps"]
 
 
 class StepClock(keras.callbacks.Callback):
-    """A clock for `kformer.callbacks` that advances `seconds_per_step` at each training step (listed
+    """A clock for `kformer.train.callbacks` that advances `seconds_per_step` at each training step (listed
     before kformer's callbacks, it ticks before they read it): the budget logic sees a machine of
     exactly known speed, whatever the real machine's speed or stalls."""
 
@@ -118,7 +118,7 @@ class StepClock(keras.callbacks.Callback):
 def test_time_budget_sizes_the_schedule_and_a_spent_budget_changes_nothing(tmp_path, corpus_tsv, monkeypatch):
     clock = StepClock(0.25)  # 4 steps/s: a 30 s budget holds 120 steps, 48 s hold 192
     monkeypatch.setattr(
-        sys.modules["kformer.callbacks"], "time", types.SimpleNamespace(monotonic=clock.monotonic)
+        sys.modules["kformer.train.callbacks"], "time", types.SimpleNamespace(monotonic=clock.monotonic)
     )
     out = str(tmp_path / "run")
     args = dict(
@@ -130,7 +130,7 @@ def test_time_budget_sizes_the_schedule_and_a_spent_budget_changes_nothing(tmp_p
         callbacks=[clock],
     )
     summary = train(out, "tiny", minutes=0.5, **args)
-    state = checkpoint.read_state(out)
+    state = run_folder.read_state(out)
     assert summary["steps"] == state["steps"] == 120 and summary["steps_per_s"] == pytest.approx(4)
     assert state["seconds"] == pytest.approx(30)
     # The decay was sized from the measured speed to end with the budget, not at the initial guess.
@@ -142,7 +142,7 @@ def test_time_budget_sizes_the_schedule_and_a_spent_budget_changes_nothing(tmp_p
     assert _sha(os.path.join(out, "model.keras")) == before
     # A larger budget resumes the same schedule: the warm-up is not repeated, the decay is stretched.
     more = train(out, "tiny", minutes=0.8, **args)
-    resumed = checkpoint.read_state(out)
+    resumed = run_folder.read_state(out)
     assert more["steps"] == resumed["steps"] == 192
     assert resumed["schedule"]["warmup_steps"] == state["schedule"]["warmup_steps"]
     assert resumed["schedule"]["total_steps"] == pytest.approx(192)
@@ -164,7 +164,7 @@ def test_train_writes_everything_and_resumes(tmp_path, corpus_tsv):
     second = train(out, "tiny", steps=8, **args)  # same directory: continues from step 5
     assert second["steps"] == 8
     assert _sha(os.path.join(out, "tokenizer.model")) == tokenizer_before
-    model, config, tokenizer, _ = checkpoint.load(out)
+    model, config, tokenizer, _ = run_folder.load(out)
     assert config.vocab_size == tokenizer.get_piece_size() and model.config == config
     assert len(open(os.path.join(out, "logs", "history.csv")).read().strip().splitlines()) >= 3
 
@@ -186,7 +186,7 @@ def test_a_resume_restores_the_input_position_and_continues_the_same_batches(tmp
     args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0, checkpoint_seconds=10**6)
     stopped, whole, replayed = (str(tmp_path / name) for name in ("stopped", "whole", "replayed"))
     train(stopped, "tiny", steps=5, **args)
-    assert checkpoint.read_state(stopped)["input"] == "input-5"
+    assert run_folder.read_state(stopped)["input"] == "input-5"
     assert sorted(n for n in os.listdir(stopped) if n.startswith("input-")) == [
         "input-5.data-00000-of-00001",
         "input-5.index",
@@ -208,15 +208,15 @@ def test_a_resume_restores_the_input_position_and_continues_the_same_batches(tmp
     assert not [line for line in restored if "rebuilding" in line]
     assert [line for line in lines.lines if "rebuilding the 5 batches" in line]
     os.makedirs(whole)
-    for name in (checkpoint.CONFIG_FILE, checkpoint.TOKENIZER_FILE, checkpoint.CORPUS_FILE):
-        shutil.copy(checkpoint.path(stopped, name), whole)  # the same tokenizer and corpus
+    for name in (run_folder.CONFIG_FILE, run_folder.TOKENIZER_FILE, run_folder.CORPUS_FILE):
+        shutil.copy(run_folder.path(stopped, name), whole)  # the same tokenizer and corpus
     shutil.copytree(
-        checkpoint.path(stopped, checkpoint.DATA_DIR), checkpoint.path(whole, checkpoint.DATA_DIR)
+        run_folder.path(stopped, run_folder.DATA_DIR), run_folder.path(whole, run_folder.DATA_DIR)
     )
     train(whole, "tiny", steps=9, **args)
-    reference = saved_weights(checkpoint.path(whole, checkpoint.MODEL_FILE))
+    reference = saved_weights(run_folder.path(whole, run_folder.MODEL_FILE))
     for run in (stopped, replayed):
-        weights = saved_weights(checkpoint.path(run, checkpoint.MODEL_FILE))
+        weights = saved_weights(run_folder.path(run, run_folder.MODEL_FILE))
         for name in reference:
             np.testing.assert_allclose(weights[name], reference[name], atol=1e-6, err_msg=f"{run}: {name}")
 
@@ -258,11 +258,11 @@ def test_a_swapped_tokenizer_is_refused(tmp_path, trained_dir):
 
     out = str(tmp_path / "copy")
     shutil.copytree(trained_dir, out)
-    _, _, tokenizer, _ = checkpoint.load(out)
+    _, _, tokenizer, _ = run_folder.load(out)
     with open(os.path.join(out, "tokenizer.model"), "wb") as f:
         f.write(same_size_other_tokenizer(tokenizer).serialized_model_proto())
     with pytest.raises(ValueError, match="not the tokenizer this model was trained with"):
-        checkpoint.load(out)
+        run_folder.load(out)
 
 
 def test_the_corpus_is_recorded_by_content_not_by_the_path_typed(tmp_path, corpus_tsv, monkeypatch):
@@ -300,7 +300,7 @@ def test_corrupted_checkpoint_is_a_clear_error(tmp_path, trained_dir):
         f.truncate(os.path.getsize(path) // 2)
     damaged = _sha(path)
     with pytest.raises(ValueError, match="model.keras: cannot restore"):
-        checkpoint.load(out)
+        run_folder.load(out)
     with pytest.raises(ValueError, match="model.keras: cannot restore"):
         train(
             out, "tiny", data=json.load(open(os.path.join(out, "corpus.json")))["data"], steps=20, verbose=0
@@ -368,20 +368,21 @@ def test_time_budget_stops_and_saves(tmp_path, corpus_tsv):
 
 XLA_SCRIPT = r"""
 import json, sys
-from kformer import data as data_lib
-from kformer import prepare as prepare_lib
+from kformer.data import batches as batches_lib
+from kformer.data import shards as shards_lib
+from kformer.data import prepare as prepare_lib
 from kformer.bench import train as bench
-from kformer.train import train, prepare
+from kformer.train.fit import train, prepare
 out, corpus, dump = sys.argv[1:4]
 train(out, "tiny", data=corpus, vocab_size=1200, epochs=3, xla=True, verbose=0, checkpoint_seconds=10**6)
 config, tokenizer, folder, _ = prepare(out, "tiny", data=corpus)
 manifest = prepare_lib.load(folder)
-encoded = data_lib.read_prepared(prepare_lib.shard_paths(folder, manifest), manifest["train"]["dtype"], config)
-train_shapes = {tuple(y.shape) for _, y in data_lib.make_dataset(encoded, config, training=True).take(300)}
+encoded = shards_lib.read_prepared(prepare_lib.shard_paths(folder, manifest), manifest["train"]["dtype"], config)
+train_shapes = {tuple(y.shape) for _, y in batches_lib.make_dataset(encoded, config, training=True).take(300)}
 # Validation runs the same-named step on the dev split, whose last batch per bucket may be partial.
-dev = data_lib.encode_pairs(tokenizer, prepare_lib.held_out(folder, "dev"), config)
-dev_shapes = {tuple(y.shape) for _, y in data_lib.make_dataset(dev, config, training=False)}
-buckets = {(size, boundary - 1) for boundary, size in zip(*data_lib.bucket_plan(config, pad_to_bucket=True))}
+dev = batches_lib.encode_pairs(tokenizer, prepare_lib.held_out(folder, "dev"), config)
+dev_shapes = {tuple(y.shape) for _, y in batches_lib.make_dataset(dev, config, training=False)}
+buckets = {(size, boundary - 1) for boundary, size in zip(*batches_lib.bucket_plan(config, pad_to_bucket=True))}
 print(json.dumps({"compilations": bench.count_xla_compilations(dump), "train_shapes": len(train_shapes),
                   "dev_shapes": len(dev_shapes), "buckets": len(buckets),
                   "shapes_not_buckets": len((train_shapes | dev_shapes) - buckets)}))
@@ -430,13 +431,13 @@ def test_mixed_precision_trains_and_reloads_in_float32(tmp_path, corpus_tsv, pre
     assert summary["steps"] == 2 and np.isfinite(summary["loss"]) and summary["precision"] == precision
     assert seen == {"compute": {precision}, "weights": {"float32"}}  # every weighted layer computes in it
     # weights were kept in float32; inference runs in float32
-    assert dtypes(checkpoint.load(out).model) == {"compute": {"float32"}, "weights": {"float32"}}
+    assert dtypes(run_folder.load(out).model) == {"compute": {"float32"}, "weights": {"float32"}}
 
 
 def test_xla_is_the_default_on_a_gpu_without_a_strategy(monkeypatch):
     import tensorflow as tf
 
-    from kformer.train import default_xla
+    from kformer.train.fit import default_xla
 
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"])
     assert default_xla(None) is True

@@ -7,11 +7,11 @@ import pytest
 import tensorflow as tf
 from conftest import random_ids
 
-from kformer.batching import strip_special
-from kformer.config import preset
-from kformer.model import Transformer
-from kformer.search import beam_search, greedy_search, naive_cache, naive_step, output_limits
-from kformer.translate import Translator
+from kformer.decode.search import beam_search, greedy_search, naive_cache, naive_step, output_limits
+from kformer.decode.text_batches import strip_special
+from kformer.decode.translator import Translator
+from kformer.model.config import preset
+from kformer.model.transformer import Transformer
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,10 @@ import urllib.request
 import pytest
 from conftest import BEAM
 
-from kformer import data
+from kformer.data import corpus as corpus_lib
 from kformer.export import web
 from kformer.export.formats import open_runner
+from kformer.serve.server import serving_page
 
 NODE = shutil.which("node")
 TOKENIZER_JS = os.path.join(web.WEB_DIR, "sentencepiece.js")
@@ -30,8 +31,8 @@ def need(available, reason):
 
 
 def split_sentences():
-    pairs, _ = data.read_corpus()
-    return data.split_pairs(pairs)["test"]
+    pairs, _ = corpus_lib.read_corpus()
+    return corpus_lib.split_pairs(pairs)["test"]
 
 
 def node_tokenize(model_path, texts, ids, tmp_path):
@@ -104,7 +105,7 @@ def fetch(url):
 
 def test_server_serves_the_page_model_and_runtime_only(artifacts):
     need_packages()
-    with web.serving(artifacts) as url:
+    with serving_page(artifacts) as url:
         root = url.split("?")[0]
         status, headers, body = fetch(url)
         assert status == 200 and b"kformer.js" in body
@@ -172,7 +173,7 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
         "我們試試看！\n\n他很高興，因為",
     ]
     requests = []
-    with web.serving(artifacts, runtime, variant) as url:
+    with serving_page(artifacts, runtime, variant) as url:
         page = open_page(browser, url, requests)
         info = page.evaluate("window.kformer.ready")
         assert (info["variant"], info["beamSize"]) == (variant, BEAM)
@@ -180,7 +181,7 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
         # default's at load); after that, it translates with no network at all.
         fetched = {s: any(r.endswith(f"/{s}.onnx") for r in requests) for s in ("greedy", "beam")}
         assert fetched == {"greedy": False, "beam": runtime == "onnx"}  # the default search's file alone
-        page.evaluate("window.kformer.translate(['我'], {beam: 1})")
+        page.evaluate("window.kformer.decode.translator(['我'], {beam: 1})")
         assert any(r.endswith("/greedy.onnx") for r in requests) == (runtime == "onnx")
         page.context.set_offline(True)
         assert (
@@ -200,8 +201,8 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
                 ]
                 assert a["score"] == pytest.approx(b["score"], rel=1e-3, abs=1e-3), (beam, options, b)
             assert len(got) == len(expected)
-        paragraph = page.evaluate("(lines) => window.kformer.translate(lines, {beam: 1})", lines[:5])
-        assert page.evaluate("(text) => window.kformer.translate([text], {beam: 1})", lines[50]) == [
+        paragraph = page.evaluate("(lines) => window.kformer.decode.translator(lines, {beam: 1})", lines[:5])
+        assert page.evaluate("(text) => window.kformer.decode.translator([text], {beam: 1})", lines[50]) == [
             " ".join(paragraph)
         ]
         page.click("#translate")
@@ -220,7 +221,7 @@ def test_page_shows_a_corrupted_artifact(browser, artifacts, tmp_path):
     with open(damaged / "onnx" / "fp32" / "beam.onnx", "r+b") as f:  # the default search's: loaded first
         f.seek(1000)
         f.write(b"\0" * 16)
-    with web.serving(str(damaged)) as url:
+    with serving_page(str(damaged)) as url:
         page = open_page(browser, url, [])
         page.wait_for_selector("#status.error")
         assert "onnx/fp32/beam.onnx is corrupted or truncated" in page.text_content("#status")

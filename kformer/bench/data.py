@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from kformer.config import DEFAULT_DIRECTION
+from kformer.model.config import DEFAULT_DIRECTION
 
 log = logging.getLogger("kformer")
 
@@ -32,7 +32,7 @@ PROBE = r"""
 import json, sys, time
 started = time.monotonic()
 import keras
-from kformer.train import start
+from kformer.train.fit import start
 out, data, config_name, steps, pipeline_batches = sys.argv[1:6]
 
 class Clock(keras.callbacks.Callback):
@@ -68,9 +68,9 @@ print(json.dumps(report))
 def synthetic_corpus(path, pairs, base=None, seed=0, direction=DEFAULT_DIRECTION):
     """Writes `pairs` synthetic pairs (see the module doc) made of the (source, target) pairs
     `base` (default: the default corpus's) to a gzipped TSV at `path`."""
-    from kformer import data as data_lib
+    from kformer.data import corpus as corpus_lib
 
-    base = base or data_lib.read_corpus(direction=direction)[0]
+    base = base or corpus_lib.read_corpus(direction=direction)[0]
     rng = np.random.default_rng(seed)
     source_joiner, target_joiner = ("" if side == "zh" else " " for side in direction.split("-"))
     started, written = time.monotonic(), 0
@@ -134,7 +134,7 @@ def _probe(out, data, config, steps, pipeline_batches=0):
 
 def _two_workers(prepared, out, config, steps):
     """Peak resident MB of each worker of a two-worker local cluster training `steps` steps."""
-    from kformer.distributed import local_cluster
+    from kformer.train.distributed import local_cluster
 
     argv = _cli(
         "train",

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 
-from kformer import batching
-from kformer.config import search_label
+from kformer.decode import text_batches
+from kformer.model.config import search_label
 
 log = logging.getLogger("kformer")
 
@@ -16,7 +16,7 @@ def _without_eos(step, eos_id):
     """Wraps a step so EOS is never chosen: every row then runs to its limit (fixed-work timing)."""
     import tensorflow as tf
 
-    from kformer.search import NEG_INF
+    from kformer.decode.search import NEG_INF
 
     def wrapped(tokens, cache, index):
         logits, cache = step(tokens, cache, index)
@@ -29,8 +29,8 @@ def _without_eos(step, eos_id):
 def _search_function(model, beam_size, naive, jit_compile, output_tokens, eager=False):
     import tensorflow as tf
 
-    from kformer import search
-    from kformer.translate import SOURCE_SPEC
+    from kformer.decode import search
+    from kformer.decode.translator import SOURCE_SPEC
 
     c = model.config
 
@@ -61,17 +61,17 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
     "naive_eager" is that re-run driven op by op from Python, as tutorial decoders do."""
     import statistics
 
-    from kformer import checkpoint
+    from kformer import run_folder
     from kformer.evaluate import split_references
 
-    model, config, tokenizer, _ = checkpoint.load(model_dir)
+    model, config, tokenizer, _ = run_folder.load(model_dir)
     output_tokens = min(output_tokens, config.max_target_length)
     sources, _ = split_references(model_dir, "test")
     ids = [row[: config.max_source_length] for row in tokenizer.encode(sources) if len(row) >= 8]
     ids.sort(key=lambda row: abs(len(row) - 20))  # sentences of about 20 tokens
     rows = []
     for batch_size in batch_sizes:
-        _, batch = next(batching.length_sorted_batches(ids[:batch_size], batch_size))
+        _, batch = next(text_batches.length_sorted_batches(ids[:batch_size], batch_size))
         for beam_size in (1, 4):
             timings, outputs = {}, {}
             for name, naive, jit, eager in (

@@ -12,17 +12,15 @@ import tempfile
 import time
 
 from kformer import subprocesses
-from kformer.config import search_label
 from kformer.export.format import quantization
+from kformer.model.config import search_label
 
 TIMINGS = ("file_s", "batch1_ms")  # the two cells each ratio to CTranslate2 is taken in
 
 # CTranslate2's matrix-product backends on x86-64, chosen by CT2_USE_MKL (its default: MKL on Intel
 # CPUs, oneDNN on others), and its intra-op threads: the bench's, and one. Any of them can be the slow
-# one: on 2 cores of an Intel Xeon (AVX-512 VNNI), demo model, 2 threads made its int8 2.3-12x slower
-# than 1 on either backend (greedy: batch 1 24.9 against 3.3 ms, the file 1.74 against 0.39 s), and MKL's
-# fp32 on 2 threads took 9x oneDNN's time at batch 1. Each is measured, and CTranslate2's time for a
-# cell is its fastest setting's in that round.
+# one by a wide margin (docs/benchmarks.md), so each is measured, and CTranslate2's time for a cell
+# is its fastest setting's in that round: a ratio against a badly tuned reference says nothing.
 CT2_BACKENDS = {"mkl": "1", "dnnl": "0"}
 CT2_ONE_THREAD = "1 thread"
 
@@ -99,8 +97,7 @@ def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None):
         "imported_mb": imported_mb,
         "loaded_mb": loaded_mb,
         # At least what was resident when loaded: Linux folds each thread's RSS count into the
-        # process's in batches, so a VmHWM read later can be a few pages below an earlier VmRSS
-        # (1896.04 against 1896.07 MB in a test process that held TensorFlow).
+        # process's in batches, so a VmHWM read later can be a few pages below an earlier VmRSS.
         "peak_rss_mb": max(peak_memory_mb(), loaded_mb),
         "hypotheses": hypotheses,
     }
@@ -145,8 +142,8 @@ def _jobs(manifest, runtimes, parallel=1):
             )
         jobs = [(runtime, variant) for runtime, variant in jobs if runtime in runtimes]
     if parallel > 1:
+        from kformer.decode.runner import Runner
         from kformer.export.formats import runs_batches_at_once
-        from kformer.export.runner import Runner
 
         jobs = [(runtime, variant) for runtime, variant in jobs if runs_batches_at_once(runtime, variant)]
         if not jobs:

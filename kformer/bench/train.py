@@ -10,7 +10,7 @@ import tempfile
 import time
 
 from kformer import extras
-from kformer.config import DEFAULT_PRESET, PRECISIONS
+from kformer.model.config import DEFAULT_PRESET, PRECISIONS
 
 log = logging.getLogger("kformer")
 
@@ -27,7 +27,7 @@ def count_xla_compilations_from_here():
     """Makes XLA dump what it compiles from now on, so `bench_train` can count its compilations.
     XLA reads its flags once, when TensorFlow starts: call this before importing it."""
     dump = tempfile.mkdtemp(prefix="kformer-xla-")
-    atexit.register(shutil.rmtree, dump, ignore_errors=True)  # ~100 MB of HLO text per run
+    atexit.register(shutil.rmtree, dump, ignore_errors=True)  # the HLO text is large
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_dump_flags(dump)).strip()
     os.environ[XLA_DUMP_ENV] = dump
 
@@ -41,19 +41,20 @@ def _fixed_batches(config_name, count, seed, overrides=None):
     """`count` training batches of the default corpus (all bucket shapes mixed), twice: as training
     without XLA batches them (grouped by both lengths, padded to the longest row) and with XLA
     (padded to the bucket)."""
-    from kformer import data as data_lib
-    from kformer import prepare as prepare_lib
-    from kformer.train import prepare
+    from kformer.data import batches as batches_lib
+    from kformer.data import prepare as prepare_lib
+    from kformer.data import shards as shards_lib
+    from kformer.train.fit import prepare
 
     with tempfile.TemporaryDirectory() as work:  # the corpus is prepared beside the run folder, in here
         config, _, folder, _ = prepare(os.path.join(work, "run"), config_name, overrides=overrides)
         manifest = prepare_lib.load(folder)
-        encoded = data_lib.read_prepared(
+        encoded = shards_lib.read_prepared(
             prepare_lib.shard_paths(folder, manifest), manifest["train"]["dtype"], config
         )
 
     def batches(pad_to_bucket):
-        dataset = data_lib.make_dataset(
+        dataset = batches_lib.make_dataset(
             encoded, config, training=True, seed=seed, pad_to_bucket=pad_to_bucket
         )
         return [(dict((k, v.numpy()) for k, v in x.items()), y.numpy()) for x, y in dataset.take(count)]
@@ -67,7 +68,7 @@ def _one_shape_batches(config_name, count, seed, length, overrides=None):
     compiles each bucket shape for ~100 s with `base`)."""
     import numpy as np
 
-    from kformer.config import preset
+    from kformer.model.config import preset
 
     config = preset(config_name, **(overrides or {}))
     longest = min(config.max_source_length, config.max_target_length)
@@ -148,7 +149,7 @@ def bench_train(
     keras.optimizers.Adam with the same settings and moving average; kformer's loss and metric.
     When the precision is not float32, kformer in float32 (and keras-hub in that precision) run too.
 
-    Utilization: the analytic training FLOPs of the batches' real tokens (kformer.flops) per
+    Utilization: the analytic training FLOPs of the batches' real tokens (kformer.model.flops) per
     second, over the device's peak: a GPU's datasheet figure for the precision where known, and
     in every case the matrix-product speed measured here in the same run, on large squares and on
     the model's own product shapes.
@@ -162,7 +163,7 @@ def bench_train(
     (steps_per_execution) instead of one, whose result the host waits for before the next call; the
     variants then take turns every N steps. `variants`: the names of those to run (default: all).
     """
-    from kformer.precision import choose_precision, onednn_state
+    from kformer.train.precision import choose_precision, onednn_state
 
     if reference:
         extras.require("keras_hub", "kformer bench train")  # its reference model; before any work
@@ -237,7 +238,7 @@ def _profiles(variants, steps, directory):
     each profiled over its batches once more, after the timing. On a CPU the XLA variant is left
     out: its compiled step is one op to the profiler (on a GPU its kernels are listed)."""
     from kformer.bench.profile import op_types, profile_fit
-    from kformer.precision import gpu_capability
+    from kformer.train.precision import gpu_capability
 
     gpu = gpu_capability() is not None
     found = {}
@@ -254,9 +255,9 @@ def _peaks(config, precision, batches):
     """{"device", "datasheet", "squares", "own_shapes"}: FLOP/s of `precision` a step's utilization
     is taken against (datasheet None on a CPU or an unlisted GPU). Own shapes: a batch of the
     batches' mean tokens a side."""
-    from kformer import flops
     from kformer.bench import peak
-    from kformer.precision import gpu_capability
+    from kformer.model import flops
+    from kformer.train.precision import gpu_capability
 
     gpu = (gpu_capability() or (None,))[0]
     side = 8192 if gpu else 2048  # large enough to reach the device's peak, small enough to be quick
@@ -291,9 +292,9 @@ def _compiled(config, seed, chunk, model_kind, precision, xla, batches, steps_pe
     of `chunk` batches each, and their token and FLOP counts."""
     import keras
 
-    from kformer import flops
-    from kformer.model import Transformer
-    from kformer.train import compile_model
+    from kformer.model import flops
+    from kformer.model.transformer import Transformer
+    from kformer.train.fit import compile_model
 
     keras.utils.set_random_seed(seed)
     dtype = PRECISIONS[precision]

@@ -6,14 +6,14 @@ import os
 import statistics
 import time
 
-from kformer.config import search_label
+from kformer.model.config import search_label
 
 # `kformer bench web`: the page of export/web/ against onnxruntime in Python, same export, same sentences.
 TIME_EACH_SENTENCE_JS = """async ([lines, beam]) => {
   const ms = [];
   for (const line of lines) {
     const start = performance.now();
-    await window.kformer.translate([line], {beam});
+    await window.kformer.decode.translator([line], {beam});
     ms.push(performance.now() - start);
   }
   return ms;
@@ -76,9 +76,10 @@ def _time_page(browser, artifact_dir, job, sources, beams, runs, loads, screensh
     time in seconds."""
     from kformer.export import web
     from kformer.export.formats import open_runner
+    from kformer.serve.server import serving_page
 
     runtime, variant, threads = job
-    with web.serving(artifact_dir, runtime, variant) as url:
+    with serving_page(artifact_dir, runtime, variant) as url:
         context = browser.new_context()  # an empty cache: the load is a first visit
         page = context.new_page()
         page.goto(f"{url}&threads={threads}")

@@ -2,10 +2,10 @@
 
 Requests wait in a queue bounded by the characters it holds (characters are what a translation
 costs); a full queue refuses work at once (`QueueFull`, which the server answers with 503 and
-Retry-After) instead of letting a backlog grow. A thread takes what has queued (kformer.gather:
+Retry-After) instead of letting a backlog grow. A thread takes what has queued (kformer.decode.gather:
 requests up to batch_size texts, the last one whole), runs each group of texts that share search
 options in one `runner.translations` call, and hands each request its results; a runner opened
-with `parallel` N (kformer.export.runner) has N such threads, each batch on threads / N threads. A
+with `parallel` N (kformer.decode.runner) has N such threads, each batch on threads / N threads. A
 request whose client left before its turn is skipped.
 """
 
@@ -15,7 +15,7 @@ import queue as queue_lib
 import threading
 import time
 
-from kformer import gather
+from kformer.decode import gather
 
 
 class QueueFull(Exception):
@@ -27,7 +27,7 @@ class QueueFull(Exception):
 @dataclasses.dataclass
 class _Request:
     texts: list
-    options: object  # checked kformer.options.SearchOptions: equal ones run together
+    options: object  # checked kformer.decode.options.SearchOptions: equal ones run together
     future: concurrent.futures.Future
     chars: int
 

@@ -1,7 +1,7 @@
 """kformer's own JSON API: `POST /v1/translate` {"texts": [str, ...], and any search option:
 "beam_size", "alpha", "max_length", "no_repeat_ngram", "nbest"} ->
 {"translations": [{"translation", "score", "alternatives": [{"translation", "score"}, ...]}, ...]},
-one per text, in order (kformer.batching.Translation.to_dict)."""
+one per text, in order (kformer.decode.text_batches.Translation.to_dict)."""
 
 from kformer.serve.requests import BadRequest, json_object
 

@@ -9,7 +9,7 @@ all /detect can say too); format "html" is refused: markup would be translated a
 
 import dataclasses
 
-from kformer import batching
+from kformer.decode import text_batches
 from kformer.serve.requests import BadRequest
 
 NAMES = {
@@ -73,7 +73,7 @@ def parse(fields, source, target, beam_size):
 def detected(text, tokenizer, source):
     """{"language", "confidence"}: the model's source language, with the percentage of the text's
     characters that are pieces of its vocabulary (a character that is none becomes <unk>)."""
-    unknown, characters = batching.unknown_characters(tokenizer, text)
+    unknown, characters = text_batches.unknown_characters(tokenizer, text)
     return {"language": source, "confidence": round(100.0 * (characters - unknown) / max(1, characters), 1)}
 
 

@@ -7,13 +7,15 @@ the requests in flight finish (within GRACEFUL_SECONDS), then the batcher stops.
 import contextlib
 import ipaddress
 import logging
+import os
 import socket
 import threading
 
 import uvicorn
 
+from kformer.export import web
 from kformer.export.formats import open_runner
-from kformer.serve.app import create_app
+from kformer.serve.app import create_app, page_app
 from kformer.serve.settings import Settings
 
 log = logging.getLogger("kformer")
@@ -36,7 +38,7 @@ def bind(host, port):
     """A listening socket, or a one-line error for a taken port or an unknown address."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto named: asyncio turns Nagle's algorithm off only on sockets that say they are TCP; with
-    # it on, a response's headers and body (two writes) waited ~40 ms for the client's delayed ACK
+    # it on, a response's headers and body (two writes) waited for the client's delayed ACK
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -100,3 +102,15 @@ def serving(app):
         server.should_exit = True
         thread.join()
         sock.close()
+
+
+@contextlib.contextmanager
+def serving_page(artifact_dir, runtime="onnx", variant=None):
+    """The page of kformer.export.web and the export folder as `kformer serve` serves them (no model loaded: the page
+    checks the files itself), on a free loopback port, in a thread, for as long as the block runs;
+    yields the page's URL for `runtime` and `variant` (default fp32 for onnx, fixed for litert)."""
+    if variant is None and runtime in web.PAGE_RUNTIMES:
+        variant = web.PAGE_RUNTIMES[runtime][1][0]
+    web.check(artifact_dir, runtime, variant)
+    with serving(page_app(os.path.abspath(artifact_dir))) as url:
+        yield f"{url}?runtime={runtime}&variant={variant}"

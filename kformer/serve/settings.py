@@ -12,10 +12,9 @@ class Settings:
 
     batch_size: int = 32
     # 0: what has queued while the runner was busy is the batch. Waiting for more delays a lone
-    # request by the wait (one client: 89 -> 56 sentences/s with 5 ms, 31 with 20 ms) and gained
-    # nothing beyond noise at 8 or 32 clients (demo model, 2 cores).
+    # request by the wait and gained nothing beyond noise with many clients (`kformer bench serve`).
     window: float = 0.0
-    max_queue_chars: int = 8_000  # ~5 s of the demo model's work on 2 cores (~1,600 characters/s)
+    max_queue_chars: int = 8_000  # a few seconds of a small model's work on a few cores
     max_body_bytes: int = 1 << 20
     max_chars: int = 10_000
     api_key: str | None = None

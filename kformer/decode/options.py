@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from kformer.config import BEAM_SIZE, LENGTH_PENALTY, NO_REPEAT_NGRAM
+from kformer.model.config import BEAM_SIZE, LENGTH_PENALTY, NO_REPEAT_NGRAM
 
 # The graphs' option inputs: name -> numpy type (scalars). Greedy search has no length penalty.
 INPUTS = {"alpha": np.float32, "max_length": np.int32, "no_repeat_ngram": np.int32}

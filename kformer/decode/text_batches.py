@@ -1,8 +1,8 @@
 """Text <-> id batching around a translation graph. Pure Python + numpy (no TensorFlow), so the
-device runners of `export/` share it with `kformer.translate`; export/web/kformer.js follows it
+device runners of `export/` share it with `kformer.decode.translator`; export/web/kformer.js follows it
 line for line.
 
-A text is cut into units the model can take (kformer.sentences: lines, then sentences, and a
+A text is cut into units the model can take (kformer.decode.sentences: lines, then sentences, and a
 sentence over the model's source length at its clauses), the units of all texts are translated
 together in length-sorted batches, and each text's translation is its units' joined in order.
 """
@@ -13,24 +13,20 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kformer import sentences as sentences_lib
+from kformer.decode import sentences as sentences_lib
 
 log = logging.getLogger("kformer")
 NEG_INF_SCORE = -1.0e8  # scores at or below it mark a beam slot without a hypothesis (search.NEG_INF)
 # A greedy call's memory grows with its rows times their padded length: a batch of long sentences
 # takes fewer of them, at most this many source tokens a sentence of its size (rows x longest,
-# padding included). Demo model, 500 test sentences, 32 a call: the last batch (24 sentences of up
-# to 62 tokens) raised onnxruntime's greedy peak from 125 to 155 MB; in calls of at most 512 tokens
-# it peaked at 124-125 MB (LiteRT 163-164 against 193, CTranslate2 88 against 96-97), with the same
-# translations in about the time (2 interleaved rounds). Beam calls of 8 sentences capped at 16
-# tokens a sentence took 1.1-1.4x the time in every runtime: a beam call's cap is
-# BEAM_TOKENS_PER_SENTENCE, for larger calls (`Runner.sentences_per_call`).
+# padding included): without the cap a file's last batch of long sentences set every runtime's
+# peak, at the same speed and translations (`kformer bench runtimes` reports peaks). Beam calls
+# capped at this length were slower; a beam call's cap is BEAM_TOKENS_PER_SENTENCE, for larger
+# calls (`Runner.sentences_per_call`).
 TOKENS_PER_SENTENCE = 16
 # A beam call in a runner with `Runner.beam_capped` (onnxruntime's and LiteRT's graphs) takes at
-# most this many source tokens a sentence. Demo model, 500 test sentences, onnxruntime fp32, 2 AVX2
-# cores: 32 sentences a call took 0.77-0.78x the time of 8 (4 interleaved rounds in one process);
-# uncapped its peak was 195-199 MB against 8's 131-132, capped at 16 tokens 147-150, at 12 141, at
-# the same speed.
+# most this many source tokens a sentence: large beam calls are faster than small ones, and the
+# cap keeps their peak near a small call's.
 BEAM_TOKENS_PER_SENTENCE = 12
 
 
@@ -205,7 +201,7 @@ def join_translations(layout, hypotheses, joiner, nbest):
 def translate_texts(tokenizer, texts, max_source_length, translate_units, joiner=" ", nbest=1):
     """list[str] -> list[Translation] through `translate_units(units) -> per Unit a list of
     (translation, score)`, best first. `joiner` goes between the sentences of a line (see
-    kformer.sentences.joiner)."""
+    kformer.decode.sentences.joiner)."""
     units, layouts = segment_texts(tokenizer, texts, max_source_length)
     hypotheses = translate_units(units)
     return [join_translations(layout, hypotheses, joiner, nbest) for layout in layouts]
@@ -225,7 +221,7 @@ def translations(
     map_batches=map,
 ):
     """`translate_texts` through `search((B, S) int32) -> (tokens, scores)` (see `search_units`):
-    what every runner and kformer.translate.Translator do with texts."""
+    what every runner and kformer.decode.translator.Translator do with texts."""
 
     def translate_units(units):
         ids = [u.ids for u in units]

@@ -182,7 +182,7 @@ class Preempted(Exception):
 
 
 class Interrupted(Preempted):
-    """Training stopped on Ctrl-C (`kformer.callbacks.StopOnInterrupt`), its last step saved."""
+    """Training stopped on Ctrl-C (`kformer.train.callbacks.StopOnInterrupt`), its last step saved."""
 
     exit_code = 128 + signal.SIGINT  # a shell's status for a command stopped by Ctrl-C
 

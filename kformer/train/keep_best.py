@@ -1,7 +1,7 @@
 """Keeping the best weights: every so often during training, translate a bounded sample of the dev
 split (greedy, batched, in graph mode) with the weights the run would translate with (averaged,
 float32), score it (BLEU, chrF), and keep the weights that scored best beside the latest
-(checkpoint.BEST_WEIGHTS_FILE, with checkpoint.BEST_FILE). With `patience`, training stops after that
+(run_folder.BEST_WEIGHTS_FILE, with run_folder.BEST_FILE). With `patience`, training stops after that
 many evaluations without a gain (early stopping). Evaluations take wall time, so the time budget
 counts them, and the budget's speed estimate (hence the schedule) includes them.
 """
@@ -14,10 +14,11 @@ import time
 
 import keras
 
-from kformer import checkpoint, distributed
 from kformer import evaluate as evaluate_lib
-from kformer.callbacks import steps_done
-from kformer.config import EVAL_MINUTES, EVAL_SENTENCES, read_json, write_json
+from kformer import run_folder
+from kformer.model.config import EVAL_MINUTES, EVAL_SENTENCES, read_json, write_json
+from kformer.train import distributed
+from kformer.train.callbacks import steps_done
 
 log = logging.getLogger("kformer")
 
@@ -58,7 +59,7 @@ class KeepBest(keras.callbacks.Callback):
         self.every_seconds = None if evaluation.steps else evaluation.minutes * 60
         self.every_steps, self.patience = evaluation.steps, evaluation.early_stop
         self.reason, self.seconds, self.evaluations = None, 0.0, 0
-        best_path = checkpoint.path(run_dir, checkpoint.BEST_FILE)
+        best_path = run_folder.path(run_dir, run_folder.BEST_FILE)
         self.best = read_json(best_path) if os.path.exists(best_path) else None  # a resumed run's
         self.translator, self.summaries = None, None  # built at the first evaluation
 
@@ -124,28 +125,28 @@ class KeepBest(keras.callbacks.Callback):
     def _translator_of_current_weights(self):
         """A greedy Translator on a float32 copy of the model holding the weights a reader would
         load (the moving average, where the run keeps one): built once, refreshed each time."""
-        from kformer.model import Transformer
-        from kformer.translate import Translator
+        from kformer.decode.translator import Translator
+        from kformer.model.transformer import Transformer
 
         if self.translator is None:
             copy = Transformer(self.model.config)  # float32 whatever the training precision
             self.translator = Translator(copy, self.tokenizer, beam_size=1, batch_size=64)
         copy = self.translator.model
-        checkpoint.swap_average(self.model)
+        run_folder.swap_average(self.model)
         try:
-            checkpoint.assign_weights(copy, {v.path: v.value for v in self.model.weights})
+            run_folder.assign_weights(copy, {v.path: v.value for v in self.model.weights})
         finally:
-            checkpoint.swap_average(self.model)
+            run_folder.swap_average(self.model)
         return self.translator
 
     def _write(self, step, scores, gained, seconds, weights_model):
         if gained:
-            best_path = checkpoint.path(self.run_dir, checkpoint.BEST_WEIGHTS_FILE)
+            best_path = run_folder.path(self.run_dir, run_folder.BEST_WEIGHTS_FILE)
             tmp = best_path[: -len(".weights.h5")] + ".tmp.weights.h5"
             weights_model.save_weights(tmp)
             os.replace(tmp, best_path)
-        write_json(checkpoint.path(self.run_dir, checkpoint.BEST_FILE), self.best)
-        logs = checkpoint.path(self.run_dir, checkpoint.LOGS_DIR)
+        write_json(run_folder.path(self.run_dir, run_folder.BEST_FILE), self.best)
+        logs = run_folder.path(self.run_dir, run_folder.LOGS_DIR)
         history = os.path.join(logs, EVALUATIONS_FILE)
         new = not os.path.exists(history)
         with open(history, "a", newline="") as f:

@@ -10,9 +10,10 @@ import dataclasses
 import logging
 import os
 
-from kformer import checkpoint
-from kformer import data as data_lib
-from kformer.config import PRESETS, TransformerConfig, read_json, tokenizer_digest, write_json
+from kformer import run_folder
+from kformer.data import corpus as corpus_lib
+from kformer.data import tokenizer as tokenizer_lib
+from kformer.model.config import PRESETS, TransformerConfig, read_json, tokenizer_digest, write_json
 
 log = logging.getLogger("kformer")
 
@@ -66,19 +67,19 @@ def open_source(run_dir):
             f"--init-from {run_dir} is a `kformer export` folder; give the training directory it was exported from"
         )
     for name in (
-        checkpoint.CONFIG_FILE,
-        checkpoint.TOKENIZER_FILE,
-        checkpoint.MODEL_FILE,
-        checkpoint.CORPUS_FILE,
+        run_folder.CONFIG_FILE,
+        run_folder.TOKENIZER_FILE,
+        run_folder.MODEL_FILE,
+        run_folder.CORPUS_FILE,
     ):
-        if not os.path.exists(checkpoint.path(run_dir, name)):
+        if not os.path.exists(run_folder.path(run_dir, name)):
             raise ValueError(f"--init-from {run_dir} is not a kformer training directory: {name} not found")
-    config = TransformerConfig.load(checkpoint.path(run_dir, checkpoint.CONFIG_FILE))
-    tokenizer_path = checkpoint.path(run_dir, checkpoint.TOKENIZER_FILE)
-    tokenizer = data_lib.load_tokenizer(tokenizer_path)
+    config = TransformerConfig.load(run_folder.path(run_dir, run_folder.CONFIG_FILE))
+    tokenizer_path = run_folder.path(run_dir, run_folder.TOKENIZER_FILE)
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
     config.check_tokenizer(tokenizer, tokenizer_path)
-    direction = checkpoint.read_corpus(run_dir)["direction"]
-    weights = checkpoint.weights_file(run_dir)
+    direction = run_folder.read_corpus(run_dir)["direction"]
+    weights = run_folder.weights_file(run_dir)
     return Source(run_dir, config, tokenizer_path, tokenizer_digest(tokenizer), direction, weights)
 
 
@@ -137,8 +138,8 @@ def record(run_dir, source):
         os.path.join(run_dir, INIT_FILE),
         {
             "run": os.path.abspath(source.run_dir),
-            "weights": checkpoint.describe_weights(source.run_dir, source.weights_path),
-            "sha256": data_lib.files_sha256([source.weights_path]),
+            "weights": run_folder.describe_weights(source.run_dir, source.weights_path),
+            "sha256": corpus_lib.files_sha256([source.weights_path]),
         },
     )
 
@@ -161,11 +162,11 @@ def trained_weights(source):
     anything (a corrupted file is then an error that leaves no new folder)."""
     import keras
 
-    trained = checkpoint.load(source.run_dir).model
+    trained = run_folder.load(source.run_dir).model
     return {v.path: keras.ops.convert_to_numpy(v.value) for v in trained.weights}
 
 
 def assign(model, weights, source):
     """Sets the new run's model (any precision, in its strategy's scope) to `trained_weights`."""
-    checkpoint.assign_weights(model, weights)
-    log.info("started from %s", checkpoint.describe_weights(source.run_dir, source.weights_path))
+    run_folder.assign_weights(model, weights)
+    log.info("started from %s", run_folder.describe_weights(source.run_dir, source.weights_path))

@@ -5,7 +5,7 @@ work, softmax, LayerNorm and the optimizer are left out, as in the usual MFU def
 appendix B): they are the overhead MFU measures.
 
 Counted per row on its real lengths (source S, decoder input T = target + BOS), so padding is
-work the hardware does but the model does not need. Shape letters as in kformer.model.
+work the hardware does but the model does not need. Shape letters as in kformer.model.transformer.
 """
 
 import numpy as np

@@ -1,8 +1,8 @@
 """`train`: compile + fit, resumable, within a budget, in a few named steps.
 
-The loss and metric are kformer.losses', the schedules kformer.schedules', the callbacks
-kformer.callbacks', the precision choice kformer.precision's, the run directory's files
-kformer.checkpoint's.
+The loss and metric are kformer.train.losses', the schedules kformer.train.schedules', the callbacks
+kformer.train.callbacks', the precision choice kformer.train.precision's, the run directory's files
+kformer.run_folder's.
 """
 
 import dataclasses
@@ -14,11 +14,25 @@ import shutil
 
 import keras
 
-from kformer import checkpoint, distributed, folders, locks
-from kformer import data as data_lib
-from kformer import init_from as init_from_lib
-from kformer import prepare as prepare_lib
-from kformer.callbacks import (
+from kformer import folders, locks, run_folder
+from kformer.data import batches as batches_lib
+from kformer.data import corpus as corpus_lib
+from kformer.data import prepare as prepare_lib
+from kformer.data import shards as shards_lib
+from kformer.data import tokenizer as tokenizer_lib
+from kformer.model.config import (
+    DEFAULT_CORPUS,
+    DEFAULT_DIRECTION,
+    DEFAULT_PRESET,
+    PRECISIONS,
+    TransformerConfig,
+    preset,
+    tokenizer_digest,
+)
+from kformer.model.transformer import Transformer
+from kformer.train import distributed
+from kformer.train import init_from as init_from_lib
+from kformer.train.callbacks import (
     INTERRUPTED,
     Budget,
     Checkpoint,
@@ -29,21 +43,11 @@ from kformer.callbacks import (
     batches_done,
     steps_done,
 )
-from kformer.config import (
-    DEFAULT_CORPUS,
-    DEFAULT_DIRECTION,
-    DEFAULT_PRESET,
-    PRECISIONS,
-    TransformerConfig,
-    preset,
-    tokenizer_digest,
-)
-from kformer.keep_best import Evaluation, KeepBest
-from kformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
-from kformer.model import Transformer
-from kformer.optimizer import FusedAdam
-from kformer.precision import choose_precision, onednn_state
-from kformer.schedules import BudgetSchedule, make_schedule
+from kformer.train.keep_best import Evaluation, KeepBest
+from kformer.train.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
+from kformer.train.optimizer import FusedAdam
+from kformer.train.precision import choose_precision, onednn_state
+from kformer.train.schedules import BudgetSchedule, make_schedule
 
 log = logging.getLogger("kformer")
 
@@ -51,7 +55,7 @@ log = logging.getLogger("kformer")
 def compile_model(model, config, xla=True, schedule=None, fused=True, steps_per_call=1):
     """Adam(0.9, 0.98, 1e-9) on `schedule` (default: the config's, sized for 10 x warmup_steps),
     label-smoothed loss, token accuracy; with `ema_momentum`, the optimizer keeps a moving average
-    of the weights (see kformer.checkpoint). `fused=False`: Keras' own Adam (same arithmetic).
+    of the weights (see kformer.run_folder). `fused=False`: Keras' own Adam (same arithmetic).
     `steps_per_call`: Keras' steps_per_execution, the training steps one call of the train function
     runs (callbacks see every that many steps)."""
     schedule = schedule or make_schedule(config, config.warmup_steps * 10)
@@ -82,7 +86,7 @@ def _config(config_name, overrides, source, vocab_size, tokenizer_sha256):
 
 def _requested_config(out_dir, config_name, overrides, source):
     """The saved config when resuming (the one asked for must agree), or None for a new run."""
-    saved_path = checkpoint.path(out_dir, checkpoint.CONFIG_FILE)
+    saved_path = run_folder.path(out_dir, run_folder.CONFIG_FILE)
     if not os.path.exists(saved_path):
         return None
     init_from_lib.check_recorded(out_dir, source)
@@ -111,13 +115,13 @@ def prepare(
     overrides=None,
     init_from=None,
 ):
-    """The run's corpus, prepared (kformer.prepare), and its tokenizer and config. A new run's
-    corpus is prepared into a temporary sibling of `out_dir`, which `checkpoint.create` moves in
+    """The run's corpus, prepared (kformer.data.prepare), and its tokenizer and config. A new run's
+    corpus is prepared into a temporary sibling of `out_dir`, which `run_folder.create` moves in
     once training starts (so a failed start leaves no folder behind); a resumed run's is the one it
     recorded, after checking it is the corpus asked for; a prepared folder given as `data` is read
     where it is (its direction is the one it was prepared in). Writes nothing in `out_dir`.
     config_name: a preset (default DEFAULT_PRESET); direction: default DEFAULT_DIRECTION.
-    init_from: a trained run to start from (kformer.init_from): its tokenizer encodes the corpus,
+    init_from: a trained run to start from (kformer.train.init_from): its tokenizer encodes the corpus,
     its direction and model sizes are kept (a config or direction that differs is refused).
     Returns (config, tokenizer, prepared folder, corpus record)."""
     overrides = dict(overrides or {})
@@ -135,15 +139,15 @@ def prepare(
     else:
         given = None if source is None else source.tokenizer_path
         folder = _prepare_beside(out_dir, data, direction, vocab_size, given)
-        corpus = {**prepare_lib.load(folder)["corpus"], "prepared": checkpoint.DATA_DIR}
+        corpus = {**prepare_lib.load(folder)["corpus"], "prepared": run_folder.DATA_DIR}
     manifest = prepare_lib.load(folder)
     log.info("corpus: %s", prepare_lib.summary(manifest))
     tokenizer_path = (
         os.path.join(folder, prepare_lib.TOKENIZER)
         if config is None
-        else checkpoint.path(out_dir, checkpoint.TOKENIZER_FILE)
+        else run_folder.path(out_dir, run_folder.TOKENIZER_FILE)
     )
-    tokenizer = data_lib.load_tokenizer(tokenizer_path)
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
     if config is None:
         if source is not None and tokenizer_digest(tokenizer) != source.tokenizer_sha256:
             raise ValueError(
@@ -163,7 +167,7 @@ def prepare(
 
 def _prepared_record(folder):
     """What a run records of a prepared folder it trains on: the folder and its manifest's digest."""
-    digest = data_lib.files_sha256([os.path.join(folder, prepare_lib.MANIFEST)])
+    digest = corpus_lib.files_sha256([os.path.join(folder, prepare_lib.MANIFEST)])
     source = prepare_lib.load(folder)["corpus"]
     return {
         "data": os.path.abspath(folder),
@@ -175,16 +179,16 @@ def _prepared_record(folder):
 
 def _recorded_corpus(out_dir, data, direction):
     """(prepared folder, corpus record) of a resumed run, if `data` is the corpus it was trained on."""
-    saved = checkpoint.read_corpus(out_dir)
+    saved = run_folder.read_corpus(out_dir)
     requested = (
-        _prepared_record(data) if prepare_lib.is_prepared(data) else data_lib.corpus_record(data, direction)
+        _prepared_record(data) if prepare_lib.is_prepared(data) else corpus_lib.corpus_record(data, direction)
     )
     if (saved.get("sha256"), saved["direction"]) != (requested["sha256"], requested["direction"]):
         raise ValueError(
             f"{out_dir} was trained on {saved['data']} ({saved['direction']}), not on {data} "
             f"({direction}) as it is now; use a new --out directory."
         )
-    return checkpoint.prepared_folder(out_dir), saved
+    return run_folder.prepared_folder(out_dir), saved
 
 
 def _prepare_beside(out_dir, data, direction, vocab_size, tokenizer=None):
@@ -310,9 +314,9 @@ def start(
     The run folder is locked (kformer.locks) from here until the returned run's `release()`; a
     second process on it is refused. `release()` also hands back SIGINT and SIGTERM, which the
     run's callbacks hold while it trains: call it after `fit`, whether `fit` returned or raised.
-    evaluation: when the run translates a dev sample and keeps the best weights (kformer.keep_best).
+    evaluation: when the run translates a dev sample and keeps the best weights (kformer.train.keep_best).
     init_from: a trained run to start from, with its tokenizer, direction and model sizes and the
-    fine-tuning recipe (kformer.init_from); the corpus is encoded with its tokenizer."""
+    fine-tuning recipe (kformer.train.init_from); the corpus is encoded with its tokenizer."""
     options = dict(locals())  # every argument, for _start
     options["strategy"] = strategy = (
         distributed.make_strategy(strategy) if isinstance(strategy, str) else strategy
@@ -380,7 +384,7 @@ def _start(
             out_dir, config_name, data, direction, vocab_size, overrides, init_from
         )
         source = init_from_lib.open_source(init_from) if init_from else None
-        fresh = not os.path.exists(checkpoint.path(out_dir, checkpoint.MODEL_FILE))  # no weights of its own
+        fresh = not os.path.exists(run_folder.path(out_dir, run_folder.MODEL_FILE))  # no weights of its own
         try:
             initial = init_from_lib.trained_weights(source) if source is not None and fresh else None
             encoded = _encode(folder, tokenizer, config)
@@ -391,14 +395,14 @@ def _start(
                 shutil.rmtree(folder, ignore_errors=True)
             raise
         max_steps = _max_steps(steps, epochs, minutes, per_epoch / config.accumulate_steps)
-        state = checkpoint.read_state(out_dir)
+        state = run_folder.read_state(out_dir)
         if _budget_spent(out_dir, minutes, state):
             return Training(None, config, tokenizer, {}, "budget already spent", state.get("steps", 0))
         if chief:  # training starts: the run's files appear now, its prepared corpus moves in
             if source is not None:  # before config.json, whose presence marks a run
                 init_from_lib.record(out_dir, source)
-            checkpoint.create(out_dir, config, tokenizer, corpus, folder)
-            encoded.folder = checkpoint.prepared_folder(out_dir)
+            run_folder.create(out_dir, config, tokenizer, corpus, folder)
+            encoded.folder = run_folder.prepared_folder(out_dir)
     plain = strategy is None  # fit's iterator is then a plain tf.data one, whose position can be saved
     strategy = strategy or tf.distribute.get_strategy()
     log.info("compute precision: %s (%s)", precision, why)
@@ -452,8 +456,8 @@ def _start(
 
 
 # A run with a time budget shorter than this trains without XLA by default: XLA compiles each
-# batch shape (85-103 s for `base` and `big` on an H200, up to 16 training and validation shapes)
-# before its 3.6-4.4x faster steps pay that back.
+# batch shape (up to 16 training and validation shapes, each taking minutes for `base`) before its
+# faster steps pay that back.
 XLA_MIN_MINUTES = 30
 
 
@@ -471,7 +475,7 @@ def default_xla(strategy, minutes=None):
 
 def _check_the_chief_started(out_dir, chief):
     """A worker other than the chief runs after the chief wrote the run's files (`chief_first`)."""
-    config_path = checkpoint.path(out_dir, checkpoint.CONFIG_FILE)
+    config_path = run_folder.path(out_dir, run_folder.CONFIG_FILE)
     if not chief and not os.path.exists(config_path):
         raise ValueError(
             f"{config_path} not found after the chief started: the chief failed (see its log), or "
@@ -486,7 +490,7 @@ class _Corpus:
 
     folder: str
     manifest: dict
-    dev: data_lib.EncodedPairs
+    dev: batches_lib.EncodedPairs
     lengths: tuple
     dev_text: list  # the dev pairs as text (source, target)
 
@@ -494,9 +498,9 @@ class _Corpus:
 def _encode(folder, tokenizer, config):
     """The prepared corpus for training; pairs over the max lengths are dropped, with a warning."""
     manifest = prepare_lib.load(folder)
-    source, target, counts, dropped = data_lib.prepared_lengths(manifest, config)
+    source, target, counts, dropped = shards_lib.prepared_lengths(manifest, config)
     dev_text = prepare_lib.held_out(folder, "dev")
-    dev = data_lib.encode_pairs(tokenizer, dev_text, config)
+    dev = batches_lib.encode_pairs(tokenizer, dev_text, config)
     for name, count in (("train", dropped), ("dev", dev.dropped_too_long)):
         if count:
             log.warning(
@@ -524,7 +528,7 @@ def _check_evaluation(evaluation, encoded, folder):
 
 
 def _steps_per_epoch(encoded, config, xla):
-    per_epoch = data_lib.prepared_steps_per_epoch(encoded.manifest, config, pad_to_bucket=xla)
+    per_epoch = shards_lib.prepared_steps_per_epoch(encoded.manifest, config, pad_to_bucket=xla)
     if per_epoch < 1:
         raise ValueError(
             f"the train split ({int(encoded.lengths[2].sum())} pairs) fills no batch of "
@@ -538,7 +542,7 @@ def _train_dataset(encoded, config, xla, seed, workers=1, rank=0):
     `data.worker_part`): read into memory when that is small (data.IN_MEMORY_TOKENS; each pass
     then in a new order of all its pairs), else streamed from its shards (bounded memory)."""
     all_paths = prepare_lib.shard_paths(encoded.folder, encoded.manifest)
-    paths, num_shards, shard_index = data_lib.worker_part(all_paths, workers, rank)
+    paths, num_shards, shard_index = shards_lib.worker_part(all_paths, workers, rank)
     if workers > 1:
         log.info(
             "input worker %d of %d reads %s",
@@ -551,11 +555,11 @@ def _train_dataset(encoded, config, xla, seed, workers=1, rank=0):
     dtype = encoded.manifest["train"]["dtype"]
     source, target, counts = encoded.lengths
     tokens = int(((source + target) * counts).sum()) * len(paths) / len(all_paths) / num_shards
-    if tokens <= data_lib.IN_MEMORY_TOKENS:
-        pairs = data_lib.read_prepared(paths, dtype, config)
-        return data_lib.make_dataset(pairs, config, True, seed, num_shards, shard_index, pad_to_bucket=xla)
+    if tokens <= shards_lib.IN_MEMORY_TOKENS:
+        pairs = shards_lib.read_prepared(paths, dtype, config)
+        return batches_lib.make_dataset(pairs, config, True, seed, num_shards, shard_index, pad_to_bucket=xla)
     log.info("streaming the train split from %d shards", len(paths))
-    return data_lib.stream_prepared(paths, dtype, config, seed, xla, num_shards, shard_index)
+    return shards_lib.stream_prepared(paths, dtype, config, seed, xla, num_shards, shard_index)
 
 
 def _worker_datasets(encoded, config, xla, seed, strategy, replay):
@@ -611,7 +615,7 @@ def _budget_spent(out_dir, minutes, state):
 def _compiled_model(out_dir, config, precision, xla, strategy, max_steps):
     """The compiled model in the strategy's scope, with the checkpoint's weights and optimizer
     state where the run has one; and its learning-rate schedule."""
-    model_path = checkpoint.path(out_dir, checkpoint.MODEL_FILE)
+    model_path = run_folder.path(out_dir, run_folder.MODEL_FILE)
     with strategy.scope():
         schedule = make_schedule(config, max_steps or config.warmup_steps * 10)
         model = compile_model(
@@ -619,7 +623,7 @@ def _compiled_model(out_dir, config, precision, xla, strategy, max_steps):
         )
         if os.path.exists(model_path):
             model.optimizer.build(model.trainable_variables)
-            checkpoint.restore(model, model_path)
+            run_folder.restore(model, model_path)
     return model, schedule
 
 
@@ -627,16 +631,16 @@ def _resumed(model, schedule, out_dir, strategy, state, max_steps):
     """-> (steps already trained, the state that belongs to them). Every worker must have
     restored the same step; a budget schedule continues as it was (no second warm-up)."""
     done = steps_done(model)
-    if done:  # the state that belongs to the restored model (see checkpoint.save)
-        state = {"seconds": state.get("seconds", 0.0), **checkpoint.read_state(out_dir, steps=done)}
+    if done:  # the state that belongs to the restored model (see run_folder.save)
+        state = {"seconds": state.get("seconds", 0.0), **run_folder.read_state(out_dir, steps=done)}
     if distributed.agree(strategy, done, "MEAN") != done:
         raise ValueError(
-            f"the workers restored different steps from {checkpoint.path(out_dir, checkpoint.MODEL_FILE)}; "
+            f"the workers restored different steps from {run_folder.path(out_dir, run_folder.MODEL_FILE)}; "
             "it must be one file that every worker reads (shared storage)"
         )
     if not done:
         return done, state
-    model_path = checkpoint.path(out_dir, checkpoint.MODEL_FILE)
+    model_path = run_folder.path(out_dir, run_folder.MODEL_FILE)
     log.info("resuming %s from step %d (%.1f min trained)", model_path, done, float(state["seconds"]) / 60)
     if state.get("replicas", 1) != strategy.num_replicas_in_sync:
         log.info(
@@ -655,7 +659,7 @@ def _input_position(out_dir, state, batches, plain):
     stream's position is saved with each checkpoint and a resumed run restores it; with one (its
     iterator cannot be saved), or for a checkpoint saved without it, the stream is rebuilt from the
     start and the `batches` already trained on are skipped (exact, but ~150 batches/s)."""
-    saved = checkpoint.saved_input(out_dir, state) if batches else None
+    saved = run_folder.saved_input(out_dir, state) if batches else None
     replay = 0 if not batches or (plain and saved) else batches
     if replay:
         log.info("rebuilding the %d batches already trained on to continue the same batch stream", replay)
@@ -672,9 +676,9 @@ def _log_schedule(schedule, config, max_steps):
 
 def _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position):
     """The callbacks that write: checkpoints (with the input position; first), history.csv, TensorBoard."""
-    logs_dir = checkpoint.path(out_dir, checkpoint.LOGS_DIR)
+    logs_dir = run_folder.path(out_dir, run_folder.LOGS_DIR)
     os.makedirs(logs_dir, exist_ok=True)
-    model_path = checkpoint.path(out_dir, checkpoint.MODEL_FILE)
+    model_path = run_folder.path(out_dir, run_folder.MODEL_FILE)
     return [
         Checkpoint(model_path, budget, checkpoint_seconds, nan_guard, position),
         keras.callbacks.CSVLogger(os.path.join(logs_dir, "history.csv"), append=True),
@@ -693,7 +697,7 @@ def _fit_args(encoded, config, xla, seed, done, per_epoch, max_batches, callback
     else:
         train_ds = _worker_datasets(encoded, config, xla, seed, strategy, replay)
     dev_ds = (
-        data_lib.make_dataset(encoded.dev, config, training=False, pad_to_bucket=xla)
+        batches_lib.make_dataset(encoded.dev, config, training=False, pad_to_bucket=xla)
         if len(encoded.dev)
         else None
     )

@@ -6,8 +6,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from kformer import portable
-from kformer.attention import MultiHeadAttention
+from kformer.model import portable
+from kformer.model.attention import MultiHeadAttention
 
 # Shape letters: B batch, S source length, T target length, M model width (d_model), V vocabulary.
 
@@ -241,7 +241,7 @@ class DecoderBlock(_ResidualBlock):
         cross_mask: boolean broadcastable to (B, T, S): the *source* padding mask.
         cache: optional dict with "self" = (key, value) buffers (B, H, Tmax, D) and "cross" =
             precomputed encoder (key, value) (B, H, S, D); then x is one step (B, M), written
-            to the self-attention buffers at `cache_slot` (`kformer.masks.step_masks`), or
+            to the self-attention buffers at `cache_slot` (`kformer.model.masks.step_masks`), or
             appended to them without one (buffers of the steps before, (B, H, index, D)).
 
     Returns (x (B, T, M), {"self": ..., "cross": ...}), each the attention's {"cache", "weights"}:

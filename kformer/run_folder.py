@@ -12,7 +12,7 @@ A run directory holds:
                      and the name of the input position saved with the model (`input-STEPS.*`)
     input-STEPS.*    the position of the training batch stream at that step (a tf.data iterator
                      checkpoint: the shuffle's order and the length windows), for an exact resume
-    best.weights.h5  the weights that scored best on the dev sample so far (kformer.keep_best; as
+    best.weights.h5  the weights that scored best on the dev sample so far (kformer.train.keep_best; as
                      model.keras' weights: averaged, float32), with best.json: their step and scores
     logs/            TensorBoard events, history.csv, evaluations.csv (each dev sample evaluation)
 
@@ -27,8 +27,8 @@ import logging
 import os
 import shutil
 
-from kformer import data as data_lib
-from kformer.config import TransformerConfig, read_json, write_json
+from kformer.data import tokenizer as tokenizer_lib
+from kformer.model.config import TransformerConfig, read_json, write_json
 
 log = logging.getLogger("kformer")
 
@@ -39,7 +39,7 @@ MODEL_FILE = "model.keras"
 STATE_FILE = "training.json"
 PENDING_STATE_FILE = "training.pending.json"  # see `save`
 LOGS_DIR = "logs"
-DATA_DIR = "data"  # the run's prepared corpus (kformer.prepare), unless it trains on one given
+DATA_DIR = "data"  # the run's prepared corpus (kformer.data.prepare), unless it trains on one given
 INPUT_PREFIX = "input-"  # + steps: a tf.data iterator checkpoint (.index and .data-* files)
 BEST_WEIGHTS_FILE = "best.weights.h5"
 BEST_FILE = "best.json"
@@ -191,7 +191,7 @@ def read_corpus(run_dir):
 
 
 def prepared_folder(run_dir):
-    """The prepared corpus a run trains on (kformer.prepare): its data/ or the folder it was given."""
+    """The prepared corpus a run trains on (kformer.data.prepare): its data/ or the folder it was given."""
     if not os.path.exists(path(run_dir, CORPUS_FILE)):
         raise ValueError(
             f"{path(run_dir, CORPUS_FILE)} not found: is {run_dir} a kformer training directory?"
@@ -225,7 +225,7 @@ def load(run_dir, weights="best"):
     """Loads a trained run for translation: Run(model, config, tokenizer, corpus), with the weights
     `weights_file` picks (logged). Safe mode is on; the config, tokenizer and weights are checked
     against each other."""
-    from kformer.model import Transformer
+    from kformer.model.transformer import Transformer
 
     for name in (CONFIG_FILE, MODEL_FILE):
         if not os.path.exists(path(run_dir, name)):
@@ -233,7 +233,7 @@ def load(run_dir, weights="best"):
                 f"{path(run_dir, name)} not found: is {run_dir} a kformer training directory?"
             )
     config = TransformerConfig.load(path(run_dir, CONFIG_FILE))
-    tokenizer = data_lib.load_tokenizer(path(run_dir, TOKENIZER_FILE))
+    tokenizer = tokenizer_lib.load_tokenizer(path(run_dir, TOKENIZER_FILE))
     config.check_tokenizer(tokenizer, path(run_dir, TOKENIZER_FILE))
     model = Transformer(config)
     chosen = weights_file(run_dir, weights)

@@ -7,7 +7,7 @@ search tiles both to K beams once, and reorders only the state as beams are re-r
 
 Every loop is a `tf.while_loop`: preallocated token buffers written with one-hot blends, tokens
 chosen with `top_k` (never argmax), no TensorArray, no Python loop over steps, so the same graph
-exports to SavedModel, TFLite and ONNX; the spellings that keep it so are kformer.portable's. The
+exports to SavedModel, TFLite and ONNX; the spellings that keep it so are kformer.model.portable's. The
 cache's state may grow along its step axis from step to step (`Transformer.init_cache`).
 
 A batch steps until its last row is done, so rows that are done should stop costing steps. With
@@ -25,12 +25,11 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from kformer import portable
-from kformer.config import EXTRA_OUTPUT_TOKENS, LENGTH_PENALTY
+from kformer.model import portable
+from kformer.model.config import EXTRA_OUTPUT_TOKENS, LENGTH_PENALTY
 
-# The first pass stops once at most 1/4 of its rows are running (`_in_two_passes`). Demo model, test
-# sentences at batch 32, time against all rows in the first pass: 1/4 0.53-0.67x, 1/8 0.57-0.72x,
-# 1/2 0.70-0.77x (TFLite and ONNX, greedy and beam 4).
+# The first pass stops once at most 1/4 of its rows are running (`_in_two_passes`): the fastest of
+# the shares measured (1/2, 1/4, 1/8), in TFLite and ONNX, greedy and beam.
 FIRST_PASS_ENDS_AT = 4
 
 NEG_INF = -1.0e9  # finite: -inf would turn 0 * inf into NaN in the blends below
@@ -68,10 +67,8 @@ class RepeatGuard:
     log-probabilities are those of the tokens left (logits minus their log-sum-exp).
 
     The loop runs its nodes whatever the option: off, no run reaches `least_run`. A second loop
-    without them, for the option off, doubled the loop bodies that each runtime compiles and packs
-    the weights for (demo model, file of test sentences: LiteRT's peak 55-60 MB higher, onnxruntime's
-    35-44 MB), against up to ~15% of a step at batch 1 in LiteRT with the option off, and no
-    difference measured in onnxruntime."""
+    without them, for the option off, would double the loop bodies that each runtime compiles and
+    packs the weights for, raising every peak for a small saving at batch 1 in LiteRT alone."""
 
     def __init__(self, ngram, rows, positions):
         """rows: R, or None when R changes from step to step (`drop_done`): then the steps count
@@ -260,9 +257,8 @@ def _greedy_dropping_done(step, cache, limits, length, bos_id, eos_id, pad_id, n
     its token is written into the buffers of all B rows, and the rows that end (EOS or their
     limit) are then dropped from the rows, their tokens and their cache (one gather of each).
 
-    Demo model, 500 test sentences in batches of 32, onnxruntime fp32, against two passes: 0.88x
-    the time (beam 4: 0.87x); one sentence a call, 1.02x (beam 4: 1.05x: the scatters and gathers
-    of a step that drops nothing); the same tokens. Each node of a step costs a few microseconds
+    Faster than two passes on batches, slightly slower on one sentence a call (the scatters and
+    gathers of a step that drops nothing); the same tokens. Each node of a step costs a few microseconds
     in onnxruntime, so what a step reads is computed before the loop (the scatters' shapes, the
     guard's bound).
     """
@@ -358,8 +354,8 @@ def _in_two_passes(run, state, limits, first_length, buffer_length, grow, pad_id
     instead of holding the whole batch. A batch of one row runs the first pass to its end. The
     tokens are those of one pass: a row's result does not depend on its batch or buffer length.
     (Dropping each row the step it is done needs a loop whose state changes shape at run time:
-    a `tf.cond` in the body made every step at batch 1 slower in onnxruntime, ~0.3 ms per If, and
-    tf2onnx does not convert nested loops.)
+    a `tf.cond` in the body made every step at batch 1 slower in onnxruntime, and tf2onnx does not
+    convert nested loops.)
     """
     first = run(state, limits, first_length, tf.shape(limits)[0] // FIRST_PASS_ENDS_AT)
     left = tf.logical_not(first.done)  # (B,)
@@ -505,7 +501,7 @@ def beam_search(
     finishing ones (EOS, or the row's length limit) into the K best finished by
     log-probability / ((5 + length) / 6)^alpha. A row is done once the most probable candidate
     of a step finishes (CTranslate2's and OpenNMT's rule; the exact rule, until no alive beam
-    could beat the best finished, took 1.41x the steps on the demo model for +0.14 BLEU).
+    could beat the best finished, took many more steps for a fraction of a BLEU point).
 
     Args:
         step, limits, buffer_length, first_pass: as in `greedy_search`; `cache` ({"static", "state"})

@@ -11,7 +11,7 @@ A prepared folder holds:
 
 The steps: (1) read the corpus line by line (TSV or two aligned files, plain or gzip), clean
 it, drop duplicate pairs by an 8-byte digest of each, and split it by source sentence as
-`kformer.data.split_pairs` does (a sentence's split is a function of its hash), the held-out
+`kformer.data.corpus.split_pairs` does (a sentence's split is a function of its hash), the held-out
 splits bounded in size: a split keeps the sources of smallest hash up to `split_size` pairs and
 gives the rest to train, so the same sentence never lands in two splits whatever the corpus
 order; or take dev/test from files, whose sources are then kept out of train. The train pairs go
@@ -32,17 +32,19 @@ import time
 
 import numpy as np
 
-from kformer import data as data_lib
 from kformer import folders, locks
-from kformer.config import DEFAULT_DIRECTION, TransformerConfig, read_json, tokenizer_digest, write_json
+from kformer.data import corpus as corpus_lib
+from kformer.data import shards as shards_lib
+from kformer.data import tokenizer as tokenizer_lib
+from kformer.model.config import DEFAULT_DIRECTION, TransformerConfig, read_json, tokenizer_digest, write_json
 
 log = logging.getLogger("kformer")
 MANIFEST = "prepared.json"
 TOKENIZER = "tokenizer.model"
 HELD_OUT = {"dev": "dev.tsv", "test": "test.tsv"}
-FRACTIONS = {  # of source positions (kformer.data.source_position), as data.split_pairs splits
-    "test": (0.0, data_lib.TEST_FRACTION),
-    "dev": (data_lib.TEST_FRACTION, data_lib.TEST_FRACTION + data_lib.DEV_FRACTION),
+FRACTIONS = {  # of source positions (kformer.data.corpus.source_position), as data.split_pairs splits
+    "test": (0.0, corpus_lib.TEST_FRACTION),
+    "dev": (corpus_lib.TEST_FRACTION, corpus_lib.TEST_FRACTION + corpus_lib.DEV_FRACTION),
 }
 SPLIT_SIZE = 3000  # pairs at most in each held-out split
 SHARD_PAIRS = 100_000  # train pairs a shard holds (the default number of shards follows)
@@ -94,7 +96,7 @@ def prepare(
 def _prepare_in(
     work, data, direction, vocab_size, dev, test, split_size, shards, sample, seed, given_tokenizer
 ):
-    report = data_lib.ReadReport()
+    report = corpus_lib.ReadReport()
     given = {name: path for name, path in (("dev", dev), ("test", test)) if path}
     held_out = {name: _held_out_file(path) for name, path in given.items()}
     train_file = os.path.join(work, "train.tmp.tsv")
@@ -107,10 +109,10 @@ def _prepare_in(
             "training a joint SentencePiece tokenizer (%d pieces) on a sample of the train split", vocab_size
         )
         sampled = _sample_sentences(train_file, counts["train"], sample, seed)
-        tokenizer = data_lib.train_tokenizer(sampled, vocab_size)
+        tokenizer = tokenizer_lib.train_tokenizer(sampled, vocab_size)
         del sampled
     else:
-        tokenizer, sample = data_lib.load_tokenizer(given_tokenizer), 0
+        tokenizer, sample = tokenizer_lib.load_tokenizer(given_tokenizer), 0
     with open(os.path.join(work, TOKENIZER), "wb") as f:
         f.write(tokenizer.serialized_model_proto())
     shards = shards or max(1, math.ceil(counts["train"] / SHARD_PAIRS))
@@ -135,7 +137,7 @@ def _prepare_in(
         },
         # <unk> pieces of the train split: the characters the tokenizer does not know (a given one's)
         "unknown_pieces": unknown,
-        "train": {"dtype": _dtype(tokenizer).__name__, "shards": written},
+        "train": {"dtype": shards_lib.id_dtype(tokenizer).__name__, "shards": written},
         "lengths": {
             "cap": LENGTH_CAP,
             "counts": [[int(s), int(t), int(n)] for (s, t), n in sorted(histogram.items())],
@@ -171,7 +173,7 @@ def summary(manifest):
 
 def _held_out_file(path):
     """The cleaned pairs of a --dev/--test TSV file."""
-    pairs, _ = data_lib.read_corpus(path)
+    pairs, _ = corpus_lib.read_corpus(path)
     return pairs
 
 
@@ -211,13 +213,13 @@ class _HeldOutSplit:
 def _split(data, direction, report, held_out, split_size, train):
     """Step 1: the cleaned, deduplicated pairs of the corpus, the held-out ones kept (bounded),
     the train ones written to `train`. Returns ({split: pairs}, counts, the corpus record)."""
-    raw, files = data_lib.raw_pairs(data, direction, report)
+    raw, files = corpus_lib.raw_pairs(data, direction, report)
     taken = {name: _HeldOutSplit(*FRACTIONS[name], split_size) for name in HELD_OUT if name not in held_out}
     excluded = {p[0] for pairs in held_out.values() for p in pairs}  # sources of --dev/--test files
     seen = _Digests()
     counts = {"train": 0, "held_out_sources": 0}
     progress = _Progress("read", files)
-    for chunk in _chunks(data_lib.clean_pairs(raw, report), CHUNK):
+    for chunk in _chunks(corpus_lib.clean_pairs(raw, report), CHUNK):
         fresh = seen.add_new(np.array([_digest(p) for p in chunk], np.uint64))
         report.duplicates += len(chunk) - len(fresh)
         for index in fresh:
@@ -225,7 +227,7 @@ def _split(data, direction, report, held_out, split_size, train):
             if pair[0] in excluded:
                 counts["held_out_sources"] += 1
                 continue
-            u = data_lib.source_position(pair[0])
+            u = corpus_lib.source_position(pair[0])
             split = next((split for split in taken.values() if split.low <= u < split.high), None)
             to_train = [pair] if split is None else split.offer(u, pair)
             for p in to_train:
@@ -235,8 +237,8 @@ def _split(data, direction, report, held_out, split_size, train):
         progress.show(report.lines)
     progress.done(report.lines)
     if not report.pairs:
-        raise data_lib.CorpusError(f"{files[0].path}: no usable sentence pairs ({report.summary()})")
-    corpus = data_lib.corpus_record(data, direction)
+        raise corpus_lib.CorpusError(f"{files[0].path}: no usable sentence pairs ({report.summary()})")
+    corpus = corpus_lib.corpus_record(data, direction)
     return {name: split.pairs() for name, split in taken.items()}, counts, corpus
 
 
@@ -300,10 +302,6 @@ def _sample_sentences(train_file, count, sample, seed):
 # --- step 3: the shards ---
 
 
-def _dtype(tokenizer):
-    return np.uint16 if tokenizer.get_piece_size() <= 1 << 16 else np.uint32
-
-
 def _write_shards(train_file, count, tokenizer, work, shards, seed):
     """Tokenizes the train pairs into `shards` shuffled TFRecord files; returns (their manifest
     entries, the length histogram {(source length, target length): pairs}, {"unk": <unk> pieces,
@@ -311,7 +309,7 @@ def _write_shards(train_file, count, tokenizer, work, shards, seed):
     import tensorflow as tf
 
     rng = np.random.default_rng(seed)
-    dtype, histogram, unknown = _dtype(tokenizer), {}, {"unk": 0, "pieces": 0}
+    dtype, histogram, unknown = shards_lib.id_dtype(tokenizer), {}, {"unk": 0, "pieces": 0}
     unk = tokenizer.unk_id()
     parts = [open(os.path.join(work, f"part-{i}.bin"), "wb") for i in range(shards)]
     progress, done = _Progress("tokenized", total=count), 0
@@ -320,7 +318,7 @@ def _write_shards(train_file, count, tokenizer, work, shards, seed):
             sources = tokenizer.encode([s for s, _ in chunk], num_threads=os.cpu_count() or 1)
             targets = tokenizer.encode([t for _, t in chunk], num_threads=os.cpu_count() or 1)
             for shard, source, target in zip(rng.integers(shards, size=len(chunk)), sources, targets):
-                record = np.array([len(source), *source, *target], dtype).tobytes()
+                record = shards_lib.encode_record(source, target, dtype)
                 parts[shard].write(len(record).to_bytes(4, "little") + record)
                 key = (min(len(source), LENGTH_CAP), min(len(target), LENGTH_CAP))
                 histogram[key] = histogram.get(key, 0) + 1
@@ -345,7 +343,7 @@ def _write_shards(train_file, count, tokenizer, work, shards, seed):
                 "file": name,
                 "pairs": len(records),
                 "bytes": os.path.getsize(path),
-                "sha256": data_lib.files_sha256([path]),
+                "sha256": corpus_lib.files_sha256([path]),
             }
         )
     return written, histogram, unknown
@@ -435,7 +433,7 @@ def held_out(folder, split):
     """The (source, target) pairs of a prepared folder's dev or test split ([] for an empty one:
     `kformer prepare --split-size 0`)."""
     path = os.path.join(folder, HELD_OUT[split])
-    return data_lib.read_corpus(path)[0] if os.path.getsize(path) else []
+    return corpus_lib.read_corpus(path)[0] if os.path.getsize(path) else []
 
 
 def shard_paths(folder, manifest):

@@ -25,7 +25,7 @@ def contract(x, kernel, axes=1, bias=None):
     (rows, N) result: one TFLite FULLY_CONNECTED (with its bias) and one ONNX Gemm. A tensordot
     reads x's shape at run time instead (ten TFLite ops, seven ONNX nodes, for each product of a
     decoder step). Not a rank-3 by rank-2 tf.matmul, which exports as one node but which
-    TensorFlow runs 1.3-1.5x slower. Otherwise (training: lengths vary) a tensordot, which
+    TensorFlow runs slower. Otherwise (training: lengths vary) a tensordot, which
     TensorFlow differentiates as one plain matmul.
     """
     known = x.shape[1:]
@@ -78,17 +78,13 @@ def write_slot(buffer, slot, values):
 
 
 # top_tokens ranks a row's V logits in chunks of the first of these that divides V (V / chunk >= k).
-# TFLite's TOPK_V2 and onnxruntime's TopK take each row on its own, ~25 and ~7 microseconds a row of
-# 8,000 logits. A decoding step's top 1 (greedy) or 8 (beam 4) of 32 rows of 8,000, 10 in a row
-# (one step's ops alone, 2 threads): TFLite 664 -> 248 us (k 1) and 1078 -> 322 us (k 8), onnxruntime
-# 421 -> 267 and 337 -> 291; one row: about the same in TFLite, +8-20 us in onnxruntime. Of
-# (16, 32, 64), 32 was fastest or within 15% of it in every case. Demo model, 500 test sentences in
-# batches (3 interleaved rounds): LiteRT greedy 0.85-0.94x the time, beam 0.82-1.04x; onnxruntime
-# beam 0.95-0.97x.
+# TFLite's TOPK_V2 and onnxruntime's TopK rank each row on its own and slowly for a row as long as
+# a vocabulary: ranking chunks first, then the chunks' winners, made a batch's step faster in both,
+# and one row's about as fast. 32 was the best chunk count measured (`kformer bench runtimes`).
 TOP_K_CHUNKS = (32, 16, 8)
 
 # onnxruntime: the greedy step's top 1 is ranked whole (export.onnx traces its graph in `whole_top_1`):
-# in chunks it was 1.08-1.22x the time at batch 1 (ten more nodes a step) and no faster on a file.
+# in chunks it was slower at batch 1 (more nodes a step) and no faster on a file.
 _rank_top_1_whole = False
 
 
@@ -135,8 +131,8 @@ def top_log_probs(logits, k, floor):
     type) and takes the log of the picked tokens' probabilities alone, read from one softmax: the
     same tokens and values, up to float rounding, as ranking log_softmax(logits), without a (rows,
     V) tensor of log-probabilities for TFLite to rank. Softmax is one vectorized kernel in XNNPACK
-    and onnxruntime: in LiteRT 0.8-0.85x the time of the log-sum-exp spelled out (max, subtract, exp,
-    sum, log; 128 rows of 8,000 to one), in onnxruntime as fast as its LogSoftmax. A probability of
+    and onnxruntime: in LiteRT faster than the log-sum-exp spelled out (max, subtract, exp, sum,
+    log), in onnxruntime as fast as its LogSoftmax. A probability of
     0 (a banned token's, or one float32 cannot hold, ~100 nats below the best) reads `floor`, not
     -inf, which would turn 0 * inf into NaN in the searches' blends; the most probable token's is at
     least 1 / V, so the top 1 needs no floor.

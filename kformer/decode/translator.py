@@ -6,13 +6,13 @@
 
 import tensorflow as tf
 
-from kformer import batching, search, sentences
-from kformer import options as options_lib
-from kformer.config import BEAM_SIZE, FIRST_PASS_EXTRA_TOKENS, LENGTH_PENALTY, NO_REPEAT_NGRAM
-from kformer.export.runner import Runner
+from kformer.decode import options as options_lib
+from kformer.decode import search, sentences, text_batches
+from kformer.decode.runner import Runner
+from kformer.model.config import BEAM_SIZE, FIRST_PASS_EXTRA_TOKENS, LENGTH_PENALTY, NO_REPEAT_NGRAM
 
 SOURCE_SPEC = tf.TensorSpec([None, None], tf.int32, name="source_ids")
-# The searches' run-time options (kformer.options): scalars, inputs of every exported graph.
+# The searches' run-time options (kformer.decode.options): scalars, inputs of every exported graph.
 OPTION_SPECS = {
     name: tf.TensorSpec([], tf.as_dtype(dtype), name=name) for name, dtype in options_lib.INPUTS.items()
 }
@@ -24,11 +24,11 @@ class Translator(tf.Module):
     """Greedy and beam-search translation with a key/value cache.
 
     Args:
-        model: a trained `kformer.model.Transformer`.
+        model: a trained `kformer.model.transformer.Transformer`.
         tokenizer: its SentencePiece processor (only needed for text in/out).
         beam_size: K of the `beam` graph (the paper and default: 4); the buffers are shaped by it.
         alpha, max_length, no_repeat_ngram, nbest: the defaults of the run-time options
-            (`kformer.options.SearchOptions`; max_length None: the config's max_target_length).
+            (`kformer.decode.options.SearchOptions`; max_length None: the config's max_target_length).
         batch_size: sentences per graph call in `translate`.
         jit_compile: compile the searches with XLA (one program per input shape; not exported).
         fixed_buffers: key/value buffers of a fixed length written one slot a step, instead of
@@ -36,7 +36,7 @@ class Translator(tf.Module):
             LiteRT, which re-plans a loop body whose shapes change, runs these faster.
         drop_done: rows that are done stop taking steps (None: unless `jit_compile`, whose
             static shapes cannot drop them): with growing caches, the loop drops them at every
-            step (`drop_done` of `kformer.search`); with fixed buffers, a second pass takes the
+            step (`drop_done` of `kformer.decode.search`); with fixed buffers, a second pass takes the
             rows left once a quarter of them run on (`search._in_two_passes`).
 
     Graph functions (options are scalar inputs: max_length is clipped to [1, max_target_length],
@@ -177,20 +177,20 @@ class Translator(tf.Module):
         """Lists of source ids -> (lists of output ids without EOS/pad, scores), in input order.
         Sentences of similar length are batched together; each row is independent of its batch."""
         options, c = self.options_for(**options), self.config
-        tokens = batching.tokens_per_call(self.batch_size, options.search)
-        return batching.translate_ids(
+        tokens = text_batches.tokens_per_call(self.batch_size, options.search)
+        return text_batches.translate_ids(
             self._searcher(options), ids, self.batch_size, c.eos_id, c.pad_id, tokens
         )
 
     def translations(self, texts, language=None, **options):
-        """Texts -> `batching.Translation`s (kformer.batching: sentences split and rejoined with
+        """Texts -> `text_batches.Translation`s (kformer.decode.text_batches: sentences split and rejoined with
         `language`'s spacing; blank texts give "", sentences with no character in the vocabulary
         are output as they are)."""
         if self.tokenizer is None:
             raise ValueError("this Translator has no tokenizer; use translate_ids")
         options, c = self.options_for(**options), self.config
         search = self._searcher(options)
-        return batching.translations(
+        return text_batches.translations(
             search,
             self.tokenizer,
             texts,
@@ -200,7 +200,7 @@ class Translator(tf.Module):
             c.pad_id,
             sentences.joiner(language),
             options.nbest,
-            batching.tokens_per_call(self.batch_size, options.search),
+            text_batches.tokens_per_call(self.batch_size, options.search),
         )
 
     def translate(self, texts, language=None, **options):
@@ -210,12 +210,12 @@ class Translator(tf.Module):
 
 class KerasRunner(Runner):
     """The training folder's Keras model behind the runners' interface: the reference runtime.
-    Options as `kformer.options.SearchOptions` (beam_size sets the beam graph's width)."""
+    Options as `kformer.decode.options.SearchOptions` (beam_size sets the beam graph's width)."""
 
     def __init__(self, model_dir, batch_size=32, weights="best", **options):
-        from kformer import checkpoint
+        from kformer import run_folder
 
-        model, config, tokenizer, corpus = checkpoint.load(model_dir, weights)
+        model, config, tokenizer, corpus = run_folder.load(model_dir, weights)
         options = options_lib.SearchOptions().replace(**options)
         language = (corpus or {}).get("direction", "").split("-")[-1] or None
         super().__init__(config.to_dict(), tokenizer, options, batch_size, language)

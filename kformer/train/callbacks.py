@@ -15,9 +15,10 @@ import uuid
 import keras
 from keras import ops
 
-from kformer import checkpoint, distributed
-from kformer.distributed import Preempted
-from kformer.schedules import BudgetSchedule, budget_warmup
+from kformer import run_folder
+from kformer.train import distributed
+from kformer.train.distributed import Preempted
+from kformer.train.schedules import BudgetSchedule, budget_warmup
 
 log = logging.getLogger("kformer")
 
@@ -157,7 +158,7 @@ class InputPosition(keras.callbacks.Callback):
             if iterator is not self.iterator:
                 self.iterator = iterator
                 if self.restore_from is not None:
-                    checkpoint.restore_input(iterator, self.restore_from)
+                    run_folder.restore_input(iterator, self.restore_from)
                     self.restore_from = None
             return train_function(iterator)
 
@@ -174,8 +175,7 @@ class Checkpoint(keras.callbacks.Callback):
     before Keras' end-of-fit averaging, so the raw weights are kept.
 
     Not at every epoch's end: on a GPU an epoch of a small corpus takes seconds, and so does a
-    save (`base`: model.keras 0.58 GB, the input position 0.11 GB). On an H200, `base` on the
-    default corpus spent ~11 s after each 27-step epoch of ~5 s in validation and that save."""
+    save of a large model and its input position, which would then take most of the run."""
 
     def __init__(self, path, budget, every_seconds=300, nan_guard=None, position=None):
         super().__init__()
@@ -193,7 +193,7 @@ class Checkpoint(keras.callbacks.Callback):
             "replicas": self.model.distribute_strategy.num_replicas_in_sync,
         }
         iterator = None if self.position is None else self.position.iterator
-        checkpoint.save(self.model, self.path, state, input_iterator=iterator)
+        run_folder.save(self.model, self.path, state, input_iterator=iterator)
         self.last = time.monotonic()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -241,7 +241,7 @@ class StopOnInterrupt(keras.callbacks.Callback):
 
     def release(self):
         """Hands SIGINT back; also for a fit that raised, which calls no on_train_end (see
-        `kformer.train.start`). Does nothing the second time."""
+        `kformer.train.fit.start`). Does nothing the second time."""
         if self.default is not None:
             signal.signal(signal.SIGINT, self.default)
             self.default = None
@@ -299,7 +299,7 @@ class StopOnSigterm(keras.callbacks.Callback):
 
     def release(self):
         """Hands SIGTERM back; also for a fit that raised, which calls no on_train_end (see
-        `kformer.train.start`). Does nothing the second time."""
+        `kformer.train.fit.start`). Does nothing the second time."""
         if self.default is not None:
             signal.signal(signal.SIGTERM, self.default)
             self.default = None

@@ -6,7 +6,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from kformer import portable
+from kformer.model import portable
 
 # Letters used in shape comments: B batch, Tq query length, Tk key length, T buffer length,
 # H heads, D head size, M model width (d_model).
@@ -39,7 +39,7 @@ class MultiHeadAttention(keras.layers.Layer):
             the new token's key/value is appended, and the cache returned is one longer.
             Otherwise (encoder-decoder attention): the cache holds precomputed keys/values of
             the encoder output and is used as is.
-        cache_slot: (1, 1, T, 1) from `kformer.masks.step_masks`: 1 at the (single) query
+        cache_slot: (1, 1, T, 1) from `kformer.model.masks.step_masks`: 1 at the (single) query
             token's position in the cache, 0 elsewhere.
         append: see `cache`.
 

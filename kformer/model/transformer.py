@@ -7,9 +7,9 @@ H heads, D head size, V vocabulary, L layers.
 import keras
 from keras import ops
 
-from kformer import masks, portable
-from kformer.config import TransformerConfig
-from kformer.layers import DecoderBlock, EncoderBlock, PositionalEncoding, TokenEmbedding
+from kformer.model import masks, portable
+from kformer.model.config import TransformerConfig
+from kformer.model.layers import DecoderBlock, EncoderBlock, PositionalEncoding, TokenEmbedding
 
 
 @keras.saving.register_keras_serializable(package="kformer")
@@ -56,7 +56,7 @@ class Transformer(keras.Model):
     and `attention_weights(source_ids, target_ids)` returns every layer's attention per head.
 
     Example:
-    >>> model = Transformer(kformer.config.preset("tiny", vocab_size=100))
+    >>> model = Transformer(kformer.model.config.preset("tiny", vocab_size=100))
     >>> model({"source_ids": ops.ones((2, 5), "int32"), "target_ids": ops.ones((2, 4), "int32")}).shape
     (2, 4, 100)
     """
@@ -182,7 +182,7 @@ class Transformer(keras.Model):
 
     def init_cache(self, source_ids, buffer_length=None):
         """Encodes (B, S) source ids once; returns the decoder cache, split as the searches expect
-        (`kformer.search`): what stays fixed for a source sentence, and what each hypothesis
+        (`kformer.decode.search`): what stays fixed for a source sentence, and what each hypothesis
         extends.
 
         {"static": {"source_mask": (B, 1, S) bool,
@@ -192,8 +192,8 @@ class Transformer(keras.Model):
         With a `buffer_length` Tmax, the state is {"self": L x (key, value) each (B, H, Tmax, D)}
         instead: zeros, written one slot a step. Appended caches are what TensorFlow and
         onnxruntime run: a step reads and copies only the keys so far, where fixed buffers cost
-        passes over whole buffers (the demo model's files in onnxruntime: 0.76-0.90x the time and
-        20-40 MB lower peaks). Fixed buffers are what XLA (static shapes) and the TFLite files run:
+        passes over whole buffers (slower, with higher peaks). Fixed buffers are what XLA (static
+        shapes) and the TFLite files run:
         LiteRT re-plans a loop body whose shapes change, at every step (`Translator`).
         """
         source_ids = ops.convert_to_tensor(source_ids, "int32")

@@ -21,20 +21,20 @@ LENGTH_PENALTY = 0.6  # the paper's α (GNMT length penalty)
 NO_REPEAT_NGRAM = 4
 EXTRA_OUTPUT_TOKENS = 50  # maximum output length = source length + 50 (the paper's rule)
 MAX_INPUT_CHARS = 100_000  # `kformer translate` refuses a longer input line (--max-chars)
-# How long `kformer translate` waits for more lines of a pipe after the first (kformer.gather): a
+# How long `kformer translate` waits for more lines of a pipe after the first (kformer.decode.gather): a
 # file's lines then fill the first batch too; a search call takes tens of ms at batch 1.
 GATHER_WINDOW_SECONDS = 0.005
 # Searches run first with buffers of source length + 8, then only the rows not done by then, in
 # buffers of the full length. On Tatoeba zh-en, 90% of training targets are within 6 tokens of their
-# source's length, 99% within 12; +8 was faster than +16 (0.87x ONNX, 0.93x TFLite, beam, batch 32).
+# source's length, 99% within 12; +8 was faster than +16 in ONNX and TFLite.
 FIRST_PASS_EXTRA_TOKENS = 8
 
-# Keeping the best weights (kformer.keep_best): a dev sample of this many sources, translated greedily
+# Keeping the best weights (kformer.train.keep_best): a dev sample of this many sources, translated greedily
 # (~2-4 s for `small` on 2 cores) every this many minutes of training.
 EVAL_SENTENCES = 500
 EVAL_MINUTES = 5.0
 
-# Compute precision of training -> Keras dtype policy (weights stay float32); "auto" picks (kformer.train).
+# Compute precision of training -> Keras dtype policy (weights stay float32); "auto" picks (kformer.train.fit).
 PRECISIONS = {"float32": None, "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 
 NORM_POSITIONS = ("post", "pre")
@@ -232,10 +232,9 @@ PRESETS = {
         batch_tokens=512,
     ),
     # CPU demo: trains to a usable translator on 2 cores in ~20 minutes. A budget this short is
-    # compute-bound, so the model is sized to it: 2+2 layers and d_ff 512 take 1.47x the steps/s of
-    # 3+3 layers and d_ff 1024 and learn more in the same minutes (at the steps each reaches in 18
-    # minutes, test BLEU 22.7 vs 14.7). ~90 pairs a batch, a schedule sized to the time budget
-    # (kformer.schedules.BudgetSchedule), translation with the moving average of the weights.
+    # compute-bound, so the model is sized to it: 2+2 layers and d_ff 512 take more steps a second
+    # than 3+3 layers and d_ff 1024 and learn more in the same minutes. ~90 pairs a batch, a schedule sized to the time budget
+    # (kformer.train.schedules.BudgetSchedule), translation with the moving average of the weights.
     # Dropout 0.1 since bfloat16 steps made 20 minutes ~12 epochs: without it the model overfit
     # (token accuracy 0.86 on train, 0.61 on dev).
     "small": TransformerConfig(

@@ -1,6 +1,6 @@
 """Which compute precision training uses on the machine it runs on, and why (weights stay float32)."""
 
-from kformer.config import PRECISIONS
+from kformer.model.config import PRECISIONS
 
 
 def onednn_state():
@@ -41,8 +41,7 @@ def choose_precision(precision="auto", gpu=...):
     """-> (precision, why). "auto" on a GPU: bfloat16 compute with float32 weights where its tensor
     cores multiply bfloat16 (compute capability 8.0+: A100, L4, H100), float16 where they multiply
     only float16 (7.x: V100, T4; Keras then scales the loss), else float32. On a CPU: bfloat16
-    where it multiplies bfloat16 in hardware through oneDNN (the small preset's training step
-    1.35-1.47x faster on this project's AVX-512 machine; without oneDNN, or without those
+    where it multiplies bfloat16 in hardware through oneDNN (without oneDNN, or without those
     instructions, bfloat16 is slower than float32), else float32. `gpu`: gpu_capability()'s
     answer (default: asked)."""
     if precision not in ("auto", *PRECISIONS):

@@ -2,7 +2,7 @@
 same in export/web/sentences.js (tested to give the same splits), so the page translates a
 paragraph as the Python runners do.
 
-Pure Python, no tokenizer: kformer.batching decides which sentences are too long for the model.
+Pure Python, no tokenizer: kformer.decode.text_batches decides which sentences are too long for the model.
 """
 
 # Python's str.isspace() characters, spelled out so that the page's JavaScript uses the same set.

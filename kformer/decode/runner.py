@@ -1,0 +1,118 @@
+"""The one interface of every translator, whatever runs it; no runtime is imported here.
+
+A runner needs this file, kformer/decode/text_batches.py, numpy, sentencepiece and its own runtime;
+the runners of exported files build on kformer.export.runner.ArtifactRunner."""
+
+import concurrent.futures
+import contextlib
+
+import numpy as np
+
+from kformer.decode import sentences, text_batches
+
+
+class Runner:
+    """`translate(texts) -> list[str]`, `translations(texts) -> list[Translation]` (with scores and
+    alternatives), `translate_ids(ids) -> (ids, scores)` and `search((B, S) int32) -> (tokens,
+    scores)`. Each takes search options (kformer.decode.options.SearchOptions fields: beam_size, alpha,
+    max_length, no_repeat_ngram, nbest) as keywords, over the runner's own.
+
+    Subclasses implement `_search(options, batch) -> (tokens, scores)` for an int32 (B, S) batch
+    and checked options (`options.search` is "greedy" or "beam"). `config` is the model's config
+    as a dict; `language` the target language (how sentences are joined).
+    """
+
+    # How beam search calls are sized (text_batches.tokens_per_call). Where beam_capped (onnxruntime's
+    # and LiteRT's graphs), a beam call takes sentences of at most text_batches.BEAM_TOKENS_PER_SENTENCE
+    # tokens each: `batch_size` of them, or where beam_shares_batch (the TFLite graphs, whose
+    # key/value buffers are sized to the longest output), a beam of K takes K of 2 x `batch_size`
+    # hypothesis rows: 2 * batch_size // K sentences a call (16 at K = 4), the size that was
+    # fastest without raising LiteRT's peak (`kformer bench runtimes`). CTranslate2 drops finished
+    # hypotheses as it goes: whole batches, uncapped.
+    beam_shares_batch = False
+    beam_capped = False
+    # Whether `_search` may run in several threads at once, on the same opened files (onnxruntime's
+    # sessions and CTranslate2's translator are; a LiteRT interpreter is not). `parallel`: how many
+    # batches a call of translate runs at once (see ArtifactRunner).
+    concurrent_searches = False
+    parallel = 1
+    # What errors about `parallel` name as the runtimes that take it (the runners with
+    # concurrent_searches: onnx.OnnxRunner, ctranslate2.Ctranslate2Runner).
+    PARALLEL_RUNTIMES = "--runtime ctranslate2, or onnx with an ids variant (fp32, int8)"
+
+    def __init__(self, config, tokenizer, options, batch_size=32, language=None):
+        self.config, self.tokenizer, self.batch_size = config, tokenizer, batch_size
+        self.joiner = sentences.joiner(language)
+        self.options = self.checked(options)
+
+    @contextlib.contextmanager
+    def _batch_mapper(self):
+        """`map` over a call's batches: the builtin (one after another), or with `parallel` > 1 a
+        thread pool's (that many at once; results in order) where there are several (the pool
+        starts its threads as work comes: a call of one batch starts none)."""
+        if self.parallel == 1:
+            yield map
+            return
+        with concurrent.futures.ThreadPoolExecutor(self.parallel, thread_name_prefix="kformer-batch") as pool:
+            yield lambda search, batches: (pool.map if len(batches) > 1 else map)(search, batches)
+
+    def checked(self, options, **changes):
+        """`options` with the `changes` that are not None, checked for this model and runtime."""
+        return options.replace(**changes).checked(self.config["max_target_length"])
+
+    def sentences_per_call(self, options):
+        """How many sentences one search call takes, for checked options (see beam_shares_batch)."""
+        if self.beam_shares_batch and options.search == "beam":
+            return max(1, 2 * self.batch_size // options.beam_size)
+        return self.batch_size
+
+    def search(self, batch, **options):
+        """(B, S) int32 source ids (pad 0) -> (tokens, scores) of the chosen search."""
+        batch = np.asarray(batch)
+        if batch.dtype != np.int32 or batch.ndim != 2:
+            raise TypeError(
+                f"source_ids must be an int32 array of shape (batch, length), "
+                f"got {batch.dtype} with shape {batch.shape}"
+            )
+        return self._search(self.checked(self.options, **options), batch)
+
+    def _search(self, options, batch):
+        raise NotImplementedError
+
+    def tokens_per_call(self, options):
+        """The most padded source tokens one search call takes (`text_batches.tokens_per_call`)."""
+        return text_batches.tokens_per_call(
+            self.sentences_per_call(options), options.search, self.beam_capped
+        )
+
+    def translate_ids(self, ids, **options):
+        """Lists of source ids -> (lists of output ids, scores), best hypothesis only."""
+        options, c = self.checked(self.options, **options), self.config
+        search = lambda batch: self._search(options, batch)  # noqa: E731
+        sentences, tokens = self.sentences_per_call(options), self.tokens_per_call(options)
+        with self._batch_mapper() as map_batches:
+            return text_batches.translate_ids(
+                search, ids, sentences, c["eos_id"], c["pad_id"], tokens, map_batches
+            )
+
+    def translations(self, texts, **options):
+        """Texts -> `text_batches.Translation`s: sentences split and rejoined, scores, alternatives."""
+        options, c = self.checked(self.options, **options), self.config
+        with self._batch_mapper() as map_batches:
+            return text_batches.translations(
+                lambda batch: self._search(options, batch),
+                self.tokenizer,
+                texts,
+                c["max_source_length"],
+                self.sentences_per_call(options),
+                c["eos_id"],
+                c["pad_id"],
+                self.joiner,
+                options.nbest,
+                self.tokens_per_call(options),
+                map_batches,
+            )
+
+    def translate(self, texts, **options):
+        """Texts -> their translations (strings)."""
+        return [t.text for t in self.translations(texts, **options)]

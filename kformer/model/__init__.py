@@ -1,0 +1,7 @@
+"""Model: the Transformer and its parts.
+
+config.py holds every default (TransformerConfig and its presets); masks.py the one mask
+convention; portable.py the export-safe spellings of operations; attention.py, layers.py and
+transformer.py the network (encode, and the decoder step that search calls); flops.py counts
+its operations.
+"""
