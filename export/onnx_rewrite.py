@@ -82,8 +82,8 @@ def _share_transposed_weights(graph, min_size=1024):
 def _tied_products(graph, shapes):
     """MatMul(x (rows, M), Transpose(E)) of `_share_transposed_weights` -> Gemm(x, E, transB=1).
     onnxruntime folds a Transpose of a constant into a new one when it loads the file: a second
-    (V, M) table in memory, which Gemm's transB avoids at the same tokens and speed. Gemm takes rank-2 operands only: a MatMul whose x
-    has another or an unknown rank keeps the Transpose."""
+    (V, M) table in memory, which Gemm's transB avoids at the same tokens and speed. Gemm takes
+    rank-2 operands only: a MatMul whose x has another or an unknown rank keeps the Transpose."""
     shared = {
         node.output[0]: node.input[0]
         for node in graph.node

@@ -7,6 +7,7 @@ import os
 import sys
 
 from kformer import extras
+from kformer.arguments import add_precision_option, positive
 from kformer.decode import gather
 from kformer.decode.text_batches import BEAM_TOKENS_PER_SENTENCE, TOKENS_PER_SENTENCE
 from kformer.export.formats import DEFAULT_FORMATS, FORMATS, RUNTIMES, VARIANTS
@@ -18,7 +19,6 @@ from kformer.model.config import (
     LENGTH_PENALTY,
     MAX_INPUT_CHARS,
     NO_REPEAT_NGRAM,
-    PRECISIONS,
     PRESETS,
     TransformerConfig,
 )
@@ -40,23 +40,6 @@ def _start_tensorflow(args):
         os.dup2(stderr, 2)
         os.close(stderr)
         os.close(devnull)
-
-
-def _positive(kind, zero_allowed=False):
-    """An argparse type: a finite number > 0 (>= 0 with `zero_allowed`) of `kind`, else argparse's
-    one-line error naming the option."""
-    bound = ">= 0" if zero_allowed else "> 0"
-
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = float("nan")
-        if not (0 <= value if zero_allowed else 0 < value) or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be a finite {kind.__name__} {bound}, got {text!r}")
-        return value
-
-    return parse
 
 
 def _averaging_momentum(text):
@@ -228,77 +211,6 @@ def _demo(args):
     demo(args.out, args.config, args.minutes)
 
 
-def _bench(args):
-    needs_model = {
-        "decode": "a training directory",
-        "runtimes": "a `kformer export` folder",
-        "web": "a `kformer export` folder with ONNX files",
-        "serve": "a `kformer export` folder with ONNX files",
-    }
-    if args.what in needs_model and not args.model:
-        raise ValueError(f"bench {args.what} needs --model ({needs_model[args.what]})")
-    if args.what == "runtimes":
-        from kformer.bench.runtimes import bench_runtimes, print_table
-
-        runtimes = args.runtimes.split(",") if args.runtimes else None
-        results = bench_runtimes(
-            args.model,
-            sentences=args.sentences or 500,
-            rounds=args.rounds,
-            runtimes=runtimes,
-            batch_size=args.batch_size,
-            parallel=args.parallel,
-        )
-    elif args.what == "web":
-        from kformer.bench.web import bench_web
-        from kformer.bench.web import print_web_table as print_table
-
-        results = bench_web(
-            args.model, sentences=args.sentences or 200, rounds=args.rounds, screenshot=args.screenshot
-        )
-    elif args.what == "serve":
-        from kformer.bench.serve import bench_serve
-        from kformer.bench.serve import print_serve_table as print_table
-
-        results = bench_serve(
-            args.model,
-            sentences=args.sentences or 200,
-            rounds=args.rounds,
-            requests=args.requests,
-            parallel=args.parallel,
-        )
-    elif args.what == "data":
-        from kformer.bench.data import bench_data
-        from kformer.bench.data import print_data_table as print_table
-
-        results = bench_data(args.pairs, args.config, args.work)
-    elif args.what == "train":
-        from kformer.bench import train
-
-        train.count_xla_compilations_from_here()  # before TensorFlow starts
-        results = train.bench_train(
-            args.config,
-            steps=args.steps,
-            precision=args.precision,
-            rounds=args.rounds,
-            reference=args.reference,
-            length=args.length,
-            profile=args.profile,
-            steps_per_call=args.steps_per_call,
-            variants=args.variants,
-        )
-        print_table = train.print_train_table
-    else:
-        from kformer.bench.decode import bench_decode
-        from kformer.bench.decode import print_decode_table as print_table
-
-        results = bench_decode(args.model)
-    print_table(results)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-
-
 def _serve(args):
     from kformer.serve.server import load, serve
     from kformer.serve.settings import Settings
@@ -333,16 +245,6 @@ def _serve(args):
     serve(runner, args.host, args.port, settings, ready)
 
 
-def _precision_options(p):
-    p.add_argument(
-        "--precision",
-        default="auto",
-        choices=["auto", *PRECISIONS],
-        help="compute precision of training; weights stay float32 (auto: bfloat16 on a CPU with "
-        "bfloat16 instructions and oneDNN, else float32; float16 is for GPUs)",
-    )
-
-
 def _add_train(commands):
     p = commands.add_parser("train", help="train (or resume) a model in --out")
     p.add_argument(
@@ -368,9 +270,17 @@ def _add_train(commands):
         "and model sizes are kept, --data is encoded with its tokenizer; RUN is only read",
     )
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--minutes", type=_positive(float), help="stop cleanly after this much training time")
-    budget.add_argument("--steps", type=_positive(int), help="total optimizer steps")
-    budget.add_argument("--epochs", type=_positive(int), help="total passes over the train split")
+    budget.add_argument("--minutes", type=positive(float), help="stop cleanly after this much training time")
+    budget.add_argument("--steps", type=positive(int), help="total optimizer steps")
+    budget.add_argument("--epochs", type=positive(int), help="total passes over the train split")
+    _step_options(p)
+    _evaluation_options(p)
+    _strategy_options(p)
+    p.set_defaults(run=_train)
+
+
+def _step_options(p):
+    """What a training step computes: XLA, precision, batch, accumulation, averaging; and when it saves."""
     p.add_argument(
         "--xla",
         action=argparse.BooleanOptionalAction,
@@ -378,15 +288,15 @@ def _add_train(commands):
         help="compile the train step with XLA (default: on with a GPU, no --strategy and no --minutes "
         "under 30; off on CPUs, where it compiles each batch shape for no measured gain)",
     )
-    _precision_options(p)
+    add_precision_option(p)
     p.add_argument(
         "--batch-tokens",
-        type=_positive(int),
+        type=positive(int),
         help="tokens per optimizer step and side (default: the preset's)",
     )
     p.add_argument(
         "--accumulate",
-        type=_positive(int),
+        type=positive(int),
         metavar="N",
         help="each optimizer step averages the gradients of N batches of batch-tokens / N tokens: "
         "a large batch in the memory of a small one (default: the preset's, 1)",
@@ -400,19 +310,21 @@ def _add_train(commands):
     )
     p.add_argument(
         "--vocab-size",
-        type=_positive(int),
+        type=positive(int),
         default=TransformerConfig.vocab_size,
         help="SentencePiece vocabulary size",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--save-minutes",
-        type=_positive(float),
+        type=positive(float),
         default=5.0,
         help="save model.keras (and where the batch stream is) this often, and at the end; a kill "
         "loses at most this much training (default: %(default)s)",
     )
-    _evaluation_options(p)
+
+
+def _strategy_options(p):
     p.add_argument(
         "--strategy",
         choices=STRATEGIES,
@@ -422,12 +334,11 @@ def _add_train(commands):
     )
     p.add_argument(
         "--connect-timeout",
-        type=_positive(float),
+        type=positive(float),
         default=CONNECT_TIMEOUT_SECONDS,
         metavar="SECONDS",
         help="multi-worker: give up if the other workers are not all reachable by then",
     )
-    p.set_defaults(run=_train)
 
 
 def _evaluation_options(p):
@@ -438,20 +349,20 @@ def _evaluation_options(p):
     )
     group.add_argument(
         "--eval-minutes",
-        type=_positive(float, zero_allowed=True),
+        type=positive(float, zero_allowed=True),
         default=EVAL_MINUTES,
         help="translate a dev sample (greedy) and score it this often; 0: never (default: %(default)s)",
     )
-    group.add_argument("--eval-steps", type=_positive(int), help="evaluate every N optimizer steps instead")
+    group.add_argument("--eval-steps", type=positive(int), help="evaluate every N optimizer steps instead")
     group.add_argument(
         "--eval-sentences",
-        type=_positive(int),
+        type=positive(int),
         default=EVAL_SENTENCES,
         help="dev sources an evaluation translates (default: %(default)s)",
     )
     group.add_argument(
         "--early-stop",
-        type=_positive(int),
+        type=positive(int),
         metavar="N",
         help="stop after N evaluations without a BLEU gain",
     )
@@ -459,10 +370,10 @@ def _evaluation_options(p):
 
 def _threads_options(p, what_parallel_does):
     """--threads and --parallel (kformer.export.runner.ArtifactRunner) of a command that runs an export."""
-    p.add_argument("--threads", type=_positive(int), help="the runtime's threads (default: all cores)")
+    p.add_argument("--threads", type=positive(int), help="the runtime's threads (default: all cores)")
     p.add_argument(
         "--parallel",
-        type=_positive(int),
+        type=positive(int),
         default=1,
         metavar="N",
         help=f"batches run at once, each on threads / N threads: {what_parallel_does} "
@@ -495,21 +406,21 @@ def _add_prepare(commands):
     )
     p.add_argument("--out", required=True, help="new folder for the prepared corpus")
     p.add_argument("--direction", default=DEFAULT_DIRECTION, help="language pair source-target")
-    p.add_argument("--vocab-size", type=_positive(int), default=TransformerConfig.vocab_size)
+    p.add_argument("--vocab-size", type=positive(int), default=TransformerConfig.vocab_size)
     p.add_argument("--dev", metavar="TSV", help="the dev split from this file instead of from the corpus")
     p.add_argument("--test", metavar="TSV", help="the test split from this file instead of from the corpus")
     p.add_argument(
         "--split-size",
-        type=_positive(int),
+        type=positive(int),
         default=prepare.SPLIT_SIZE,
         help="pairs at most in the dev and in the test split taken from the corpus",
     )
     p.add_argument(
-        "--shards", type=_positive(int), help=f"train shards (default: one per {prepare.SHARD_PAIRS:,} pairs)"
+        "--shards", type=positive(int), help=f"train shards (default: one per {prepare.SHARD_PAIRS:,} pairs)"
     )
     p.add_argument(
         "--tokenizer-sample",
-        type=_positive(int),
+        type=positive(int),
         default=prepare.TOKENIZER_SAMPLE,
         help="train pairs the tokenizer is trained on, at most",
     )
@@ -536,11 +447,11 @@ def _add_translate(commands):
         "has one; the portable int8 file is the page's), or text (SentencePiece inside the graph)",
     )
     p.add_argument(
-        "--beam", type=_positive(int), help=f"beam size (1 = greedy; default {BEAM_SIZE}, or the export's)"
+        "--beam", type=positive(int), help=f"beam size (1 = greedy; default {BEAM_SIZE}, or the export's)"
     )
     _add_search_options(p, defaults=None, where="or the export's")
     p.add_argument(
-        "--nbest", type=_positive(int), default=1, help="alternatives per input (at most the beam size)"
+        "--nbest", type=positive(int), default=1, help="alternatives per input (at most the beam size)"
     )
     p.add_argument(
         "--format",
@@ -551,13 +462,13 @@ def _add_translate(commands):
     )
     p.add_argument(
         "--max-chars",
-        type=_positive(int),
+        type=positive(int),
         default=MAX_INPUT_CHARS,
         help=f"longest input line accepted, in characters (default {MAX_INPUT_CHARS:,})",
     )
     p.add_argument(
         "--batch-size",
-        type=_positive(int),
+        type=positive(int),
         default=32,
         help="most lines (and sentences) translated together (greedy: fewer long ones, at most "
         f"{TOKENS_PER_SENTENCE} source tokens a sentence; beam in ONNX and TFLite: at most "
@@ -581,16 +492,16 @@ def _add_search_options(p, defaults, where):
     where = f"; {where}" if where else ""
     p.add_argument(
         "--alpha",
-        type=_positive(float, zero_allowed=True),
+        type=positive(float, zero_allowed=True),
         default=default(LENGTH_PENALTY),
         help=f"length penalty exponent of beam search (default {LENGTH_PENALTY}{where})",
     )
     p.add_argument(
-        "--max-len", type=_positive(int), help=f"maximum output tokens (default: the model's maximum{where})"
+        "--max-len", type=positive(int), help=f"maximum output tokens (default: the model's maximum{where})"
     )
     p.add_argument(
         "--no-repeat-ngram",
-        type=_positive(int, zero_allowed=True),
+        type=positive(int, zero_allowed=True),
         default=default(NO_REPEAT_NGRAM),
         metavar="N",
         help=f"never output an n-gram of N tokens twice; 0 = off (default {NO_REPEAT_NGRAM}{where})",
@@ -602,7 +513,7 @@ def _add_attention(commands):
     p.add_argument("--model", required=True, help="training directory")
     p.add_argument("--out", default="alignment.png")
     p.add_argument("--layer", type=int, default=-1, help="decoder layer (default: the last)")
-    p.add_argument("--beam", type=_positive(int), default=BEAM_SIZE)
+    p.add_argument("--beam", type=positive(int), default=BEAM_SIZE)
     p.add_argument("text")
     p.set_defaults(run=_attention)
 
@@ -621,7 +532,7 @@ def _add_export(commands):
     p.add_argument("--quantize", default="", help="comma list of fp16,int8 (extra variants)")
     _weights_option(p)
     p.add_argument(
-        "--beam", type=_positive(int), default=BEAM_SIZE, help="beam size of the exported beam search"
+        "--beam", type=positive(int), default=BEAM_SIZE, help="beam size of the exported beam search"
     )
     _add_search_options(p, defaults=True, where="the files' default; any value at run time")
     p.set_defaults(run=_export)
@@ -633,10 +544,10 @@ def _add_evaluate(commands):
     p.add_argument("--split", default="test", choices=["test", "dev"])
     p.add_argument("--source", help="source sentences, one per line (with --reference)")
     p.add_argument("--reference", help="reference translations, one per line")
-    p.add_argument("--beam", type=_positive(int), default=BEAM_SIZE)
+    p.add_argument("--beam", type=positive(int), default=BEAM_SIZE)
     _add_search_options(p, defaults=True, where="")
     p.add_argument("--output", help="hypotheses file (default: MODEL/hypotheses.<split>.txt)")
-    p.add_argument("--limit", type=_positive(int), help="only the first N sentences")
+    p.add_argument("--limit", type=positive(int), help="only the first N sentences")
     _weights_option(p)
     p.set_defaults(run=_evaluate)
 
@@ -645,7 +556,7 @@ def _add_demo(commands):
     p = commands.add_parser("demo", help="train on the default corpus, report BLEU, show translations")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
-    p.add_argument("--minutes", type=_positive(float), default=20)
+    p.add_argument("--minutes", type=positive(float), default=20)
     p.set_defaults(run=_demo)
 
 
@@ -661,7 +572,7 @@ def _add_serve(commands):
         "--variant", default="fp32", choices=sorted({v for names in VARIANTS.values() for v in names})
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    p.add_argument("--port", type=_positive(int, zero_allowed=True), default=8000, help="0: any free port")
+    p.add_argument("--port", type=positive(int, zero_allowed=True), default=8000, help="0: any free port")
     p.add_argument(
         "--api-key",
         help="require this key (LibreTranslate's api_key field or Authorization: "
@@ -671,31 +582,31 @@ def _add_serve(commands):
     defaults = Settings()
     p.add_argument(
         "--batch-size",
-        type=_positive(int),
+        type=positive(int),
         default=defaults.batch_size,
         help=f"texts gathered into one runner call, a request whole (default {defaults.batch_size})",
     )
     p.add_argument(
         "--batch-window-ms",
-        type=_positive(float, zero_allowed=True),
+        type=positive(float, zero_allowed=True),
         default=defaults.window * 1000,
         help=f"how long a batch waits for more requests (default {defaults.window * 1000:g})",
     )
     p.add_argument(
         "--max-queue-chars",
-        type=_positive(int),
+        type=positive(int),
         default=defaults.max_queue_chars,
         help=f"characters waiting beyond which requests get 503 (default {defaults.max_queue_chars:,})",
     )
     p.add_argument(
         "--max-chars",
-        type=_positive(int),
+        type=positive(int),
         default=defaults.max_chars,
         help=f"most characters in one request (413 above; default {defaults.max_chars:,})",
     )
     p.add_argument(
         "--max-body-bytes",
-        type=_positive(int),
+        type=positive(int),
         default=defaults.max_body_bytes,
         help=f"largest request body (413 above; default {defaults.max_body_bytes:,})",
     )
@@ -704,86 +615,18 @@ def _add_serve(commands):
 
 
 def _add_bench(commands):
+    import importlib
+
+    from kformer import bench
+
     p = commands.add_parser("bench", help="benchmarks: ratios measured in one run")
-    p.add_argument("what", choices=["train", "data", "decode", "runtimes", "web", "serve"])
-    p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
-    p.add_argument("--model", help="training directory (decode) or export folder (runtimes, web, serve)")
-    p.add_argument(
-        "--sentences",
-        type=_positive(int),
-        help="test sentences (runtimes: the file translated and scored, default 500; web: timed one by "
-        "one, default 200; serve: what clients send, default 200)",
-    )
-    p.add_argument(
-        "--runtimes",
-        help="runtimes: comma list of those to measure (default: keras, savedmodel and the export's)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=_positive(int),
-        default=32,
-        help="runtimes: sentences a call of the file's translate takes, as translate's --batch-size "
-        "(default 32)",
-    )
-    p.add_argument(
-        "--parallel",
-        type=_positive(int),
-        default=1,
-        metavar="N",
-        help="runtimes: batches translated at once, as translate's --parallel (only the runtimes that "
-        "take it are measured); serve: the server's --parallel (default 1)",
-    )
-    p.add_argument("--steps", type=_positive(int), default=30)
-    p.add_argument(
-        "--rounds", type=_positive(int), default=3, help="interleaved rounds (train, runtimes, web, serve)"
-    )
-    p.add_argument(
-        "--requests", type=_positive(int), default=10_000, help="serve: requests of the mixed good/bad check"
-    )
-    p.add_argument(
-        "--reference",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="train: also time the same-size keras-hub model (needs the bench extra)",
-    )
-    p.add_argument(
-        "--length",
-        type=_positive(int),
-        help="train: batches of one shape, this many tokens a side, of random ids, instead of the default "
-        "corpus' batches: one compilation a variant (on a GPU XLA compiles each of the corpus' bucket "
-        "shapes, ~100 s each for base)",
-    )
-    p.add_argument(
-        "--profile",
-        help="train: also run kformer's variants under TensorFlow's profiler, a trace each in this folder "
-        "(TensorBoard's Profile tab reads them), and print the op types that took the time",
-    )
-    p.add_argument(
-        "--steps-per-call",
-        type=_positive(int),
-        default=1,
-        help="train: also time XLA with this many steps a call of Keras' train function "
-        "(Keras' steps_per_execution: one return to Python a call instead of one a step)",
-    )
-    p.add_argument(
-        "--variants",
-        type=lambda s: [v for v in s.split(",") if v],
-        help="train: time only these variants, comma-separated (names as in the table)",
-    )
-    p.add_argument("--screenshot", help="web: save a picture of the page here (PNG)")
-    p.add_argument(
-        "--pairs",
-        type=_positive(int),
-        nargs="+",
-        default=[1_000_000],
-        help="data: synthetic corpus sizes (pairs), one row each",
-    )
-    p.add_argument(
-        "--work", help="data: where the synthetic corpora are written, then deleted (default: temp)"
-    )
-    _precision_options(p)
-    p.add_argument("--json", help="also write the results to this file")
-    p.set_defaults(run=_bench)
+    benchmarks = p.add_subparsers(dest="what", required=True, metavar="BENCHMARK")
+    for name in bench.BENCHMARKS:
+        module = importlib.import_module(f"kformer.bench.{name}")
+        b = benchmarks.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(b)
+        b.add_argument("--json", help="also write the results to this file")
+        b.set_defaults(run=module.main)
 
 
 def build_parser():

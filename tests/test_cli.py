@@ -365,3 +365,26 @@ def test_the_installed_command_streams_translations_line_by_line(trained_dir):
     assert failed.stderr.strip().splitlines() == [
         "kformer translate: error: /nonexistent/config.json not found: is /nonexistent a kformer training directory?"
     ]
+
+
+def test_each_benchmark_is_a_subcommand_with_its_own_options(capsys, monkeypatch):
+    """`kformer bench NAME`: a benchmark takes the options of its module and refuses another's; one
+    that needs a model says so in argparse's one line, before any work."""
+    from kformer import bench
+
+    for name in bench.BENCHMARKS:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["bench", name, "--help"])
+        assert exit_info.value.code == 0 and f"usage: kformer bench {name}" in capsys.readouterr().out
+    called = []
+    monkeypatch.setattr("kformer.bench.decode.bench_decode", lambda model: called.append(model) or {})
+    monkeypatch.setattr("kformer.bench.decode.print_decode_table", lambda results: None)
+    assert main(["bench", "decode", "--model", "runs/demo"]) == 0 and called == ["runs/demo"]
+    for argv, message in (
+        (["bench", "decode", "--model", "M", "--runtimes", "onnx"], "unrecognized arguments: --runtimes"),
+        (["bench", "runtimes"], "the following arguments are required: --model"),
+        (["bench", "serve", "--model", "M", "--parallel", "0"], "argument --parallel:"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]

@@ -259,7 +259,7 @@ def test_the_command_writes_a_folder_and_refuses_to_overwrite_it(tmp_path, corpu
 
 def test_each_input_worker_reads_only_its_own_shards(tmp_path, corpus_tsv):
     from kformer.model.config import preset
-    from kformer.train import fit as train_lib
+    from kformer.train import inputs as inputs_lib
 
     out = str(tmp_path / "prepared")
     prepare_lib.prepare(corpus_tsv, out, vocab_size=1200, shards=3)
@@ -272,10 +272,10 @@ def test_each_input_worker_reads_only_its_own_shards(tmp_path, corpus_tsv):
 
     tokenizer = tokenizer_lib.load_tokenizer(os.path.join(out, prepare_lib.TOKENIZER))
     config = preset("tiny", vocab_size=tokenizer.get_piece_size())
-    encoded = train_lib._encode(out, tokenizer, config)
+    encoded = inputs_lib.encode(out, tokenizer, config)
     for rank, own in ((0, paths[0::2]), (1, paths[1:2])):
         seen = set()
-        for inputs, labels in train_lib._train_dataset(encoded, config, False, 0, 2, rank).take(100):
+        for inputs, labels in inputs_lib.train_dataset(encoded, config, False, 0, 2, rank).take(100):
             for source, target in zip(inputs["source_ids"].numpy(), labels.numpy()):
                 seen.add(
                     (tuple(source[source > 0].tolist()), tuple(target[target > 0][:-1].tolist()))

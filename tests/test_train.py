@@ -372,10 +372,12 @@ from kformer.data import batches as batches_lib
 from kformer.data import shards as shards_lib
 from kformer.data import prepare as prepare_lib
 from kformer.bench import train as bench
-from kformer.train.fit import train, prepare
+from kformer.train.fit import train
+from kformer.train.options import TrainOptions
+from kformer.train.run_data import run_data
 out, corpus, dump = sys.argv[1:4]
 train(out, "tiny", data=corpus, vocab_size=1200, epochs=3, xla=True, verbose=0, checkpoint_seconds=10**6)
-config, tokenizer, folder, _ = prepare(out, "tiny", data=corpus)
+config, tokenizer, folder, _ = run_data(out, TrainOptions("tiny", data=corpus))
 manifest = prepare_lib.load(folder)
 encoded = shards_lib.read_prepared(prepare_lib.shard_paths(folder, manifest), manifest["train"]["dtype"], config)
 train_shapes = {tuple(y.shape) for _, y in batches_lib.make_dataset(encoded, config, training=True).take(300)}

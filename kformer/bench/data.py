@@ -19,7 +19,9 @@ import time
 
 import numpy as np
 
-from kformer.model.config import DEFAULT_DIRECTION
+from kformer.arguments import positive
+from kformer.bench.harness import report
+from kformer.model.config import DEFAULT_DIRECTION, DEFAULT_PRESET, PRESETS
 
 log = logging.getLogger("kformer")
 
@@ -226,3 +228,22 @@ def print_data_table(results):
             f"{r['resume_few']['to_first_step']:>10.1f}s {r['resume_many']['to_first_step']:>11.1f}s "
             f"{'/'.join(f'{m / 1024:.2f}' for m in r['worker_peak_mb']):>11}G"
         )
+
+
+HELP = "prepare and training input on synthetic corpora of millions of pairs: time and memory"
+
+
+def add_arguments(p):
+    p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
+    p.add_argument(
+        "--pairs",
+        type=positive(int),
+        nargs="+",
+        default=[1_000_000],
+        help="corpus sizes (pairs), one row each",
+    )
+    p.add_argument("--work", help="where the synthetic corpora are written, then deleted (default: temp)")
+
+
+def main(args):
+    report(bench_data(args.pairs, args.config, args.work), print_data_table, args.json)

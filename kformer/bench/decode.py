@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 
+from kformer.bench.harness import report
 from kformer.decode import text_batches
 from kformer.model.config import search_label
 
@@ -128,3 +129,14 @@ def print_decode_table(results):
             f"{r['batch']:>5} {r['search']:>7} {r['variant']:>11} {r['seconds']:9.3f} "
             f"{r['sentences_per_s']:9.1f} {r['tokens_per_s']:9.0f} {r['speedup_vs_naive']:8.1f}x"
         )
+
+
+HELP = "the cached search loop against re-running the prefix, in Keras"
+
+
+def add_arguments(p):
+    p.add_argument("--model", required=True, help="a training directory")
+
+
+def main(args):
+    report(bench_decode(args.model), print_decode_table, args.json)

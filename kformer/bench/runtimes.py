@@ -12,6 +12,8 @@ import tempfile
 import time
 
 from kformer import subprocesses
+from kformer.arguments import add_rounds_option, positive
+from kformer.bench.harness import report
 from kformer.export.format import quantization
 from kformer.model.config import search_label
 
@@ -202,54 +204,23 @@ def bench_runtimes(
     jobs = _jobs(manifest, runtimes, parallel)
     # The bytes of a variant's file or folder, for both searches (TFLite, ONNX: a file of each)
     sizes = {(a["format"], a["variant"]): a["bytes"] for a in manifest["artifacts"]}
-    runs = {}  # (runtime, variant, beam) -> one result per round
     with tempfile.TemporaryDirectory() as work:
-        job_file = os.path.join(work, "job.json")
-        with open(job_file, "w", encoding="utf-8") as f:
-            batch1_sentences = min(batch1_sentences, len(sources))
-            job = {
-                "sources": sources,
-                "batch1_sentences": batch1_sentences,
-                "batch_size": batch_size,
-                "parallel": parallel,
-            }
-            json.dump(job, f)
+        batch1_sentences = min(batch1_sentences, len(sources))
+        job = {"sources": sources, "batch1_sentences": batch1_sentences, "batch_size": batch_size}
+        job_file = _write_job(work, {**job, "parallel": parallel})
         measured = [
             (runtime, variant, backend, environment, threads, beam)
             for runtime, variant in jobs
             for backend, (environment, threads) in _settings(runtime, parallel).items()
             for beam in (1, manifest["beam_size"])
         ]
-        for number, (runtime, variant, backend, environment, threads, beam) in enumerate(measured * rounds):
+        runs = {}  # (runtime, variant, backend, beam) -> one result per round
+        for number, measure in enumerate(measured * rounds):
+            runtime, variant, backend, _, _, beam = measure
             label = variant if backend is None else f"{variant} ({backend})"
-            progress(
-                f"round {number // len(measured) + 1}/{rounds}: {runtime} {label} beam {beam} ...",
-                end=" ",
-                flush=True,
-            )
-            out = os.path.join(work, "out.json")
-            code = (
-                "import json, sys; from kformer.bench.runtimes import worker; "
-                "threads = int(sys.argv[6]) if sys.argv[6] else None; "
-                f"json.dump(worker(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5], threads), open({out!r}, 'w'))"
-            )
-            try:  # in the work folder: a relative export folder would not be found there
-                subprocesses.run_python(
-                    code,
-                    artifact_dir,
-                    runtime,
-                    variant,
-                    str(beam),
-                    job_file,
-                    str(threads or ""),
-                    cwd=work,
-                    env={**os.environ, **environment},
-                )
-            except subprocesses.Failed as e:
-                raise RuntimeError(f"bench of {runtime} {label} failed:\n{e}") from None
-            with open(out, encoding="utf-8") as f:
-                row = json.load(f)
-            row["backend"] = backend
+            round_ = f"round {number // len(measured) + 1}/{rounds}"
+            progress(f"{round_}: {runtime} {label} beam {beam} ...", end=" ", flush=True)
+            row = _measured(artifact_dir, measure, job_file, work)
             row["bleu"] = score(row.pop("hypotheses"), references, language)["bleu"]
             row["bytes"] = sizes.get((runtime, variant))  # None for keras: no file of its own
             runs.setdefault((runtime, variant, backend, beam), []).append(row)
@@ -265,6 +236,34 @@ def bench_runtimes(
         "batch1_sentences": batch1_sentences,
         "rows": rows,
     }
+
+
+def _write_job(work, job):
+    """The job every worker reads (its sentences and settings), as a file in `work`."""
+    path = os.path.join(work, "job.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(job, f)
+    return path
+
+
+def _measured(artifact_dir, measure, job_file, work):
+    """One job's row, measured by `worker` in a process of its own (in `work`: a relative export
+    folder would not be found there). `measure`: (runtime, variant, backend, environment, threads, beam)."""
+    runtime, variant, backend, environment, threads, beam = measure
+    out = os.path.join(work, "out.json")
+    code = (
+        "import json, sys; from kformer.bench.runtimes import worker; "
+        "threads = int(sys.argv[6]) if sys.argv[6] else None; "
+        f"json.dump(worker(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5], threads), open({out!r}, 'w'))"
+    )
+    arguments = (artifact_dir, runtime, variant, str(beam), job_file, str(threads or ""))
+    try:
+        subprocesses.run_python(code, *arguments, cwd=work, env={**os.environ, **environment})
+    except subprocesses.Failed as e:
+        label = variant if backend is None else f"{variant} ({backend})"
+        raise RuntimeError(f"bench of {runtime} {label} failed:\n{e}") from None
+    with open(out, encoding="utf-8") as f:
+        return {**json.load(f), "backend": backend}
 
 
 def _median_row(results):
@@ -340,3 +339,43 @@ def print_table(results):
             f"{r['loaded_mb']:6.0f} {r['peak_rss_mb']:5.0f} {r['bleu']:6.2f} {_cells(r['vs_ct2']):>10} "
             f"{_cells(r['vs_ct2_fastest']):>10}"
         )
+
+
+HELP = "every exported runtime against CTranslate2: a file of test sentences and batch 1"
+
+
+def add_arguments(p):
+    p.add_argument("--model", required=True, help="a `kformer export` folder")
+    p.add_argument(
+        "--sentences", type=positive(int), default=500, help="test sentences translated and scored (500)"
+    )
+    p.add_argument(
+        "--runtimes", help="comma list of those to measure (default: keras, savedmodel and the export's)"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive(int),
+        default=32,
+        help="sentences a call of the file's translate takes, as translate's --batch-size (32)",
+    )
+    p.add_argument(
+        "--parallel",
+        type=positive(int),
+        default=1,
+        metavar="N",
+        help="batches translated at once, as translate's --parallel (only the runtimes that take it are measured)",
+    )
+    add_rounds_option(p)
+
+
+def main(args):
+    runtimes = args.runtimes.split(",") if args.runtimes else None
+    results = bench_runtimes(
+        args.model,
+        sentences=args.sentences,
+        rounds=args.rounds,
+        runtimes=runtimes,
+        batch_size=args.batch_size,
+        parallel=args.parallel,
+    )
+    report(results, print_table, args.json)

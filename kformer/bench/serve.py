@@ -21,6 +21,9 @@ import sys
 import threading
 import time
 
+from kformer.arguments import add_rounds_option, positive
+from kformer.bench.harness import report
+
 CLIENT_LEVELS = (1, 8, 32, 128)
 BAD_BODIES = [  # (body, content type): each must get a 4xx
     (b'{"q": "x", "source": "zh"', "application/json"),
@@ -289,3 +292,31 @@ def print_serve_table(results):
         f"admitted p50 {o['p50_ms']:.0f} ms p99 {o['p99_ms']:.0f} ms; "
         f"then one request: {o['after_status']} in {o['after_ms']:.0f} ms"
     )
+
+
+HELP = "kformer serve under load, against the runner alone; bad requests and overload"
+
+
+def add_arguments(p):
+    p.add_argument("--model", required=True, help="a `kformer export` folder with ONNX files")
+    p.add_argument(
+        "--sentences", type=positive(int), default=200, help="test sentences the clients send (200)"
+    )
+    p.add_argument(
+        "--requests", type=positive(int), default=10_000, help="requests of the mixed good/bad check"
+    )
+    p.add_argument(
+        "--parallel", type=positive(int), default=1, metavar="N", help="the server's --parallel (1)"
+    )
+    add_rounds_option(p)
+
+
+def main(args):
+    results = bench_serve(
+        args.model,
+        sentences=args.sentences,
+        rounds=args.rounds,
+        requests=args.requests,
+        parallel=args.parallel,
+    )
+    report(results, print_serve_table, args.json)

@@ -1,7 +1,9 @@
 """`kformer bench train`: kformer's training step against the same-size keras-hub model, with and
 without XLA, per precision, on the same batches interleaved."""
 
+import argparse
 import atexit
+import dataclasses
 import glob
 import logging
 import os
@@ -10,7 +12,9 @@ import tempfile
 import time
 
 from kformer import extras
-from kformer.model.config import DEFAULT_PRESET, PRECISIONS
+from kformer.arguments import add_precision_option, add_rounds_option, positive
+from kformer.bench.harness import report
+from kformer.model.config import DEFAULT_PRESET, PRECISIONS, PRESETS
 
 log = logging.getLogger("kformer")
 
@@ -44,10 +48,12 @@ def _fixed_batches(config_name, count, seed, overrides=None):
     from kformer.data import batches as batches_lib
     from kformer.data import prepare as prepare_lib
     from kformer.data import shards as shards_lib
-    from kformer.train.fit import prepare
+    from kformer.train.options import TrainOptions
+    from kformer.train.run_data import run_data
 
     with tempfile.TemporaryDirectory() as work:  # the corpus is prepared beside the run folder, in here
-        config, _, folder, _ = prepare(os.path.join(work, "run"), config_name, overrides=overrides)
+        options = TrainOptions(config_name, overrides=overrides)
+        config, _, folder, _ = run_data(os.path.join(work, "run"), options)
         manifest = prepare_lib.load(folder)
         encoded = shards_lib.read_prepared(
             prepare_lib.shard_paths(folder, manifest), manifest["train"]["dtype"], config
@@ -128,19 +134,24 @@ def reference_model(config, dtype=None):
     return keras.Model(inputs, embedding(y, reverse=True), name="keras_hub_reference")
 
 
-def bench_train(
-    config_name=DEFAULT_PRESET,
-    steps=30,
-    seed=0,
-    precision="auto",
-    rounds=3,
-    overrides=None,
-    reference=True,
-    length=None,
-    profile=None,
-    steps_per_call=1,
-    variants=None,
-):
+@dataclasses.dataclass(frozen=True)
+class TrainBench:
+    """What `bench_train` measures (see it for each option)."""
+
+    config_name: str = DEFAULT_PRESET
+    steps: int = 30
+    seed: int = 0
+    precision: str = "auto"
+    rounds: int = 3
+    overrides: dict = None
+    reference: bool = True
+    length: int = None
+    profile: str = None
+    steps_per_call: int = 1
+    variants: list = None
+
+
+def bench_train(config_name=DEFAULT_PRESET, **options):
     """Target tokens/s and model FLOPs utilization of training through `model.fit`, on the same
     batches, the variants taking turns a few batches at a time, `rounds` times (medians): kformer as it
     trains (`precision`, "auto" as `kformer train` picks it) without XLA (batches padded to their
@@ -163,30 +174,19 @@ def bench_train(
     (steps_per_execution) instead of one, whose result the host waits for before the next call; the
     variants then take turns every N steps. `variants`: the names of those to run (default: all).
     """
-    from kformer.train.precision import choose_precision, onednn_state
+    from kformer.train.precision import choose_precision
 
-    if reference:
+    bench = TrainBench(config_name, **options)
+    if bench.reference:
         extras.require("keras_hub", "kformer bench train")  # its reference model; before any work
-    precision, why = choose_precision(precision)
-    # name: (model kind, precision, XLA, padded to the bucket, steps a call); chosen before any work
-    runs = {
-        "kformer": ("kformer", precision, False, False, 1),
-        "kformer_xla": ("kformer", precision, True, True, 1),
-    }
-    if steps_per_call > 1:
-        runs[f"kformer_xla_{steps_per_call}"] = ("kformer", precision, True, True, steps_per_call)
-    if reference:
-        runs["keras_hub"] = ("keras_hub", "float32", False, False, 1)
-    if precision != "float32":
-        runs["kformer_float32"] = ("kformer", "float32", False, False, 1)
-        if reference:
-            runs[f"keras_hub_{precision}"] = ("keras_hub", precision, False, False, 1)
-    runs = _chosen(runs, variants)
-    if length:
-        config, dynamic, bucketed = _one_shape_batches(config_name, steps, seed, length, overrides)
+    precision, why = choose_precision(bench.precision)
+    runs = _chosen(_runs(bench, precision), bench.variants)  # chosen before any work
+    steps, seed, overrides = bench.steps, bench.seed, bench.overrides
+    if bench.length:
+        config, dynamic, bucketed = _one_shape_batches(config_name, steps, seed, bench.length, overrides)
     else:
         config, dynamic, bucketed = _fixed_batches(config_name, steps, seed, overrides)
-    chunk = -(-CHUNK // steps_per_call) * steps_per_call  # whole calls of every variant
+    chunk = -(-CHUNK // bench.steps_per_call) * bench.steps_per_call  # whole calls of every variant
     variants = {
         name: _compiled(config, seed, chunk, kind, p, xla, bucketed if padded else dynamic, calls)
         for name, (kind, p, xla, padded, calls) in runs.items()
@@ -195,32 +195,60 @@ def bench_train(
     # Peaks measured before and after the timing, the faster kept: the machine's speed can drop for
     # seconds at a time, and the peak is what the hardware can do.
     before = {p: _peaks(config, p, dynamic) for p in precisions}
-    _time_interleaved(variants, rounds)
-    results = {
-        "config": config_name,
-        "batches": f"one shape, {length} tokens a side" if length else "the default corpus",
-        "steps": steps,
-        "chunk": chunk,
-        "steps_per_call": steps_per_call,
-        "rounds": rounds,
-        "target_tokens": next(iter(variants.values()))["target"],
-        "real_tokens": next(iter(variants.values()))["real"],
-        "pairs_per_step": sum(len(y) for _, y in dynamic) / steps,
-        "precision": precision,
-        "precision_why": why,
-        "variants": list(variants),
-        "distinct_bucket_shapes": len({y.shape for _, y in bucketed}),
-        "onednn": onednn_state(),
-        "peaks": {p: _faster(before[p], _peaks(config, p, dynamic)) for p in precisions},
-        "peak_memory_mb": _peak_memory_mb(),
-    }
+    _time_interleaved(variants, bench.rounds)
+    peaks = {p: _faster(before[p], _peaks(config, p, dynamic)) for p in precisions}
+    results = _results(bench, variants, (dynamic, bucketed), chunk, (precision, why), peaks)
     _add_speeds(results, variants, steps, precision)
-    if profile:
-        results["profile"] = _profiles(variants, steps, profile)
+    if bench.profile:
+        results["profile"] = _profiles(variants, steps, bench.profile)
     dump = os.environ.get(XLA_DUMP_ENV)
     if dump:
         results["xla_compilations"] = count_xla_compilations(dump)
     return results
+
+
+def _runs(bench, precision):
+    """The variants a bench times: name -> (model kind, precision, XLA, padded to the bucket, steps a call)."""
+    runs = {
+        "kformer": ("kformer", precision, False, False, 1),
+        "kformer_xla": ("kformer", precision, True, True, 1),
+    }
+    if bench.steps_per_call > 1:
+        runs[f"kformer_xla_{bench.steps_per_call}"] = ("kformer", precision, True, True, bench.steps_per_call)
+    if bench.reference:
+        runs["keras_hub"] = ("keras_hub", "float32", False, False, 1)
+    if precision != "float32":
+        runs["kformer_float32"] = ("kformer", "float32", False, False, 1)
+        if bench.reference:
+            runs[f"keras_hub_{precision}"] = ("keras_hub", precision, False, False, 1)
+    return runs
+
+
+def _results(bench, variants, batches, chunk, precision, peaks):
+    """The results' settings and what every variant shares (`batches`: (dynamic, bucketed);
+    `precision`: (chosen, why))."""
+    from kformer.train.precision import onednn_state
+
+    dynamic, bucketed = batches
+    first = next(iter(variants.values()))
+    return {
+        "config": bench.config_name,
+        "batches": f"one shape, {bench.length} tokens a side" if bench.length else "the default corpus",
+        "steps": bench.steps,
+        "chunk": chunk,
+        "steps_per_call": bench.steps_per_call,
+        "rounds": bench.rounds,
+        "target_tokens": first["target"],
+        "real_tokens": first["real"],
+        "pairs_per_step": sum(len(y) for _, y in dynamic) / bench.steps,
+        "precision": precision[0],
+        "precision_why": precision[1],
+        "variants": list(variants),
+        "distinct_bucket_shapes": len({y.shape for _, y in bucketed}),
+        "onednn": onednn_state(),
+        "peaks": peaks,
+        "peak_memory_mb": _peak_memory_mb(),
+    }
 
 
 def _chosen(runs, names):
@@ -445,3 +473,59 @@ def print_train_table(results):
         for op in found["ops"]:
             label = "idle threads (share of all thread-time)" if op["type"] == "IDLE" else op["type"]
             print(f"  {op['where']:6} {label:40} {op['ms_per_step']:8.2f} {op['share']:6.1%}")
+
+
+HELP = "kformer's training step against a same-size keras-hub model, with MFU"
+
+
+def add_arguments(p):
+    p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
+    p.add_argument("--steps", type=positive(int), default=30)
+    add_rounds_option(p)
+    add_precision_option(p)
+    p.add_argument(
+        "--reference",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the same-size keras-hub model (needs the bench extra)",
+    )
+    p.add_argument(
+        "--length",
+        type=positive(int),
+        help="batches of one shape, this many tokens a side, of random ids, instead of the default "
+        "corpus' batches: one compilation a variant (on a GPU XLA compiles each of the corpus' bucket "
+        "shapes, minutes each for base)",
+    )
+    p.add_argument(
+        "--profile",
+        help="also run kformer's variants under TensorFlow's profiler, a trace each in this folder "
+        "(TensorBoard's Profile tab reads them), and print the op types that took the time",
+    )
+    p.add_argument(
+        "--steps-per-call",
+        type=positive(int),
+        default=1,
+        help="also time XLA with this many steps a call of Keras' train function "
+        "(Keras' steps_per_execution: one return to Python a call instead of one a step)",
+    )
+    p.add_argument(
+        "--variants",
+        type=lambda s: [v for v in s.split(",") if v],
+        help="time only these variants, comma-separated (names as in the table)",
+    )
+
+
+def main(args):
+    count_xla_compilations_from_here()  # before TensorFlow starts
+    results = bench_train(
+        args.config,
+        steps=args.steps,
+        precision=args.precision,
+        rounds=args.rounds,
+        reference=args.reference,
+        length=args.length,
+        profile=args.profile,
+        steps_per_call=args.steps_per_call,
+        variants=args.variants,
+    )
+    report(results, print_train_table, args.json)

@@ -6,6 +6,8 @@ import os
 import statistics
 import time
 
+from kformer.arguments import add_rounds_option, positive
+from kformer.bench.harness import report
 from kformer.model.config import search_label
 
 # `kformer bench web`: the page of export/web/ against onnxruntime in Python, same export, same sentences.
@@ -145,3 +147,20 @@ def print_web_table(results):
             f"{r['python_ms']:9.1f} "
             f"{r['ratio']:11.2f} {r['load_s']:6.1f} {r['page_bytes'] / 1e6:9.1f}"
         )
+
+
+HELP = "the page in headless Chromium against the same files in Python"
+
+
+def add_arguments(p):
+    p.add_argument("--model", required=True, help="a `kformer export` folder with ONNX files")
+    p.add_argument(
+        "--sentences", type=positive(int), default=200, help="test sentences timed one by one (200)"
+    )
+    p.add_argument("--screenshot", help="save a picture of the page here (PNG)")
+    add_rounds_option(p)
+
+
+def main(args):
+    results = bench_web(args.model, sentences=args.sentences, rounds=args.rounds, screenshot=args.screenshot)
+    report(results, print_web_table, args.json)

@@ -233,8 +233,9 @@ PRESETS = {
     ),
     # CPU demo: trains to a usable translator on 2 cores in ~20 minutes. A budget this short is
     # compute-bound, so the model is sized to it: 2+2 layers and d_ff 512 take more steps a second
-    # than 3+3 layers and d_ff 1024 and learn more in the same minutes. ~90 pairs a batch, a schedule sized to the time budget
-    # (kformer.train.schedules.BudgetSchedule), translation with the moving average of the weights.
+    # than 3+3 layers and d_ff 1024 and learn more in the same minutes. ~90 pairs a batch, a
+    # schedule sized to the time budget (kformer.train.schedules.BudgetSchedule), translation with
+    # the moving average of the weights.
     # Dropout 0.1 since bfloat16 steps made 20 minutes ~12 epochs: without it the model overfit
     # (token accuracy 0.86 on train, 0.61 on dev).
     "small": TransformerConfig(

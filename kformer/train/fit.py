@@ -1,8 +1,10 @@
 """`train`: compile + fit, resumable, within a budget, in a few named steps.
 
-The loss and metric are kformer.train.losses', the schedules kformer.train.schedules', the callbacks
-kformer.train.callbacks', the precision choice kformer.train.precision's, the run directory's files
-kformer.run_folder's.
+The run's options are a TrainOptions (kformer.train.options); its config, corpus and tokenizer
+come from kformer.train.run_data, its batches from kformer.train.inputs; the loss and metric are
+kformer.train.losses', the schedules kformer.train.schedules', the callbacks
+kformer.train.callbacks', the precision choice kformer.train.precision's, the run directory's
+files kformer.run_folder's.
 """
 
 import dataclasses
@@ -14,23 +16,11 @@ import shutil
 
 import keras
 
-from kformer import folders, locks, run_folder
+from kformer import locks, run_folder
 from kformer.data import batches as batches_lib
-from kformer.data import corpus as corpus_lib
-from kformer.data import prepare as prepare_lib
-from kformer.data import shards as shards_lib
-from kformer.data import tokenizer as tokenizer_lib
-from kformer.model.config import (
-    DEFAULT_CORPUS,
-    DEFAULT_DIRECTION,
-    DEFAULT_PRESET,
-    PRECISIONS,
-    TransformerConfig,
-    preset,
-    tokenizer_digest,
-)
+from kformer.model.config import PRECISIONS, TransformerConfig
 from kformer.model.transformer import Transformer
-from kformer.train import distributed
+from kformer.train import distributed, inputs
 from kformer.train import init_from as init_from_lib
 from kformer.train.callbacks import (
     INTERRUPTED,
@@ -46,7 +36,9 @@ from kformer.train.callbacks import (
 from kformer.train.keep_best import Evaluation, KeepBest
 from kformer.train.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from kformer.train.optimizer import FusedAdam
+from kformer.train.options import TrainOptions
 from kformer.train.precision import choose_precision, onednn_state
+from kformer.train.run_data import DATA_PREFIX, run_data
 from kformer.train.schedules import BudgetSchedule, make_schedule
 
 log = logging.getLogger("kformer")
@@ -72,135 +64,6 @@ def compile_model(model, config, xla=True, schedule=None, fused=True, steps_per_
         steps_per_execution=steps_per_call,
     )
     return model
-
-
-def _config(config_name, overrides, source, vocab_size, tokenizer_sha256):
-    """A run's config: the preset's (default: DEFAULT_PRESET) with `overrides`, bound to its
-    tokenizer; or, starting from a trained run (`source`), that run's with the fine-tuning recipe."""
-    if source is not None:
-        return init_from_lib.fine_tune_config(source, config_name, overrides)
-    return preset(
-        config_name or DEFAULT_PRESET, vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256, **overrides
-    )
-
-
-def _requested_config(out_dir, config_name, overrides, source):
-    """The saved config when resuming (the one asked for must agree), or None for a new run."""
-    saved_path = run_folder.path(out_dir, run_folder.CONFIG_FILE)
-    if not os.path.exists(saved_path):
-        return None
-    init_from_lib.check_recorded(out_dir, source)
-    saved = TransformerConfig.load(saved_path)
-    requested = _config(config_name, overrides, source, saved.vocab_size, saved.tokenizer_sha256)
-    if requested != saved:
-        diff = {
-            k: (v, requested.to_dict()[k]) for k, v in saved.to_dict().items() if requested.to_dict()[k] != v
-        }
-        raise ValueError(
-            f"{out_dir} holds a run with another config (saved vs requested: {diff}); "
-            "use a new --out directory. Nothing was overwritten."
-        )
-    return saved
-
-
-DATA_PREFIX = ".kformer-data-"  # a new run's corpus, prepared beside its folder until training starts
-
-
-def prepare(
-    out_dir,
-    config_name=None,
-    data=DEFAULT_CORPUS,
-    direction=None,
-    vocab_size=TransformerConfig.vocab_size,
-    overrides=None,
-    init_from=None,
-):
-    """The run's corpus, prepared (kformer.data.prepare), and its tokenizer and config. A new run's
-    corpus is prepared into a temporary sibling of `out_dir`, which `run_folder.create` moves in
-    once training starts (so a failed start leaves no folder behind); a resumed run's is the one it
-    recorded, after checking it is the corpus asked for; a prepared folder given as `data` is read
-    where it is (its direction is the one it was prepared in). Writes nothing in `out_dir`.
-    config_name: a preset (default DEFAULT_PRESET); direction: default DEFAULT_DIRECTION.
-    init_from: a trained run to start from (kformer.train.init_from): its tokenizer encodes the corpus,
-    its direction and model sizes are kept (a config or direction that differs is refused).
-    Returns (config, tokenizer, prepared folder, corpus record)."""
-    overrides = dict(overrides or {})
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ValueError(f"--out {out_dir} is a file, not a folder; choose a folder name")
-    source = init_from_lib.open_source(init_from) if init_from else None
-    if source is not None:
-        init_from_lib.check_direction(source, direction)
-    direction = source.direction if source else direction or DEFAULT_DIRECTION
-    config = _requested_config(out_dir, config_name, overrides, source)
-    if config is not None:
-        folder, corpus = _recorded_corpus(out_dir, data, direction)
-    elif prepare_lib.is_prepared(data):
-        folder, corpus = os.path.abspath(data), _prepared_record(data)
-    else:
-        given = None if source is None else source.tokenizer_path
-        folder = _prepare_beside(out_dir, data, direction, vocab_size, given)
-        corpus = {**prepare_lib.load(folder)["corpus"], "prepared": run_folder.DATA_DIR}
-    manifest = prepare_lib.load(folder)
-    log.info("corpus: %s", prepare_lib.summary(manifest))
-    tokenizer_path = (
-        os.path.join(folder, prepare_lib.TOKENIZER)
-        if config is None
-        else run_folder.path(out_dir, run_folder.TOKENIZER_FILE)
-    )
-    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
-    if config is None:
-        if source is not None and tokenizer_digest(tokenizer) != source.tokenizer_sha256:
-            raise ValueError(
-                f"{folder} was prepared with another tokenizer than --init-from {source.run_dir}'s; "
-                "give the corpus as a file, or prepare it with `kformer prepare --tokenizer RUN/tokenizer.model`"
-            )
-        config = _config(
-            config_name, overrides, source, tokenizer.get_piece_size(), tokenizer_digest(tokenizer)
-        )
-        if source is not None:
-            init_from_lib.report_coverage(manifest, source)
-    config.check_tokenizer(tokenizer, tokenizer_path)
-    if tokenizer_digest(tokenizer) != manifest["tokenizer"]["sha256"]:
-        raise ValueError(f"{folder} was prepared with another tokenizer than {tokenizer_path}'s")
-    return config, tokenizer, folder, corpus
-
-
-def _prepared_record(folder):
-    """What a run records of a prepared folder it trains on: the folder and its manifest's digest."""
-    digest = corpus_lib.files_sha256([os.path.join(folder, prepare_lib.MANIFEST)])
-    source = prepare_lib.load(folder)["corpus"]
-    return {
-        "data": os.path.abspath(folder),
-        "direction": source["direction"],
-        "sha256": digest,
-        "prepared": os.path.abspath(folder),
-    }
-
-
-def _recorded_corpus(out_dir, data, direction):
-    """(prepared folder, corpus record) of a resumed run, if `data` is the corpus it was trained on."""
-    saved = run_folder.read_corpus(out_dir)
-    requested = (
-        _prepared_record(data) if prepare_lib.is_prepared(data) else corpus_lib.corpus_record(data, direction)
-    )
-    if (saved.get("sha256"), saved["direction"]) != (requested["sha256"], requested["direction"]):
-        raise ValueError(
-            f"{out_dir} was trained on {saved['data']} ({saved['direction']}), not on {data} "
-            f"({direction}) as it is now; use a new --out directory."
-        )
-    return run_folder.prepared_folder(out_dir), saved
-
-
-def _prepare_beside(out_dir, data, direction, vocab_size, tokenizer=None):
-    """A new run's corpus prepared into a temporary sibling of `out_dir` (one of a killed start is
-    removed first), encoded with `tokenizer` (a file) if given."""
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    folders.remove_abandoned(parent, DATA_PREFIX)
-    folder = os.path.join(parent, f"{DATA_PREFIX}{os.getpid()}-{os.path.basename(os.path.abspath(out_dir))}")
-    shutil.rmtree(folder, ignore_errors=True)
-    prepare_lib.prepare(data, folder, direction, vocab_size, lock=False, tokenizer=tokenizer)  # run's lock
-    return folder
 
 
 @dataclasses.dataclass
@@ -268,8 +131,8 @@ def stop_if_interrupted(summary):
 
 
 def train(out_dir, config_name=None, **options):
-    """Trains (or resumes) a model in `out_dir` (see `start` for the options). Returns a summary
-    dict (steps, minutes, loss, token accuracy, why it stopped)."""
+    """Trains (or resumes) a model in `out_dir` (options: the fields of TrainOptions). Returns a
+    summary dict (steps, minutes, loss, token accuracy, why it stopped)."""
     run = start(out_dir, config_name, **options)
     try:
         if run.done:
@@ -281,49 +144,19 @@ def train(out_dir, config_name=None, **options):
         run.release()
 
 
-def start(
-    out_dir,
-    config_name=None,
-    data=DEFAULT_CORPUS,
-    direction=None,
-    minutes=None,
-    steps=None,
-    epochs=None,
-    xla=None,
-    precision="auto",
-    batch_tokens=None,
-    accumulate=None,
-    seed=0,
-    strategy=None,
-    vocab_size=TransformerConfig.vocab_size,
-    overrides=None,
-    checkpoint_seconds=300,
-    evaluation=None,
-    init_from=None,
-    callbacks=(),
-    verbose="auto",
-):
-    """Prepares (or resumes) a run in `out_dir`: data, tokenizer, compiled model, callbacks.
-    Training stops after `minutes` (in all, across resumes), `steps` (total) or `epochs` (total);
-    with none given, after one epoch. `callbacks` are extra Keras callbacks, run before kformer's own.
-    xla=None: `default_xla`.
-    precision: "auto", "float32", "bfloat16" or "float16" (`choose_precision`; weights stay float32,
-    so a run may resume in another precision, and it translates and exports in float32).
-    accumulate: optimizer steps of batch_tokens tokens, each the average of the gradients of
-    `accumulate` batches of batch_tokens / accumulate (the config's accumulate_steps).
+def start(out_dir, config_name=None, **options):
+    """Prepares (or resumes) a run in `out_dir`: data, tokenizer, compiled model, callbacks
+    (options: the fields of TrainOptions).
     The run folder is locked (kformer.locks) from here until the returned run's `release()`; a
     second process on it is refused. `release()` also hands back SIGINT and SIGTERM, which the
-    run's callbacks hold while it trains: call it after `fit`, whether `fit` returned or raised.
-    evaluation: when the run translates a dev sample and keeps the best weights (kformer.train.keep_best).
-    init_from: a trained run to start from, with its tokenizer, direction and model sizes and the
-    fine-tuning recipe (kformer.train.init_from); the corpus is encoded with its tokenizer."""
-    options = dict(locals())  # every argument, for _start
-    options["strategy"] = strategy = (
-        distributed.make_strategy(strategy) if isinstance(strategy, str) else strategy
-    )
-    release = locks.hold(out_dir, "train") if distributed.is_chief(strategy) else locks.nothing
+    run's callbacks hold while it trains: call it after `fit`, whether `fit` returned or raised."""
+    options = TrainOptions(config_name=config_name, **options)
+    if isinstance(options.strategy, str):
+        options = dataclasses.replace(options, strategy=distributed.make_strategy(options.strategy))
+    chief = distributed.is_chief(options.strategy)
+    release = locks.hold(out_dir, "train") if chief else locks.nothing
     try:
-        run = _start(**options)
+        run = _start(out_dir, options)
     except BaseException:
         release()
         raise
@@ -342,117 +175,134 @@ def _release(unlock, callbacks):
         unlock()
 
 
-def _start(
-    out_dir,
-    config_name,
-    data,
-    direction,
-    minutes,
-    steps,
-    epochs,
-    xla,
-    precision,
-    batch_tokens,
-    accumulate,
-    seed,
-    strategy,
-    vocab_size,
-    overrides,
-    checkpoint_seconds,
-    evaluation,
-    init_from,
-    callbacks,
-    verbose,
-):
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """What a run's start settles before its model is built."""
+
+    config: TransformerConfig
+    tokenizer: object
+    corpus: dict  # the corpus record (run_folder.read_corpus)
+    encoded: inputs.TrainingCorpus
+    source: object  # the run it starts from (init_from_lib.open_source), or None
+    initial: object  # the source's weights, for a run with none of its own yet; or None
+    per_epoch: int  # batches (not updates) a pass over the train split takes
+    max_steps: int  # the run's total optimizer steps; None for a time budget
+    state: dict  # training.json as the run folder holds it
+    xla: bool
+    precision: str  # compute precision (`choose_precision`); weights are float32
+
+
+def _start(out_dir, options):
     """`start` once the run folder is locked."""
     import tensorflow as tf
 
-    if xla is None:
-        xla = default_xla(strategy, minutes)
-        if not xla and default_xla(strategy):
-            log.info("XLA off: a %g-minute budget (it compiles each batch shape first; --xla)", minutes)
-    if xla and strategy is not None:
-        log.warning("XLA under a tf.distribute strategy: Keras' default turns it off there (--no-xla)")
-    evaluation = evaluation or Evaluation()
-    precision, why = choose_precision(precision)
-    given = {"batch_tokens": batch_tokens, "accumulate_steps": accumulate}
-    overrides = {**(overrides or {}), **{k: v for k, v in given.items() if v is not None}}
-    with distributed.chief_first(strategy) as chief:  # only the chief writes the run directory
+    xla = _xla(options)
+    precision, why = choose_precision(options.precision)
+    with distributed.chief_first(options.strategy) as chief:  # only the chief writes the run directory
         _check_the_chief_started(out_dir, chief)
-        keras.utils.set_random_seed(seed)
-        config, tokenizer, folder, corpus = prepare(
-            out_dir, config_name, data, direction, vocab_size, overrides, init_from
-        )
-        source = init_from_lib.open_source(init_from) if init_from else None
-        fresh = not os.path.exists(run_folder.path(out_dir, run_folder.MODEL_FILE))  # no weights of its own
-        try:
-            initial = init_from_lib.trained_weights(source) if source is not None and fresh else None
-            encoded = _encode(folder, tokenizer, config)
-            _check_evaluation(evaluation, encoded, folder)
-            per_epoch = _steps_per_epoch(encoded, config.micro_batches(), xla)  # batches, not updates
-        except BaseException:
-            if os.path.basename(folder).startswith(DATA_PREFIX):  # prepared for a start that failed
-                shutil.rmtree(folder, ignore_errors=True)
-            raise
-        max_steps = _max_steps(steps, epochs, minutes, per_epoch / config.accumulate_steps)
-        state = run_folder.read_state(out_dir)
-        if _budget_spent(out_dir, minutes, state):
-            return Training(None, config, tokenizer, {}, "budget already spent", state.get("steps", 0))
+        keras.utils.set_random_seed(options.seed)
+        setup = _set_up(out_dir, options, xla, precision)
+        if _budget_spent(out_dir, options.minutes, setup.state):
+            steps = setup.state.get("steps", 0)
+            return Training(None, setup.config, setup.tokenizer, {}, "budget already spent", steps)
         if chief:  # training starts: the run's files appear now, its prepared corpus moves in
-            if source is not None:  # before config.json, whose presence marks a run
-                init_from_lib.record(out_dir, source)
-            run_folder.create(out_dir, config, tokenizer, corpus, folder)
-            encoded.folder = run_folder.prepared_folder(out_dir)
-    plain = strategy is None  # fit's iterator is then a plain tf.data one, whose position can be saved
-    strategy = strategy or tf.distribute.get_strategy()
+            setup = _create_run_folder(out_dir, setup)
+    strategy = options.strategy or tf.distribute.get_strategy()
     log.info("compute precision: %s (%s)", precision, why)
-    model, schedule = _compiled_model(out_dir, config, precision, xla, strategy, max_steps)
-    done, state = _resumed(model, schedule, out_dir, strategy, state, max_steps)
-    if initial is not None and not done:
-        init_from_lib.assign(model, initial, source)
-    if max_steps is not None and done >= max_steps:
-        log.info("already trained %d steps (asked for %d); nothing to do", done, max_steps)
-        return Training(None, config, tokenizer, {}, "already done", done)
-    _log_schedule(schedule, config, max_steps)
-    budget = Budget(schedule, max_steps, minutes, float(state.get("seconds", 0.0)), strategy=strategy)
+    model, schedule = _compiled_model(out_dir, setup, strategy)
+    done, state = _resumed(model, schedule, out_dir, strategy, setup.state, setup.max_steps)
+    if setup.initial is not None and not done:
+        init_from_lib.assign(model, setup.initial, setup.source)
+    if setup.max_steps is not None and done >= setup.max_steps:
+        log.info("already trained %d steps (asked for %d); nothing to do", done, setup.max_steps)
+        return Training(None, setup.config, setup.tokenizer, {}, "already done", done)
+    _log_schedule(schedule, setup.config, setup.max_steps)
+    return _training(out_dir, options, setup, model, schedule, state, chief, strategy)
+
+
+def _set_up(out_dir, options, xla, precision):
+    """The run's config, corpus and tokenizer, its source's weights, and its length in steps."""
+    config, tokenizer, folder, corpus = run_data(out_dir, options)
+    source = init_from_lib.open_source(options.init_from) if options.init_from else None
+    fresh = not os.path.exists(run_folder.path(out_dir, run_folder.MODEL_FILE))  # no weights of its own
+    evaluation = options.evaluation or Evaluation()
+    try:
+        initial = init_from_lib.trained_weights(source) if source is not None and fresh else None
+        encoded = inputs.encode(folder, tokenizer, config)
+        inputs.check_evaluation(evaluation, encoded, folder)
+        per_epoch = inputs.steps_per_epoch(encoded, config.micro_batches(), xla)  # batches, not updates
+    except BaseException:
+        if os.path.basename(folder).startswith(DATA_PREFIX):  # prepared for a start that failed
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    max_steps = _max_steps(options, per_epoch / config.accumulate_steps)
+    state = run_folder.read_state(out_dir)
+    return _Setup(
+        config, tokenizer, corpus, encoded, source, initial, per_epoch, max_steps, state, xla, precision
+    )
+
+
+def _create_run_folder(out_dir, setup):
+    """The run's files written (its source recorded first: config.json marks a run) and its
+    prepared corpus moved in; returns the setup with the corpus where it now is."""
+    if setup.source is not None:
+        init_from_lib.record(out_dir, setup.source)
+    run_folder.create(out_dir, setup.config, setup.tokenizer, setup.corpus, setup.encoded.folder)
+    encoded = dataclasses.replace(setup.encoded, folder=run_folder.prepared_folder(out_dir))
+    return dataclasses.replace(setup, encoded=encoded)
+
+
+def _training(out_dir, options, setup, model, schedule, state, chief, strategy):
+    """The run ready to fit: its callbacks and model.fit's arguments."""
+    plain = (
+        options.strategy is None
+    )  # fit's iterator is then a plain tf.data one, whose position can be saved
+    budget = Budget(
+        schedule, setup.max_steps, options.minutes, float(state.get("seconds", 0.0)), strategy=strategy
+    )
     nan_guard = StopOnNaN()
     position, replay = _input_position(out_dir, state, batches_done(model), plain)
-    keep_best = _keep_best(out_dir, evaluation, encoded, tokenizer, corpus, chief, strategy, nan_guard)
+    evaluation = options.evaluation or Evaluation()
+    keep_best = _keep_best(out_dir, evaluation, setup, chief, strategy, nan_guard)
     interrupt = StopOnInterrupt() if plain else None  # one process: no worker waits for this one
     optional = (position, keep_best, interrupt)
-    callbacks = [*callbacks, budget, nan_guard, *(c for c in optional if c is not None)]
+    callbacks = [*options.callbacks, budget, nan_guard, *(c for c in optional if c is not None)]
     # Other workers compute the same weights and logs, and write nothing.
-    writers = _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position) if chief else []
-    callbacks += [*writers, StopOnSigterm(writers[0].save if writers else None)]
-    fit_args = _fit_args(
-        encoded,
-        config.micro_batches(),
-        xla,
-        seed,
-        batches_done(model),
-        per_epoch,
-        None if max_steps is None else max_steps * config.accumulate_steps,
-        callbacks,
-        verbose,
-        replay,
-        None if plain else strategy,
+    writers = (
+        _chief_callbacks(out_dir, budget, options.checkpoint_seconds, nan_guard, position) if chief else []
     )
-    source, target, counts = encoded.lengths
+    callbacks += [*writers, StopOnSigterm(writers[0].save if writers else None)]
+    fit_args = _fit_args(setup, options, batches_done(model), callbacks, replay)
+    source, target, counts = setup.encoded.lengths
     real = int(((source + target + 1) * counts).sum())  # non-pad tokens of one pass, EOS included
     return Training(
         model,
-        config,
-        tokenizer,
+        setup.config,
+        setup.tokenizer,
         fit_args,
-        steps=done,
+        steps=steps_done(model),  # what _resumed restored
         budget=budget,
         nan_guard=nan_guard,
         keep_best=keep_best,
         interrupt=interrupt,
-        real_tokens_per_step=real / per_epoch * config.accumulate_steps,
+        real_tokens_per_step=real / setup.per_epoch * setup.config.accumulate_steps,
         writes=chief,
-        precision=precision,
+        precision=setup.precision,
     )
+
+
+def _xla(options):
+    """Whether the run compiles its step with XLA: as asked, else `default_xla`."""
+    if options.xla is None:
+        xla = default_xla(options.strategy, options.minutes)
+        if not xla and default_xla(options.strategy):
+            log.info(
+                "XLA off: a %g-minute budget (it compiles each batch shape first; --xla)", options.minutes
+            )
+        return xla
+    if options.xla and options.strategy is not None:
+        log.warning("XLA under a tf.distribute strategy: Keras' default turns it off there (--no-xla)")
+    return options.xla
 
 
 # A run with a time budget shorter than this trains without XLA by default: XLA compiles each
@@ -483,119 +333,23 @@ def _check_the_chief_started(out_dir, chief):
         )
 
 
-@dataclasses.dataclass
-class _Corpus:
-    """What training reads of a prepared corpus: where it is, its manifest, the dev split's ids,
-    and the lengths of the train pairs that fit the model (source, target, pairs of each)."""
-
-    folder: str
-    manifest: dict
-    dev: batches_lib.EncodedPairs
-    lengths: tuple
-    dev_text: list  # the dev pairs as text (source, target)
-
-
-def _encode(folder, tokenizer, config):
-    """The prepared corpus for training; pairs over the max lengths are dropped, with a warning."""
-    manifest = prepare_lib.load(folder)
-    source, target, counts, dropped = shards_lib.prepared_lengths(manifest, config)
-    dev_text = prepare_lib.held_out(folder, "dev")
-    dev = batches_lib.encode_pairs(tokenizer, dev_text, config)
-    for name, count in (("train", dropped), ("dev", dev.dropped_too_long)):
-        if count:
-            log.warning(
-                "%s: dropped %d pairs longer than max lengths (%d source, %d target tokens)",
-                name,
-                count,
-                config.max_source_length,
-                config.max_target_length,
-            )
-    return _Corpus(folder, manifest, dev, (source, target, counts), dev_text)
-
-
-def _keep_best(out_dir, evaluation, encoded, tokenizer, corpus, chief, strategy, nan_guard):
+def _keep_best(out_dir, evaluation, setup, chief, strategy, nan_guard):
     """The KeepBest callback of a run that evaluates a dev sample, else None."""
-    if not (evaluation.on and encoded.dev_text):
+    dev_text = setup.encoded.dev_text
+    if not (evaluation.on and dev_text):
         return None
-    language = corpus["direction"].split("-")[-1]
-    return KeepBest(out_dir, evaluation, encoded.dev_text, tokenizer, language, chief, strategy, nan_guard)
+    language = setup.corpus["direction"].split("-")[-1]
+    return KeepBest(out_dir, evaluation, dev_text, setup.tokenizer, language, chief, strategy, nan_guard)
 
 
-def _check_evaluation(evaluation, encoded, folder):
-    if evaluation.early_stop and not (evaluation.on and encoded.dev_text):
-        why = "evaluations are off (--eval-minutes 0)" if encoded.dev_text else f"{folder} has no dev split"
-        raise ValueError(f"--early-stop needs dev sample evaluations, but {why}")
-
-
-def _steps_per_epoch(encoded, config, xla):
-    per_epoch = shards_lib.prepared_steps_per_epoch(encoded.manifest, config, pad_to_bucket=xla)
-    if per_epoch < 1:
-        raise ValueError(
-            f"the train split ({int(encoded.lengths[2].sum())} pairs) fills no batch of "
-            f"batch_tokens={config.batch_tokens}; lower --batch-tokens"
-        )
-    return per_epoch
-
-
-def _train_dataset(encoded, config, xla, seed, workers=1, rank=0):
-    """The endless seeded training batches of input worker `rank` of `workers` (its part:
-    `data.worker_part`): read into memory when that is small (data.IN_MEMORY_TOKENS; each pass
-    then in a new order of all its pairs), else streamed from its shards (bounded memory)."""
-    all_paths = prepare_lib.shard_paths(encoded.folder, encoded.manifest)
-    paths, num_shards, shard_index = shards_lib.worker_part(all_paths, workers, rank)
-    if workers > 1:
-        log.info(
-            "input worker %d of %d reads %s",
-            rank,
-            workers,
-            f"{len(paths)} of {len(all_paths)} train shards"
-            if num_shards == 1
-            else f"every {num_shards}th pair of the {len(all_paths)} train shard(s)",
-        )
-    dtype = encoded.manifest["train"]["dtype"]
-    source, target, counts = encoded.lengths
-    tokens = int(((source + target) * counts).sum()) * len(paths) / len(all_paths) / num_shards
-    if tokens <= shards_lib.IN_MEMORY_TOKENS:
-        pairs = shards_lib.read_prepared(paths, dtype, config)
-        return batches_lib.make_dataset(pairs, config, True, seed, num_shards, shard_index, pad_to_bucket=xla)
-    log.info("streaming the train split from %d shards", len(paths))
-    return shards_lib.stream_prepared(paths, dtype, config, seed, xla, num_shards, shard_index)
-
-
-def _worker_datasets(encoded, config, xla, seed, strategy, replay):
-    """The training batches of a tf.distribute strategy: each worker reads only its part of the
-    train split (`_train_dataset`) into batches of batch_tokens / replicas tokens, one for each of
-    its replicas a step; a resumed run rebuilds and skips the batches already trained on."""
-    replicas = strategy.num_replicas_in_sync
-    per_replica = config.replace(batch_tokens=config.batch_tokens // replicas)
-
-    def worker_dataset(context):
-        ds = _train_dataset(
-            encoded, per_replica, xla, seed, context.num_input_pipelines, context.input_pipeline_id
-        )
-        return ds.skip(replay * replicas // context.num_input_pipelines) if replay else ds
-
-    workers = distributed.workers(strategy)
-    shards = len(prepare_lib.shard_paths(encoded.folder, encoded.manifest))
-    if shards >= workers > 1 and shards % workers:
-        log.warning(
-            "%d train shards over %d workers: some workers read more shards than others, and pass over "
-            "their pairs less often (kformer prepare --shards, a multiple of %d, evens them)",
-            shards,
-            workers,
-            workers,
-        )
-    return strategy.distribute_datasets_from_function(worker_dataset)
-
-
-def _max_steps(steps, epochs, minutes, per_epoch):
+def _max_steps(options, per_epoch):
     """The run's total optimizer steps: as asked, from epochs (`per_epoch`: updates a pass makes),
     none for a time budget, else one epoch."""
-    if steps is not None:
-        return steps
-    if epochs is not None:
-        return math.ceil(epochs * per_epoch)
-    return None if minutes is not None else math.ceil(per_epoch)
+    if options.steps is not None:
+        return options.steps
+    if options.epochs is not None:
+        return math.ceil(options.epochs * per_epoch)
+    return None if options.minutes is not None else math.ceil(per_epoch)
 
 
 def _budget_spent(out_dir, minutes, state):
@@ -612,14 +366,15 @@ def _budget_spent(out_dir, minutes, state):
     return True
 
 
-def _compiled_model(out_dir, config, precision, xla, strategy, max_steps):
+def _compiled_model(out_dir, setup, strategy):
     """The compiled model in the strategy's scope, with the checkpoint's weights and optimizer
     state where the run has one; and its learning-rate schedule."""
     model_path = run_folder.path(out_dir, run_folder.MODEL_FILE)
+    config = setup.config
     with strategy.scope():
-        schedule = make_schedule(config, max_steps or config.warmup_steps * 10)
+        schedule = make_schedule(config, setup.max_steps or config.warmup_steps * 10)
         model = compile_model(
-            Transformer(config, dtype=PRECISIONS[precision]), config, xla=xla, schedule=schedule
+            Transformer(config, dtype=PRECISIONS[setup.precision]), config, xla=setup.xla, schedule=schedule
         )
         if os.path.exists(model_path):
             model.optimizer.build(model.trainable_variables)
@@ -686,16 +441,19 @@ def _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position):
     ]
 
 
-def _fit_args(encoded, config, xla, seed, done, per_epoch, max_batches, callbacks, verbose, replay, strategy):
+def _fit_args(setup, options, done, callbacks, replay):
     """model.fit's arguments: the seeded batch stream (after `replay` batches skipped; each worker's
     own with a strategy), the dev split, and epochs counted from where the run stands (`done`
-    batches; `config`, `per_epoch` and `max_batches` count batches, of which accumulation makes
-    several an optimizer step)."""
+    batches; the config's micro-batches, `per_epoch` and the steps count batches, of which
+    accumulation makes several an optimizer step)."""
+    config, xla, seed, strategy = setup.config.micro_batches(), setup.xla, options.seed, options.strategy
+    encoded, per_epoch = setup.encoded, setup.per_epoch
+    max_batches = None if setup.max_steps is None else setup.max_steps * setup.config.accumulate_steps
     if strategy is None:
-        train_ds = _train_dataset(encoded, config, xla, seed)
+        train_ds = inputs.train_dataset(encoded, config, xla, seed)
         train_ds = train_ds.skip(replay) if replay else train_ds
     else:
-        train_ds = _worker_datasets(encoded, config, xla, seed, strategy, replay)
+        train_ds = inputs.worker_datasets(encoded, config, xla, seed, strategy, replay)
     dev_ds = (
         batches_lib.make_dataset(encoded.dev, config, training=False, pad_to_bucket=xla)
         if len(encoded.dev)
@@ -713,5 +471,5 @@ def _fit_args(encoded, config, xla, seed, done, per_epoch, max_batches, callback
         steps_per_epoch=per_epoch,
         shuffle=False,
         callbacks=callbacks,
-        verbose=verbose,
+        verbose=options.verbose,
     )

@@ -2,7 +2,8 @@
 
 Keras' Adam writes its update as separate ops (m, v, the step), each a full pass over the
 weights; on a CPU those passes cost several times TensorFlow's fused `ResourceApplyAdam`
-(`kformer bench train --profile` shows them). The arithmetic is the same: m += (g - m)(1 - beta1), v += (g^2 - v)(1 - beta2),
+(`kformer bench train --profile` shows them). The arithmetic is the same:
+m += (g - m)(1 - beta1), v += (g^2 - v)(1 - beta2),
 w -= lr sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + epsilon). The moving average of the
 weights (use_ema) is fused the same way. Under a tf.distribute strategy, with sparse gradients or
 amsgrad, Keras' own update runs: under a strategy Keras updates every device's copy of a variable

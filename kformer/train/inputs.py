@@ -1,0 +1,109 @@
+"""What training reads of a prepared corpus: the train split's batch stream (from memory or its
+shards; each worker's own part under a strategy) and the dev split."""
+
+import dataclasses
+import logging
+
+from kformer.data import batches as batches_lib
+from kformer.data import prepare as prepare_lib
+from kformer.data import shards as shards_lib
+from kformer.train import distributed
+
+log = logging.getLogger("kformer")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingCorpus:
+    """What training reads of a prepared corpus: where it is, its manifest, the dev split's ids,
+    and the lengths of the train pairs that fit the model (source, target, pairs of each)."""
+
+    folder: str
+    manifest: dict
+    dev: batches_lib.EncodedPairs
+    lengths: tuple
+    dev_text: list  # the dev pairs as text (source, target)
+
+
+def encode(folder, tokenizer, config):
+    """The prepared corpus for training; pairs over the max lengths are dropped, with a warning."""
+    manifest = prepare_lib.load(folder)
+    source, target, counts, dropped = shards_lib.prepared_lengths(manifest, config)
+    dev_text = prepare_lib.held_out(folder, "dev")
+    dev = batches_lib.encode_pairs(tokenizer, dev_text, config)
+    for name, count in (("train", dropped), ("dev", dev.dropped_too_long)):
+        if count:
+            log.warning(
+                "%s: dropped %d pairs longer than max lengths (%d source, %d target tokens)",
+                name,
+                count,
+                config.max_source_length,
+                config.max_target_length,
+            )
+    return TrainingCorpus(folder, manifest, dev, (source, target, counts), dev_text)
+
+
+def check_evaluation(evaluation, encoded, folder):
+    if evaluation.early_stop and not (evaluation.on and encoded.dev_text):
+        why = "evaluations are off (--eval-minutes 0)" if encoded.dev_text else f"{folder} has no dev split"
+        raise ValueError(f"--early-stop needs dev sample evaluations, but {why}")
+
+
+def steps_per_epoch(encoded, config, xla):
+    per_epoch = shards_lib.prepared_steps_per_epoch(encoded.manifest, config, pad_to_bucket=xla)
+    if per_epoch < 1:
+        raise ValueError(
+            f"the train split ({int(encoded.lengths[2].sum())} pairs) fills no batch of "
+            f"batch_tokens={config.batch_tokens}; lower --batch-tokens"
+        )
+    return per_epoch
+
+
+def train_dataset(encoded, config, xla, seed, workers=1, rank=0):
+    """The endless seeded training batches of input worker `rank` of `workers` (its part:
+    `shards.worker_part`): read into memory when that is small (shards.IN_MEMORY_TOKENS; each pass
+    then in a new order of all its pairs), else streamed from its shards (bounded memory)."""
+    all_paths = prepare_lib.shard_paths(encoded.folder, encoded.manifest)
+    paths, num_shards, shard_index = shards_lib.worker_part(all_paths, workers, rank)
+    if workers > 1:
+        log.info(
+            "input worker %d of %d reads %s",
+            rank,
+            workers,
+            f"{len(paths)} of {len(all_paths)} train shards"
+            if num_shards == 1
+            else f"every {num_shards}th pair of the {len(all_paths)} train shard(s)",
+        )
+    dtype = encoded.manifest["train"]["dtype"]
+    source, target, counts = encoded.lengths
+    tokens = int(((source + target) * counts).sum()) * len(paths) / len(all_paths) / num_shards
+    if tokens <= shards_lib.IN_MEMORY_TOKENS:
+        pairs = shards_lib.read_prepared(paths, dtype, config)
+        return batches_lib.make_dataset(pairs, config, True, seed, num_shards, shard_index, pad_to_bucket=xla)
+    log.info("streaming the train split from %d shards", len(paths))
+    return shards_lib.stream_prepared(paths, dtype, config, seed, xla, num_shards, shard_index)
+
+
+def worker_datasets(encoded, config, xla, seed, strategy, replay):
+    """The training batches of a tf.distribute strategy: each worker reads only its part of the
+    train split (`train_dataset`) into batches of batch_tokens / replicas tokens, one for each of
+    its replicas a step; a resumed run rebuilds and skips the batches already trained on."""
+    replicas = strategy.num_replicas_in_sync
+    per_replica = config.replace(batch_tokens=config.batch_tokens // replicas)
+
+    def worker_dataset(context):
+        ds = train_dataset(
+            encoded, per_replica, xla, seed, context.num_input_pipelines, context.input_pipeline_id
+        )
+        return ds.skip(replay * replicas // context.num_input_pipelines) if replay else ds
+
+    workers = distributed.workers(strategy)
+    shards = len(prepare_lib.shard_paths(encoded.folder, encoded.manifest))
+    if shards >= workers > 1 and shards % workers:
+        log.warning(
+            "%d train shards over %d workers: some workers read more shards than others, and pass over "
+            "their pairs less often (kformer prepare --shards, a multiple of %d, evens them)",
+            shards,
+            workers,
+            workers,
+        )
+    return strategy.distribute_datasets_from_function(worker_dataset)
