@@ -21,6 +21,7 @@ write it as TFRecord: one record per pair, the bytes of an unsigned 16-bit (32 i
 needs it) array [source length, source ids..., target ids...]. Progress shows pairs/s and an ETA.
 """
 
+import dataclasses
 import hashlib
 import heapq
 import logging
@@ -57,34 +58,41 @@ class PreparedError(ValueError):
     """A folder that is not a finished prepared corpus, or one that does not fit; names the file."""
 
 
+@dataclasses.dataclass(frozen=True)
+class PrepareOptions:
+    """How `prepare` splits and encodes a corpus.
+
+    dev/test: TSV files to use as those splits instead of taking them from the corpus;
+    split_size: pairs at most in each split taken from the corpus; shards: train shard files
+    (default: one per SHARD_PAIRS); sample: train pairs the tokenizer trains on, at most;
+    tokenizer: a SentencePiece model file to encode with instead of training one."""
+
+    direction: str = DEFAULT_DIRECTION
+    vocab_size: int = TransformerConfig.vocab_size
+    dev: str = None
+    test: str = None
+    split_size: int = SPLIT_SIZE
+    shards: int = None
+    sample: int = TOKENIZER_SAMPLE
+    seed: int = 0
+    tokenizer: str = None
+
+
 def prepare(
-    data,
-    out_dir,
-    direction=DEFAULT_DIRECTION,
-    vocab_size=TransformerConfig.vocab_size,
-    dev=None,
-    test=None,
-    split_size=SPLIT_SIZE,
-    shards=None,
-    sample=TOKENIZER_SAMPLE,
-    seed=0,
-    lock=True,
-    tokenizer=None,
+    data, out_dir, direction=DEFAULT_DIRECTION, vocab_size=TransformerConfig.vocab_size, lock=True, **options
 ):
     """Prepares `data` ("default", a TSV path, or (source path, target path)) into the new folder
-    `out_dir`; `dev`/`test`: TSV files to use as those splits instead of taking them from the
-    corpus. Returns the manifest. A killed or failed prepare leaves no `out_dir` behind.
-    lock=False: the caller holds a lock that covers `out_dir` (kformer train, for a run's corpus).
-    tokenizer: a SentencePiece model file to encode with instead of training one."""
+    `out_dir` (options: the fields of PrepareOptions). Returns the manifest. A killed or failed
+    prepare leaves no `out_dir` behind.
+    lock=False: the caller holds a lock that covers `out_dir` (kformer train, for a run's corpus)."""
+    options = PrepareOptions(direction, vocab_size, **options)
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise ValueError(f"--out {out_dir} exists and is not an empty folder; choose a new --out")
     start = time.monotonic()
     release = locks.hold(out_dir, "prepare") if lock else locks.nothing
     try:
         with folders.work_folder(out_dir, ".kformer-prepare-") as work:
-            manifest = _prepare_in(
-                work, data, direction, vocab_size, dev, test, split_size, shards, sample, seed, tokenizer
-            )
+            manifest = _prepare_in(work, data, options)
             manifest["seconds"] = round(time.monotonic() - start, 1)
             write_json(os.path.join(work, MANIFEST), manifest)
     finally:
@@ -93,11 +101,16 @@ def prepare(
     return manifest
 
 
-def _prepare_in(
-    work, data, direction, vocab_size, dev, test, split_size, shards, sample, seed, given_tokenizer
-):
+def _prepare_in(work, data, options):
+    direction, vocab_size, split_size, seed = (
+        options.direction,
+        options.vocab_size,
+        options.split_size,
+        options.seed,
+    )
+    sample, given_tokenizer = options.sample, options.tokenizer
     report = corpus_lib.ReadReport()
-    given = {name: path for name, path in (("dev", dev), ("test", test)) if path}
+    given = {name: path for name, path in (("dev", options.dev), ("test", options.test)) if path}
     held_out = {name: _held_out_file(path) for name, path in given.items()}
     train_file = os.path.join(work, "train.tmp.tsv")
     with open(train_file, "w", encoding="utf-8") as train:
@@ -115,7 +128,7 @@ def _prepare_in(
         tokenizer, sample = tokenizer_lib.load_tokenizer(given_tokenizer), 0
     with open(os.path.join(work, TOKENIZER), "wb") as f:
         f.write(tokenizer.serialized_model_proto())
-    shards = shards or max(1, math.ceil(counts["train"] / SHARD_PAIRS))
+    shards = options.shards or max(1, math.ceil(counts["train"] / SHARD_PAIRS))
     written, histogram, unknown = _write_shards(train_file, counts["train"], tokenizer, work, shards, seed)
     os.remove(train_file)
     return {
