@@ -9,39 +9,30 @@ from kformer.decode.options import SearchOptions
 from kformer.export import manifest as manifest_lib
 from kformer.export.format import QUANTIZATIONS
 from kformer.export.formats import DEFAULT_FORMATS, FORMATS
-from kformer.model.config import BEAM_SIZE, LENGTH_PENALTY, NO_REPEAT_NGRAM
 
 WORK_PREFIX = ".kformer-export-"  # the temporary sibling an export is written in (kformer.folders)
 
 
 def export(
-    model_dir,
-    out_dir,
-    formats=DEFAULT_FORMATS,
-    quantize=(),
-    beam_size=BEAM_SIZE,
-    alpha=LENGTH_PENALTY,
-    max_length=None,
-    no_repeat_ngram=NO_REPEAT_NGRAM,
-    progress=print,
-    weights="best",
+    model_dir, out_dir, formats=DEFAULT_FORMATS, quantize=(), progress=print, weights="best", **options
 ):
     """Writes the chosen formats of the model in `model_dir` to `out_dir` (which must not exist)
     with the tokenizer and a manifest, then checks every artifact against Keras
     (`kformer.export.verify`). Returns the manifest: its "artifacts" carry each one's "check".
-    beam_size is fixed in the files; alpha, max_length and no_repeat_ngram are the defaults of
-    their run-time inputs, kept in the manifest. weights: the training directory's "best"
-    (best.weights.h5 where kept) or "last" (model.keras); the manifest says which."""
+    options: the fields of SearchOptions but nbest; beam_size is fixed in the files; alpha,
+    max_length and no_repeat_ngram are the defaults of their run-time inputs, kept in the
+    manifest. weights: the training directory's "best" (best.weights.h5 where kept) or "last"
+    (model.keras); the manifest says which."""
     from kformer import run_folder
     from kformer.export import onnx, verify
     from kformer.export.module import ExportModule
 
     _check_request(formats, quantize, out_dir)
     model, config, tokenizer, corpus = run_folder.load(model_dir, weights)
-    options = SearchOptions(beam_size, alpha, max_length, no_repeat_ngram).checked(config.max_target_length)
+    options = SearchOptions(**options).checked(config.max_target_length)
     tokenizer_file = run_folder.path(model_dir, run_folder.TOKENIZER_FILE)
     with open(tokenizer_file, "rb") as f:
-        module = ExportModule(model, f.read(), beam_size=beam_size)
+        module = ExportModule(model, f.read(), beam_size=options.beam_size)
     manifest = manifest_lib.describe(config, options, onnx.OPSET, corpus, model_dir)
     manifest["weights"] = run_folder.describe_weights(model_dir, run_folder.weights_file(model_dir, weights))
     with folders.work_folder(out_dir, WORK_PREFIX) as work:

@@ -10,7 +10,6 @@ from kformer import run_folder
 from kformer.data import corpus as corpus_lib
 from kformer.data import prepare as prepare_lib
 from kformer.decode.translator import Translator
-from kformer.model.config import BEAM_SIZE, LENGTH_PENALTY, NO_REPEAT_NGRAM
 
 log = logging.getLogger("kformer")
 
@@ -62,17 +61,15 @@ def evaluate(
     split="test",
     source_file=None,
     reference_file=None,
-    beam_size=BEAM_SIZE,
-    alpha=LENGTH_PENALTY,
     output=None,
     limit=None,
-    max_length=None,
-    no_repeat_ngram=NO_REPEAT_NGRAM,
     weights="best",
+    **options,
 ):
     """Translates a split (or a source file) and scores it against its references.
     Writes the hypotheses, one per line, to `output` (default: MODEL/hypotheses.<split>.txt).
-    weights: "best" (best.weights.h5 where kept) or "last" (model.keras)."""
+    weights: "best" (best.weights.h5 where kept) or "last" (model.keras). options: the search's,
+    fields of kformer.decode.options.SearchOptions (beam_size, alpha, max_length, no_repeat_ngram)."""
     if (source_file is None) != (reference_file is None):
         raise ValueError("give both --source and --reference, or neither (to use --split)")
     model, config, tokenizer, corpus = run_folder.load(model_dir, weights)
@@ -93,15 +90,9 @@ def evaluate(
         raise ValueError(f"nothing to evaluate: {name} is empty")
     output = output or os.path.join(model_dir, f"hypotheses.{name}.txt")
     _check_writable(output)  # before the translation work, which a bad path would otherwise lose
+    translator = Translator(model, tokenizer, **options)
+    beam_size = translator.beam_size
     log.info("translating %d sentences of %s (beam %d)", len(sources), name, beam_size)
-    translator = Translator(
-        model,
-        tokenizer,
-        beam_size=beam_size,
-        alpha=alpha,
-        max_length=max_length,
-        no_repeat_ngram=no_repeat_ngram,
-    )
     hypotheses = translator.translate(sources, corpus["direction"].split("-")[-1])
     with open(output, "w", encoding="utf-8") as f:
         f.writelines(h + "\n" for h in hypotheses)

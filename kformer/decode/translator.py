@@ -9,7 +9,7 @@ import tensorflow as tf
 from kformer.decode import options as options_lib
 from kformer.decode import search, sentences, text_batches
 from kformer.decode.runner import Runner
-from kformer.model.config import BEAM_SIZE, FIRST_PASS_EXTRA_TOKENS, LENGTH_PENALTY, NO_REPEAT_NGRAM
+from kformer.model.config import FIRST_PASS_EXTRA_TOKENS
 
 SOURCE_SPEC = tf.TensorSpec([None, None], tf.int32, name="source_ids")
 # The searches' run-time options (kformer.decode.options): scalars, inputs of every exported graph.
@@ -26,9 +26,10 @@ class Translator(tf.Module):
     Args:
         model: a trained `kformer.model.transformer.Transformer`.
         tokenizer: its SentencePiece processor (only needed for text in/out).
-        beam_size: K of the `beam` graph (the paper and default: 4); the buffers are shaped by it.
-        alpha, max_length, no_repeat_ngram, nbest: the defaults of the run-time options
-            (`kformer.decode.options.SearchOptions`; max_length None: the config's max_target_length).
+        options: the fields of `kformer.decode.options.SearchOptions`: beam_size, K of the `beam`
+            graph (the paper and default: 4; the buffers are shaped by it); alpha, max_length,
+            no_repeat_ngram, nbest: the defaults of the run-time options (max_length None: the
+            config's max_target_length).
         batch_size: sentences per graph call in `translate`.
         jit_compile: compile the searches with XLA (one program per input shape; not exported).
         fixed_buffers: key/value buffers of a fixed length written one slot a step, instead of
@@ -54,21 +55,16 @@ class Translator(tf.Module):
         self,
         model,
         tokenizer=None,
-        beam_size=BEAM_SIZE,
-        alpha=LENGTH_PENALTY,
-        max_length=None,
-        no_repeat_ngram=NO_REPEAT_NGRAM,
         batch_size=32,
         jit_compile=False,
-        nbest=1,
         fixed_buffers=False,
         drop_done=None,
+        **options,
     ):
         super().__init__(name="translator")
         config = model.config
-        self.options = options_lib.SearchOptions(
-            beam_size, alpha, max_length, no_repeat_ngram, nbest
-        ).checked(config.max_target_length)
+        self.options = options_lib.SearchOptions(**options).checked(config.max_target_length)
+        beam_size = self.options.beam_size
         self.model, self.config, self.tokenizer = model, config, tokenizer
         self.beam_size, self.max_length = beam_size, self.options.max_length
         self.batch_size = batch_size
