@@ -135,7 +135,7 @@ def save_alignment(model_dir, text, path, layer=-1, beam_size=BEAM_SIZE):
 def beam_trace(translator, text):
     """The beam search of one sentence step by step: a list with, per step, the K alive
     hypotheses as (pieces, log-probability), best first (dead beams left out). It runs the real
-    search loop with trace buffers in its state (`beam_search(trace=True)`): a re-implementation
+    search loop with trace buffers in its state (`search.OnePass(trace=True)`): a re-implementation
     outside the loop could show a search that is not the one translating."""
     import tensorflow as tf
 
@@ -143,20 +143,17 @@ def beam_trace(translator, text):
 
     config, tokenizer, k = translator.config, translator.tokenizer, translator.beam_size
     (ids,) = translator.encode([text])
-    limits, length, cache, _ = translator.prepare(
+    lengths, cache, _ = translator.search_inputs(
         tf.constant([ids or [config.pad_id]], tf.int32), translator.max_length, drop_done=False
     )
     _, _, trace = search.beam_search(
         translator.model.decode_step,
         cache,
-        limits,
-        length,
+        lengths,
+        search.TokenIds(config.bos_id, config.eos_id, config.pad_id),
         k,
-        config.bos_id,
-        config.eos_id,
         translator.options.alpha,
-        config.pad_id,
-        trace=True,
+        search.OnePass(trace=True),
     )
     tokens, log_probs = trace["tokens"].numpy()[0], trace["log_probs"].numpy()[0]
     return [

@@ -69,19 +69,26 @@ def uncached_search(
     import tensorflow as tf
 
     from kformer import run_folder
-    from kformer.decode.search import beam_search, greedy_search, naive_cache, naive_step, output_limits
+    from kformer.decode.search import (
+        TokenIds,
+        beam_search,
+        greedy_search,
+        naive_cache,
+        naive_step,
+        output_limits,
+    )
 
     model, config = run_folder.load(model_dir)[:2]
     source = tf.constant(batch[:, : config.max_source_length])
-    limits, length = output_limits(source, config.pad_id, max_length, extra, config.max_target_length)
+    lengths = output_limits(source, config.pad_id, max_length, extra, config.max_target_length)
     step = naive_step(lambda s, t: model({"source_ids": s, "target_ids": t}, training=False))
-    ids = config.bos_id, config.eos_id
-    cache = naive_cache(source, length)
+    ids = TokenIds(config.bos_id, config.eos_id)
+    cache = naive_cache(source, lengths.buffer)
     if beam == 1:
-        tokens, scores = greedy_search(step, cache, limits, length, *ids, no_repeat_ngram=no_repeat_ngram)
+        tokens, scores = greedy_search(step, cache, lengths, ids, no_repeat_ngram=no_repeat_ngram)
     else:
         tokens, scores = beam_search(
-            step, cache, limits, length, beam, *ids, alpha=alpha, no_repeat_ngram=no_repeat_ngram
+            step, cache, lengths, ids, beam, alpha=alpha, no_repeat_ngram=no_repeat_ngram
         )
     return tokens.numpy(), scores.numpy()
 
@@ -396,7 +403,7 @@ def test_text_in_text_out(artifacts, model_dir):
 
 # The most nodes each loop body of the tiny model's fp32 files may have (beam search, then greedy:
 # ONNX's one loop, TFLite's loop of each pass), as the pinned tf2onnx and TFLite converter write
-# them. ONNX's include the drop of the rows done (kformer.decode.search's drop_done: 31 nodes a greedy
+# them. ONNX's include the drop of the rows done (kformer.decode.search's DropDone: 31 nodes a greedy
 # step, 49 a beam step, of gathers and scatters). Included: the n-gram
 # repeat guard's 25 or 21 nodes a step, and the logits ranked in chunks (kformer.model.portable
 # .top_tokens: 14 TFLite ops a beam step, 8 a greedy one; 17 ONNX nodes a beam step, ONNX greedy
@@ -595,7 +602,7 @@ def _check_tflite_files(path, variant, weight_bytes):
         ops = tflite.operators(open(file, "rb").read())
         assert "WHILE" in ops and not any(op.startswith("CUSTOM") for op in ops), ops
         assert sorted(Interpreter(model_path=file).get_signature_list()) == sorted(searches)
-        # A loop per pass of each search (fixed buffers: kformer.decode.search._in_two_passes); one in the
+        # A loop per pass of each search (fixed buffers: kformer.decode.search.TwoPasses); one in the
         # fixed file, whose one row a call runs its first pass to the end.
         file_bodies = _while_bodies(file)
         assert len(file_bodies) == (1 if fixed else 2) * len(searches), file

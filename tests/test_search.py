@@ -12,9 +12,21 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from kformer.decode.search import NEG_INF, beam_search, greedy_search, length_penalty
+from kformer.decode.search import (
+    DROP_DONE,
+    NEG_INF,
+    Lengths,
+    OnePass,
+    TokenIds,
+    TwoPasses,
+    beam_search,
+    greedy_search,
+    length_penalty,
+)
 
 BOS, EOS, A, B = 2, 3, 4, 5
+IDS = TokenIds(BOS, EOS)
+TRACED = OnePass(trace=True)
 V = 6
 
 
@@ -44,17 +56,15 @@ def row_cache(rows):
 def run_beam(rows, limits, k, alpha):
     table = table_from(rows)
     limits = tf.constant(limits, tf.int32)
-    tokens, scores = beam_search(
-        markov_step(table), row_cache(rows), limits, tf.reduce_max(limits), k, BOS, EOS, alpha=alpha
-    )
+    lengths = Lengths(limits, tf.reduce_max(limits))
+    tokens, scores = beam_search(markov_step(table), row_cache(rows), lengths, IDS, k, alpha=alpha)
     return tokens.numpy(), scores.numpy()
 
 
 def run_greedy(rows, limits):
     limits = tf.constant(limits, tf.int32)
-    tokens, scores = greedy_search(
-        markov_step(table_from(rows)), row_cache(rows), limits, tf.reduce_max(limits), BOS, EOS
-    )
+    lengths = Lengths(limits, tf.reduce_max(limits))
+    tokens, scores = greedy_search(markov_step(table_from(rows)), row_cache(rows), lengths, IDS)
     return tokens.numpy(), scores.numpy()
 
 
@@ -105,9 +115,8 @@ def test_finishing_candidates_still_leave_k_alive():
         }
     ]
     table = table_from(rows)
-    _, _, trace = beam_search(
-        markov_step(table), row_cache(rows), tf.constant([5]), 5, 2, BOS, EOS, alpha=0.6, trace=True
-    )
+    lengths = Lengths(tf.constant([5]), 5)
+    _, _, trace = beam_search(markov_step(table), row_cache(rows), lengths, IDS, 2, alpha=0.6, loop=TRACED)
     alive = trace["tokens"].numpy()[0, 1]  # (K, T) after step 1
     assert [list(seq[:2]) for seq in alive] == [[A, C], [B, A]]
     np.testing.assert_allclose(trace["log_probs"].numpy()[0, 1], np.log([0.2, 0.16]), rtol=1e-5)
@@ -192,12 +201,9 @@ def test_beam_trace_records_alive_hypotheses_per_step():
     rows = [{BOS: {EOS: 0.3, A: 0.4, B: 0.3}, A: {EOS: 0.8, B: 0.2}, B: {B: 0.5, EOS: 0.5}}]
     table = table_from(rows)
     limits = tf.constant([4])
-    tokens, scores, trace = beam_search(
-        markov_step(table), row_cache(rows), limits, 4, 2, BOS, EOS, alpha=0.6, trace=True
-    )
-    plain_tokens, plain_scores = beam_search(
-        markov_step(table), row_cache(rows), limits, 4, 2, BOS, EOS, alpha=0.6
-    )
+    lengths = Lengths(limits, 4)
+    tokens, scores, trace = beam_search(markov_step(table), row_cache(rows), lengths, IDS, 2, 0.6, TRACED)
+    plain_tokens, plain_scores = beam_search(markov_step(table), row_cache(rows), lengths, IDS, 2, 0.6)
     np.testing.assert_array_equal(tokens.numpy(), plain_tokens.numpy())  # tracing changes nothing
     history, log_probs = trace["tokens"].numpy()[0], trace["log_probs"].numpy()[0]
     # After step 0 the alive beams are "a" (0.4) and "b" (0.3); EOS (0.3) went to finished.
@@ -214,16 +220,9 @@ def test_a_beam_row_stops_when_its_most_probable_candidate_ends():
     # one step, with the second n-best slot left empty. The alive "a" (0.45) could still beat it
     # at the row's largest length penalty, so a search waiting for that bound would go on.
     rows = [{BOS: {EOS: 0.5, A: 0.45, B: 0.05}, A: {A: 0.5, B: 0.5}, B: {A: 0.5, B: 0.5}}]
+    lengths = Lengths(tf.constant([6]), 6)
     tokens, scores, trace = beam_search(
-        markov_step(table_from(rows)),
-        row_cache(rows),
-        tf.constant([6]),
-        6,
-        2,
-        BOS,
-        EOS,
-        alpha=0.6,
-        trace=True,
+        markov_step(table_from(rows)), row_cache(rows), lengths, IDS, 2, 0.6, TRACED
     )
     tokens, scores = tokens.numpy(), scores.numpy()
     assert int(trace["steps"]) == 1
@@ -264,25 +263,15 @@ def test_two_passes_give_the_results_of_one(seed):
         def cache(length):
             return {"static": tf.range(rows), "state": tf.zeros([rows, length], tf.int32)}
 
-        first_pass = (tf.constant(first_length), grow_fed)
-        one = greedy_search(counting_step(table), cache(length), limits, length, BOS, EOS)
-        two = greedy_search(
-            counting_step(table), cache(first_length), limits, length, BOS, EOS, first_pass=first_pass
-        )
+        two_passes, lengths = TwoPasses(tf.constant(first_length), grow_fed), Lengths(limits, length)
+        one = greedy_search(counting_step(table), cache(length), lengths, IDS)
+        two = greedy_search(counting_step(table), cache(first_length), lengths, IDS, two_passes)
         np.testing.assert_array_equal(one[0], two[0])
         np.testing.assert_allclose(one[1], two[1], rtol=1e-6)
         guard = {"no_repeat_ngram": 2}  # its buffers are grown with the others
-        one = beam_search(counting_step(table), cache(length), limits, length, 3, BOS, EOS, **guard)
+        one = beam_search(counting_step(table), cache(length), lengths, IDS, 3, **guard)
         two = beam_search(
-            counting_step(table),
-            cache(first_length),
-            limits,
-            length,
-            3,
-            BOS,
-            EOS,
-            first_pass=first_pass,
-            **guard,
+            counting_step(table), cache(first_length), lengths, IDS, 3, loop=two_passes, **guard
         )
         np.testing.assert_array_equal(one[0], two[0])
         np.testing.assert_allclose(one[1], two[1], rtol=1e-6)
@@ -300,14 +289,14 @@ def test_dropping_done_rows_gives_the_results_of_one_pass(seed):
     cache = {"static": tf.range(rows), "state": tf.zeros([rows, length], tf.int32)}
     guard = {"no_repeat_ngram": 2}
     searches = [
-        functools.partial(greedy_search, counting_step(table), bos_id=BOS, eos_id=EOS, **guard),
-        functools.partial(beam_search, counting_step(table), beam_size=3, bos_id=BOS, eos_id=EOS, **guard),
+        functools.partial(greedy_search, counting_step(table), ids=IDS, **guard),
+        functools.partial(beam_search, counting_step(table), ids=IDS, beam_size=3, **guard),
     ]
     for search in searches:
-        one = search(cache, limits, length)
+        one = search(cache=cache, lengths=Lengths(limits, length))
         graph = tf.function(
             lambda static, state, limits, search=search: search(
-                {"static": static, "state": state}, limits, length, drop_done=True
+                cache={"static": static, "state": state}, lengths=Lengths(limits, length), loop=DROP_DONE
             ),
             input_signature=[
                 tf.TensorSpec([None], tf.int32),  # static: the row ids
@@ -316,7 +305,7 @@ def test_dropping_done_rows_gives_the_results_of_one_pass(seed):
             ],
         )
         for dropping in (
-            search(cache, limits, length, drop_done=True),
+            search(cache=cache, lengths=Lengths(limits, length), loop=DROP_DONE),
             graph(cache["static"], cache["state"], limits),
         ):
             np.testing.assert_array_equal(one[0], dropping[0])
@@ -338,7 +327,7 @@ def test_done_rows_are_dropped_from_the_next_step(beam_size):
         return markov_step(table_from(rows))(tokens, cache, index)
 
     search = greedy_search if beam_size == 1 else functools.partial(beam_search, beam_size=beam_size)
-    tokens, _ = search(step, row_cache(rows), limits, 4, bos_id=BOS, eos_id=EOS, drop_done=True)
+    tokens, _ = search(step, row_cache(rows), Lengths(limits, 4), IDS, loop=DROP_DONE)
     assert stepped == [4, 3, 2, 1], stepped
     best = (tokens if beam_size == 1 else tokens[:, 0]).numpy()
     np.testing.assert_array_equal(
@@ -346,19 +335,13 @@ def test_done_rows_are_dropped_from_the_next_step(beam_size):
     )
 
 
-def test_a_search_drops_done_rows_or_runs_two_passes_not_both():
+def test_a_search_refuses_a_loop_it_does_not_know():
     rows = [{BOS: {EOS: 1.0}}]
-    with pytest.raises(ValueError, match="not both"):
-        greedy_search(
-            markov_step(table_from(rows)),
-            row_cache(rows),
-            tf.constant([2]),
-            2,
-            BOS,
-            EOS,
-            first_pass=(1, lambda state, length: state),
-            drop_done=True,
-        )
+    for search in (greedy_search, functools.partial(beam_search, beam_size=2)):
+        with pytest.raises(TypeError, match="loop"):
+            search(
+                markov_step(table_from(rows)), row_cache(rows), Lengths(tf.constant([2]), 2), IDS, loop="drop"
+            )
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])
@@ -376,8 +359,8 @@ def test_the_long_rows_of_a_batch_continue_without_the_others(beam_size):
         return markov_step(table_from(rows))(tokens, cache, index)
 
     search = greedy_search if beam_size == 1 else functools.partial(beam_search, beam_size=beam_size)
-    unchanged = (tf.constant(8), lambda state, length: state)  # (T1, grow): the toy's cache has no buffers
-    tokens, _ = search(step, row_cache(rows), limits, 8, bos_id=BOS, eos_id=EOS, first_pass=unchanged)
+    unchanged = TwoPasses(tf.constant(8), lambda state, length: state)  # the toy's cache has no buffers
+    tokens, _ = search(step, row_cache(rows), Lengths(limits, 8), IDS, loop=unchanged)
     assert stepped == [8] + [2] * 7, stepped
     best = tokens if beam_size == 1 else tokens[:, 0]
     np.testing.assert_array_equal(tf.reduce_sum(tf.cast(best == A, tf.int32), axis=1), limits)
@@ -416,7 +399,7 @@ def test_greedy_never_repeats_an_ngram_and_follows_the_renormalized_best(n):
     table = random_loopy_rows(rng, 4)
     limits = tf.constant([9, 9, 5, 0], tf.int32)
     cache = {"static": tf.range(4), "state": ()}
-    tokens, scores = greedy_search(markov_step(table), cache, limits, 9, BOS, EOS, no_repeat_ngram=n)
+    tokens, scores = greedy_search(markov_step(table), cache, Lengths(limits, 9), IDS, no_repeat_ngram=n)
     for r in range(4):
         output, log_prob, last = [], 0.0, BOS
         while len(output) < int(limits[r]) and (not output or output[-1] != EOS):
@@ -428,7 +411,7 @@ def test_greedy_never_repeats_an_ngram_and_follows_the_renormalized_best(n):
         assert list(tokens[r, : len(output)].numpy()) == output, (r, output)
         assert not has_repeated_ngram(output, n)
         assert scores[r].numpy() == pytest.approx(log_prob, rel=1e-4, abs=1e-4)
-    unguarded, _ = greedy_search(markov_step(table), cache, limits, 9, BOS, EOS)
+    unguarded, _ = greedy_search(markov_step(table), cache, Lengths(limits, 9), IDS)
     assert any(has_repeated_ngram(list(row), n) for row in unguarded.numpy())  # the guard did something
 
 
@@ -442,11 +425,9 @@ def test_wide_guarded_beam_equals_brute_force(n):
     tokens, scores = beam_search(
         markov_step(table),
         {"static": tf.range(1), "state": ()},
-        tf.constant([limit]),
-        limit,
+        Lengths(tf.constant([limit]), limit),
+        IDS,
         k,
-        BOS,
-        EOS,
         alpha=0.0,
         no_repeat_ngram=n,
     )

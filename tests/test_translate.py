@@ -7,7 +7,17 @@ import pytest
 import tensorflow as tf
 from conftest import random_ids
 
-from kformer.decode.search import beam_search, greedy_search, naive_cache, naive_step, output_limits
+from kformer.decode.search import (
+    DROP_DONE,
+    ONE_PASS,
+    TokenIds,
+    TwoPasses,
+    beam_search,
+    greedy_search,
+    naive_cache,
+    naive_step,
+    output_limits,
+)
 from kformer.decode.text_batches import strip_special
 from kformer.decode.translator import Translator
 from kformer.model.config import preset
@@ -54,14 +64,15 @@ def test_greedy_equals_naive_prefix_rerun(random_model, batch, length):
 
 def test_graph_naive_search_equals_cached_search(random_model):
     source = tf.constant(random_ids(np.random.default_rng(5), 3, 6, 40, pad_tail=2))
-    limits, length = output_limits(source, 0, 16, buffer_cap=random_model.config.max_target_length)
+    lengths = output_limits(source, 0, 16, buffer_cap=random_model.config.max_target_length)
+    length, ids = lengths.buffer, TokenIds(2, 3)
     step = naive_step(lambda s, t: random_model({"source_ids": s, "target_ids": t}))
     translator = Translator(random_model, beam_size=3, max_length=16, no_repeat_ngram=0)
-    naive_tokens, naive_scores = greedy_search(step, naive_cache(source, length), limits, length, 2, 3)
+    naive_tokens, naive_scores = greedy_search(step, naive_cache(source, length), lengths, ids)
     cached = run(translator, source, "greedy")
     np.testing.assert_array_equal(naive_tokens.numpy(), cached["tokens"].numpy())
     np.testing.assert_allclose(naive_scores.numpy(), cached["scores"].numpy(), rtol=1e-4)
-    naive_tokens, naive_scores = beam_search(step, naive_cache(source, length), limits, length, 3, 2, 3)
+    naive_tokens, naive_scores = beam_search(step, naive_cache(source, length), lengths, ids, 3)
     cached = run(translator, source, "beam")
     np.testing.assert_array_equal(naive_tokens.numpy(), cached["tokens"].numpy())
     np.testing.assert_allclose(naive_scores.numpy(), cached["scores"].numpy(), rtol=1e-4)
@@ -72,15 +83,15 @@ def test_appended_caches_search_as_fixed_buffers(random_model, beam_size):
     """The exported searches' caches (appended a step at a time) against XLA's fixed buffers,
     in two passes (first buffers of 6: the second pass grows the fixed ones)."""
     model, source = random_model, tf.constant(random_ids(np.random.default_rng(8), 5, 7, 40, pad_tail=3))
-    limits, length = output_limits(source, 0, 20, buffer_cap=model.config.max_target_length)
+    lengths = output_limits(source, 0, 20, buffer_cap=model.config.max_target_length)
     results = []
     for cache in (model.init_cache(source, 6), model.init_cache(source)):
-        args = (model.decode_step, cache, limits, length)
-        options = dict(first_pass=(6, model.grow_cache), no_repeat_ngram=0)
+        args = (model.decode_step, cache, lengths, TokenIds(2, 3))
+        options = dict(loop=TwoPasses(6, model.grow_cache), no_repeat_ngram=0)
         if beam_size == 1:
-            results.append(greedy_search(*args, 2, 3, **options))
+            results.append(greedy_search(*args, **options))
         else:
-            results.append(beam_search(*args, beam_size, 2, 3, **options))
+            results.append(beam_search(*args, beam_size, **options))
     (fixed_tokens, fixed_scores), (tokens, scores) = results
     np.testing.assert_array_equal(tokens.numpy(), fixed_tokens.numpy())
     np.testing.assert_allclose(scores.numpy(), fixed_scores.numpy(), rtol=1e-5)
@@ -88,7 +99,7 @@ def test_appended_caches_search_as_fixed_buffers(random_model, beam_size):
 
 def test_caches_append_unless_fixed_buffers_or_xla_are_asked_for(random_model):
     source = tf.constant(random_ids(np.random.default_rng(9), 2, 5, 40))
-    kind = lambda translator: list(translator.prepare(source, 10)[2]["state"])  # noqa: E731
+    kind = lambda translator: list(translator.search_inputs(source, 10)[1]["state"])  # noqa: E731
     assert kind(Translator(random_model)) == ["appended"]
     assert kind(Translator(random_model, fixed_buffers=True)) == ["self"]
     assert kind(Translator(random_model, jit_compile=True)) == ["self"]
@@ -96,11 +107,11 @@ def test_caches_append_unless_fixed_buffers_or_xla_are_asked_for(random_model):
 
 def test_done_rows_are_dropped_with_growing_caches_and_left_by_a_second_pass_with_fixed_buffers(random_model):
     source = tf.constant(random_ids(np.random.default_rng(9), 2, 5, 40))
-    loop = lambda translator: translator.prepare(source, 10)[3]  # noqa: E731
-    assert loop(Translator(random_model)) == {"drop_done": True}
-    assert list(loop(Translator(random_model, fixed_buffers=True))) == ["first_pass"]
-    assert loop(Translator(random_model, fixed_buffers=True, drop_done=False)) == {}
-    assert loop(Translator(random_model, jit_compile=True)) == {}  # static shapes: one pass
+    loop = lambda translator: translator.search_inputs(source, 10)[2]  # noqa: E731
+    assert loop(Translator(random_model)) == DROP_DONE
+    assert isinstance(loop(Translator(random_model, fixed_buffers=True)), TwoPasses)
+    assert loop(Translator(random_model, fixed_buffers=True, drop_done=False)) == ONE_PASS
+    assert loop(Translator(random_model, jit_compile=True)) == ONE_PASS  # static shapes: one pass
 
 
 def test_beam_of_one_equals_greedy_on_a_model(random_model):

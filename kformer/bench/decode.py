@@ -36,7 +36,8 @@ def _search_function(model, beam_size, naive, jit_compile, output_tokens, eager=
     c = model.config
 
     def run(source_ids):
-        limits, length = search.output_limits(source_ids, c.pad_id, output_tokens)
+        lengths = search.output_limits(source_ids, c.pad_id, output_tokens)
+        length, ids = lengths.buffer, search.TokenIds(c.bos_id, c.eos_id, c.pad_id)
         if naive:
             step = search.naive_step(lambda s, t: model({"source_ids": s, "target_ids": t}, training=False))
             cache = search.naive_cache(source_ids, length, c.pad_id)
@@ -45,8 +46,8 @@ def _search_function(model, beam_size, naive, jit_compile, output_tokens, eager=
             step, cache = model.decode_step, model.init_cache(source_ids, length if jit_compile else None)
         step = _without_eos(step, c.eos_id)
         if beam_size > 1:
-            return search.beam_search(step, cache, limits, length, beam_size, c.bos_id, c.eos_id)[0]
-        return search.greedy_search(step, cache, limits, length, c.bos_id, c.eos_id)[0]
+            return search.beam_search(step, cache, lengths, ids, beam_size)[0]
+        return search.greedy_search(step, cache, lengths, ids)[0]
 
     if eager:  # the same search run op by op from Python, as tutorial decoders do
         return lambda source_ids: run(tf.constant(source_ids))

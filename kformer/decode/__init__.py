@@ -1,6 +1,6 @@
 """Decoding: token ids in, translations out.
 
-search.py is the one graph-mode search loop (greedy and beam); translator.py traces it on a
+search/ holds the graph-mode searches (greedy and beam, their loops); translator.py traces them on a
 trained model; options.py what a request may choose; sentences.py and text_batches.py turn
 paragraphs into batches of sentences and back; runner.py is the interface every runtime
 implements (Keras here, the exported formats in kformer.export); gather.py batches work that

@@ -37,8 +37,8 @@ class Translator(tf.Module):
             LiteRT, which re-plans a loop body whose shapes change, runs these faster.
         drop_done: rows that are done stop taking steps (None: unless `jit_compile`, whose
             static shapes cannot drop them): with growing caches, the loop drops them at every
-            step (`drop_done` of `kformer.decode.search`); with fixed buffers, a second pass takes the
-            rows left once a quarter of them run on (`search._in_two_passes`).
+            step (`search.DropDone`); with fixed buffers, a second pass takes the rows left once
+            a quarter of them run on (`search.TwoPasses`).
 
     Graph functions (options are scalar inputs: max_length is clipped to [1, max_target_length],
     no_repeat_ngram <= 0 is off):
@@ -73,13 +73,12 @@ class Translator(tf.Module):
         self.greedy = tf.function(self._greedy, input_signature=GREEDY_SPECS, jit_compile=jit_compile)
         self.beam = tf.function(self._beam, input_signature=BEAM_SPECS, jit_compile=jit_compile)
 
-    def prepare(self, source_ids, max_length, drop_done=None):
-        """(B, S) source ids and the max_length option -> (per-row output limits, buffer length,
-        decoder cache, loop) for a search; loop: the search's keyword arguments that say how done
-        rows stop stepping ({} when they do not: `drop_done=False`; the default is the
-        translator's). Ids beyond the positional table would be out of range (an error in TF and
-        ONNX, an unchecked read in TFLite): the graph keeps the first max_source_length, in every
-        runtime."""
+    def search_inputs(self, source_ids, max_length, drop_done=None):
+        """(B, S) source ids and the max_length option -> (search.Lengths, decoder cache, loop) for
+        a search; loop: how done rows stop stepping (kformer.decode.search.loops; ONE_PASS when
+        they do not: `drop_done=False`; the default is the translator's). Ids beyond the
+        positional table would be out of range (an error in TF and ONNX, an unchecked read in
+        TFLite): the graph keeps the first max_source_length, in every runtime."""
         c = self.config
         source_ids = source_ids[:, : c.max_source_length]
         cap = tf.clip_by_value(max_length, 1, c.max_target_length)
@@ -87,50 +86,37 @@ class Translator(tf.Module):
         # Buffers as long as the model's longest output whatever max_length is: their shapes then
         # follow from the input's shape alone, as XLA and LiteRT.js (the fixed file) need; a lower
         # max_length stops the loop earlier, in buffers a little longer than needed.
-        limits, length = search.output_limits(source_ids, c.pad_id, cap, buffer_cap=c.max_target_length)
+        lengths = search.output_limits(source_ids, c.pad_id, cap, buffer_cap=c.max_target_length)
         if not self.fixed_buffers:  # key/value caches that grow by a step each step (Transformer.init_cache)
-            return limits, length, self.model.init_cache(source_ids), {"drop_done": drop_done}
+            return (
+                lengths,
+                self.model.init_cache(source_ids),
+                search.DROP_DONE if drop_done else search.ONE_PASS,
+            )
         if not drop_done:
-            return limits, length, self.model.init_cache(source_ids, length), {}
-        first_length = tf.minimum(length, tf.shape(source_ids)[1] + FIRST_PASS_EXTRA_TOKENS)
-        loop = {"first_pass": (first_length, self.model.grow_cache)}
-        return limits, length, self.model.init_cache(source_ids, first_length), loop
+            return lengths, self.model.init_cache(source_ids, lengths.buffer), search.ONE_PASS
+        first_length = tf.minimum(lengths.buffer, tf.shape(source_ids)[1] + FIRST_PASS_EXTRA_TOKENS)
+        loop = search.TwoPasses(first_length, self.model.grow_cache)
+        return lengths, self.model.init_cache(source_ids, first_length), loop
 
     def _greedy(self, source_ids, max_length, no_repeat_ngram):
-        return self.search_prepared(self.prepare(source_ids, max_length), False, 0.0, no_repeat_ngram)
+        return self.search_prepared(self.search_inputs(source_ids, max_length), False, 0.0, no_repeat_ngram)
 
     def _beam(self, source_ids, alpha, max_length, no_repeat_ngram):
-        return self.search_prepared(self.prepare(source_ids, max_length), True, alpha, no_repeat_ngram)
+        return self.search_prepared(self.search_inputs(source_ids, max_length), True, alpha, no_repeat_ngram)
 
-    def search_prepared(self, prepared, beam, alpha, no_repeat_ngram):
-        """Beam search (`beam` True) or greedy search over a batch from `prepare`."""
-        limits, length, cache, loop = prepared
-        c = self.config
+    def search_prepared(self, inputs, beam, alpha, no_repeat_ngram):
+        """Beam search (`beam` True) or greedy search over a batch from `search_inputs`."""
+        lengths, cache, loop = inputs
+        c, step = self.config, self.model.decode_step
+        ids = search.TokenIds(c.bos_id, c.eos_id, c.pad_id)
         if beam:
             tokens, scores = search.beam_search(
-                self.model.decode_step,
-                cache,
-                limits,
-                length,
-                self.beam_size,
-                c.bos_id,
-                c.eos_id,
-                alpha,
-                c.pad_id,
-                no_repeat_ngram=no_repeat_ngram,
-                **loop,
+                step, cache, lengths, ids, self.beam_size, alpha, loop, no_repeat_ngram=no_repeat_ngram
             )
         else:
             tokens, scores = search.greedy_search(
-                self.model.decode_step,
-                cache,
-                limits,
-                length,
-                c.bos_id,
-                c.eos_id,
-                c.pad_id,
-                no_repeat_ngram=no_repeat_ngram,
-                **loop,
+                step, cache, lengths, ids, loop, no_repeat_ngram=no_repeat_ngram
             )
         return {"tokens": tokens, "scores": scores}
 
