@@ -67,7 +67,21 @@ class Transformer(keras.Model):
         c = config
         dtype = kwargs.pop("dtype", None)
 
-        # === Layers ===
+        self._make_layers(c, dtype)
+
+        # === Functional model ===
+        inputs = {
+            "source_ids": keras.Input((None,), dtype="int32", name="source_ids"),
+            "target_ids": keras.Input((None,), dtype="int32", name="target_ids"),
+        }
+        attention_masks = self.masks(inputs["source_ids"], inputs["target_ids"])
+        encoded = self._encode(inputs["source_ids"], attention_masks["encoder"])[0]
+        logits = self._decode(inputs["target_ids"], encoded, attention_masks)[0]
+        super().__init__(inputs=inputs, outputs=logits, dtype=dtype, **kwargs)
+        self.config = c
+
+    def _make_layers(self, c, dtype):
+        """The model's layers, as attributes (before the functional graph is built from them)."""
         self.masks = AttentionMasks(c.pad_id, dtype=dtype, name="attention_masks")
         self.source_embedding = TokenEmbedding(
             c.vocab_size,
@@ -112,17 +126,6 @@ class Transformer(keras.Model):
             else keras.layers.Dense(c.vocab_size, dtype=dtype, name="output_projection")
         )
         self.logits_float32 = keras.layers.Activation("linear", dtype="float32", name="logits")
-
-        # === Functional model ===
-        inputs = {
-            "source_ids": keras.Input((None,), dtype="int32", name="source_ids"),
-            "target_ids": keras.Input((None,), dtype="int32", name="target_ids"),
-        }
-        attention_masks = self.masks(inputs["source_ids"], inputs["target_ids"])
-        encoded = self._encode(inputs["source_ids"], attention_masks["encoder"])[0]
-        logits = self._decode(inputs["target_ids"], encoded, attention_masks)[0]
-        super().__init__(inputs=inputs, outputs=logits, dtype=dtype, **kwargs)
-        self.config = c
 
     # --- full-sequence passes (the functional graph and `attention_weights` share these) ---
 
