@@ -46,6 +46,17 @@ def dequantize_blocks(values, scales, rows):
     return w.reshape(columns, blocks * block)[:, :rows].T
 
 
+def _transposed_constants(graph, constants):
+    """{output: initializer} of the main graph's Transposes of a constant matrix."""
+    return {
+        node.output[0]: node.input[0]
+        for node in graph.node
+        if node.op_type == "Transpose"
+        and node.input[0] in constants
+        and [list(a.ints) for a in node.attribute if a.name == "perm"] == [[1, 0]]
+    }
+
+
 def matmul_nbits(model, block=BLOCK, min_size=MIN_SIZE):
     """Rewrites `model` (an fp32 kformer ONNX file, Loop bodies included) in place: every MatMul by
     a constant matrix of at least `min_size` values (an initializer or the Transpose of one, or the
@@ -54,13 +65,7 @@ def matmul_nbits(model, block=BLOCK, min_size=MIN_SIZE):
     how many nodes."""
     graph = model.graph
     constants = {i.name: i for i in graph.initializer}
-    transposed = {
-        node.output[0]: node.input[0]
-        for node in graph.node
-        if node.op_type == "Transpose"
-        and node.input[0] in constants
-        and [list(a.ints) for a in node.attribute if a.name == "perm"] == [[1, 0]]
-    }
+    transposed = _transposed_constants(graph, constants)
     quantized = {}  # weight name -> the names of its (values, scales, zero points)
 
     def weight_of(name):

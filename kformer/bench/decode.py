@@ -54,6 +54,18 @@ def _search_function(model, beam_size, naive, jit_compile, output_tokens, eager=
     return tf.function(run, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
 
 
+def _median_seconds(fn, batch, runs):
+    """The median wall time of `runs` calls of fn(batch)."""
+    import statistics
+
+    seconds = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn(batch)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
 def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
     """Sentences/s and tokens/s of the cached loop (with and without XLA) and of the naive
     prefix re-run, for greedy and beam 4, on the same test sentences, each run to exactly
@@ -61,8 +73,6 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
 
     "naive" is the prefix re-run compiled as the same graph loop (the algorithmic comparison);
     "naive_eager" is that re-run driven op by op from Python, as tutorial decoders do."""
-    import statistics
-
     from kformer import run_folder
     from kformer.evaluate import split_references
 
@@ -84,13 +94,9 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
             ):
                 fn = _search_function(model, beam_size, naive, jit, output_tokens, eager)
                 outputs[name] = np.asarray(fn(batch))  # also traces and compiles
-                runs = 1 if eager else max(1, repeats if not naive else repeats // 2)
-                seconds = []
-                for _ in range(runs):
-                    start = time.perf_counter()
-                    fn(batch)
-                    seconds.append(time.perf_counter() - start)
-                timings[name] = statistics.median(seconds)
+                timings[name] = _median_seconds(
+                    fn, batch, 1 if eager else max(1, repeats if not naive else repeats // 2)
+                )
                 best = outputs[name] if beam_size == 1 else outputs[name][:, 0]  # (B, T)
                 generated = int(
                     np.sum(best != config.pad_id)

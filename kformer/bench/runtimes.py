@@ -188,11 +188,10 @@ def bench_runtimes(
     rounds (every job once per round, so a change in the machine's speed hits all alike); reports
     the median of each timing, the peak memory, and BLEU of the file pass on the first `sentences`
     of the held-out test split of the corpus the model was trained on. Batch 1 is timed over the
-    first `batch1_sentences`, one at a time: a single sentence of a few milliseconds gives ratios
-    that move by up to 3x between rounds. `batch_size`: the file's sentences a runner call takes
-    (`kformer translate --batch-size`; see Runner.sentences_per_call). `parallel`: batches a
-    runner's translate runs at once (`kformer translate --parallel`), CTranslate2's included;
-    runtimes that run one at a time are left out."""
+    first `batch1_sentences`, one at a time (one alone gives noisy ratios). `batch_size`: the
+    file's sentences a runner call takes (`kformer translate --batch-size`). `parallel`: batches a
+    runner's translate runs at once (`--parallel`), CTranslate2's included; runtimes that run one
+    at a time are left out."""
     from kformer.evaluate import score, split_references
     from kformer.export.manifest import load as load_manifest
 
