@@ -134,3 +134,15 @@ def test_the_readme_is_a_page_for_users():
     assert len([line for line in readme if re.search(r"\b20\d\d-\d\d-\d\d\b", line)]) <= 3
     for link in re.findall(r"\]\((docs/[^)#]+)", "\n".join(readme)):
         assert (ROOT / link).exists(), link
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists its packages by hand (export/ installs as kformer.export): each folder
+    of modules must be there, or a plain `pip install .` leaves it out."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {name for name, path in _modules().items() if path.name == "__init__.py"}
+    assert packages - listed == set()
+    folders = {name: ROOT / name.replace("kformer.export", "export").replace(".", "/") for name in listed}
+    assert [name for name, folder in folders.items() if not folder.is_dir()] == []  # e.g. export/web: data
