@@ -146,3 +146,12 @@ def test_every_package_is_installed():
     assert packages - listed == set()
     folders = {name: ROOT / name.replace("kformer.export", "export").replace(".", "/") for name in listed}
     assert [name for name, folder in folders.items() if not folder.is_dir()] == []  # e.g. export/web: data
+
+
+def test_the_readmes_python_imports_work():
+    """The README's Python API (`from kformer.train import train`, open_runner) imports as shown."""
+    readme = (ROOT / "README.md").read_text()
+    imports = re.findall(r"^from kformer[\w.]* import \w+$", readme, flags=re.M)
+    assert imports
+    for line in imports:
+        exec(line, {})
