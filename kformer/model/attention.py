@@ -32,19 +32,15 @@ class MultiHeadAttention(keras.layers.Layer):
             None for self-attention (the query sequence itself). Ignored when a static `cache`
             of precomputed keys/values is given.
         attention_mask: boolean, broadcastable to (B, Tq, Tk); True = may attend.
-        cache: optional `(key, value)` pair, each (B, H, T, D).
-            With `cache_slot` (decoder self-attention, one new token at a time): the new
-            token's key/value is written at that position and the updated cache is returned.
-            With `append` (the same, in buffers that hold exactly the tokens before this one):
-            the new token's key/value is appended, and the cache returned is one longer.
-            Otherwise (encoder-decoder attention): the cache holds precomputed keys/values of
-            the encoder output and is used as is.
-        cache_slot: (1, 1, T, 1) from `kformer.model.masks.step_masks`: 1 at the (single) query
-            token's position in the cache, 0 elsewhere.
-        append: see `cache`.
+        cache: optional `(key, value)` pair, each (B, H, T, D). With `write` (decoder
+            self-attention, one new token at a time): the buffers the new token's key/value is
+            written into, and the updated cache is returned. Without (encoder-decoder attention):
+            precomputed keys/values of the encoder output, used as they are.
+        write: `(buffer (B, H, T, D), new (B, H, 1, D)) -> buffer`, the cache mode's
+            (kformer.model.cache: appended, or added into the step's slot).
 
     Returns `(output, {"cache": (key, value), "weights": weights})`, always this structure:
-    output (B, Tq, M); the keys/values attended to, each (B, H, Tk, D) (with `cache_slot`, the
+    output (B, Tq, M); the keys/values attended to, each (B, H, Tk, D) (with `write`, the
     updated cache); the (B, H, Tq, Tk) attention weights ((B, H, Tk) for a step's (B, M) query).
     Unused parts cost nothing in a graph.
 
@@ -109,8 +105,8 @@ class MultiHeadAttention(keras.layers.Layer):
         """(B, Tk, M) -> (key, value), each (B, H, Tk, D): precompute once per source sentence."""
         return tuple(self._project(value, self.key, self.value))
 
-    def call(self, query, value=None, attention_mask=None, cache=None, cache_slot=None, append=False):
-        if cache is not None and cache_slot is None and not append:  # encoder-decoder attention, precomputed
+    def call(self, query, value=None, attention_mask=None, cache=None, write=None):
+        if cache is not None and write is None:  # encoder-decoder attention, precomputed
             (q,) = self._project(query, self.query)
             k, v = cache
         elif value is None:  # self-attention: queries, keys and values in one product
@@ -118,12 +114,8 @@ class MultiHeadAttention(keras.layers.Layer):
         else:
             (q,) = self._project(query, self.query)
             k, v = self.key_value(value)  # (B, H, Tk, D)
-        if cache_slot is not None:  # the new token's key/value (B, H, 1, D) into its slot
-            k = portable.add_to_slot(cache[0], cache_slot, k)  # (B, H, T, D)
-            v = portable.add_to_slot(cache[1], cache_slot, v)
-        elif append:  # (B, H, T, D) -> (B, H, T + 1, D)
-            k = ops.concatenate([cache[0], k], axis=2)
-            v = ops.concatenate([cache[1], v], axis=2)
+        if write is not None:  # the new token's key/value (B, H, 1, D) into the cache
+            k, v = write(cache[0], k), write(cache[1], v)  # (B, H, T, D)
 
         # A decoding step's one query (B, M) keeps no query axis: scores and weights (B, H, Tk),
         # against which its mask (B or 1, 1, Tk) broadcasts as it is (fewer nodes in the exported step).

@@ -240,9 +240,8 @@ class DecoderBlock(_ResidualBlock):
         self_mask: boolean broadcastable to (B, T, T): causal and target padding.
         cross_mask: boolean broadcastable to (B, T, S): the *source* padding mask.
         cache: optional dict with "self" = (key, value) buffers (B, H, Tmax, D) and "cross" =
-            precomputed encoder (key, value) (B, H, S, D); then x is one step (B, M), written
-            to the self-attention buffers at `cache_slot` (`kformer.model.masks.step_masks`), or
-            appended to them without one (buffers of the steps before, (B, H, index, D)).
+            precomputed encoder (key, value) (B, H, S, D); then x is one step (B, M), whose
+            self-attention key/value `write` puts into the buffers (kformer.model.cache).
 
     Returns (x (B, T, M), {"self": ..., "cross": ...}), each the attention's {"cache", "weights"}:
     "self" "cache" is the updated buffers when decoding step by step.
@@ -272,7 +271,7 @@ class DecoderBlock(_ResidualBlock):
         self_mask=None,
         cross_mask=None,
         cache=None,
-        cache_slot=None,
+        write=None,
         training=None,
     ):
         self_cache = None if cache is None else cache["self"]
@@ -280,13 +279,7 @@ class DecoderBlock(_ResidualBlock):
         x, self_attention = self._residual(
             x,
             self.self_attention_norm,
-            lambda h: self.self_attention(
-                h,
-                attention_mask=self_mask,
-                cache=self_cache,
-                cache_slot=cache_slot,
-                append=self_cache is not None and cache_slot is None,
-            ),
+            lambda h: self.self_attention(h, attention_mask=self_mask, cache=self_cache, write=write),
             training,
         )
         x, cross_attention = self._residual(

@@ -7,7 +7,8 @@ H heads, D head size, V vocabulary, L layers.
 import keras
 from keras import ops
 
-from kformer.model import masks, portable
+from kformer.model import cache as cache_lib
+from kformer.model import masks
 from kformer.model.config import TransformerConfig
 from kformer.model.layers import DecoderBlock, EncoderBlock, PositionalEncoding, TokenEmbedding
 
@@ -202,49 +203,32 @@ class Transformer(keras.Model):
         source_ids = ops.convert_to_tensor(source_ids, "int32")
         source_mask = masks.padding_mask(source_ids, self.config.pad_id)
         encoded, _ = self._encode(source_ids, source_mask, training=False)
-        heads, size = self.config.num_heads, self.config.head_size
-        if buffer_length is None:
-            empty, name = portable.empty_to_append(source_ids, heads, size, dtype=encoded.dtype), "appended"
-        else:
-            batch = ops.shape(source_ids)[0]
-            empty, name = ops.zeros((batch, heads, buffer_length, size), encoded.dtype), "self"
+        mode = cache_lib.mode(buffer_length)
+        empty = mode.empty(
+            source_ids, self.config.num_heads, self.config.head_size, encoded.dtype, buffer_length
+        )
         return {
             "static": {
                 "source_mask": source_mask,
                 "cross": [block.cross_attention.key_value(encoded) for block in self.decoder_blocks],
             },
-            "state": {name: [(empty, empty) for _ in self.decoder_blocks]},
+            "state": {mode.KEY: [(empty, empty) for _ in self.decoder_blocks]},
         }
 
     def grow_cache(self, state, buffer_length):
         """The "state" part of a cache (`init_cache`) with its key/value buffers extended with zeros
         to `buffer_length` steps (the second pass of a two-pass search); appended buffers, which
         are as long as the output so far, as they are."""
-        if "appended" in state:
-            return state
-        # Every buffer is (B, H, T1, D): one block of zeros (B, H, T - T1, D) appended to each.
-        buffer = state["self"][0][0]
-        shape = ops.shape(buffer)
-        zeros = ops.zeros(
-            (shape[0], self.config.num_heads, buffer_length - shape[2], self.config.head_size), buffer.dtype
-        )
-
-        def grow(t):  # (B, H, T1, D) -> (B, H, T, D)
-            return ops.concatenate([t, zeros], axis=2)
-
-        return {"self": [(grow(key), grow(value)) for key, value in state["self"]]}
+        mode, buffers = cache_lib.mode_of(state)
+        return {mode.KEY: mode.grown(buffers, buffer_length, self.config.num_heads, self.config.head_size)}
 
     def decode_step(self, tokens, cache, index):
         """Feeds (B,) tokens at position `index`; returns ((B, V) float32 logits, updated cache)."""
         static, state = cache["static"], cache["state"]
         x = self.target_embedding(tokens)  # (B, M): the step runs on rows, no length axis
         x = self.target_positions(x, start_index=index, training=False)
-        ((name, buffers),) = state.items()
-        self_mask, slot = None, None  # appended buffers: every key is one to attend to
-        if name == "self":  # fixed buffers (B, H, Tmax, D)
-            # (1, 1, Tmax): keys 0..index; (1, 1, Tmax, 1): where every layer writes its key/value.
-            buffer = buffers[0][0]
-            self_mask, slot = masks.step_masks(ops.shape(buffer)[2], index, buffer.dtype)
+        mode, buffers = cache_lib.mode_of(state)
+        self_mask, write = mode.step(buffers[0][0], index)  # the same for every layer
         new_self = []
         for block, self_kv, cross_kv in zip(self.decoder_blocks, buffers, static["cross"]):
             x, attention = block(
@@ -252,12 +236,12 @@ class Transformer(keras.Model):
                 self_mask=self_mask,
                 cross_mask=static["source_mask"],
                 cache={"self": self_kv, "cross": cross_kv},
-                cache_slot=slot,
+                write=write,
                 training=False,
             )
             new_self.append(attention["self"]["cache"])
         logits = self._logits(x)  # (B, V)
-        return logits, {"static": static, "state": {name: new_self}}
+        return logits, {"static": static, "state": {mode.KEY: new_self}}
 
     def get_config(self):
         return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable}
