@@ -2,6 +2,6 @@
 
 config.py holds every default (TransformerConfig and its presets); masks.py the one mask
 convention; portable.py the export-safe spellings of operations; attention.py, layers.py and
-transformer.py the network (encode, and the decoder step that search calls); flops.py counts
-its operations.
+transformer.py the network (encode, and the decoder step that search calls); cache.py the
+decoder's key/value cache modes; flops.py counts its operations.
 """
