@@ -190,8 +190,7 @@ def bench_runtimes(
     of the held-out test split of the corpus the model was trained on. Batch 1 is timed over the
     first `batch1_sentences`, one at a time (one alone gives noisy ratios). `batch_size`: the
     file's sentences a runner call takes (`kformer translate --batch-size`). `parallel`: batches a
-    runner's translate runs at once (`--parallel`), CTranslate2's included; runtimes that run one
-    at a time are left out."""
+    runner's translate runs at once (`--parallel`); runtimes that run one at a time are left out."""
     from kformer.evaluate import score, split_references
     from kformer.export.manifest import load as load_manifest
 
