@@ -54,16 +54,17 @@ class ExportModule(tf.Module):
         kept = tf.ragged.boolean_mask(tokens, before_eos & tf.not_equal(tokens, c.pad_id))
         return {"translation": self.tokenizer.detokenize(kept)}
 
-    def frozen(self, search, fixed_shape=False, fixed_buffers=False):
+    def frozen(self, search, fixed_shape=False, fixed_buffers=False, whole_top_1=False):
         """The ids function of `search` ("greedy" or "beam") with variables folded into
         constants: what TFLite and tf2onnx need (an unfrozen loop converts, then fails at invoke
         with READ_VARIABLE).
         fixed_shape: input (1, max_source_length) instead of (batch, length), for runtimes that
         cannot resize inputs (LiteRT.js).
-        fixed_buffers: the searches' key/value buffers of a fixed length (`Translator`)."""
+        fixed_buffers: the searches' key/value buffers of a fixed length (`Translator`).
+        whole_top_1: greedy search ranks a row's logits in one top_k (`Translator`)."""
         # A translator of its own (not an attribute: the SavedModel keeps the module's searches
-        # only), whose functions are traced here, under the caller's kformer.model.portable settings
-        # (ONNX's whole_top_1), not found already traced by the SavedModel's export. One row a call
+        # only), whose functions are traced here with the caller's settings, not found already
+        # traced by the SavedModel's export. One row a call
         # (fixed_shape) runs in one pass: a second pass would be loop bodies that never run, whose
         # weights LiteRT's XNNPACK still packs.
         translator = Translator(
@@ -71,6 +72,7 @@ class ExportModule(tf.Module):
             beam_size=self.translator.beam_size,
             fixed_buffers=fixed_buffers,
             drop_done=not fixed_shape,
+            whole_top_1=whole_top_1,
         )
         fn = getattr(translator, search)
         if fixed_shape:

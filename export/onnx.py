@@ -131,10 +131,8 @@ def convert(module, search):
     import tf2onnx
 
     from kformer.export import onnx_rewrite
-    from kformer.model import portable
 
-    with portable.whole_top_1():  # onnxruntime ranks one row's top 1 faster whole
-        frozen = module.frozen(search)
+    frozen = module.frozen(search, whole_top_1=True)  # onnxruntime ranks one row's top 1 faster whole
     # Freezing flattens the {"tokens", "scores"} dict: tokens are the int32 output, scores float32.
     by_name = {("tokens" if t.dtype == tf.int32 else "scores"): t.name for t in frozen.outputs}
     logging.getLogger("tf2onnx").setLevel(logging.ERROR)  # it warns per loop variable at INFO/WARNING

@@ -50,19 +50,18 @@ def test_a_token_of_no_probability_reads_the_floor():
     np.testing.assert_allclose(best.numpy()[:, 0], want[:, 0], rtol=1e-6, atol=1e-6)
 
 
-def _top_k_ops(k):
-    function = tf.function(lambda logits: portable.top_tokens(logits, k)).get_concrete_function(
+def _top_k_ops(k, whole=False):
+    function = tf.function(lambda logits: portable.top_tokens(logits, k, whole)).get_concrete_function(
         tf.TensorSpec([None, 1200], tf.float32)
     )
     return sum(op.type == "TopKV2" for op in function.graph.get_operations())
 
 
 def test_the_top_1_is_ranked_whole_only_while_asked():
-    """In chunks: the chunks ranked, then the best chunk's logits; in whole_top_1 one top_k, and the
+    """In chunks: the chunks ranked, then the best chunk's logits; `whole`, one top_k, and the
     top k of beam search still in chunks (also the chunk ids sorted)."""
     assert _top_k_ops(1) == 2
-    with portable.whole_top_1():
-        assert _top_k_ops(1) == 1 and _top_k_ops(8) == 3
+    assert _top_k_ops(1, whole=True) == 1 and _top_k_ops(8, whole=True) == 3
     assert _top_k_ops(1) == 2
 
 

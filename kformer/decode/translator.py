@@ -39,6 +39,7 @@ class Translator(tf.Module):
             static shapes cannot drop them): with growing caches, the loop drops them at every
             step (`search.DropDone`); with fixed buffers, a second pass takes the rows left once
             a quarter of them run on (`search.TwoPasses`).
+        whole_top_1: greedy search ranks a row's logits in one top_k (the ONNX files').
 
     Graph functions (options are scalar inputs: max_length is clipped to [1, max_target_length],
     no_repeat_ngram <= 0 is off):
@@ -59,6 +60,7 @@ class Translator(tf.Module):
         jit_compile=False,
         fixed_buffers=False,
         drop_done=None,
+        whole_top_1=False,
         **options,
     ):
         super().__init__(name="translator")
@@ -70,6 +72,7 @@ class Translator(tf.Module):
         self.batch_size = batch_size
         self.drop_done = not jit_compile if drop_done is None else drop_done
         self.fixed_buffers = fixed_buffers or jit_compile
+        self.whole_top_1 = whole_top_1
         self.greedy = tf.function(self._greedy, input_signature=GREEDY_SPECS, jit_compile=jit_compile)
         self.beam = tf.function(self._beam, input_signature=BEAM_SPECS, jit_compile=jit_compile)
 
@@ -116,7 +119,7 @@ class Translator(tf.Module):
             )
         else:
             tokens, scores = search.greedy_search(
-                step, cache, lengths, ids, loop, no_repeat_ngram=no_repeat_ngram
+                step, cache, lengths, ids, loop, no_repeat_ngram=no_repeat_ngram, whole_top_1=self.whole_top_1
             )
         return {"tokens": tokens, "scores": scores}
 

@@ -10,7 +10,6 @@ these instead of spelling the operations themselves, so the constraints live in 
 Shape letters: B batch (or rows), H heads, T buffer length, D head size, K beams, V vocabulary.
 """
 
-import contextlib
 import math
 
 import tensorflow as tf
@@ -83,23 +82,8 @@ def write_slot(buffer, slot, values):
 # and one row's about as fast. 32 was the best chunk count measured (`kformer bench runtimes`).
 TOP_K_CHUNKS = (32, 16, 8)
 
-# onnxruntime: the greedy step's top 1 is ranked whole (export.onnx traces its graph in `whole_top_1`):
-# in chunks it was slower at batch 1 (more nodes a step) and no faster on a file.
-_rank_top_1_whole = False
 
-
-@contextlib.contextmanager
-def whole_top_1():
-    """While tracing in this context, `top_tokens(logits, 1)` is one top_k of the whole rows."""
-    global _rank_top_1_whole
-    before, _rank_top_1_whole = _rank_top_1_whole, True
-    try:
-        yield
-    finally:
-        _rank_top_1_whole = before
-
-
-def top_tokens(logits, k):
+def top_tokens(logits, k, whole=False):
     """(rows, V) logits -> (rows, k) int32 ids of the k largest, largest first, ties to the lower
     id: the tokens of tf.math.top_k(logits, k), found in two smaller rankings.
 
@@ -107,10 +91,12 @@ def top_tokens(logits, k):
     hold the k largest logits (a logit outside them is beaten by the largest of each of k chunks,
     and by a tie of a chunk before it), and the k * C logits of those chunks, in id order (the
     chunk ids sorted, so ties still go to the lower id), are ranked again. A V with no chunk size
-    in TOP_K_CHUNKS (or too few chunks) is ranked whole, and so is the top 1 in `whole_top_1`."""
+    in TOP_K_CHUNKS (or too few chunks) is ranked whole, and so is the top 1 with `whole`: the ONNX
+    files' greedy search, since onnxruntime ranks one row's top 1 faster whole, where in chunks it
+    was slower at batch 1 (more nodes a step) and no faster on a file."""
     vocab = logits.shape[-1]
     chunk = next((c for c in TOP_K_CHUNKS if vocab is not None and vocab % c == 0 and vocab // c >= k), None)
-    if chunk is None or (k == 1 and _rank_top_1_whole):
+    if chunk is None or (k == 1 and whole):
         return tf.math.top_k(logits, k=k)[1]
     chunks = tf.reshape(logits, [-1, vocab // chunk, chunk])  # (rows, V / C, C)
     _, best = tf.math.top_k(tf.reduce_max(chunks, axis=2), k=k)  # (rows, k) chunk ids
@@ -123,7 +109,7 @@ def top_tokens(logits, k):
     return tf.gather(best, picked // chunk, batch_dims=1) * chunk + picked % chunk
 
 
-def top_log_probs(logits, k, floor):
+def top_log_probs(logits, k, floor, whole=False):
     """The k most probable tokens of each row of (rows, V) logits: ((rows, k) log-probabilities,
     (rows, k) token ids).
 
@@ -135,10 +121,10 @@ def top_log_probs(logits, k, floor):
     log), in onnxruntime as fast as its LogSoftmax. A probability of
     0 (a banned token's, or one float32 cannot hold, ~100 nats below the best) reads `floor`, not
     -inf, which would turn 0 * inf into NaN in the searches' blends; the most probable token's is at
-    least 1 / V, so the top 1 needs no floor.
+    least 1 / V, so the top 1 needs no floor. whole: as `top_tokens`'.
     """
     logits = tf.cast(logits, tf.float32)
-    tokens = top_tokens(logits, k)
+    tokens = top_tokens(logits, k, whole)
     log_probs = tf.math.log(tf.gather(tf.nn.softmax(logits), tokens, batch_dims=1))
     return (log_probs if k == 1 else tf.maximum(log_probs, floor)), tokens
 

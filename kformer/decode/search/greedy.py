@@ -33,7 +33,7 @@ class GreedyState(NamedTuple):
     }
 
 
-def greedy_search(step, cache, lengths, ids, loop=loops.ONE_PASS, no_repeat_ngram=None):
+def greedy_search(step, cache, lengths, ids, loop=loops.ONE_PASS, no_repeat_ngram=None, whole_top_1=False):
     """Picks the most probable token at every step; each row stops at EOS or at its limit.
 
     Args:
@@ -45,11 +45,12 @@ def greedy_search(step, cache, lengths, ids, loop=loops.ONE_PASS, no_repeat_ngra
         loop: how rows that are done stop stepping (kformer.decode.search.loops).
         no_repeat_ngram: int or int32 scalar: no n-gram of this size is output twice (<= 0: off;
             `RepeatGuard`); None: the loop has no guard at all (fewer nodes a step).
+        whole_top_1: rank each row's logits in one top_k, not in chunks (`portable.top_tokens`).
     Returns (tokens (B, T) int32 with EOS kept and pad after, scores (B,) float32 log-probability).
     """
     limits, buffer_length = lengths
     if isinstance(loops.checked(loop), loops.DropDone):
-        return _greedy_dropping_done(step, cache, lengths, ids, no_repeat_ngram)
+        return _greedy_dropping_done(step, cache, lengths, ids, no_repeat_ngram, whole_top_1)
 
     def run(state, limits, length, rows_left=0):
         positions = tf.range(length)  # (T,) of the output buffer, read by every step
@@ -64,7 +65,7 @@ def greedy_search(step, cache, lengths, ids, loop=loops.ONE_PASS, no_repeat_ngra
                 written = guard.written(s.index)
                 logits = guard.ban(logits, s.tokens, s.runs, written)
             token_log_prob, token = (
-                tf.squeeze(t, 1) for t in portable.top_log_probs(logits, 1, NEG_INF)
+                tf.squeeze(t, 1) for t in portable.top_log_probs(logits, 1, NEG_INF, whole_top_1)
             )  # (B,)
             token = tf.where(s.done, ids.pad, token)
             scores = s.scores + tf.where(s.done, 0.0, token_log_prob)
@@ -106,7 +107,7 @@ class DroppingGreedyState(NamedTuple):
     WHOLE = ("tokens", "scores")  # the buffers of the whole batch (loops.shrinking)
 
 
-def _greedy_dropping_done(step, cache, lengths, ids, no_repeat_ngram):
+def _greedy_dropping_done(step, cache, lengths, ids, no_repeat_ngram, whole_top_1):
     """`greedy_search` in one loop whose batch shrinks: the R rows still running take each step,
     its token is written into the buffers of all B rows, and the rows that end (EOS or their
     limit) are then dropped from the rows, their tokens and their cache (one gather of each).
@@ -127,7 +128,9 @@ def _greedy_dropping_done(step, cache, lengths, ids, no_repeat_ngram):
         if guard is not None:
             written, outputs = guard.written(s.index), tf.gather(s.tokens, s.rows)  # (T,), (R, T)
             logits = guard.ban(logits, outputs, s.runs, written)
-        token_log_prob, token = (tf.squeeze(t, 1) for t in portable.top_log_probs(logits, 1, NEG_INF))  # (R,)
+        token_log_prob, token = (
+            tf.squeeze(t, 1) for t in portable.top_log_probs(logits, 1, NEG_INF, whole_top_1)
+        )  # (R,)
         ends = tf.equal(token, ids.eos) | (s.index + 1 >= tf.gather(limits, s.rows))  # (R,)
         token_after = to_batch(s.rows, token + 1, [batch])  # (B,): 0 for the rows not running
         slot = tf.expand_dims(token_after > 0, 1) & tf.equal(positions, s.index)  # (B, T)
