@@ -181,7 +181,7 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
         # default's at load); after that, it translates with no network at all.
         fetched = {s: any(r.endswith(f"/{s}.onnx") for r in requests) for s in ("greedy", "beam")}
         assert fetched == {"greedy": False, "beam": runtime == "onnx"}  # the default search's file alone
-        page.evaluate("window.kformer.decode.translator(['我'], {beam: 1})")
+        page.evaluate("window.kformer.translate(['我'], {beam: 1})")
         assert any(r.endswith("/greedy.onnx") for r in requests) == (runtime == "onnx")
         page.context.set_offline(True)
         assert (
@@ -201,8 +201,8 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
                 ]
                 assert a["score"] == pytest.approx(b["score"], rel=1e-3, abs=1e-3), (beam, options, b)
             assert len(got) == len(expected)
-        paragraph = page.evaluate("(lines) => window.kformer.decode.translator(lines, {beam: 1})", lines[:5])
-        assert page.evaluate("(text) => window.kformer.decode.translator([text], {beam: 1})", lines[50]) == [
+        paragraph = page.evaluate("(lines) => window.kformer.translate(lines, {beam: 1})", lines[:5])
+        assert page.evaluate("(text) => window.kformer.translate([text], {beam: 1})", lines[50]) == [
             " ".join(paragraph)
         ]
         page.click("#translate")

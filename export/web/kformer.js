@@ -1,6 +1,6 @@
 // The translator in the page: the exported search graphs (greedy and beam, the whole loop in each)
 // run by onnxruntime-web (ONNX files) or LiteRT.js (the fixed-shape TFLite file), both WASM, with
-// tokenization in JavaScript. Text in and out follows kformer/batching.py line for line, so the
+// tokenization in JavaScript. Text in and out follows kformer/decode/text_batches.py line for line, so the
 // page translates as `kformer translate --runtime onnx` (or `--runtime tflite --variant fixed`).
 //
 // URL parameters: runtime=onnx|litert (default onnx), variant=fp32|int8 (onnx; default fp32),
@@ -16,8 +16,8 @@ import { joiner, splitClauses, splitSentences, strip } from "./sentences.js";
 const BATCH_SIZE = 32; // as the Python runners' default; beam search takes BATCH_SIZE / K sentences a call,
 // uncapped, for either file: the page was not measured with the Python runners' larger beam calls
 // of short sentences (Runner.beam_shares_batch, Runner.beam_capped)
-const NEG_INF_SCORE = -1.0e8; // batching.NEG_INF_SCORE: a beam slot without a hypothesis
-const TOKENS_PER_SENTENCE = 16; // batching.TOKENS_PER_SENTENCE: a greedy call of long sentences takes fewer
+const NEG_INF_SCORE = -1.0e8; // text_batches.NEG_INF_SCORE: a beam slot without a hypothesis
+const TOKENS_PER_SENTENCE = 16; // text_batches.TOKENS_PER_SENTENCE: a greedy call of long sentences takes fewer
 // Python's str.strip()/split() whitespace, which JavaScript's trim() does not match exactly.
 const WHITESPACE = "\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
 const SPACES = new RegExp(`[${WHITESPACE}]+`, "g");
@@ -167,7 +167,7 @@ async function load() {
 
 const quoted = (text) => JSON.stringify(text.length <= 24 ? text : text.slice(0, 23) + "…");
 
-/** As batching._readable: false when none of the sentence's characters is in the vocabulary. */
+/** As text_batches._readable: false when none of the sentence's characters is in the vocabulary. */
 function readable(tokenizer, sentence) {
   const characters = [...sentence.replace(SPACES, "")];
   const unknown = characters.filter((c) => tokenizer.pieceToId(c) === tokenizer.unkId).length;
@@ -179,7 +179,7 @@ function readable(tokenizer, sentence) {
   return true;
 }
 
-/** As batching._fitted: a sentence as units {text, ids} of at most maxLength tokens. */
+/** As text_batches._fitted: a sentence as units {text, ids} of at most maxLength tokens. */
 function fitted(tokenizer, sentence, maxLength) {
   const ids = tokenizer.encode(sentence);
   if (ids.length <= maxLength) return [{ text: sentence, ids }];
@@ -210,7 +210,7 @@ function fitted(tokenizer, sentence, maxLength) {
   return pieces;
 }
 
-/** As batching._cut: each piece the longest run of characters (code points, as Python's) that
+/** As text_batches._cut: each piece the longest run of characters (code points, as Python's) that
  *  encodes to at most maxLength tokens, by bisection among at most 8 characters a token. */
 function cut(tokenizer, text, maxLength) {
   const units = [];
@@ -229,7 +229,7 @@ function cut(tokenizer, text, maxLength) {
   return units;
 }
 
-/** As batching.segment_texts: {units, layouts}; a layout is lines of unit indices or strings. */
+/** As text_batches.segment_texts: {units, layouts}; a layout is lines of unit indices or strings. */
 function segmentTexts(tokenizer, texts, maxLength) {
   const units = [], layouts = [];
   for (const text of texts) {
@@ -251,7 +251,7 @@ function segmentTexts(tokenizer, texts, maxLength) {
   return { units, layouts };
 }
 
-/** As batching.length_sorted_batches: chunks of indices by length, `size` rows and at most `maxTokens` rows x longest. */
+/** As text_batches.length_sorted_batches: chunks of indices by length, `size` rows and at most `maxTokens` rows x longest. */
 function lengthSortedBatches(ids, size, maxTokens) {
   const order = ids.map((_, i) => i).sort((a, b) => ids[a].length - ids[b].length); // stable, as Python's
   const chunks = [];
@@ -268,7 +268,7 @@ function lengthSortedBatches(ids, size, maxTokens) {
   return chunks;
 }
 
-/** As batching.search_units: per row of ids, its best `nbest` [ids, score], best first; `size` rows a call. */
+/** As text_batches.search_units: per row of ids, its best `nbest` [ids, score], best first; `size` rows a call. */
 async function searchUnits(run, ids, inputs, nbest, eosId, padId, size, maxTokens) {
   const results = new Array(ids.length);
   for (const chunk of lengthSortedBatches(ids, size, maxTokens)) {
@@ -292,7 +292,7 @@ async function searchUnits(run, ids, inputs, nbest, eosId, padId, size, maxToken
   return results;
 }
 
-/** As batching.join_translations: {translation, score, alternatives: [{translation, score}]}. */
+/** As text_batches.join_translations: {translation, score, alternatives: [{translation, score}]}. */
 function joinTranslations(layout, hypotheses, glue, nbest) {
   const version = (i) => {
     let score = 0;
@@ -315,7 +315,7 @@ function joinTranslations(layout, hypotheses, glue, nbest) {
   return { ...alternatives[0], alternatives };
 }
 
-/** As kformer.options.SearchOptions.checked, with the export's defaults. */
+/** As kformer.decode.options.SearchOptions.checked, with the export's defaults. */
 function checkedOptions(manifest, { beam = manifest.beam_size, alpha = manifest.alpha, maxLength = manifest.max_length,
                                     noRepeatNgram = manifest.no_repeat_ngram, nbest = 1 } = {}) {
   const whole = (name, value, least) => {
@@ -345,7 +345,7 @@ async function translations(texts, options = {}) {
   const { eos_id: eosId, pad_id: padId, max_source_length: maxSourceLength } = manifest.config;
   const { units, layouts } = segmentTexts(tokenizer, texts, maxSourceLength);
   const size = inputs.beam ? Math.max(1, Math.floor(BATCH_SIZE / manifest.beam_size)) : BATCH_SIZE;
-  const maxTokens = inputs.beam ? null : size * TOKENS_PER_SENTENCE; // batching.tokens_per_call
+  const maxTokens = inputs.beam ? null : size * TOKENS_PER_SENTENCE; // text_batches.tokens_per_call
   const found = await searchUnits(run, units.map((u) => u.ids), inputs, nbest, eosId, padId, size, maxTokens);
   const hypotheses = found.map((unit) => unit.map(([ids, score]) => [tokenizer.decode(ids), score]));
   const glue = joiner((manifest.corpus?.direction || "").split("-").at(-1));

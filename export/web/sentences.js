@@ -1,4 +1,4 @@
-// Where a text splits into sentences, and a sentence into clauses: kformer/sentences.py line for
+// Where a text splits into sentences, and a sentence into clauses: kformer/decode/sentences.py line for
 // line (tests/test_web.py checks that both give the same splits). An ES module with no
 // dependencies: the page and Node (for that test) both import it. Strings are iterated by UTF-16
 // code unit, as Python iterates code points: every character the rules look at is in the BMP.

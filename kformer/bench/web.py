@@ -15,7 +15,7 @@ TIME_EACH_SENTENCE_JS = """async ([lines, beam]) => {
   const ms = [];
   for (const line of lines) {
     const start = performance.now();
-    await window.kformer.decode.translator([line], {beam});
+    await window.kformer.translate([line], {beam});
     ms.push(performance.now() - start);
   }
   return ms;
