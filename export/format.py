@@ -69,7 +69,7 @@ class Format:
         raise NotImplementedError
 
     def runner_class(self, variant):
-        """The kformer.decode.runner.ArtifactRunner subclass that runs `variant`'s files."""
+        """The kformer.export.runner.ArtifactRunner subclass that runs `variant`'s files."""
         raise NotImplementedError
 
     def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):

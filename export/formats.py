@@ -38,7 +38,7 @@ def open_runner(
     kformer.export.onnx_ort) unless `exact`: the export's check, the benches and the page's
     comparisons run each file as it is listed. `parallel`: batches a translate call runs at once,
     each on threads // parallel threads (onnxruntime's ids files and CTranslate2;
-    kformer.decode.runner.ArtifactRunner)."""
+    kformer.export.runner.ArtifactRunner)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
     if runtime == "keras":
