@@ -153,6 +153,7 @@ def start(out_dir, config_name=None, **options):
     options = TrainOptions(config_name=config_name, **options)
     if isinstance(options.strategy, str):
         options = dataclasses.replace(options, strategy=distributed.make_strategy(options.strategy))
+    options = dataclasses.replace(options, evaluation=options.evaluation or Evaluation())
     chief = distributed.is_chief(options.strategy)
     release = locks.hold(out_dir, "train") if chief else locks.nothing
     try:
@@ -225,11 +226,10 @@ def _set_up(out_dir, options, xla, precision):
     config, tokenizer, folder, corpus = run_data(out_dir, options)
     source = init_from_lib.open_source(options.init_from) if options.init_from else None
     fresh = not os.path.exists(run_folder.path(out_dir, run_folder.MODEL_FILE))  # no weights of its own
-    evaluation = options.evaluation or Evaluation()
     try:
         initial = init_from_lib.trained_weights(source) if source is not None and fresh else None
         encoded = inputs.encode(folder, tokenizer, config)
-        inputs.check_evaluation(evaluation, encoded, folder)
+        inputs.check_evaluation(options.evaluation, encoded, folder)
         per_epoch = inputs.steps_per_epoch(encoded, config.micro_batches(), xla)  # batches, not updates
     except BaseException:
         if os.path.basename(folder).startswith(DATA_PREFIX):  # prepared for a start that failed
@@ -262,8 +262,7 @@ def _training(out_dir, options, setup, model, schedule, state, chief, strategy):
     )
     nan_guard = StopOnNaN()
     position, replay = _input_position(out_dir, state, batches_done(model), plain)
-    evaluation = options.evaluation or Evaluation()
-    keep_best = _keep_best(out_dir, evaluation, setup, chief, strategy, nan_guard)
+    keep_best = _keep_best(out_dir, options.evaluation, setup, chief, strategy, nan_guard)
     interrupt = StopOnInterrupt() if plain else None  # one process: no worker waits for this one
     optional = (position, keep_best, interrupt)
     callbacks = [*options.callbacks, budget, nan_guard, *(c for c in optional if c is not None)]
