@@ -25,8 +25,7 @@ class Format:
         variants: its variants, in the order they are written (the first, fp32, before those
             made from it); those in QUANTIZATIONS only when asked for.
     and implement `write(module, path, variant)` (module: a `kformer.export.module.ExportModule`)
-    and `open(artifact_dir, variant, beam_size, threads, batch_size, **options) -> Runner`
-    (options: the runner's default search options).
+    and `runner_class(variant)`: the runner `open(artifact_dir, variant, **settings)` makes.
     """
 
     name = None
@@ -72,10 +71,9 @@ class Format:
         """The kformer.export.runner.ArtifactRunner subclass that runs `variant`'s files."""
         raise NotImplementedError
 
-    def open(self, artifact_dir, variant="fp32", beam_size=None, threads=None, batch_size=32, **options):
-        """The runner of `variant` (kformer.export.formats.open_runner says what the arguments are)."""
-        runner = self.runner_class(variant)
-        return runner(artifact_dir, beam_size, variant, threads, batch_size, **options)
+    def open(self, artifact_dir, variant="fp32", **settings):
+        """The runner of `variant` (kformer.export.formats.open_runner says what the settings are)."""
+        return self.runner_class(variant)(artifact_dir, variant=variant, **settings)
 
 
 def search_file(folder, search, extension):

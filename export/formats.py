@@ -21,24 +21,22 @@ def open_runner(
     path,
     runtime="keras",
     variant="fp32",
-    beam_size=None,
+    *,
     batch_size=32,
     threads=None,
     weights="best",
-    exact=False,
     parallel=1,
     **options,
 ):
     """A `kformer.decode.runner.Runner`: `path` is a training directory for runtime "keras" (the
     reference) or a `kformer export` folder for the others. `options`: the defaults of its search
-    options (alpha, max_length, no_repeat_ngram, nbest; kformer.decode.options.SearchOptions); an
-    export's own defaults are in its manifest. `weights`: which of a training directory's
-    (kformer.run_folder.weights_file); an export holds the weights it was made from. A runtime
-    runs its own file of the variant where the export has one (onnxruntime: int8 -> int8-ort,
-    kformer.export.onnx_ort) unless `exact`: the export's check, the benches and the page's
-    comparisons run each file as it is listed. `parallel`: batches a translate call runs at once,
-    each on threads // parallel threads (onnxruntime's ids files and CTranslate2;
-    kformer.export.runner.ArtifactRunner)."""
+    options (beam_size, alpha, max_length, no_repeat_ngram, nbest;
+    kformer.decode.options.SearchOptions); an export's own defaults are in its manifest.
+    `weights`: which of a training directory's (kformer.run_folder.weights_file); an export holds
+    the weights it was made from. A runtime runs its own file of the variant where the export has
+    one (onnxruntime: int8 -> int8-ort, kformer.export.onnx_ort); `open_listed` runs the file
+    listed. `parallel`: batches a translate call runs at once, each on threads // parallel
+    threads (onnxruntime's ids files and CTranslate2; kformer.export.runner.ArtifactRunner)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {RUNTIMES}")
     if runtime == "keras":
@@ -48,14 +46,29 @@ def open_runner(
             raise ValueError(f"--parallel {parallel} needs an exported runtime: {Runner.PARALLEL_RUNTIMES}")
         from kformer.decode.translator import KerasRunner
 
-        return KerasRunner(path, batch_size, weights, beam_size=beam_size, **options)
+        return KerasRunner(path, batch_size, weights, **options)
     if weights != "best":
         raise ValueError(
             f"--weights {weights} is for a training directory (--runtime keras); {path} is an export"
         )
-    fmt = FORMATS[runtime]
-    if variant not in fmt.variants:
-        raise ValueError(f"--variant {variant} does not exist for {runtime}; choose one of {fmt.variants}")
-    if not exact:
-        variant = fmt.runtime_variant(path, variant)
-    return fmt.open(path, variant, beam_size, threads, batch_size, parallel=parallel, **options)
+    variant = FORMATS[runtime].runtime_variant(path, _listed(runtime, variant))
+    return FORMATS[runtime].open(
+        path, variant, batch_size=batch_size, threads=threads, parallel=parallel, **options
+    )
+
+
+def open_listed(artifact_dir, runtime, variant="fp32", **settings):
+    """The runner of the export's file of `variant` as its manifest lists it, never a runtime's
+    own file in its place: what the export's check, the benches and the page's comparisons run.
+    `settings`: as `open_runner`'s (but weights)."""
+    return FORMATS[runtime].open(artifact_dir, _listed(runtime, variant), **settings)
+
+
+def _listed(runtime, variant):
+    if runtime not in FORMATS:
+        raise ValueError(f"unknown export runtime {runtime!r}; choose one of {tuple(FORMATS)}")
+    if variant not in FORMATS[runtime].variants:
+        raise ValueError(
+            f"--variant {variant} does not exist for {runtime}; choose one of {FORMATS[runtime].variants}"
+        )
+    return variant

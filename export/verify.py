@@ -78,7 +78,7 @@ def verify(artifact_dir, model, config, tokenizer, sources, references=None, lan
     from kformer.decode.translator import Translator
     from kformer.evaluate import score
     from kformer.export import manifest as manifest_lib
-    from kformer.export.formats import open_runner
+    from kformer.export.formats import open_listed
 
     manifest = manifest_lib.load(artifact_dir)
     beams = {"greedy": 1, "beam": manifest["beam_size"]}
@@ -106,9 +106,7 @@ def verify(artifact_dir, model, config, tokenizer, sources, references=None, lan
             if entry["variant"] == "text":
                 outputs = _text_translations(artifact_dir, beams[search], sources)
             else:
-                runner = open_runner(
-                    artifact_dir, entry["format"], entry["variant"], beams[search], exact=True
-                )
+                runner = open_listed(artifact_dir, entry["format"], entry["variant"], beam_size=beams[search])
                 outputs = runner.translate(sources)
                 if _exact(entry, search) and entry["variant"] == "fp32":
                     _check_tokens(runner, keras[search], search, config, where)

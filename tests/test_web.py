@@ -16,7 +16,7 @@ from conftest import BEAM
 
 from kformer.data import corpus as corpus_lib
 from kformer.export import web
-from kformer.export.formats import open_runner
+from kformer.export.formats import open_listed
 from kformer.serve.server import serving_page
 
 NODE = shutil.which("node")
@@ -188,7 +188,7 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
             page.evaluate("fetch('/model/manifest.json').then(() => 'online', () => 'offline')") == "offline"
         )
         for beam, options in [(1, {}), (BEAM, {}), (1, {"max_length": 5}), (BEAM, OPTIONS)]:
-            runner = open_runner(artifacts, web.PAGE_RUNTIMES[runtime][0], variant, beam, exact=True)
+            runner = open_listed(artifacts, web.PAGE_RUNTIMES[runtime][0], variant, beam_size=beam)
             expected = [t.to_dict() for t in runner.translations(lines, **options)]
             page_options = {"beam": beam, **{CAMEL.get(k, k): v for k, v in options.items()}}
             got = page.evaluate(

@@ -28,7 +28,7 @@ CT2_ONE_THREAD = "1 thread"
 
 
 def _runner(runtime, artifact_dir, beam, variant, threads, batch_size, parallel=1):
-    from kformer.export.formats import open_runner
+    from kformer.export.formats import open_listed, open_runner
     from kformer.export.manifest import load as load_manifest
 
     if runtime == "keras":  # the training folder the export came from, with the export's settings
@@ -42,8 +42,14 @@ def _runner(runtime, artifact_dir, beam, variant, threads, batch_size, parallel=
             no_repeat_ngram=manifest["no_repeat_ngram"],
             batch_size=batch_size,
         )
-    return open_runner(
-        artifact_dir, runtime, variant, beam, batch_size, threads=threads, exact=True, parallel=parallel
+    return open_listed(
+        artifact_dir,
+        runtime,
+        variant,
+        beam_size=beam,
+        batch_size=batch_size,
+        threads=threads,
+        parallel=parallel,
     )
 
 

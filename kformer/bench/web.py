@@ -77,7 +77,7 @@ def _time_page(browser, artifact_dir, job, sources, beams, runs, loads, screensh
     the page and in Python, alternately per search; adds to `runs` and `loads`. Returns the load
     time in seconds."""
     from kformer.export import web
-    from kformer.export.formats import open_runner
+    from kformer.export.formats import open_listed
     from kformer.serve.server import serving_page
 
     runtime, variant, threads = job
@@ -88,8 +88,8 @@ def _time_page(browser, artifact_dir, job, sources, beams, runs, loads, screensh
         seconds = page.evaluate("window.kformer.ready.then(() => performance.now() / 1000)")
         loads.setdefault(job, []).append((seconds, page.evaluate(PAGE_BYTES_JS)))
         for beam in beams:
-            runner = open_runner(
-                artifact_dir, web.PAGE_RUNTIMES[runtime][0], variant, beam, threads=threads, exact=True
+            runner = open_listed(
+                artifact_dir, web.PAGE_RUNTIMES[runtime][0], variant, beam_size=beam, threads=threads
             )
             runner.translate(sources[:1])  # warm-up, as the page's first call below
             page.evaluate(TIME_EACH_SENTENCE_JS, [sources[:1], beam])

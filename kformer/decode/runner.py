@@ -5,6 +5,7 @@ the runners of exported files build on kformer.export.runner.ArtifactRunner."""
 
 import concurrent.futures
 import contextlib
+import functools
 
 import numpy as np
 
@@ -99,18 +100,17 @@ class Runner:
         """Texts -> `text_batches.Translation`s: sentences split and rejoined, scores, alternatives."""
         options, c = self.checked(self.options, **options), self.config
         with self._batch_mapper() as map_batches:
-            return text_batches.translations(
+            search_ids = functools.partial(
+                text_batches.search_units,
                 lambda batch: self._search(options, batch),
-                self.tokenizer,
-                texts,
-                c["max_source_length"],
-                self.sentences_per_call(options),
-                c["eos_id"],
-                c["pad_id"],
-                self.joiner,
-                options.nbest,
-                self.tokens_per_call(options),
-                map_batches,
+                batch_size=self.sentences_per_call(options),
+                eos_id=c["eos_id"],
+                pad_id=c["pad_id"],
+                max_tokens=self.tokens_per_call(options),
+                map_batches=map_batches,
+            )
+            return text_batches.translations(
+                self.tokenizer, texts, c["max_source_length"], search_ids, self.joiner, options.nbest
             )
 
     def translate(self, texts, **options):

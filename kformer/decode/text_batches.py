@@ -207,25 +207,13 @@ def translate_texts(tokenizer, texts, max_source_length, translate_units, joiner
     return [join_translations(layout, hypotheses, joiner, nbest) for layout in layouts]
 
 
-def translations(
-    search,
-    tokenizer,
-    texts,
-    max_source_length,
-    batch_size,
-    eos_id,
-    pad_id=0,
-    joiner=" ",
-    nbest=1,
-    max_tokens=None,
-    map_batches=map,
-):
-    """`translate_texts` through `search((B, S) int32) -> (tokens, scores)` (see `search_units`):
-    what every runner and kformer.decode.translator.Translator do with texts."""
+def translations(tokenizer, texts, max_source_length, search_ids, joiner=" ", nbest=1):
+    """`translate_texts` through `search_ids(ids, nbest) -> per row its hypotheses` (`search_units`
+    with its search and batching bound): what every runner and
+    kformer.decode.translator.Translator do with texts."""
 
     def translate_units(units):
-        ids = [u.ids for u in units]
-        found = search_units(search, ids, batch_size, eos_id, pad_id, nbest, max_tokens, map_batches)
+        found = search_ids([u.ids for u in units], nbest=nbest)
         return [[(tokenizer.decode(output), score) for output, score in unit] for unit in found]
 
     return translate_texts(tokenizer, texts, max_source_length, translate_units, joiner, nbest)

@@ -4,6 +4,8 @@
 `translate` only tokenizes, batches and detokenizes around the graph.
 """
 
+import functools
+
 import tensorflow as tf
 
 from kformer.decode import options as options_lib
@@ -174,18 +176,16 @@ class Translator(tf.Module):
         if self.tokenizer is None:
             raise ValueError("this Translator has no tokenizer; use translate_ids")
         options, c = self.options_for(**options), self.config
-        search = self._searcher(options)
+        search_ids = functools.partial(
+            text_batches.search_units,
+            self._searcher(options),
+            batch_size=self.batch_size,
+            eos_id=c.eos_id,
+            pad_id=c.pad_id,
+            max_tokens=text_batches.tokens_per_call(self.batch_size, options.search),
+        )
         return text_batches.translations(
-            search,
-            self.tokenizer,
-            texts,
-            c.max_source_length,
-            self.batch_size,
-            c.eos_id,
-            c.pad_id,
-            sentences.joiner(language),
-            options.nbest,
-            text_batches.tokens_per_call(self.batch_size, options.search),
+            self.tokenizer, texts, c.max_source_length, search_ids, sentences.joiner(language), options.nbest
         )
 
     def translate(self, texts, language=None, **options):
