@@ -23,6 +23,7 @@ from kformer.model.config import (
     TransformerConfig,
 )
 from kformer.train.distributed import CONNECT_TIMEOUT_SECONDS, STRATEGIES, Preempted
+from kformer.train.init_from import MIX_ORIGINAL
 
 
 def _start_tensorflow(args):
@@ -77,6 +78,7 @@ def _train(args):
         accumulate=args.accumulate,
         seed=args.seed,
         init_from=args.init_from,
+        mix_original=args.mix_original,
         strategy=make_strategy(args.strategy, args.connect_timeout),
         vocab_size=args.vocab_size,
         evaluation=Evaluation(args.eval_minutes, args.eval_steps, args.eval_sentences, args.early_stop),
@@ -268,6 +270,13 @@ def _add_train(commands):
         metavar="RUN",
         help="start from this training directory's weights (fine-tuning): its tokenizer, direction "
         "and model sizes are kept, --data is encoded with its tokenizer; RUN is only read",
+    )
+    p.add_argument(
+        "--mix-original",
+        type=positive(float, zero_allowed=True),
+        metavar="SHARE",
+        help="with --init-from: the share of each batch's pairs drawn from RUN's own corpus, so that "
+        f"the model keeps its general translation (default: {MIX_ORIGINAL}; 0: the new corpus alone)",
     )
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--minutes", type=positive(float), help="stop cleanly after this much training time")

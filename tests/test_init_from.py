@@ -1,5 +1,6 @@
 """kformer train --init-from RUN: fine-tuning starts from RUN's weights, keeps its tokenizer, leaves it untouched."""
 
+import csv
 import hashlib
 import json
 import logging
@@ -108,6 +109,8 @@ def test_bad_init_from_is_one_line_and_changes_nothing(tmp_path, trained_dir, do
         ),
         (["--init-from", trained_dir, "--accumulate", "0"], "--accumulate: must be"),
         (["--init-from", trained_dir, "--average", "1.5"], "--average: must be a number in [0, 1)"),
+        (["--init-from", trained_dir, "--mix-original", "1"], "--mix-original must be a share in [0, 1)"),
+        (["--mix-original", "0.5"], "--mix-original draws from the run fine-tuning starts from"),
     ]
     before, before_corrupted = digests(trained_dir), digests(corrupted)
     for number, (args, expected) in enumerate(cases):
@@ -122,3 +125,72 @@ def test_bad_init_from_is_one_line_and_changes_nothing(tmp_path, trained_dir, do
         assert result.returncode != 0 and expected in lines[-1], (args, result.stderr[-2000:])
         assert "Traceback" not in result.stderr and not os.path.exists(out), args
     assert digests(trained_dir) == before and digests(corrupted) == before_corrupted
+
+
+def _rows(pairs):
+    """{(source ids, target ids)} of an ArrayPairs."""
+    source, target = (r.to_list() for r in pairs.ragged())
+    return {(tuple(s), tuple(t)) for s, t in zip(source, target)}
+
+
+def test_mixing_draws_its_share_of_pairs_from_the_runs_shards(tmp_path, trained_dir, domain_tsv):
+    from kformer.data import prepare as prepare_lib
+    from kformer.data import shards as shards_lib
+    from kformer.train.fit import start
+
+    run = start(
+        str(tmp_path / "tuned"), data=domain_tsv, init_from=trained_dir, mix_original=0.3, steps=1, **ARGS
+    )
+    try:
+        original_folder = run_folder.prepared_folder(trained_dir)
+        manifest = prepare_lib.load(original_folder)
+        paths = prepare_lib.shard_paths(original_folder, manifest)
+        original = _rows(shards_lib.read_prepared(paths, manifest["train"]["dtype"], run.config))
+        new_folder = run_folder.prepared_folder(str(tmp_path / "tuned"))
+        new_manifest = prepare_lib.load(new_folder)
+        new_paths = prepare_lib.shard_paths(new_folder, new_manifest)
+        new = _rows(shards_lib.read_prepared(new_paths, new_manifest["train"]["dtype"], run.config))
+        counts = {"original": 0, "new": 0}
+        for x, labels in run.fit_args["x"].take(400):
+            for source, target in zip(x["source_ids"].numpy(), labels.numpy()):
+                row = (tuple(int(i) for i in source if i), tuple(int(i) for i in target if i)[:-1])  # EOS off
+                assert row in original or row in new, row
+                counts["original" if row not in new else "new"] += 1
+    finally:
+        run.release()
+    share = counts["original"] / sum(counts.values())
+    assert sum(counts.values()) > 2000 and abs(share - 0.3) < 0.05, counts
+    assert run.fit_args["steps_per_epoch"] > 0
+
+
+def test_fine_tuning_scores_both_dev_samples_from_the_start(tmp_path, trained_dir, domain_tsv):
+    out = str(tmp_path / "tuned")
+    evaluation = Evaluation(minutes=0, steps=2, sentences=6)
+    summary = train(
+        out, data=domain_tsv, init_from=trained_dir, steps=4, **{**ARGS, "evaluation": evaluation}
+    )
+    assert set(summary["dev_bleu"]) == {"dev", "original"}
+    with open(os.path.join(out, "logs", "evaluations.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == [0, 2, 4]
+    assert all(float(r["original_bleu"]) >= 0 and float(r["bleu"]) >= 0 for r in rows)
+    assert summary["dev_bleu"]["original"]["start"] == float(rows[0]["original_bleu"])
+    assert summary["dev_bleu"]["dev"]["end"] == float(rows[-1]["bleu"])
+
+
+def test_fine_tuning_without_the_runs_corpus_trains_on_the_new_one_and_says_so(
+    tmp_path, trained_dir, domain_tsv
+):
+    moved = str(tmp_path / "run")
+    shutil.copytree(trained_dir, moved)
+    shutil.rmtree(run_folder.prepared_folder(moved))
+    logged, logger = Messages(), logging.getLogger("kformer")
+    logger.addHandler(logged)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        summary = train(str(tmp_path / "tuned"), data=domain_tsv, init_from=moved, steps=2, **ARGS)
+    finally:
+        logger.removeHandler(logged)
+        logger.setLevel(level)
+    assert summary["steps"] == 2
+    assert any("its prepared corpus" in m and "is gone" in m for m in logged.messages), logged.messages

@@ -179,14 +179,21 @@ def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_ind
     if not len(encoded):
         raise ValueError("no sentence pairs to batch (all were empty or too long?)")
 
-    source, target = encoded.ragged()
     if training:
-        ds = _endless_passes(source, target, seed)
-    else:
-        ds = tf.data.Dataset.from_tensor_slices((source, target))
+        return batched(endless_pairs(encoded, seed, num_shards, shard_index), config, True, pad_to_bucket)
+    ds = tf.data.Dataset.from_tensor_slices(encoded.ragged())
     if num_shards > 1:
         ds = ds.shard(num_shards, shard_index)
-    return batched(ds, config, training, pad_to_bucket)
+    return batched(ds, config, False, pad_to_bucket)
+
+
+def endless_pairs(encoded, seed=0, num_shards=1, shard_index=0):
+    """tf.data of (source, target) id rows of `encoded` without end, each pass in a new seeded
+    order (`_endless_passes`); this input worker's every `num_shards`-th pair."""
+    if not len(encoded):
+        raise ValueError("no sentence pairs to batch (all were empty or too long?)")
+    ds = _endless_passes(*encoded.ragged(), seed)
+    return ds.shard(num_shards, shard_index) if num_shards > 1 else ds
 
 
 def batched(ds, config, training, pad_to_bucket):

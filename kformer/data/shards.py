@@ -6,7 +6,7 @@ A record is one pair: [source length, source ids..., target ids...] in the shard
 
 import numpy as np
 
-from kformer.data.batches import ArrayPairs, batched, steps_per_epoch_of
+from kformer.data.batches import ArrayPairs, steps_per_epoch_of
 
 
 def id_dtype(tokenizer):
@@ -87,10 +87,10 @@ def worker_part(paths, workers=1, rank=0):
     return list(paths[rank::workers]), 1, 0
 
 
-def stream_prepared(paths, dtype, config, seed=0, pad_to_bucket=True, num_shards=1, shard_index=0):
-    """The endless training batches of a prepared train split read from its shards as a stream:
-    each pass takes the shards in a new seeded order, reads a few at once (interleaved), and
-    shuffles pairs in a buffer of SHUFFLE_PAIRS; memory does not grow with the corpus.
+def stream_pairs(paths, dtype, config, seed=0, num_shards=1, shard_index=0):
+    """The endless (source, target) id rows of a prepared train split read from its shards as a
+    stream: each pass takes the shards in a new seeded order, reads a few at once (interleaved),
+    and shuffles pairs in a buffer of SHUFFLE_PAIRS; memory does not grow with the corpus.
     `num_shards`/`shard_index`: this input worker keeps every `num_shards`-th pair."""
     import tensorflow as tf
 
@@ -117,4 +117,4 @@ def stream_prepared(paths, dtype, config, seed=0, pad_to_bucket=True, num_shards
     if num_shards > 1:
         ds = ds.shard(num_shards, shard_index)
     ds = ds.map(decode, num_parallel_calls=2, deterministic=True).filter(fits)
-    return batched(ds.shuffle(SHUFFLE_PAIRS, seed=seed), config, True, pad_to_bucket)
+    return ds.shuffle(SHUFFLE_PAIRS, seed=seed)

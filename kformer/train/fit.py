@@ -112,6 +112,7 @@ class Training:
         }
         if best is not None and best.evaluations:
             summary.update(best=best.best, evaluations=best.evaluations, evaluation_seconds=best.seconds)
+            _log_changes(summary, best.changes())
         log.info(
             "%s after %d steps (%s)",
             "saved model.keras" if self.writes else "trained (the chief saves)",
@@ -119,6 +120,19 @@ class Training:
             summary["stopped"],
         )
         return summary
+
+
+def _log_changes(summary, changes):
+    """Adds a fine-tuning run's dev sample BLEU before and after to `summary`, and logs it."""
+    if changes:
+        summary["dev_bleu"] = changes
+        log.info(
+            "dev sample BLEU from the start: %s",
+            "; ".join(
+                f"{name} {c['start']:.2f} -> {c['end']:.2f} ({c['end'] - c['start']:+.2f})"
+                for name, c in changes.items()
+            ),
+        )
 
 
 def stop_if_interrupted(summary):
@@ -223,12 +237,17 @@ def _start(out_dir, options):
 
 def _set_up(out_dir, options, xla, precision):
     """The run's config, corpus and tokenizer, its source's weights, and its length in steps."""
+    if options.mix_original is not None and not options.init_from:
+        raise ValueError("--mix-original draws from the run fine-tuning starts from: give --init-from RUN")
     config, tokenizer, folder, corpus = run_data(out_dir, options)
     source = init_from_lib.open_source(options.init_from) if options.init_from else None
     fresh = not os.path.exists(run_folder.path(out_dir, run_folder.MODEL_FILE))  # no weights of its own
     try:
         initial = init_from_lib.trained_weights(source) if source is not None and fresh else None
         encoded = inputs.encode(folder, tokenizer, config)
+        if source is not None:
+            original, share = init_from_lib.original_corpus(source, options.mix_original)
+            encoded = inputs.with_original(encoded, original, share, tokenizer, config)
         inputs.check_evaluation(options.evaluation, encoded, folder)
         per_epoch = inputs.steps_per_epoch(encoded, config.micro_batches(), xla)  # batches, not updates
     except BaseException:
@@ -338,7 +357,10 @@ def _keep_best(out_dir, evaluation, setup, chief, strategy, nan_guard):
     if not (evaluation.on and dev_text):
         return None
     language = setup.corpus["direction"].split("-")[-1]
-    return KeepBest(out_dir, evaluation, dev_text, setup.tokenizer, language, chief, strategy, nan_guard)
+    samples = {"dev": dev_text}
+    if setup.encoded.original is not None and setup.encoded.original.dev_text:
+        samples["original"] = setup.encoded.original.dev_text  # what fine-tuning may forget
+    return KeepBest(out_dir, evaluation, samples, setup.tokenizer, language, chief, strategy, nan_guard)
 
 
 def _max_steps(options, per_epoch):

@@ -12,6 +12,7 @@ import os
 
 from kformer import run_folder
 from kformer.data import corpus as corpus_lib
+from kformer.data import prepare as prepare_lib
 from kformer.data import tokenizer as tokenizer_lib
 from kformer.model.config import PRESETS, TransformerConfig, read_json, tokenizer_digest, write_json
 
@@ -42,6 +43,9 @@ MODEL_FIELDS = (
     "tokenizer_sha256",
 )
 SIZE_FIELDS = MODEL_FIELDS[1:6]  # what a preset sets of them (d_model ... num_decoder_layers)
+# The share of a fine-tuning run's pairs drawn from RUN's own train split: without it the model
+# forgets its general translation as fast as it learns the new domain (`kformer train --help`).
+MIX_ORIGINAL = 0.5
 UNKNOWN_WARNING = 0.005  # share of <unk> pieces in the new corpus past which a warning is printed
 
 
@@ -102,6 +106,27 @@ def fine_tune_config(source, config_name=None, overrides=None):
             "a fine-tuned run keeps its model's sizes (leave out --config)"
         )
     return source.config.replace(**{**FINE_TUNE, **overrides})
+
+
+def original_corpus(source, share=None):
+    """(RUN's prepared corpus, the share of the new run's pairs to draw from it); (None, 0.0) for
+    share 0, or with a warning where RUN's corpus is no longer there."""
+    share = MIX_ORIGINAL if share is None else share
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < 1:
+        raise ValueError(f"--mix-original must be a share in [0, 1), got {share!r}")
+    if not share:
+        return None, 0.0
+    folder = run_folder.prepared_folder(source.run_dir)
+    if not prepare_lib.is_prepared(folder):
+        log.warning(
+            "--init-from %s: its prepared corpus (%s) is gone, so no original pairs are mixed in "
+            "(--mix-original %g): the run trains on the new corpus alone and forgets more",
+            source.run_dir,
+            folder,
+            share,
+        )
+        return None, 0.0
+    return folder, float(share)
 
 
 def check_direction(source, direction):

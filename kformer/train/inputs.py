@@ -1,5 +1,6 @@
 """What training reads of a prepared corpus: the train split's batch stream (from memory or its
-shards; each worker's own part under a strategy) and the dev split."""
+shards; each worker's own part under a strategy), the dev split, and for a fine-tuning run the
+original run's train split mixed into the stream (`with_original`)."""
 
 import dataclasses
 import logging
@@ -22,6 +23,8 @@ class TrainingCorpus:
     dev: batches_lib.EncodedPairs
     lengths: tuple
     dev_text: list  # the dev pairs as text (source, target)
+    original: "TrainingCorpus" = None  # a fine-tuning run's original corpus, mixed in (`with_original`)
+    original_share: float = 0.0  # of the pairs of the batch stream drawn from `original`
 
 
 def encode(folder, tokenizer, config):
@@ -42,6 +45,21 @@ def encode(folder, tokenizer, config):
     return TrainingCorpus(folder, manifest, dev, (source, target, counts), dev_text)
 
 
+def with_original(encoded, original_folder, share, tokenizer, config):
+    """`encoded` with `share` of its batch stream's pairs drawn from the prepared corpus at
+    `original_folder` (the run fine-tuning starts from: same tokenizer); as it is for share 0."""
+    if not share:
+        return encoded
+    original = encode(original_folder, tokenizer, config)
+    log.info(
+        "mixing in %s's train split (%s pairs): %.0f%% of each batch's pairs, on average",
+        original_folder,
+        f"{int(original.lengths[2].sum()):,}",
+        100 * share,
+    )
+    return dataclasses.replace(encoded, original=original, original_share=share)
+
+
 def check_evaluation(evaluation, encoded, folder):
     if evaluation.early_stop and not (evaluation.on and encoded.dev_text):
         why = "evaluations are off (--eval-minutes 0)" if encoded.dev_text else f"{folder} has no dev split"
@@ -49,7 +67,10 @@ def check_evaluation(evaluation, encoded, folder):
 
 
 def steps_per_epoch(encoded, config, xla):
+    """Batches a pass over the train split takes; with the original corpus mixed in, a pass over
+    the new pairs takes that many more."""
     per_epoch = shards_lib.prepared_steps_per_epoch(encoded.manifest, config, pad_to_bucket=xla)
+    per_epoch = round(per_epoch / (1 - encoded.original_share))
     if per_epoch < 1:
         raise ValueError(
             f"the train split ({int(encoded.lengths[2].sum())} pairs) fills no batch of "
@@ -59,7 +80,21 @@ def steps_per_epoch(encoded, config, xla):
 
 
 def train_dataset(encoded, config, xla, seed, workers=1, rank=0):
-    """The endless seeded training batches of input worker `rank` of `workers` (its part:
+    """The endless seeded training batches of input worker `rank` of `workers`: its pairs
+    (`train_pairs`), with `encoded.original_share` of them drawn from the original corpus at
+    random (seeded), then batched by length."""
+    import tensorflow as tf
+
+    pairs = train_pairs(encoded, config, seed, workers, rank)
+    if encoded.original is not None:
+        original = train_pairs(encoded.original, config, seed + 1, workers, rank)
+        weights = [1 - encoded.original_share, encoded.original_share]
+        pairs = tf.data.Dataset.sample_from_datasets([pairs, original], weights, seed=seed)
+    return batches_lib.batched(pairs, config, True, xla)
+
+
+def train_pairs(encoded, config, seed, workers=1, rank=0):
+    """The endless seeded (source, target) id rows of input worker `rank` of `workers` (its part:
     `shards.worker_part`): read into memory when that is small (shards.IN_MEMORY_TOKENS; each pass
     then in a new order of all its pairs), else streamed from its shards (bounded memory)."""
     all_paths = prepare_lib.shard_paths(encoded.folder, encoded.manifest)
@@ -78,9 +113,9 @@ def train_dataset(encoded, config, xla, seed, workers=1, rank=0):
     tokens = int(((source + target) * counts).sum()) * len(paths) / len(all_paths) / num_shards
     if tokens <= shards_lib.IN_MEMORY_TOKENS:
         pairs = shards_lib.read_prepared(paths, dtype, config)
-        return batches_lib.make_dataset(pairs, config, True, seed, num_shards, shard_index, pad_to_bucket=xla)
-    log.info("streaming the train split from %d shards", len(paths))
-    return shards_lib.stream_prepared(paths, dtype, config, seed, xla, num_shards, shard_index)
+        return batches_lib.endless_pairs(pairs, seed, num_shards, shard_index)
+    log.info("streaming %s's train split from %d shards", encoded.folder, len(paths))
+    return shards_lib.stream_pairs(paths, dtype, config, seed, num_shards, shard_index)
 
 
 def worker_datasets(encoded, config, xla, seed, strategy, replay):

@@ -4,6 +4,10 @@ float32), score it (BLEU, chrF), and keep the weights that scored best beside th
 (run_folder.BEST_WEIGHTS_FILE, with run_folder.BEST_FILE). With `patience`, training stops after that
 many evaluations without a gain (early stopping). Evaluations take wall time, so the time budget
 counts them, and the budget's speed estimate (hence the schedule) includes them.
+
+A fine-tuning run (kformer.train.init_from) also scores the dev sample of the run it started
+from, before its first step and at each evaluation: what it gained on the new corpus and what it
+lost on the original are logged, and summarized at the end (`KeepBest.changes`).
 """
 
 import csv
@@ -45,6 +49,8 @@ class KeepBest(keras.callbacks.Callback):
     """Evaluates as `evaluation` (an `Evaluation`) says, and once
     more at the end of training if it evaluated before (not after a NaN); keeps the best weights (`writes`: this
     process writes them; with several workers every worker evaluates, so that all stop together).
+    `dev_pairs`: {name: (source, target) pairs}, the first the sample the best is kept by (with
+    several, the others are scored beside it from the start; see the module's docstring).
     `reason` says why it stopped training, if it did."""
 
     def __init__(
@@ -52,8 +58,12 @@ class KeepBest(keras.callbacks.Callback):
     ):
         super().__init__()
         self.run_dir = run_dir
-        sources, references = evaluate_lib.group_references(dev_pairs)  # as `kformer evaluate` scores
-        self.sources, self.references = sources[: evaluation.sentences], references[: evaluation.sentences]
+        self.samples = {}  # name -> (sources, references), as `kformer evaluate` scores them
+        for name, pairs in dev_pairs.items():
+            sources, references = evaluate_lib.group_references(pairs)
+            self.samples[name] = sources[: evaluation.sentences], references[: evaluation.sentences]
+        self.sources, self.references = next(iter(self.samples.values()))
+        self.start_scores, self.last_scores = None, None  # {name: scores} before the first step, latest
         self.tokenizer, self.language, self.writes, self.strategy = tokenizer, language, writes, strategy
         self.nan_guard = nan_guard  # StopOnNaN: no evaluation of weights that went non-finite
         self.every_seconds = None if evaluation.steps else evaluation.minutes * 60
@@ -65,6 +75,9 @@ class KeepBest(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self.last_time, self.evaluated_step = time.monotonic(), steps_done(self.model)
+        if len(self.samples) > 1 and self.evaluated_step == 0:  # what fine-tuning starts from
+            self.evaluate(0)
+            self.start_scores = self.last_scores
 
     def on_train_batch_end(self, batch, logs=None):
         step = steps_done(self.model)
@@ -88,8 +101,11 @@ class KeepBest(keras.callbacks.Callback):
         """Scores the dev sample at `step`, keeps the weights if they are the best so far."""
         start = time.monotonic()
         translator = self._translator_of_current_weights()
-        hypotheses = translator.translate(self.sources, self.language)
-        scores = evaluate_lib.score(hypotheses, self.references, self.language)
+        self.last_scores = {
+            name: evaluate_lib.score(translator.translate(sources, self.language), references, self.language)
+            for name, (sources, references) in self.samples.items()
+        }
+        scores = next(iter(self.last_scores.values()))
         gained = self.best is None or (scores["bleu"], scores["chrf"]) > (
             self.best["bleu"],
             self.best["chrf"],
@@ -105,12 +121,14 @@ class KeepBest(keras.callbacks.Callback):
             step,
         )
         if self.writes:
-            self._write(step, scores, gained, seconds, translator.model)
+            self._write(step, gained, seconds, translator.model)
+        others = "".join(f"; {name} BLEU {s['bleu']:.2f}" for name, s in list(self.last_scores.items())[1:])
         log.info(
-            "step %d: dev sample BLEU %.2f chrF %.2f (%d sentences, %.1f s)%s",
+            "step %d: dev sample BLEU %.2f chrF %.2f%s (%d sentences, %.1f s)%s",
             step,
             scores["bleu"],
             scores["chrf"],
+            others,
             len(self.sources),
             seconds,
             " - the best so far, kept"
@@ -121,6 +139,16 @@ class KeepBest(keras.callbacks.Callback):
             self.reason = f"no dev sample BLEU gain in {since} evaluations (--early-stop {self.patience})"
             self.model.stop_training = True
         self.last_time = time.monotonic()
+
+    def changes(self):
+        """{sample name: {"start": BLEU, "end": BLEU}} from before the first step to the last
+        evaluation, for a run that scored several samples from its start; else {}."""
+        if not self.start_scores or not self.last_scores:
+            return {}
+        return {
+            name: {"start": self.start_scores[name]["bleu"], "end": self.last_scores[name]["bleu"]}
+            for name in self.samples
+        }
 
     def _translator_of_current_weights(self):
         """A greedy Translator on a float32 copy of the model holding the weights a reader would
@@ -139,7 +167,7 @@ class KeepBest(keras.callbacks.Callback):
             run_folder.swap_average(self.model)
         return self.translator
 
-    def _write(self, step, scores, gained, seconds, weights_model):
+    def _write(self, step, gained, seconds, weights_model):
         if gained:
             best_path = run_folder.path(self.run_dir, run_folder.BEST_WEIGHTS_FILE)
             tmp = best_path[: -len(".weights.h5")] + ".tmp.weights.h5"
@@ -149,25 +177,21 @@ class KeepBest(keras.callbacks.Callback):
         logs = run_folder.path(self.run_dir, run_folder.LOGS_DIR)
         history = os.path.join(logs, EVALUATIONS_FILE)
         new = not os.path.exists(history)
+        prefixes = ["", *(f"{name}_" for name in list(self.samples)[1:])]  # the kept-by sample's unprefixed
+        scores = dict(zip(prefixes, self.last_scores.values()))
         with open(history, "a", newline="") as f:
             writer = csv.writer(f)
             if new:
-                writer.writerow(["step", "bleu", "chrf", "sentences", "seconds", "best"])
-            writer.writerow(
-                [
-                    step,
-                    f"{scores['bleu']:.3f}",
-                    f"{scores['chrf']:.3f}",
-                    len(self.sources),
-                    f"{seconds:.2f}",
-                    gained,
-                ]
-            )
+                metrics = [f"{prefix}{metric}" for prefix in prefixes for metric in ("bleu", "chrf")]
+                writer.writerow(["step", *metrics, "sentences", "seconds", "best"])
+            values = [f"{s[metric]:.3f}" for s in scores.values() for metric in ("bleu", "chrf")]
+            writer.writerow([step, *values, len(self.sources), f"{seconds:.2f}", gained])
         import tensorflow as tf
 
         if self.summaries is None:  # one events file for the run's evaluations
             self.summaries = tf.summary.create_file_writer(os.path.join(logs, "dev_sample"))
         with self.summaries.as_default():
-            tf.summary.scalar("bleu", scores["bleu"], step=step)
-            tf.summary.scalar("chrf", scores["chrf"], step=step)
+            for prefix, s in scores.items():
+                tf.summary.scalar(f"{prefix}bleu", s["bleu"], step=step)
+                tf.summary.scalar(f"{prefix}chrf", s["chrf"], step=step)
         self.summaries.flush()  # one evaluation every few minutes: readable in TensorBoard at once

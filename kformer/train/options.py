@@ -23,7 +23,8 @@ class TrainOptions:
     evaluation: when the run translates a dev sample and keeps the best weights
     (`kformer.train.keep_best.Evaluation`; None: its defaults).
     init_from: a trained run to start from, with its tokenizer, direction and model sizes and the
-    fine-tuning recipe (kformer.train.init_from).
+    fine-tuning recipe (kformer.train.init_from); mix_original: the share of each batch's pairs
+    drawn from that run's own corpus (None: init_from.MIX_ORIGINAL; 0: the new corpus alone).
     callbacks: extra Keras callbacks, run before kformer's own; verbose: model.fit's.
     """
 
@@ -44,6 +45,7 @@ class TrainOptions:
     checkpoint_seconds: float = 300
     evaluation: object = None
     init_from: str = None
+    mix_original: float = None
     callbacks: tuple = ()
     verbose: object = "auto"
 
