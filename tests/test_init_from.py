@@ -163,12 +163,11 @@ def test_mixing_draws_its_share_of_pairs_from_the_runs_shards(tmp_path, trained_
     assert run.fit_args["steps_per_epoch"] > 0
 
 
-def test_fine_tuning_scores_both_dev_samples_from_the_start(tmp_path, trained_dir, domain_tsv):
+@pytest.mark.parametrize("mix_original", [None, 0])
+def test_fine_tuning_scores_both_dev_samples_from_the_start(tmp_path, trained_dir, domain_tsv, mix_original):
     out = str(tmp_path / "tuned")
-    evaluation = Evaluation(minutes=0, steps=2, sentences=6)
-    summary = train(
-        out, data=domain_tsv, init_from=trained_dir, steps=4, **{**ARGS, "evaluation": evaluation}
-    )
+    args = {**ARGS, "evaluation": Evaluation(minutes=0, steps=2, sentences=6), "mix_original": mix_original}
+    summary = train(out, data=domain_tsv, init_from=trained_dir, steps=4, **args)
     assert set(summary["dev_bleu"]) == {"dev", "original"}
     with open(os.path.join(out, "logs", "evaluations.csv")) as f:
         rows = list(csv.DictReader(f))

@@ -109,18 +109,18 @@ def fine_tune_config(source, config_name=None, overrides=None):
 
 
 def original_corpus(source, share=None):
-    """(RUN's prepared corpus, the share of the new run's pairs to draw from it); (None, 0.0) for
-    share 0, or with a warning where RUN's corpus is no longer there."""
+    """(RUN's prepared corpus, the share of the new run's pairs to draw from it; its dev split is
+    scored beside the new one's at any share); (None, 0.0), with a warning, where RUN's corpus is
+    no longer there."""
     share = MIX_ORIGINAL if share is None else share
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < 1:
         raise ValueError(f"--mix-original must be a share in [0, 1), got {share!r}")
-    if not share:
-        return None, 0.0
     folder = run_folder.prepared_folder(source.run_dir)
     if not prepare_lib.is_prepared(folder):
         log.warning(
             "--init-from %s: its prepared corpus (%s) is gone, so no original pairs are mixed in "
-            "(--mix-original %g): the run trains on the new corpus alone and forgets more",
+            "(--mix-original %g) and its dev split is not scored: the run trains on the new corpus "
+            "alone and forgets more",
             source.run_dir,
             folder,
             share,

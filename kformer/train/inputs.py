@@ -46,13 +46,13 @@ def encode(folder, tokenizer, config):
 
 
 def with_original(encoded, original_folder, share, tokenizer, config):
-    """`encoded` with `share` of its batch stream's pairs drawn from the prepared corpus at
-    `original_folder` (the run fine-tuning starts from: same tokenizer); as it is for share 0."""
-    if not share:
+    """`encoded` with the prepared corpus at `original_folder` (the run fine-tuning starts from:
+    same tokenizer; None: none) beside it, for its dev split and `share` of the batch stream's pairs."""
+    if original_folder is None:
         return encoded
     original = encode(original_folder, tokenizer, config)
     log.info(
-        "mixing in %s's train split (%s pairs): %.0f%% of each batch's pairs, on average",
+        "original corpus %s (%s train pairs): %.0f%% of each batch's pairs on average; its dev split scored too",
         original_folder,
         f"{int(original.lengths[2].sum()):,}",
         100 * share,
@@ -86,7 +86,7 @@ def train_dataset(encoded, config, xla, seed, workers=1, rank=0):
     import tensorflow as tf
 
     pairs = train_pairs(encoded, config, seed, workers, rank)
-    if encoded.original is not None:
+    if encoded.original_share:
         original = train_pairs(encoded.original, config, seed + 1, workers, rank)
         weights = [1 - encoded.original_share, encoded.original_share]
         pairs = tf.data.Dataset.sample_from_datasets([pairs, original], weights, seed=seed)
