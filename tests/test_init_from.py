@@ -175,6 +175,8 @@ def test_fine_tuning_scores_both_dev_samples_from_the_start(tmp_path, trained_di
     assert all(float(r["original_bleu"]) >= 0 and float(r["bleu"]) >= 0 for r in rows)
     assert summary["dev_bleu"]["original"]["start"] == float(rows[0]["original_bleu"])
     assert summary["dev_bleu"]["dev"]["end"] == float(rows[-1]["bleu"])
+    with pytest.raises(ValueError, match="started mixing in"):  # its saved batch position is of that mix
+        train(out, data=domain_tsv, init_from=trained_dir, steps=6, **{**args, "mix_original": 0.25})
 
 
 def test_fine_tuning_without_the_runs_corpus_trains_on_the_new_one_and_says_so(

@@ -247,6 +247,7 @@ def _set_up(out_dir, options, xla, precision):
         encoded = inputs.encode(folder, tokenizer, config)
         if source is not None:
             original, share = init_from_lib.original_corpus(source, options.mix_original)
+            init_from_lib.check_share(out_dir, share)
             encoded = inputs.with_original(encoded, original, share, tokenizer, config)
         inputs.check_evaluation(options.evaluation, encoded, folder)
         per_epoch = inputs.steps_per_epoch(encoded, config.micro_batches(), xla)  # batches, not updates
@@ -265,7 +266,7 @@ def _create_run_folder(out_dir, setup):
     """The run's files written (its source recorded first: config.json marks a run) and its
     prepared corpus moved in; returns the setup with the corpus where it now is."""
     if setup.source is not None:
-        init_from_lib.record(out_dir, setup.source)
+        init_from_lib.record(out_dir, setup.source, setup.encoded.original_share)
     run_folder.create(out_dir, setup.config, setup.tokenizer, setup.corpus, setup.encoded.folder)
     encoded = dataclasses.replace(setup.encoded, folder=run_folder.prepared_folder(out_dir))
     return dataclasses.replace(setup, encoded=encoded)

@@ -154,8 +154,8 @@ def report_coverage(manifest, source):
     return share
 
 
-def record(run_dir, source):
-    """Writes the new run's init.json (once): where it started."""
+def record(run_dir, source, share):
+    """Writes the new run's init.json (once): where it started, and the share of RUN's pairs it mixes in."""
     if os.path.exists(os.path.join(run_dir, INIT_FILE)):
         return
     os.makedirs(run_dir, exist_ok=True)
@@ -165,8 +165,21 @@ def record(run_dir, source):
             "run": os.path.abspath(source.run_dir),
             "weights": run_folder.describe_weights(source.run_dir, source.weights_path),
             "sha256": corpus_lib.files_sha256([source.weights_path]),
+            "mix_original": share,
         },
     )
+
+
+def check_share(run_dir, share):
+    """A resumed run mixes in the share of RUN's pairs it started with (its batch stream's saved
+    position belongs to that mix); runs recorded before the share was, are not checked."""
+    recorded = os.path.join(run_dir, INIT_FILE)
+    started = read_json(recorded).get("mix_original") if os.path.exists(recorded) else None
+    if started is not None and started != share:
+        raise ValueError(
+            f"{run_dir} started mixing in {started:g} of RUN's pairs, not {share:g}: resume it with "
+            f"--mix-original {started:g} (with RUN's prepared corpus in place), or use a new --out directory"
+        )
 
 
 def check_recorded(run_dir, source):
