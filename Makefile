@@ -24,6 +24,17 @@ chromium:
 	{ apt-get update -q >/dev/null && apt-get install -y -q $$missing >/dev/null; } || \
 	echo "note: could not install $$missing (root needed); the browser tests will skip (fail if CI=true)"
 
+# The real Argos Translate and LibreTranslate that tests/test_argos.py installs kformer's packages
+# into, each in a venv of its own inside $(VENV): their pins clash with kformer's and with each
+# other's (LibreTranslate runs its fork, argos-translate-lt, under the same module name).
+ARGOS_VENVS := $(VENV)/argostranslate/.installed $(VENV)/libretranslate/.installed
+$(VENV)/argostranslate/.installed: PACKAGE := argostranslate==1.11.0
+$(VENV)/libretranslate/.installed: PACKAGE := libretranslate==1.9.6
+$(ARGOS_VENVS): | $(VENV)/.installed
+	@echo "installing $(PACKAGE) in $(@D)"
+	@$(PYTHON) -m venv $(@D) && $(@D)/bin/pip install --quiet $(PACKAGE) && touch $@ || \
+	echo "note: could not install $(PACKAGE); the Argos tests will skip (fail if CI=true)"
+
 .PHONY: demo test
 demo: $(VENV)/.installed  ## train on Tatoeba zh-en for MINUTES, report BLEU, show translations
 	$(VENV)/bin/kformer demo --out runs/demo --config small --minutes $(MINUTES)
@@ -32,7 +43,7 @@ demo: $(VENV)/.installed  ## train on Tatoeba zh-en for MINUTES, report BLEU, sh
 # subprocesses or run one thread, so on 2 cores two processes took 30 minutes where one took 40.
 TEST_WORKERS ?= 2
 
-test: $(VENV)/.installed chromium  ## format and lint checks, then the whole test suite (tiny configs)
+test: $(VENV)/.installed chromium $(ARGOS_VENVS)  ## format and lint checks, then the whole test suite (tiny configs)
 	$(VENV)/bin/ruff format --check kformer export tests notebooks  # `ruff format` fixes what this finds
 	$(VENV)/bin/ruff check kformer export tests notebooks
 	$(VENV)/bin/python -m pytest -q --numprocesses $(TEST_WORKERS) --dist loadfile

@@ -22,10 +22,11 @@ class Ctranslate2(Format):
     name = "ctranslate2"
     variants = ("fp32", "int8")  # int8: CTranslate2's own weight quantization
 
-    def write(self, module, path, variant="fp32"):
+    def write(self, module, path, variant="fp32", positions=None):
         """Set explicitly where CTranslate2's defaults differ from kformer: the interleaved
         sinusoid table, epsilon 1e-6, the tied output projection, the SentencePiece pieces as
-        vocabulary."""
+        vocabulary. `positions`: rows of the sinusoid tables where a caller decodes past the
+        model's max lengths (CTranslate2 refuses a position its table lacks); default: as trained."""
         import sentencepiece as spm
         from ctranslate2.specs import common_spec, transformer_spec
 
@@ -37,7 +38,7 @@ class Ctranslate2(Format):
             pre_norm=c.norm_position == "pre",
             activation=activation,
         )
-        _fill_spec(spec, model)
+        _fill_spec(spec, model, positions)
         tokenizer = spm.SentencePieceProcessor(model_proto=module.tokenizer_proto)
         pieces = [tokenizer.id_to_piece(i) for i in range(c.vocab_size)]
         spec.register_source_vocabulary(pieces)
@@ -89,14 +90,20 @@ def _feed_forward(spec, block):
     spec.layer_norm.gamma, spec.layer_norm.beta = _weights(block.feed_forward_norm)
 
 
-def _fill_spec(spec, model):
-    """Copies a kformer Transformer's weights into a TransformerSpec of the same shape."""
+def _fill_spec(spec, model, positions=None):
+    """Copies a kformer Transformer's weights into a TransformerSpec of the same shape, with
+    sinusoid tables of `positions` rows where given (the same function: the first rows equal)."""
+    from kformer.model.layers import sinusoidal_table  # here: the runner needs no TensorFlow
+
     source_embedding = _weights(model.source_embedding)[0]
     target_embedding = _weights(model.target_embedding)[0]
     spec.encoder.embeddings[0].weight = source_embedding
     spec.decoder.embeddings.weight = target_embedding
-    spec.encoder.position_encodings.encodings = np.asarray(model.source_positions.table)
-    spec.decoder.position_encodings.encodings = np.asarray(model.target_positions.table)
+    for stack, layer in ((spec.encoder, model.source_positions), (spec.decoder, model.target_positions)):
+        table = np.asarray(layer.table)
+        stack.position_encodings.encodings = (
+            table if positions is None else sinusoidal_table(positions, table.shape[1])
+        )
     if model.output_projection is None:
         spec.decoder.projection.weight = target_embedding  # tied: logits = x E^T
     else:

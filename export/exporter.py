@@ -6,6 +6,7 @@ import time
 
 from kformer import extras, folders
 from kformer.decode.options import SearchOptions
+from kformer.export import argos
 from kformer.export import manifest as manifest_lib
 from kformer.export.format import QUANTIZATIONS
 from kformer.export.formats import DEFAULT_FORMATS, FORMATS
@@ -28,12 +29,16 @@ def export(
     from kformer.export.module import ExportModule
 
     _check_request(formats, quantize, out_dir)
+    packages = [name for name in formats if name == argos.NAME]
+    formats = [name for name in formats if name not in packages] + ["ctranslate2"] * bool(packages)
     model, config, tokenizer, corpus = run_folder.load(model_dir, weights)
     options = SearchOptions(**options).checked(config.max_target_length)
     tokenizer_file = run_folder.path(model_dir, run_folder.TOKENIZER_FILE)
     with open(tokenizer_file, "rb") as f:
         module = ExportModule(model, f.read(), beam_size=options.beam_size)
     manifest = manifest_lib.describe(config, options, onnx.OPSET, corpus, model_dir)
+    if packages:
+        argos.languages(manifest)  # refuses a model without a language pair before any work
     manifest["weights"] = run_folder.describe_weights(model_dir, run_folder.weights_file(model_dir, weights))
     with folders.work_folder(out_dir, WORK_PREFIX) as work:
         shutil.copy(tokenizer_file, os.path.join(work, manifest_lib.TOKENIZER))
@@ -41,19 +46,26 @@ def export(
         manifest["artifacts"] = _write_formats(module, work, formats, quantize, progress)
         manifest_lib.write(work, manifest)  # the runners read it during the check
         verify.verify_export(work, manifest, model_dir, model, config, tokenizer, progress)
+        if packages:
+            progress(f"{argos.NAME}: scoring the package's model on the test split ...", end=" ", flush=True)
+            bleu = argos.test_bleu(work, model_dir, manifest)
+            manifest["packages"] = [argos.write_package(work, manifest, module, bleu)]
+            progress(f"BLEU {bleu}, wrote {manifest['packages'][0]['file']}")
         manifest_lib.write(work, manifest)
     return manifest
 
 
 def _check_request(formats, quantize, out_dir):
     """One-line errors before any work: unknown names, a missing extra, an unusable --out."""
-    unknown = sorted(set(formats) - set(FORMATS)) + sorted(set(quantize) - set(QUANTIZATIONS))
+    unknown = sorted(set(formats) - set(FORMATS) - {argos.NAME}) + sorted(set(quantize) - set(QUANTIZATIONS))
     if unknown:
         raise ValueError(
-            f"unknown formats/quantizations {unknown}; formats: {tuple(FORMATS)}, quantize: {QUANTIZATIONS}"
+            f"unknown formats/quantizations {unknown}; formats: {(*FORMATS, argos.NAME)}, "
+            f"quantize: {QUANTIZATIONS}"
         )
-    if "ctranslate2" in formats:
-        extras.require("ctranslate2", "--formats ctranslate2")
+    for name in ("ctranslate2", argos.NAME):
+        if name in formats:
+            extras.require("ctranslate2", f"--formats {name}")
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise ValueError(
             f"--out {out_dir} exists and is not an empty folder; choose a new --out (nothing was written)"
@@ -101,4 +113,6 @@ def print_summary(manifest, out_dir):
                 f"{a['file']:28} {a['bytes'] / 1e6:7.2f} {a['seconds']:8.1f} {search:>7} "
                 f"{check['agreement']:6.0%} {delta:>7}"
             )
+    for package in manifest.get("packages", []):
+        print(f"{package['file']}: {package['bytes'] / 1e6:.2f} MB, test BLEU {package['test_bleu']}")
     print(f"wrote {out_dir} (manifest.json, tokenizer.model and the files above)")

@@ -536,7 +536,8 @@ def _add_export(commands):
     p.add_argument(
         "--formats",
         default=",".join(DEFAULT_FORMATS),
-        help=f"comma list of {','.join(FORMATS)} (ctranslate2: pip install 'kformer[ctranslate2]')",
+        help=f"comma list of {','.join(FORMATS)},argos (ctranslate2 and argos, an Argos Translate "
+        "package of the ctranslate2 model: pip install 'kformer[ctranslate2]')",
     )
     p.add_argument("--quantize", default="", help="comma list of fp16,int8 (extra variants)")
     _weights_option(p)

