@@ -6,8 +6,11 @@ fail instead."""
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 import zipfile
 
 import pytest
@@ -224,3 +227,97 @@ def test_argostranslate_installs_and_translates_offline(exports, tmp_path):
         expected = argos_reference(package / "model", package / "sentencepiece.model", job[direction], "auto")
         assert found[direction] == expected, direction
         assert len(set(expected)) > 1  # translations, not one repeated output
+
+
+LT_INSTALL = """
+import sys
+import argostranslate.package
+for path in sys.argv[1:]:
+    argostranslate.package.install_from_path(path)
+print(sorted((p.from_code, p.to_code) for p in argostranslate.package.get_installed_packages()))
+"""
+LT_FORMAT = """
+import json, sys
+from html import unescape
+from libretranslate.language import improve_translation_formatting
+pairs = json.load(sys.stdin)
+print(json.dumps([unescape(improve_translation_formatting(source, output)) for source, output in pairs]))
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post_json(url, body):
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
+    )
+    with NO_PROXY.open(request, timeout=300) as response:
+        return json.loads(response.read())
+
+
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@pytest.fixture()
+def libretranslate(exports, tmp_path):
+    """The real LibreTranslate 1.9.6, offline, with both packages installed: its URL."""
+    python = venv_python(LIBRETRANSLATE)
+    env = offline_environment(tmp_path / "home")
+    packages = [package_path(e) for e in exports.values()]
+    installed = subprocess.run(
+        [python, "-c", LT_INSTALL, *packages], capture_output=True, text=True, env=env, check=True
+    )
+    assert installed.stdout.strip() == "[('en', 'zh'), ('zh', 'en')]"
+    port = free_port()
+    command = [
+        os.path.join(os.path.dirname(python), "libretranslate"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                with NO_PROXY.open(f"{url}/languages", timeout=5):
+                    break
+            except OSError:
+                assert server.poll() is None, server.stdout.read()[-3000:]
+                time.sleep(0.5)
+        else:
+            pytest.fail("LibreTranslate did not answer within 2 minutes")
+        yield url, python, env
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_libretranslate_starts_offline_and_translates_both_ways(libretranslate, exports, tmp_path):
+    """LibreTranslate answers /translate in both directions with CTranslate2's output on the
+    package's model (its settings; LibreTranslate's float32 compute type) as LibreTranslate's
+    own formatting rewrites it."""
+    url, python, env = libretranslate
+    codes = {entry["code"] for entry in json.loads(NO_PROXY.open(f"{url}/languages", timeout=30).read())}
+    assert codes == {"en", "zh-Hans"}  # LibreTranslate 1.9.6 names zh so
+    for direction, export_dir in exports.items():
+        source, target = direction.split("-")
+        texts = one_sentence_sources(direction)[:5]
+        found = [post_json(f"{url}/translate", {"q": t, "source": source, "target": target}) for t in texts]
+        package = extracted_model(export_dir, tmp_path / direction)
+        raw = argos_reference(package / "model", package / "sentencepiece.model", texts, "default")
+        formatted = subprocess.run(
+            [python, "-c", LT_FORMAT],
+            input=json.dumps(list(zip(texts, raw))),
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert formatted.returncode == 0, formatted.stderr[-2000:]
+        assert [f["translatedText"] for f in found] == json.loads(formatted.stdout), direction
+    assert not downloaded_files(tmp_path / "home")
