@@ -8,7 +8,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 import zipfile
@@ -16,6 +15,7 @@ import zipfile
 import pytest
 from test_web import need
 
+from kformer.bench.argos import argos_python, argos_translations, bench_argos, offline_environment
 from kformer.data import corpus as corpus_lib
 from kformer.decode.sentences import split_sentences
 from kformer.export import argos
@@ -28,7 +28,7 @@ SENTENCES = 40  # of the test split, per direction
 
 
 def venv_python(name):
-    python = os.path.join(sys.prefix, name, "bin", "python")
+    python = argos_python(name)
     need(os.path.exists(python), f"{python} not found: `make test` installs {name} in a venv of its own")
     return python
 
@@ -177,30 +177,6 @@ def test_package_model_decodes_as_the_export_and_past_its_lengths(exports, tmp_p
         ctranslate2.Translator(exported).translate_batch([["▁"] * 300])
 
 
-ARGOS_TRANSLATE = """
-import json, sys
-import argostranslate.package, argostranslate.translate
-for path in sys.argv[1:]:
-    argostranslate.package.install_from_path(path)
-job = json.load(sys.stdin)
-print(json.dumps({
-    direction: [argostranslate.translate.translate(t, *direction.split("-")) for t in texts]
-    for direction, texts in job.items()
-}))
-"""
-
-
-def offline_environment(home):
-    """A fresh home for Argos's data and caches, and a proxy that refuses every connection: what
-    the package needs from the internet fails here instead of being fetched."""
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and not k.startswith("ARGOS")}
-    env.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_CONFIG_HOME=str(home / "config"))
-    env.update(XDG_CACHE_HOME=str(home / "cache"), HF_HUB_OFFLINE="1")
-    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
-        env[name] = "http://127.0.0.1:9"
-    return env
-
-
 def downloaded_files(home):
     """Files Argos's splitters and models would have fetched (MiniSBD's cache, stanza, spaCy)."""
     return [str(p) for p in home.rglob("*") if p.is_file() and "packages" not in p.parts]
@@ -212,15 +188,7 @@ def test_argostranslate_installs_and_translates_offline(exports, tmp_path):
     python = venv_python(ARGOSTRANSLATE)
     home = tmp_path / "home"
     job = {direction: one_sentence_sources(direction) for direction in exports}
-    result = subprocess.run(
-        [python, "-c", ARGOS_TRANSLATE, *(package_path(e) for e in exports.values())],
-        input=json.dumps(job),
-        capture_output=True,
-        text=True,
-        env=offline_environment(home),
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    found = argos_translations(python, [package_path(e) for e in exports.values()], job, home)
     assert not downloaded_files(home)
     for direction, export_dir in exports.items():
         package = extracted_model(export_dir, tmp_path / direction)
@@ -321,3 +289,17 @@ def test_libretranslate_starts_offline_and_translates_both_ways(libretranslate, 
         assert formatted.returncode == 0, formatted.stderr[-2000:]
         assert [f["translatedText"] for f in found] == json.loads(formatted.stdout), direction
     assert not downloaded_files(tmp_path / "home")
+
+
+def test_bench_argos_scores_both_on_the_test_split(exports, capsys):
+    from kformer.bench.argos import print_argos_table
+    from kformer.evaluate import score, split_references
+
+    results = bench_argos(exports["en-zh"], venv_python(ARGOSTRANSLATE), sentences=5)
+    print_argos_table(results)
+    sources, ours, theirs = zip(*results["examples"])
+    references = split_references(manifest_lib.load(exports["en-zh"])["trained_in"])[1][:5]
+    assert results["identical"] == sum(a == b for a, b in zip(ours, theirs)) / 5
+    assert results["kformer"]["bleu"] == round(score(list(ours), references, "zh")["bleu"], 2)
+    assert results["argos"]["bleu"] == round(score(list(theirs), references, "zh")["bleu"], 2)
+    assert "identical lines" in capsys.readouterr().out

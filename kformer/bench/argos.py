@@ -1,0 +1,122 @@
+"""`kformer bench argos`: the real Argos Translate on an export's package against kformer's own
+CTranslate2 runner on the same weights, over the test split of the corpus the model was trained
+on: BLEU of each and the share of lines they translate alike.
+
+Argos decodes with its settings: beam 4, length penalty 0.2, CTranslate2's "auto" compute type
+(int8 on most CPUs), at most 256 tokens, its own sentence splitting and detokenizing. kformer's
+runner uses the export's: its beam and alpha, float32, at most the source's length + 50 tokens.
+Argos runs in the venv `make test` installs it in (Makefile: ARGOS_VENVS), offline."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from kformer.arguments import positive
+from kformer.bench.harness import report
+
+HELP = "Argos Translate against kformer's CTranslate2 runner on an export's Argos package"
+ARGOSTRANSLATE = "argostranslate"  # the venv of PyPI argostranslate==1.11.0, inside kformer's
+TRANSLATE = """
+import json, sys
+import argostranslate.package, argostranslate.translate
+for path in sys.argv[1:]:
+    argostranslate.package.install_from_path(path)
+job = json.load(sys.stdin)
+print(json.dumps({
+    direction: [argostranslate.translate.translate(t, *direction.split("-")) for t in texts]
+    for direction, texts in job.items()
+}))
+"""
+
+
+def argos_python(venv=ARGOSTRANSLATE):
+    """The Python of the venv `make test` installs `venv` in, inside the running one."""
+    return os.path.join(sys.prefix, venv, "bin", "python")
+
+
+def offline_environment(home):
+    """A fresh home for Argos's data and caches, and a proxy that refuses every connection: what a
+    package needs from the internet fails instead of being fetched."""
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and not k.startswith("ARGOS")}
+    env.update(HOME=str(home), XDG_DATA_HOME=os.path.join(home, "data"), HF_HUB_OFFLINE="1")
+    env.update(XDG_CONFIG_HOME=os.path.join(home, "config"), XDG_CACHE_HOME=os.path.join(home, "cache"))
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        env[name] = "http://127.0.0.1:9"
+    return env
+
+
+def argos_translations(python, packages, job, home):
+    """{direction ("zh-en"): translations of job[direction]} from Argos in `python`, with the
+    `packages` (.argosmodel files) installed into the fresh `home`, offline."""
+    result = subprocess.run(
+        [python, "-c", TRANSLATE, *packages],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        env=offline_environment(home),
+    )
+    if result.returncode:
+        raise RuntimeError(f"Argos failed ({python}):\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def bench_argos(export_dir, python, sentences=None):
+    """Both on the first `sentences` test sources (all by default); a JSON-friendly dict."""
+    from kformer.evaluate import score, split_references
+    from kformer.export.formats import open_listed
+    from kformer.export.manifest import load
+
+    manifest = load(export_dir)
+    if not manifest.get("packages"):
+        raise ValueError(f"{export_dir} holds no Argos package: export it with --formats argos")
+    if not os.path.exists(python):
+        raise ValueError(f"{python} not found: `make test` installs argostranslate in a venv of its own")
+    direction = manifest["corpus"]["direction"]
+    sources, references = split_references(manifest["trained_in"], "test")
+    sources, references = sources[:sentences], references[:sentences]
+    runner = open_listed(export_dir, "ctranslate2", beam_size=manifest["beam_size"])
+    start = time.perf_counter()
+    ours = runner.translate(sources)
+    ours_seconds = time.perf_counter() - start
+    package = os.path.join(export_dir, manifest["packages"][0]["file"])
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as home:
+        theirs = argos_translations(python, [package], {direction: sources}, home)[direction]
+    theirs_seconds = time.perf_counter() - start  # with Argos's start and the package's install
+    language = direction.split("-")[-1]
+    same = sum(a == b for a, b in zip(ours, theirs))
+    return {
+        "export": os.path.abspath(export_dir),
+        "direction": direction,
+        "sentences": len(sources),
+        "kformer": {**_scores(score(ours, references, language)), "seconds": round(ours_seconds, 1)},
+        "argos": {**_scores(score(theirs, references, language)), "seconds": round(theirs_seconds, 1)},
+        "identical": same / len(sources),
+        "examples": [list(row) for row in zip(sources, ours, theirs)][:5],
+    }
+
+
+def _scores(result):
+    return {"bleu": round(result["bleu"], 2), "chrf": round(result["chrf"], 2)}
+
+
+def print_argos_table(results):
+    print(f"{results['direction']}, {results['sentences']} test sentences of {results['export']}")
+    print(f"{'':24} {'BLEU':>6} {'chrF':>6} {'seconds':>8}")
+    for name, label in (("kformer", "kformer ctranslate2"), ("argos", "Argos Translate")):
+        r = results[name]
+        print(f"{label:24} {r['bleu']:6.2f} {r['chrf']:6.2f} {r['seconds']:8.1f}")
+    print(f"identical lines: {results['identical']:.1%} (Argos's seconds include its start and the install)")
+
+
+def add_arguments(p):
+    p.add_argument("--model", required=True, help="a `kformer export` folder with an Argos package")
+    p.add_argument("--sentences", type=positive(int), help="only the first N test sentences")
+    p.add_argument("--argos-python", default=argos_python(), help="the Python of argostranslate's venv")
+
+
+def main(args):
+    report(bench_argos(args.model, args.argos_python, args.sentences), print_argos_table, args.json)
