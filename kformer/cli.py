@@ -214,7 +214,7 @@ def _demo(args):
 
 
 def _serve(args):
-    from kformer.serve.server import load, serve
+    from kformer.serve.server import load_models, serve
     from kformer.serve.settings import Settings
 
     settings = Settings(
@@ -225,8 +225,8 @@ def _serve(args):
         max_chars=args.max_chars,
         api_key=args.api_key or os.environ.get("KFORMER_API_KEY") or None,
     )
-    print(f"loading {args.model} ({args.runtime} {args.variant})", flush=True)
-    runner = load(
+    print(f"loading {', '.join(args.model)} ({args.runtime} {args.variant})", flush=True)
+    runners, sizes = load_models(
         args.model,
         args.runtime,
         args.variant,
@@ -239,12 +239,13 @@ def _serve(args):
 
     def ready(url):
         print(
-            f"serving {args.model} at {url} (POST /translate, /v1/translate; GET /health, /metrics)",
+            f"serving {', '.join(r.manifest['corpus']['direction'] for r in runners)} at {url} "
+            "(POST /translate, /v1/translate; GET /health, /metrics)",
             flush=True,
         )
         print(f"page: {url}?runtime=onnx&variant=fp32 (litert: ?runtime=litert); Ctrl-C stops", flush=True)
 
-    serve(runner, args.host, args.port, settings, ready)
+    serve(runners, args.host, args.port, settings, ready, sizes)
 
 
 def _add_train(commands):
@@ -576,7 +577,12 @@ def _add_serve(commands):
     p = commands.add_parser(
         "serve", help="HTTP translation server on an export (kformer's and LibreTranslate's APIs, the page)"
     )
-    p.add_argument("--model", required=True, help="export folder")
+    p.add_argument(
+        "--model",
+        required=True,
+        action="append",
+        help="export folder, or a folder of them; repeat for more language pairs (one model a pair)",
+    )
     p.add_argument("--runtime", default="onnx", choices=["onnx", "tflite", "ctranslate2"])
     p.add_argument(
         "--variant", default="fp32", choices=sorted({v for names in VARIANTS.values() for v in names})

@@ -82,33 +82,47 @@ def trained_dir(tmp_path_factory, corpus_tsv):
     return out
 
 
+@pytest.fixture(scope="session")
+def trained_en_zh_dir(tmp_path_factory, corpus_tsv):
+    """`trained_dir`'s twin the other way, en-zh (a second language pair for the server)."""
+    from kformer.train.fit import train
+
+    out = str(tmp_path_factory.mktemp("run") / "tiny-en-zh")
+    train(out, "tiny", data=corpus_tsv, direction="en-zh", steps=12, vocab_size=1200, xla=False, verbose=0)
+    return out
+
+
 BEAM = 3  # the exported beam size of `artifacts`
 MAX_LENGTH = 12
 
 
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory, tokenizer):
-    """A random (untrained) tiny model: its outputs are long and varied, so token equality across
-    runtimes means something."""
-    out = tmp_path_factory.mktemp("random_model")
+def write_random_model(out, tokenizer, direction="zh-en", seed=3):
+    """A random (untrained) tiny model in the folder `out`, as a training run leaves it, with the
+    default corpus's held-out splits in `direction`."""
     tokenizer_path = out / "tokenizer.model"
     tokenizer_path.write_bytes(tokenizer.serialized_model_proto())
     config = preset("tiny", vocab_size=tokenizer.get_piece_size(), max_source_length=16, max_target_length=20)
-    keras.utils.set_random_seed(3)
+    keras.utils.set_random_seed(seed)
     Transformer(config).save(str(out / "model.keras"))
     config.save(str(out / "config.json"))
     (out / "corpus.json").write_text(
-        json.dumps({"data": "default", "direction": "zh-en", "prepared": "data"})
+        json.dumps({"data": "default", "direction": direction, "prepared": "data"})
     )
     splits = corpus_lib.split_pairs(
         corpus_lib.read_corpus()[0]
     )  # the held-out splits, as prepare writes them
     (out / "data").mkdir()
     for name in ("dev", "test"):
-        (out / "data" / f"{name}.tsv").write_text(
-            "".join(f"{s}\t{t}\n" for s, t in splits[name]), encoding="utf-8"
-        )
+        pairs = splits[name] if direction == "zh-en" else [(t, s) for s, t in splits[name]]
+        (out / "data" / f"{name}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory, tokenizer):
+    """A random (untrained) tiny model: its outputs are long and varied, so token equality across
+    runtimes means something."""
+    return write_random_model(tmp_path_factory.mktemp("random_model"), tokenizer)
 
 
 @pytest.fixture(scope="session")

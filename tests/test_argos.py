@@ -34,14 +34,10 @@ def venv_python(name):
 
 
 @pytest.fixture(scope="module")
-def exports(trained_dir, corpus_tsv, tmp_path_factory):
+def exports(trained_dir, trained_en_zh_dir, tmp_path_factory):
     """{direction: export folder with an Argos package} of a tiny zh-en and a tiny en-zh model."""
-    from kformer.train.fit import train
-
-    en_zh = str(tmp_path_factory.mktemp("run") / "tiny-en-zh")
-    train(en_zh, "tiny", data=corpus_tsv, direction="en-zh", steps=12, vocab_size=1200, xla=False, verbose=0)
     found = {}
-    for direction, run in (("zh-en", trained_dir), ("en-zh", en_zh)):
+    for direction, run in (("zh-en", trained_dir), ("en-zh", trained_en_zh_dir)):
         found[direction] = str(tmp_path_factory.mktemp("argos") / direction)
         export(run, found[direction], formats=("argos",), progress=lambda *a, **k: None)
     return found

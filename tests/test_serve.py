@@ -5,6 +5,7 @@ import asyncio
 import concurrent.futures
 import http.client
 import json
+import os
 import re
 import socket
 import subprocess
@@ -364,8 +365,10 @@ def test_serve_command_errors_are_one_line(artifacts, tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
+        (tmp_path / "empty").mkdir()
         for case, expected in [
-            (["--model", str(tmp_path)], "manifest.json not found"),
+            (["--model", str(tmp_path / "empty")], "manifest.json not found"),
+            (["--model", artifacts, "--model", str(partial)], "translates zh-en, as --model"),
             (["--model", str(partial), "--variant", "int8"], "no onnx int8"),
             (["--model", artifacts, "--runtime", "keras"], "invalid choice"),
             (["--model", artifacts, "--max-chars", "0"], "--max-chars"),
@@ -410,3 +413,81 @@ def test_bench_serve_measures_levels_mixed_bodies_and_overload(artifacts, capsys
     assert overload["refused"] > 0 and overload["errors"] == 0 and overload["after_status"] == 200, overload
     print_serve_table(results)
     assert "x runner b32" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def two_pairs(model_dir, tokenizer, tmp_path_factory):
+    """{direction: CTranslate2 runner} of two different random models, zh-en and en-zh."""
+    from conftest import write_random_model
+
+    from kformer.export.exporter import export
+
+    en_zh = write_random_model(tmp_path_factory.mktemp("en_zh_model"), tokenizer, "en-zh", seed=4)
+    runners = {}
+    for direction, run in (("zh-en", model_dir), ("en-zh", en_zh)):
+        out = str(tmp_path_factory.mktemp("pair") / direction)
+        export(run, out, formats=("ctranslate2",), progress=lambda *a, **k: None)
+        runners[direction] = open_runner(out, "ctranslate2")
+    return runners
+
+
+ENGLISH = ["Tom is here.", "Let us try it."]
+
+
+def test_one_server_serves_every_pair_to_libretranslate_clients(two_pairs):
+    from deep_translator import LibreTranslator
+    from libretranslatepy import LibreTranslateAPI
+
+    zh_en, en_zh = two_pairs["zh-en"], two_pairs["en-zh"]
+    for texts in (TEXTS[:2], ENGLISH):  # two models, told apart by their outputs
+        assert all(a != b for a, b in zip(zh_en.translate(texts), en_zh.translate(texts)))
+    with serving(create_app([zh_en, en_zh])) as url:
+        client = LibreTranslateAPI(url)
+        assert client.languages() == [
+            {"code": "zh", "name": "Chinese", "targets": ["en"]},
+            {"code": "en", "name": "English", "targets": ["zh"]},
+        ]
+        assert client.translate(TEXTS[1], "zh", "en") == zh_en.translate([TEXTS[1]])[0]
+        assert client.translate(ENGLISH[0], "en", "zh") == en_zh.translate([ENGLISH[0]])[0]
+        assert client.translate(ENGLISH[1], "en", "zh-Hans") == en_zh.translate([ENGLISH[1]])[0]
+        assert [d["language"] for d in client.detect(TEXTS[0])] == ["zh", "en"]
+        assert [d["language"] for d in client.detect(ENGLISH[0])] == ["en", "zh"]
+        for source, target, text, runner in (("zh", "en", TEXTS[0], zh_en), ("en", "zh", ENGLISH[1], en_zh)):
+            translator = LibreTranslator(source=source, target=target, api_key="unused", custom_url=url)
+            assert translator.translate(text) == runner.translate([text])[0]
+        status, _, answer = request(url + "translate", {"q": ENGLISH[0], "source": "auto", "target": "zh"})
+        assert answer["translatedText"] == en_zh.translate([ENGLISH[0]])[0]
+        assert answer["detectedLanguage"]["language"] == "en"
+        status, _, answer = request(url + "v1/translate", {"texts": ENGLISH, "source": "en", "target": "zh"})
+        assert status == 200 and answer == {
+            "translations": [t.to_dict() for t in en_zh.translations(ENGLISH)]
+        }
+        for body, field in (({"texts": ENGLISH}, "source"), ({"texts": ENGLISH, "source": "en"}, "target")):
+            status, _, answer = request(url + "v1/translate", body)
+            assert status == 400 and answer["field"] == field, answer
+        status, _, answer = request(url + "translate", {"q": "x", "source": "fr", "target": "en"})
+        assert status == 400 and answer["error"] == "fr is not supported"
+        health = request(url + "health")[2]
+        assert [m["direction"] for m in health["models"]] == ["zh-en", "en-zh"]
+
+
+def test_each_model_has_its_batcher_and_its_memory_on_metrics(two_pairs, tmp_path):
+    from kformer.serve.server import export_folders, load_models
+
+    folders = [r.artifact_dir for r in two_pairs.values()]
+    runners, sizes = load_models(folders, "ctranslate2")
+    assert all(size and size > 0 for size in sizes)
+    app = create_app(runners, resident_bytes=sizes)
+    batchers = [m.batcher for m in app.state.service.models.values()]
+    assert len(set(map(id, batchers))) == 2 and [b.runner for b in batchers] == runners
+    with serving(app) as url:
+        metrics = request(url + "metrics")[2]
+    found = dict(re.findall(r'kformer_model_resident_bytes\{model="([a-z-]+)"\} ([0-9.e+]+)', metrics))
+    assert set(found) == {"zh-en", "en-zh"} and float(found["en-zh"]) == sizes[1]
+    folder_of_exports = tmp_path / "models"
+    folder_of_exports.mkdir()
+    for folder in folders:
+        os.symlink(folder, folder_of_exports / os.path.basename(folder))
+    assert sorted(export_folders([str(folder_of_exports)])) == sorted(
+        str(folder_of_exports / os.path.basename(f)) for f in folders
+    )

@@ -1,9 +1,10 @@
-"""The server's routes (Starlette), on one runner of an export folder:
+"""The server's routes (Starlette), on the runners of one or more export folders, a language pair
+each (requests are routed by their source and target):
 
   POST /v1/translate            kformer's JSON API (kformer_api.py)
   POST /translate, POST /detect, GET /languages
                                 LibreTranslate's API (libretranslate.py)
-  GET  /health                  200 once the model is loaded and has translated its probe
+  GET  /health                  200 once every model is loaded and has translated its probe
   GET  /metrics                 Prometheus text format (metrics.py)
   GET  /                        the page that translates in the browser (export/web), with /model/
                                 (the export folder) and the runtimes' files
@@ -29,7 +30,7 @@ from starlette.staticfiles import StaticFiles
 
 from kformer.export import manifest as manifest_lib
 from kformer.export import web
-from kformer.serve import kformer_api, libretranslate
+from kformer.serve import detect, kformer_api, libretranslate
 from kformer.serve.batcher import Batcher, QueueFull
 from kformer.serve.metrics import Metrics
 from kformer.serve.requests import BadRequest, fields, read_body
@@ -42,17 +43,68 @@ class ClientGone(Exception):
     """The client disconnected before its translation was ready."""
 
 
-class Service:
-    """The runner, its batcher and metrics, and the request handlers."""
+class Model:
+    """One served export: its runner, its language pair, its own batcher (batching stays per
+    model) and the memory its loading took (None: not measured)."""
 
-    def __init__(self, runner, settings):
-        self.runner, self.settings = runner, settings
+    def __init__(self, runner, settings, observe_batch, resident_bytes=None):
+        self.runner, self.resident_bytes = runner, resident_bytes
         self.source = manifest_lib.source_language(runner.manifest) or "und"
         self.target = manifest_lib.target_language(runner.manifest)
-        self.metrics = Metrics(lambda: (self.batcher.queued_requests, self.batcher.queued_chars))
+        self.pair = f"{self.source}-{self.target}"
         self.batcher = Batcher(
-            runner, settings.batch_size, settings.window, settings.max_queue_chars, self.metrics.observe_batch
+            runner, settings.batch_size, settings.window, settings.max_queue_chars, observe_batch
         )
+
+    def describe(self):
+        return {"direction": self.pair, "runtime": self.runner.fmt, "variant": self.runner.variant,
+                "beam_size": self.runner.manifest["beam_size"]}  # fmt: skip
+
+
+class Service:
+    """The served models by language pair, the metrics, and the request handlers."""
+
+    def __init__(self, runners, settings, resident_bytes=None):
+        self.settings = settings
+        self.metrics = Metrics(self.queued)
+        self.models = {}
+        for runner, size in zip(runners, resident_bytes or [None] * len(runners)):
+            model = Model(runner, settings, self.metrics.observe_batch, size)
+            if model.pair in self.models:
+                model.batcher.close()
+                raise ValueError(
+                    f"{runner.artifact_dir} translates {model.pair}, as "
+                    f"{self.models[model.pair].runner.artifact_dir} does: serve one model a pair"
+                )
+            self.models[model.pair] = model
+        self.metrics.watch_memory({pair: m.resident_bytes for pair, m in self.models.items()})
+
+    def queued(self):
+        """(requests, characters) waiting, over every model's queue."""
+        batchers = [m.batcher for m in self.models.values()]
+        return sum(b.queued_requests for b in batchers), sum(b.queued_chars for b in batchers)
+
+    def close(self):
+        for model in self.models.values():
+            model.batcher.close()
+
+    def sources(self, target=None):
+        """The served source languages (into `target`, if given), in the order served."""
+        return list(dict.fromkeys(m.source for m in self.models.values() if target in (None, m.target)))
+
+    def model(self, source, target, texts=()):
+        """The model of the pair; source "auto": of the served source into `target` that
+        kformer.serve.detect finds in `texts`. A pair not served is a 400 naming the field."""
+        if source == "auto":
+            sources = self.sources(target)
+            if not sources:
+                raise BadRequest(f"{target} is not supported", field="target")
+            source = detect.detect(" ".join(texts), sources)[0]["language"]
+        if f"{source}-{target}" in self.models:
+            return self.models[f"{source}-{target}"]
+        if source not in self.sources():
+            raise BadRequest(f"{source} is not supported", field="source")
+        raise BadRequest(f"{target} is not supported", field="target")
 
     def check_key(self, request, values=None):
         key = self.settings.api_key
@@ -65,8 +117,9 @@ class Service:
         if not isinstance(given, str) or not hmac.compare_digest(given.encode(), key.encode()):
             raise BadRequest("Invalid API key", 403)
 
-    async def translations(self, request, texts, changes):
-        """Translations of texts (a list of str) with search option changes, through the batcher."""
+    async def translations(self, request, model, texts, changes):
+        """Translations of texts (a list of str) by `model` with search option changes, through
+        its batcher."""
         chars = sum(map(len, texts))
         if chars > self.settings.max_chars:
             raise BadRequest(
@@ -75,37 +128,56 @@ class Service:
                 413,
             )
         try:
-            options = self.runner.checked(self.runner.options, **changes)
+            options = model.runner.checked(model.runner.options, **changes)
         except ValueError as e:  # names the option
             raise BadRequest(str(e)) from None
-        return await _unless_disconnected(request, self.batcher.submit(texts, options))
+        return await _unless_disconnected(request, model.batcher.submit(texts, options))
 
     async def kformer_translate(self, request):
         body = await read_body(request, self.settings.max_body_bytes)
         self.check_key(request)
-        texts, changes = kformer_api.parse(body)
-        return kformer_api.respond(await self.translations(request, texts, changes))
+        texts, pair, changes = kformer_api.parse(body)
+        model = self._model_of(pair, texts)
+        return kformer_api.respond(await self.translations(request, model, texts, changes))
+
+    def _model_of(self, pair, texts):
+        """kformer's API: the pair asked for, or the one model served when none is given."""
+        if pair["source"] is None and pair["target"] is None:
+            if len(self.models) > 1:
+                raise BadRequest(
+                    f"this server translates {', '.join(self.models)}: give source and target", field="source"
+                )
+            return next(iter(self.models.values()))
+        for name, value in pair.items():
+            if value is None:
+                raise BadRequest(f"missing field {name!r} (a language code; the other is given)", field=name)
+        return self.model(pair["source"], pair["target"], texts)
 
     async def lt_translate(self, request):
         values = fields(request, await read_body(request, self.settings.max_body_bytes))
         self.check_key(request, values)
-        parsed = libretranslate.parse(values, self.source, self.target, self.runner.manifest["beam_size"])
-        results = await self.translations(request, parsed.texts, {"nbest": parsed.alternatives + 1})
-        return libretranslate.respond(parsed, results, self.runner.tokenizer, self.source)
+        parsed = libretranslate.parse(values)
+        model = self.model(parsed.source, parsed.target, parsed.texts)
+        libretranslate.check_alternatives(parsed, model.runner.manifest["beam_size"])
+        results = await self.translations(request, model, parsed.texts, {"nbest": parsed.alternatives + 1})
+        sources = self.sources(parsed.target)
+        detected = (lambda text: detect.detect(text, sources)[0]) if parsed.source == "auto" else None
+        return libretranslate.respond(parsed, results, detected)
 
     async def lt_detect(self, request):
         values = fields(request, await read_body(request, self.settings.max_body_bytes))
         self.check_key(request, values)
         if not isinstance(values.get("q"), str) or not values["q"]:
             raise BadRequest("Invalid request: missing q parameter", field="q")
-        return [libretranslate.detected(values["q"], self.runner.tokenizer, self.source)]
+        return detect.detect(values["q"], self.sources())
 
     async def languages(self, request):
-        return libretranslate.languages(self.source, self.target)
+        return libretranslate.languages([(m.source, m.target) for m in self.models.values()])
 
     async def health(self, request):
-        return {"status": "ready", "direction": f"{self.source}-{self.target}", "runtime": self.runner.fmt,
-                "variant": self.runner.variant, "beam_size": self.runner.manifest["beam_size"]}  # fmt: skip
+        """Ready: every model was loaded and translated its probe before the server started."""
+        models = [m.describe() for m in self.models.values()]
+        return {"status": "ready", **models[0], "models": models}
 
     async def metrics_text(self, request):
         body, media_type = self.metrics.text()
@@ -217,9 +289,12 @@ def page_app(artifact_dir):
     return Starlette(routes=_page_routes(artifact_dir), middleware=PAGE_MIDDLEWARE)
 
 
-def create_app(runner, settings=None):
-    """The Starlette app serving `runner` (an ArtifactRunner); the batcher stops with the app."""
-    service = Service(runner, settings or Settings())
+def create_app(runners, settings=None, resident_bytes=None):
+    """The Starlette app serving `runners` (ArtifactRunners, one per language pair; or one
+    runner); the batchers stop with the app. resident_bytes: the memory each took to load, for
+    /metrics. The page, if installed, runs the first model's export."""
+    runners = runners if isinstance(runners, (list, tuple)) else [runners]
+    service = Service(runners, settings or Settings(), resident_bytes)
     routes = [
         _route(service, "/v1/translate", service.kformer_translate, ["POST"]),
         _route(service, "/translate", service.lt_translate, ["POST"]),
@@ -227,7 +302,7 @@ def create_app(runner, settings=None):
         _route(service, "/languages", service.languages, ["GET", "POST"]),
         _route(service, "/health", service.health, ["GET"]),
         _route(service, "/metrics", service.metrics_text, ["GET"]),
-        *_page_routes(runner.artifact_dir),
+        *_page_routes(runners[0].artifact_dir),
     ]
     middleware = [Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET", "POST"], allow_headers=["*"]),
                   *PAGE_MIDDLEWARE]  # fmt: skip
@@ -235,7 +310,7 @@ def create_app(runner, settings=None):
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        await asyncio.to_thread(service.batcher.close)
+        await asyncio.to_thread(service.close)
 
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.service = service

@@ -1,4 +1,5 @@
-"""kformer's own JSON API: `POST /v1/translate` {"texts": [str, ...], and any search option:
+"""kformer's own JSON API: `POST /v1/translate` {"texts": [str, ...], "source" and "target" (language
+codes: needed where the server has several models; source may be "auto"), and any search option:
 "beam_size", "alpha", "max_length", "no_repeat_ngram", "nbest"} ->
 {"translations": [{"translation", "score", "alternatives": [{"translation", "score"}, ...]}, ...]},
 one per text, in order (kformer.decode.text_batches.Translation.to_dict)."""
@@ -8,20 +9,28 @@ from kformer.serve.requests import BadRequest, json_object
 OPTIONS = ("beam_size", "alpha", "max_length", "no_repeat_ngram", "nbest")
 
 
+PAIR = ("source", "target")
+
+
 def parse(body):
-    """(texts, search option changes) of a request body."""
+    """(texts, {"source", "target"}: a code or None each, search option changes) of a request body."""
     data = json_object(body)
-    unknown = sorted(set(data) - {"texts", *OPTIONS})
+    unknown = sorted(set(data) - {"texts", *PAIR, *OPTIONS})
     if unknown:
         raise BadRequest(
-            f"unknown field {unknown[0]!r}; the fields are texts, {', '.join(OPTIONS)}", field=unknown[0]
+            f"unknown field {unknown[0]!r}; the fields are texts, {', '.join(PAIR + OPTIONS)}",
+            field=unknown[0],
         )
     texts = data.get("texts")
     if texts is None:
         raise BadRequest("missing field 'texts' (a list of strings)", field="texts")
     if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
         raise BadRequest("field 'texts' must be a list of strings", field="texts")
-    return texts, {name: data[name] for name in OPTIONS if data.get(name) is not None}
+    for name in PAIR:
+        if data.get(name) is not None and not isinstance(data[name], str):
+            raise BadRequest(f"field {name!r} must be a language code", field=name)
+    pair = {name: data.get(name) or None for name in PAIR}
+    return texts, pair, {name: data[name] for name in OPTIONS if data.get(name) is not None}
 
 
 def respond(translations):

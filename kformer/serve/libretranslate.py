@@ -2,33 +2,38 @@
 or a list; source, target, format, alternatives, api_key; a JSON body, a URL-encoded form or the
 query string), `POST /detect`, `GET /languages`, and its error shape {"error": message}.
 
-A kformer model translates one language pair. source "auto" is its source language (reported as
-detected with the share of the text's characters its vocabulary knows as the confidence, which is
-all /detect can say too); format "html" is refused: markup would be translated as text.
+The server routes a request to the model of its source and target; source "auto" is the served
+source language into `target` that kformer.serve.detect finds (reported as detectedLanguage).
+format "html" is refused: markup would be translated as text.
 """
 
 import dataclasses
 
-from kformer.decode import text_batches
 from kformer.serve.requests import BadRequest
 
 NAMES = {
     "ar": "Arabic", "de": "German", "en": "English", "es": "Spanish", "fr": "French", "it": "Italian",
     "ja": "Japanese", "ko": "Korean", "nl": "Dutch", "pt": "Portuguese", "ru": "Russian", "zh": "Chinese",
 }  # fmt: skip
+ALIASES = {"zh-Hans": "zh", "zh-CN": "zh"}  # LibreTranslate 1.9's name of Chinese, and a common one
 
 
 @dataclasses.dataclass(frozen=True)
 class Request:
     texts: list
     single: bool  # q was a string: answers are strings, not lists
-    auto: bool  # source "auto": answers say the detected language
+    source: str  # a language code, or "auto"
+    target: str
     alternatives: int
 
 
-def languages(source, target):
-    """GET /languages: every language the server translates from, with its targets."""
-    return [{"code": source, "name": NAMES.get(source, source), "targets": [target]}]
+def languages(pairs):
+    """GET /languages: every language the server translates from, with its targets; `pairs`:
+    (source, target) of each model, in the order served."""
+    targets = {}
+    for source, target in pairs:
+        targets.setdefault(source, []).append(target)
+    return [{"code": s, "name": NAMES.get(s, s), "targets": t} for s, t in targets.items()]
 
 
 def _whole(value, name):
@@ -43,50 +48,48 @@ def _whole(value, name):
     return number
 
 
-def parse(fields, source, target, beam_size):
-    """A Request from a /translate request's fields, for a model from `source` into `target`
-    whose exported beam size is `beam_size` (alternatives come from the beam)."""
+def parse(fields):
+    """A Request from a /translate request's fields (the server checks the pair and the
+    alternatives against the model it picks: `check_alternatives`)."""
     for name in ("q", "source", "target"):
         if fields.get(name) in (None, "", []):
             raise BadRequest(f"Invalid request: missing {name} parameter", field=name)
     q = fields["q"]
     if not (isinstance(q, str) or (isinstance(q, list) and all(isinstance(t, str) for t in q))):
         raise BadRequest("Invalid request: q must be a string or a list of strings", field="q")
-    for name, supported in (("source", (source, "auto")), ("target", (target,))):
-        if fields[name] not in supported:
-            raise BadRequest(f"{fields[name]} is not supported", field=name)
+    for name in ("source", "target"):
+        if not isinstance(fields[name], str):
+            raise BadRequest(f"Invalid request: {name} must be a language code", field=name)
     text_format = fields.get("format") or "text"
     if text_format != "text":
         raise BadRequest(
             f"{text_format} format is not supported (this server translates text)", field="format"
         )
     alternatives = _whole(fields.get("alternatives") or 0, "alternatives")
-    if alternatives >= beam_size:
+    texts = [q] if isinstance(q, str) else q
+    source, target = (ALIASES.get(fields[name], fields[name]) for name in ("source", "target"))
+    return Request(texts, isinstance(q, str), source, target, alternatives)
+
+
+def check_alternatives(request, beam_size):
+    """Alternatives come from the beam: at most beam_size - 1 besides the translation."""
+    if request.alternatives >= beam_size:
         raise BadRequest(
             f"Invalid request: alternatives must be at most {beam_size - 1} (the model's beam size is {beam_size})",
             field="alternatives",
         )
-    texts = [q] if isinstance(q, str) else q
-    return Request(texts, isinstance(q, str), fields["source"] == "auto", alternatives)
 
 
-def detected(text, tokenizer, source):
-    """{"language", "confidence"}: the model's source language, with the percentage of the text's
-    characters that are pieces of its vocabulary (a character that is none becomes <unk>)."""
-    unknown, characters = text_batches.unknown_characters(tokenizer, text)
-    return {"language": source, "confidence": round(100.0 * (characters - unknown) / max(1, characters), 1)}
-
-
-def respond(request, translations, tokenizer, source):
-    """The /translate answer: translatedText (a string, or a list when q was), and alternatives
-    and detectedLanguage when asked for."""
+def respond(request, translations, detected=None):
+    """The /translate answer: translatedText (a string, or a list when q was), alternatives when
+    asked for, and detectedLanguage ({"language", "confidence"} of each text) for source "auto"."""
     answers = []
     for text, translation in zip(request.texts, translations):
         answer = {"translatedText": translation.text}
         if request.alternatives:
             answer["alternatives"] = [h.text for h in translation.alternatives[1 : request.alternatives + 1]]
-        if request.auto:
-            answer["detectedLanguage"] = detected(text, tokenizer, source)
+        if detected is not None:
+            answer["detectedLanguage"] = detected(text)
         answers.append(answer)
     if request.single:
         return answers[0]

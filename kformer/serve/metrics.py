@@ -1,6 +1,6 @@
 """The server's metrics, in Prometheus' text format at GET /metrics (prometheus_client): requests
 and their status codes per route, latency and batch-size histograms (percentiles come from the
-buckets, as Prometheus computes them), the queue's depth."""
+buckets, as Prometheus computes them), the queues' depth, and each model's memory."""
 
 import prometheus_client as prom
 
@@ -36,6 +36,18 @@ class Metrics:
             "kformer_queue_characters", "characters waiting for the runner", registry=self.registry
         )
         chars.set_function(lambda: batcher_state()[1])
+
+    def watch_memory(self, resident_bytes):
+        """{language pair: bytes its loading added to the process (None: not measured)}."""
+        gauge = prom.Gauge(
+            "kformer_model_resident_bytes",
+            "resident memory the model's loading and probe added to the server",
+            ["model"],
+            registry=self.registry,
+        )
+        for pair, size in resident_bytes.items():
+            if size is not None:
+                gauge.labels(pair).set(size)
 
     def observe_request(self, route, code, seconds):
         self.requests.labels(route, str(code)).inc()

@@ -13,6 +13,7 @@ import threading
 
 import uvicorn
 
+from kformer.export import manifest as manifest_lib
 from kformer.export import web
 from kformer.export.formats import open_runner
 from kformer.serve.app import create_app, page_app
@@ -32,6 +33,54 @@ def load(model, runtime="onnx", variant="fp32", threads=None, parallel=1, **opti
     runner = open_runner(model, runtime, variant, threads=threads, parallel=parallel, **options)
     runner.translations([PROBE])
     return runner
+
+
+def export_folders(paths):
+    """The export folders of --model paths: each path, or a folder of exports' folders in order
+    of name. A duplicate language pair or a folder without one is a one-line error naming it."""
+    folders = []
+    for path in paths:
+        inside = sorted(os.path.join(path, name) for name in os.listdir(path)) if os.path.isdir(path) else []
+        exports = [f for f in inside if os.path.exists(os.path.join(f, manifest_lib.MANIFEST))]
+        has_own = os.path.exists(os.path.join(path, manifest_lib.MANIFEST))
+        folders += [path] if has_own or not exports else exports
+    served = {}
+    for folder in folders:
+        manifest = manifest_lib.load(folder)  # a one-line ArtifactError for what is not an export
+        source, target = manifest_lib.source_language(manifest), manifest_lib.target_language(manifest)
+        if not source or not target:
+            raise ValueError(f"--model {folder}: its manifest records no language pair")
+        pair = f"{source}-{target}"
+        if pair in served:
+            raise ValueError(
+                f"--model {folder} translates {pair}, as --model {served[pair]} does: one model a pair"
+            )
+        served[pair] = folder
+    return folders
+
+
+def load_models(paths, runtime="onnx", variant="fp32", **settings):
+    """(runners, the resident bytes each one's loading and probe added) of the exports of
+    `paths` (`export_folders`); settings: `load`'s. A model that fails to load names itself."""
+    runners, sizes = [], []
+    for folder in export_folders(paths):
+        before = _resident_bytes()
+        try:
+            runners.append(load(folder, runtime, variant, **settings))
+        except (ValueError, OSError) as e:
+            raise ValueError(f"--model {folder}: {e}") from None
+        after = _resident_bytes()
+        sizes.append(None if before is None else max(0, after - before))
+    return runners, sizes
+
+
+def _resident_bytes():
+    """This process's resident memory (Linux), or None."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
 
 
 def bind(host, port):
@@ -71,13 +120,14 @@ def _server(app, sock):
     return uvicorn.Server(config)
 
 
-def serve(runner, host="127.0.0.1", port=8000, settings=None, ready=print):
-    """Serves until SIGTERM or Ctrl-C. ready(url) is called once the socket is listening."""
+def serve(runners, host="127.0.0.1", port=8000, settings=None, ready=print, resident_bytes=None):
+    """Serves `runners` (`create_app`) until SIGTERM or Ctrl-C. ready(url) is called once the
+    socket is listening."""
     settings = settings or Settings()
     if not is_loopback(host) and settings.api_key is None:
         log.warning("serving on %s without --api-key: anyone who can reach it can use it", host)
     sock = bind(host, port)
-    server = _server(create_app(runner, settings), sock)
+    server = _server(create_app(runners, settings, resident_bytes), sock)
     shown = f"[{host}]" if ":" in host else host
     ready(f"http://{shown}:{sock.getsockname()[1]}/")
     try:
