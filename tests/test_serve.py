@@ -122,7 +122,11 @@ def test_libretranslate_api_shapes(runner, url):
             {"q": 3, "source": "zh", "target": "en"},
             "Invalid request: q must be a string or a list of strings",
         ),
-        ({"q": "好", "source": "zh", "target": "en", "format": "html"}, "html format is not supported"),
+        ({"q": "好", "source": "zh", "target": "en", "format": "xml"}, "xml format is not supported"),
+        (
+            {"q": "好", "source": "zh", "target": "en", "format": "html", "alternatives": 1},
+            "not given for format html",
+        ),
         ({"q": "好", "source": "zh", "target": "en", "alternatives": BEAM}, f"at most {BEAM - 1}"),
         (
             {"q": "好", "source": "zh", "target": "en", "alternatives": "x"},
@@ -491,3 +495,44 @@ def test_each_model_has_its_batcher_and_its_memory_on_metrics(two_pairs, tmp_pat
     assert sorted(export_folders([str(folder_of_exports)])) == sorted(
         str(folder_of_exports / os.path.basename(f)) for f in folders
     )
+
+
+PAGE = (
+    "<!DOCTYPE html><html><head><title>我們試試看！</title><style>p { color: red }</style></head><body>"
+    '<p class="note" title="Tom &amp; Mary &copy;" data-x="1">他很高興。<b>你呢？</b>&nbsp;好 <code>a &lt; b</code></p>'
+    '<script>if (a < b) { go("他"); }</script><img src="x.png" alt="好"><!-- 好 --><pre>好\n</pre></body></html>'
+)
+
+
+def page_parts(page):
+    """(tags with their attributes in order, contents of script/style/code/pre, text nodes)."""
+    from bs4 import BeautifulSoup
+
+    tree = BeautifulSoup(page, "html.parser")
+    tags = [(tag.name, list(tag.attrs.items())) for tag in tree.find_all(True)]
+    kept = [tag.decode_contents() for tag in tree.find_all(["script", "style", "code", "pre"])]
+    return tags, kept
+
+
+def test_web_pages_keep_their_markup_and_get_their_text_translated(runner, url):
+    from kformer.serve import html
+
+    status, _, answer = request(
+        url + "translate", {"q": PAGE, "source": "zh", "target": "en", "format": "html"}
+    )
+    assert status == 200
+    page = answer["translatedText"]
+    assert page_parts(page) == page_parts(PAGE)
+    assert 'title="Tom &amp; Mary &copy;"' in page and "&nbsp;" in page and "<!-- 好 -->" in page
+    _, nodes = html.parse(PAGE)
+    expected = runner.translate(html.texts(nodes))  # 我們試試看！, 他很高興。, 你呢？, 好
+    _, found = html.parse(page)
+    assert html.texts(found) == [e for e in expected if e.strip()]
+    assert len(expected) == 4
+    status, _, answer = request(url + "v1/translate", {"texts": [PAGE], "format": "html"})
+    assert status == 200 and answer["translations"][0]["translation"] == page
+    for broken in ("<p>好<b>嗎</p></i><", "<<<", "<p"):  # read as the parser reads it: a defined page
+        status, _, answer = request(
+            url + "translate", {"q": broken, "source": "zh", "target": "en", "format": "html"}
+        )
+        assert status == 200 and isinstance(answer["translatedText"], str), (broken, answer)

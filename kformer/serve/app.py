@@ -28,9 +28,10 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from kformer.decode.text_batches import Hypothesis, Translation
 from kformer.export import manifest as manifest_lib
 from kformer.export import web
-from kformer.serve import detect, kformer_api, libretranslate
+from kformer.serve import detect, html, kformer_api, libretranslate
 from kformer.serve.batcher import Batcher, QueueFull
 from kformer.serve.metrics import Metrics
 from kformer.serve.requests import BadRequest, fields, read_body
@@ -133,12 +134,33 @@ class Service:
             raise BadRequest(str(e)) from None
         return await _unless_disconnected(request, model.batcher.submit(texts, options))
 
+    async def pages(self, request, model, pages, changes):
+        """format html: the text nodes of all `pages` through `model`'s batcher as one request
+        (kformer.serve.html), each page rebuilt around its translations; a Translation a page."""
+        if changes.get("nbest", 1) > 1:
+            raise BadRequest(
+                "Invalid request: alternatives are not given for format html", field="alternatives"
+            )
+        parsed = [html.parse(page) for page in pages]
+        texts = [html.texts(nodes) for _, nodes in parsed]
+        done = iter(await self.translations(request, model, [t for page in texts for t in page], changes))
+        results = []
+        for (tree, nodes), page_texts in zip(parsed, texts):
+            translated = [next(done) for _ in page_texts]
+            page, score = (
+                html.rebuilt(tree, nodes, [t.text for t in translated]),
+                sum(t.score for t in translated),
+            )
+            results.append(Translation(page, score, (Hypothesis(page, score),)))
+        return results
+
     async def kformer_translate(self, request):
         body = await read_body(request, self.settings.max_body_bytes)
         self.check_key(request)
-        texts, pair, changes = kformer_api.parse(body)
+        texts, pair, changes, is_html = kformer_api.parse(body)
         model = self._model_of(pair, texts)
-        return kformer_api.respond(await self.translations(request, model, texts, changes))
+        translate = self.pages if is_html else self.translations
+        return kformer_api.respond(await translate(request, model, texts, changes))
 
     def _model_of(self, pair, texts):
         """kformer's API: the pair asked for, or the one model served when none is given."""
@@ -159,7 +181,8 @@ class Service:
         parsed = libretranslate.parse(values)
         model = self.model(parsed.source, parsed.target, parsed.texts)
         libretranslate.check_alternatives(parsed, model.runner.manifest["beam_size"])
-        results = await self.translations(request, model, parsed.texts, {"nbest": parsed.alternatives + 1})
+        translate = self.pages if parsed.html else self.translations
+        results = await translate(request, model, parsed.texts, {"nbest": parsed.alternatives + 1})
         sources = self.sources(parsed.target)
         detected = (lambda text: detect.detect(text, sources)[0]) if parsed.source == "auto" else None
         return libretranslate.respond(parsed, results, detected)

@@ -4,7 +4,7 @@ query string), `POST /detect`, `GET /languages`, and its error shape {"error": m
 
 The server routes a request to the model of its source and target; source "auto" is the served
 source language into `target` that kformer.serve.detect finds (reported as detectedLanguage).
-format "html" is refused: markup would be translated as text.
+format "html" translates a web page's text and keeps its markup (kformer.serve.html).
 """
 
 import dataclasses
@@ -25,6 +25,7 @@ class Request:
     source: str  # a language code, or "auto"
     target: str
     alternatives: int
+    html: bool  # format "html": q is a web page, its markup kept (kformer.serve.html)
 
 
 def languages(pairs):
@@ -61,14 +62,12 @@ def parse(fields):
         if not isinstance(fields[name], str):
             raise BadRequest(f"Invalid request: {name} must be a language code", field=name)
     text_format = fields.get("format") or "text"
-    if text_format != "text":
-        raise BadRequest(
-            f"{text_format} format is not supported (this server translates text)", field="format"
-        )
+    if text_format not in ("text", "html"):
+        raise BadRequest(f"{text_format} format is not supported (text or html)", field="format")
     alternatives = _whole(fields.get("alternatives") or 0, "alternatives")
     texts = [q] if isinstance(q, str) else q
     source, target = (ALIASES.get(fields[name], fields[name]) for name in ("source", "target"))
-    return Request(texts, isinstance(q, str), source, target, alternatives)
+    return Request(texts, isinstance(q, str), source, target, alternatives, text_format == "html")
 
 
 def check_alternatives(request, beam_size):
