@@ -214,6 +214,7 @@ def _demo(args):
 
 
 def _serve(args):
+    from kformer.serve.limits import read_api_keys
     from kformer.serve.server import load_models, serve
     from kformer.serve.settings import Settings
 
@@ -224,7 +225,11 @@ def _serve(args):
         max_body_bytes=args.max_body_bytes,
         max_chars=args.max_chars,
         api_key=args.api_key or os.environ.get("KFORMER_API_KEY") or None,
+        req_limit=args.req_limit,
+        api_keys=read_api_keys(args.api_keys) if args.api_keys else None,
     )
+    if settings.api_key and settings.api_keys:
+        raise ValueError("--api-key and --api-keys: give one key every request needs, or a file of keys")
     print(f"loading {', '.join(args.model)} ({args.runtime} {args.variant})", flush=True)
     runners, sizes = load_models(
         args.model,
@@ -472,6 +477,7 @@ def _add_translate(commands):
     )
     p.add_argument(
         "--max-chars",
+        "--char-limit",
         type=positive(int),
         default=MAX_INPUT_CHARS,
         help=f"longest input line accepted, in characters (default {MAX_INPUT_CHARS:,})",
@@ -594,6 +600,17 @@ def _add_serve(commands):
         help="require this key (LibreTranslate's api_key field or Authorization: "
         "Bearer); default $KFORMER_API_KEY, else none",
     )
+    p.add_argument(
+        "--api-keys",
+        metavar="FILE",
+        help="API keys, one a line, each optionally with its own requests per minute ('KEY 120'); "
+        "requests without a key get --req-limit",
+    )
+    p.add_argument(
+        "--req-limit",
+        type=positive(int),
+        help="requests per minute per client (its key, else its address); 429 above (default: none)",
+    )
     _threads_options(p, "more sentences a second under load, a lone request slower")
     defaults = Settings()
     p.add_argument(
@@ -616,6 +633,7 @@ def _add_serve(commands):
     )
     p.add_argument(
         "--max-chars",
+        "--char-limit",
         type=positive(int),
         default=defaults.max_chars,
         help=f"most characters in one request (413 above; default {defaults.max_chars:,})",

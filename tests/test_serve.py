@@ -376,6 +376,7 @@ def test_serve_command_errors_are_one_line(artifacts, tmp_path):
             (["--model", str(partial), "--variant", "int8"], "no onnx int8"),
             (["--model", artifacts, "--runtime", "keras"], "invalid choice"),
             (["--model", artifacts, "--max-chars", "0"], "--max-chars"),
+            (["--model", artifacts, "--api-keys", str(tmp_path / "nokeys.txt")], "nokeys.txt"),
             (["--model", artifacts, "--runtime", "tflite", "--parallel", "2"], "runs one batch at a time"),
             (["--model", artifacts, "--port", port], "choose another --host or --port"),
         ]:
@@ -536,3 +537,59 @@ def test_web_pages_keep_their_markup_and_get_their_text_translated(runner, url):
             url + "translate", {"q": broken, "source": "zh", "target": "en", "format": "html"}
         )
         assert status == 200 and isinstance(answer["translatedText"], str), (broken, answer)
+
+
+def test_rate_limiter_counts_a_sliding_minute_per_client():
+    from kformer.serve.limits import RateLimiter, TooManyRequests
+
+    now = [1000.0]
+    limiter = RateLimiter(clock=lambda: now[0])
+    for _ in range(3):
+        limiter.admit("a", 3)
+        now[0] += 10
+    with pytest.raises(TooManyRequests) as refused:
+        limiter.admit("a", 3)
+    assert refused.value.retry_after == 30  # the first request leaves the minute at 1060
+    limiter.admit("b", 3)  # another client has its own count
+    limiter.admit("a", None)  # no limit
+    now[0] = 1060.5
+    limiter.admit("a", 3)
+
+
+def test_api_keys_file_gives_each_key_its_limit_and_names_bad_lines(tmp_path):
+    from kformer.serve.limits import read_api_keys
+
+    good = tmp_path / "keys.txt"
+    good.write_text("# team keys\nalpha 120\nbeta   # the server's --req-limit\n\n")
+    assert read_api_keys(str(good)) == {"alpha": 120, "beta": None}
+    for text, where in (
+        ("alpha 0\n", ":1:"),
+        ("a 1\nb x\n", ":2:"),
+        ("a\na\n", "listed twice"),
+        ("\n", "no API keys"),
+    ):
+        bad = tmp_path / "bad.txt"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=where):
+            read_api_keys(str(bad))
+
+
+def test_per_client_limits_answer_429_and_413_and_the_server_stays_healthy(runner):
+    settings = Settings(req_limit=2, api_keys={"alpha": 4, "beta": None}, max_chars=20)
+    body = {"q": "好", "source": "zh", "target": "en"}
+    with serving(create_app(runner, settings)) as url:
+        codes = [request(url + "translate", body)[0] for _ in range(3)]
+        status, headers, answer = request(url + "translate", body)
+        assert codes == [200, 200, 429] and status == 429 and int(headers["Retry-After"]) >= 1
+        assert "limit is 2 per minute" in answer["error"]
+        keyed = [request(url + "translate", {**body, "api_key": "alpha"})[0] for _ in range(5)]
+        assert keyed == [200] * 4 + [429]  # the key's own limit, not the address's
+        assert request(url + "translate", {**body, "api_key": "beta"})[0] == 200  # --req-limit, its own count
+        assert request(url + "translate", {**body, "api_key": "gamma"})[0] == 403
+        long = {**body, "q": "好" * 21, "api_key": "beta"}
+        status, _, answer = request(url + "translate", long)
+        assert status == 413 and "limit 20" in answer["error"]
+        assert request(url + "health")[0] == 200
+        status, _, front = request(url + "frontend/settings")
+        assert status == 200 and front["charLimit"] == 20 and front["apiKeys"] is True
+        assert front["keyRequired"] is False and front["language"]["source"]["code"] == "zh"

@@ -4,14 +4,16 @@ each (requests are routed by their source and target):
   POST /v1/translate            kformer's JSON API (kformer_api.py)
   POST /translate, POST /detect, GET /languages
                                 LibreTranslate's API (libretranslate.py)
+  GET  /frontend/settings       LibreTranslate's server settings (its limits, the first pair)
   GET  /health                  200 once every model is loaded and has translated its probe
   GET  /metrics                 Prometheus text format (metrics.py)
   GET  /                        the page that translates in the browser (export/web), with /model/
                                 (the export folder) and the runtimes' files
 
 Bad requests get a 4xx with {"error": message} (LibreTranslate's shape; kformer's API adds
-"field"); a full queue a 503 with Retry-After; the server goes on serving. With an API key set,
-the translation routes need it (LibreTranslate's api_key field, or `Authorization: Bearer KEY`).
+"field"); a full queue a 503 with Retry-After, a client over its requests per minute a 429 with
+Retry-After (kformer.serve.limits); the server goes on serving. With an API key set, the
+translation routes need it (LibreTranslate's api_key field, or `Authorization: Bearer KEY`).
 """
 
 import asyncio
@@ -33,6 +35,7 @@ from kformer.export import manifest as manifest_lib
 from kformer.export import web
 from kformer.serve import detect, html, kformer_api, libretranslate
 from kformer.serve.batcher import Batcher, QueueFull
+from kformer.serve.limits import RateLimiter, TooManyRequests
 from kformer.serve.metrics import Metrics
 from kformer.serve.requests import BadRequest, fields, read_body
 from kformer.serve.settings import Settings
@@ -68,6 +71,7 @@ class Service:
     def __init__(self, runners, settings, resident_bytes=None):
         self.settings = settings
         self.metrics = Metrics(self.queued)
+        self.limiter = RateLimiter()
         self.models = {}
         for runner, size in zip(runners, resident_bytes or [None] * len(runners)):
             model = Model(runner, settings, self.metrics.observe_batch, size)
@@ -107,16 +111,42 @@ class Service:
             raise BadRequest(f"{source} is not supported", field="source")
         raise BadRequest(f"{target} is not supported", field="target")
 
-    def check_key(self, request, values=None):
-        key = self.settings.api_key
-        if key is None:
-            return
+    def admit(self, request, values=None):
+        """Checks the API key where one is needed (403) and counts the request against its
+        client's limit (429): the client is its key where the keys file lists it, else its address."""
         given = (values or {}).get("api_key") or ""
         bearer = request.headers.get("authorization", "")
         if bearer.lower().startswith("bearer "):
             given = given or bearer[7:].strip()
-        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), key.encode()):
+        if not isinstance(given, str):
             raise BadRequest("Invalid API key", 403)
+        key, keys = self.settings.api_key, self.settings.api_keys
+        if key is not None and not hmac.compare_digest(given.encode(), key.encode()):
+            raise BadRequest("Invalid API key", 403)
+        client, limit = f"address {request.client.host if request.client else ''}", self.settings.req_limit
+        if keys is not None and given:
+            if given not in keys:
+                raise BadRequest("Invalid API key", 403)
+            client, limit = f"key {given}", keys[given] or self.settings.req_limit
+        self.limiter.admit(client, limit)
+
+    async def frontend_settings(self, request):
+        """GET /frontend/settings: what LibreTranslate's page and clients read of a server."""
+        first = next(iter(self.models.values()))
+        names = libretranslate.NAMES
+        return {
+            "charLimit": self.settings.max_chars,
+            "frontendTimeout": 500,
+            "apiKeys": self.settings.api_keys is not None or self.settings.api_key is not None,
+            "keyRequired": self.settings.api_key is not None,
+            "suggestions": False,
+            "filesTranslation": False,
+            "supportedFilesFormat": [],
+            "language": {
+                "source": {"code": first.source, "name": names.get(first.source, first.source)},
+                "target": {"code": first.target, "name": names.get(first.target, first.target)},
+            },
+        }
 
     async def translations(self, request, model, texts, changes):
         """Translations of texts (a list of str) by `model` with search option changes, through
@@ -156,7 +186,7 @@ class Service:
 
     async def kformer_translate(self, request):
         body = await read_body(request, self.settings.max_body_bytes)
-        self.check_key(request)
+        self.admit(request)
         texts, pair, changes, is_html = kformer_api.parse(body)
         model = self._model_of(pair, texts)
         translate = self.pages if is_html else self.translations
@@ -177,7 +207,7 @@ class Service:
 
     async def lt_translate(self, request):
         values = fields(request, await read_body(request, self.settings.max_body_bytes))
-        self.check_key(request, values)
+        self.admit(request, values)
         parsed = libretranslate.parse(values)
         model = self.model(parsed.source, parsed.target, parsed.texts)
         libretranslate.check_alternatives(parsed, model.runner.manifest["beam_size"])
@@ -189,7 +219,7 @@ class Service:
 
     async def lt_detect(self, request):
         values = fields(request, await read_body(request, self.settings.max_body_bytes))
-        self.check_key(request, values)
+        self.admit(request, values)
         if not isinstance(values.get("q"), str) or not values["q"]:
             raise BadRequest("Invalid request: missing q parameter", field="q")
         return detect.detect(values["q"], self.sources())
@@ -239,6 +269,8 @@ def _route(service, name, handler, methods):
         except BadRequest as e:
             body = {"error": str(e)} | ({"field": e.field} if e.field and name.startswith("/v1") else {})
             response = JSONResponse(body, e.status)
+        except TooManyRequests as e:
+            response = JSONResponse({"error": str(e)}, 429, headers={"Retry-After": str(e.retry_after)})
         except QueueFull as e:
             response = JSONResponse({"error": str(e)}, 503, headers={"Retry-After": str(e.retry_after)})
         except ClientGone:
@@ -324,6 +356,7 @@ def create_app(runners, settings=None, resident_bytes=None):
         _route(service, "/detect", service.lt_detect, ["POST"]),
         _route(service, "/languages", service.languages, ["GET", "POST"]),
         _route(service, "/health", service.health, ["GET"]),
+        _route(service, "/frontend/settings", service.frontend_settings, ["GET"]),
         _route(service, "/metrics", service.metrics_text, ["GET"]),
         *_page_routes(runners[0].artifact_dir),
     ]

@@ -8,7 +8,9 @@ class Settings:
     """batch_size: texts gathered into one runner call (the request that reaches it runs whole);
     window: seconds a batch waits for more after its first request; max_queue_chars: characters
     waiting beyond which requests are refused (503); max_body_bytes (413); max_chars: characters of
-    one request's texts (413); api_key: None for none."""
+    one request's texts (413); api_key: one key every translation needs, None for none;
+    req_limit: requests per minute per client (429 above; None: no limit); api_keys: {key: its
+    requests per minute or None for req_limit} (kformer.serve.limits.read_api_keys), None for none."""
 
     batch_size: int = 32
     # 0: what has queued while the runner was busy is the batch. Waiting for more delays a lone
@@ -18,3 +20,5 @@ class Settings:
     max_body_bytes: int = 1 << 20
     max_chars: int = 10_000
     api_key: str | None = None
+    req_limit: int | None = None
+    api_keys: dict | None = None
