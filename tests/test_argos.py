@@ -174,8 +174,12 @@ def test_package_model_decodes_as_the_export_and_past_its_lengths(exports, tmp_p
 
 
 def downloaded_files(home):
-    """Files Argos's splitters and models would have fetched (MiniSBD's cache, stanza, spaCy)."""
-    return [str(p) for p in home.rglob("*") if p.is_file() and "packages" not in p.parts]
+    """Files Argos's splitters and models would have fetched (MiniSBD's cache, stanza, spaCy):
+    every file in the home but the installed packages and onnxruntime's own device-id database
+    (~/.cache/Microsoft/DeveloperTools/.onnxruntime, written by MiniSBD's onnxruntime session)."""
+    return [
+        str(p) for p in home.rglob("*") if p.is_file() and not {"packages", ".onnxruntime"} & set(p.parts)
+    ]
 
 
 def test_argostranslate_installs_and_translates_offline(exports, tmp_path):
