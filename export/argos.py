@@ -27,11 +27,6 @@ PACKAGE_VERSION = "100.0"
 # was trained on; a position beyond its table is an error, so the package's tables go that far.
 POSITIONS = 1024
 ARGOS_VERSION = "1.9"  # the package layout this writes: argostranslate >= 1.9 reads it
-LANGUAGE_NAMES = {
-    "ar": "Arabic", "de": "German", "en": "English", "es": "Spanish", "fr": "French", "hi": "Hindi",
-    "it": "Italian", "ja": "Japanese", "ko": "Korean", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
-    "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "vi": "Vietnamese", "zh": "Chinese",
-}  # fmt: skip
 
 
 def languages(manifest):
@@ -67,13 +62,13 @@ def metadata(source, target, version=PACKAGE_VERSION):
         "package_version": version,
         "argos_version": ARGOS_VERSION,
         "from_code": source,
-        "from_name": LANGUAGE_NAMES.get(source, source),
+        "from_name": manifest_lib.language_name(source),
         "to_code": target,
-        "to_name": LANGUAGE_NAMES.get(target, target),
+        "to_name": manifest_lib.language_name(target),
         "type": "translate",
         "languages": [
-            {"code": source, "name": LANGUAGE_NAMES.get(source, source)},
-            {"code": target, "name": LANGUAGE_NAMES.get(target, target)},
+            {"code": source, "name": manifest_lib.language_name(source)},
+            {"code": target, "name": manifest_lib.language_name(target)},
         ],
         "links": [],
     }
@@ -142,7 +137,7 @@ def _corpus_name(corpus):
 def readme(manifest, source, target, test_bleu):
     """The package's README.md: what the model is, its corpus and licence, its test BLEU."""
     config, corpus = manifest["config"], manifest.get("corpus") or {}
-    names = LANGUAGE_NAMES.get(source, source), LANGUAGE_NAMES.get(target, target)
+    names = manifest_lib.language_name(source), manifest_lib.language_name(target)
     score = (
         "not measured (the corpus's test split was not at hand)" if test_bleu is None else f"{test_bleu:.2f}"
     )

@@ -29,15 +29,15 @@ def export(
     from kformer.export.module import ExportModule
 
     _check_request(formats, quantize, out_dir)
-    packages = [name for name in formats if name == argos.NAME]
-    formats = [name for name in formats if name not in packages] + ["ctranslate2"] * bool(packages)
+    package = argos.NAME in formats  # built from the ctranslate2 model, which is then written too
+    formats = [name for name in formats if name != argos.NAME] + (["ctranslate2"] if package else [])
     model, config, tokenizer, corpus = run_folder.load(model_dir, weights)
     options = SearchOptions(**options).checked(config.max_target_length)
     tokenizer_file = run_folder.path(model_dir, run_folder.TOKENIZER_FILE)
     with open(tokenizer_file, "rb") as f:
         module = ExportModule(model, f.read(), beam_size=options.beam_size)
     manifest = manifest_lib.describe(config, options, onnx.OPSET, corpus, model_dir)
-    if packages:
+    if package:
         argos.languages(manifest)  # refuses a model without a language pair before any work
     manifest["weights"] = run_folder.describe_weights(model_dir, run_folder.weights_file(model_dir, weights))
     with folders.work_folder(out_dir, WORK_PREFIX) as work:
@@ -46,7 +46,7 @@ def export(
         manifest["artifacts"] = _write_formats(module, work, formats, quantize, progress)
         manifest_lib.write(work, manifest)  # the runners read it during the check
         verify.verify_export(work, manifest, model_dir, model, config, tokenizer, progress)
-        if packages:
+        if package:
             progress(f"{argos.NAME}: scoring the package's model on the test split ...", end=" ", flush=True)
             bleu = argos.test_bleu(work, model_dir, manifest)
             manifest["packages"] = [argos.write_package(work, manifest, module, bleu)]

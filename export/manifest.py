@@ -139,6 +139,18 @@ def _direction(manifest):
     return (manifest.get("corpus") or {}).get("direction") or ""
 
 
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "de": "German", "en": "English", "es": "Spanish", "fr": "French", "hi": "Hindi",
+    "it": "Italian", "ja": "Japanese", "ko": "Korean", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
+    "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "vi": "Vietnamese", "zh": "Chinese",
+}  # fmt: skip
+
+
+def language_name(code):
+    """The English name of a language code ("zh" -> "Chinese"), or the code where none is known."""
+    return LANGUAGE_NAMES.get(code, code)
+
+
 def source_language(manifest):
     """The language the export translates from ("zh" of "zh-en"), or None if not recorded."""
     return _direction(manifest).split("-")[0] or None

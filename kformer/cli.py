@@ -477,7 +477,6 @@ def _add_translate(commands):
     )
     p.add_argument(
         "--max-chars",
-        "--char-limit",
         type=positive(int),
         default=MAX_INPUT_CHARS,
         help=f"longest input line accepted, in characters (default {MAX_INPUT_CHARS:,})",

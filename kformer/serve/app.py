@@ -133,7 +133,6 @@ class Service:
     async def frontend_settings(self, request):
         """GET /frontend/settings: what LibreTranslate's page and clients read of a server."""
         first = next(iter(self.models.values()))
-        names = libretranslate.NAMES
         return {
             "charLimit": self.settings.max_chars,
             "frontendTimeout": 500,
@@ -143,8 +142,8 @@ class Service:
             "filesTranslation": False,
             "supportedFilesFormat": [],
             "language": {
-                "source": {"code": first.source, "name": names.get(first.source, first.source)},
-                "target": {"code": first.target, "name": names.get(first.target, first.target)},
+                "source": {"code": first.source, "name": manifest_lib.language_name(first.source)},
+                "target": {"code": first.target, "name": manifest_lib.language_name(first.target)},
             },
         }
 

@@ -9,12 +9,9 @@ format "html" translates a web page's text and keeps its markup (kformer.serve.h
 
 import dataclasses
 
+from kformer.export.manifest import language_name
 from kformer.serve.requests import BadRequest
 
-NAMES = {
-    "ar": "Arabic", "de": "German", "en": "English", "es": "Spanish", "fr": "French", "it": "Italian",
-    "ja": "Japanese", "ko": "Korean", "nl": "Dutch", "pt": "Portuguese", "ru": "Russian", "zh": "Chinese",
-}  # fmt: skip
 ALIASES = {"zh-Hans": "zh", "zh-CN": "zh"}  # LibreTranslate 1.9's name of Chinese, and a common one
 
 
@@ -34,7 +31,7 @@ def languages(pairs):
     targets = {}
     for source, target in pairs:
         targets.setdefault(source, []).append(target)
-    return [{"code": s, "name": NAMES.get(s, s), "targets": t} for s, t in targets.items()]
+    return [{"code": s, "name": language_name(s), "targets": t} for s, t in targets.items()]
 
 
 def _whole(value, name):
