@@ -155,10 +155,11 @@ class Ctranslate2Runner(ArtifactRunner):
             results = self.translator.translate_batch(
                 [rows[i] for i in pending],
                 beam_size=k,
-                num_hypotheses=k,
+                num_hypotheses=options.nbest,  # the graphs' stop rule: nbest finished (<= k)
                 length_penalty=options.alpha if k > 1 else 0.0,  # greedy: sum
                 no_repeat_ngram_size=max(0, options.no_repeat_ngram),
                 max_decoding_length=limit,
+                min_decoding_length=0,  # the graphs' rule: EOS may come first (CTranslate2's default bans it)
                 return_scores=True,
                 return_end_token=True,
             )

@@ -10,7 +10,7 @@ from importlib import metadata
 from kformer.model.config import TransformerConfig, read_json
 
 MANIFEST = "manifest.json"
-VERSION = 2  # 2: the searches take alpha, max_length and no_repeat_ngram as inputs
+VERSION = 3  # 2: the searches take alpha, max_length and no_repeat_ngram as inputs; 3: beam, nbest
 TOKENIZER = "tokenizer.model"
 PACKAGES = (  # versions recorded in the manifest: what wrote and checked the files
     "tensorflow",
@@ -79,6 +79,13 @@ def describe(config, options, onnx_opset, corpus, trained_in):
                 "default": options.no_repeat_ngram,
                 "off": "<= 0",
             },
+            "nbest": {
+                "dtype": "int32",
+                "shape": [],
+                "default": 1,
+                "searches": ["beam"],
+                "waits_for": "this many finished hypotheses (at most beam) before a row stops",
+            },
         },
         "outputs": {
             "greedy": {"tokens": ["int32", ["batch", "T"]], "scores": ["float32", ["batch"]]},
@@ -86,17 +93,17 @@ def describe(config, options, onnx_opset, corpus, trained_in):
         },
         "savedmodel_signatures": {
             "greedy_ids": "source_ids, max_length, no_repeat_ngram -> tokens, scores",
-            "beam_ids": "source_ids, alpha, max_length, no_repeat_ngram -> tokens, scores",
+            "beam_ids": "source_ids, alpha, max_length, no_repeat_ngram, nbest -> tokens, scores",
             "greedy_text": "text, max_length, no_repeat_ngram -> translation",
-            "beam_text": "text, alpha, max_length, no_repeat_ngram -> translation",
+            "beam_text": "text, alpha, max_length, no_repeat_ngram, nbest -> translation",
         },
         "tflite_signatures": {
             "greedy": "source_ids, max_length, no_repeat_ngram -> tokens, scores",
-            "beam": "source_ids, alpha, max_length, no_repeat_ngram -> tokens, scores",
+            "beam": "source_ids, alpha, max_length, no_repeat_ngram, nbest -> tokens, scores",
         },
         "onnx_io": {  # a file per search in each variant's folder
             "greedy": "source_ids, max_length, no_repeat_ngram -> tokens, scores",
-            "beam": "source_ids, alpha, max_length, no_repeat_ngram -> tokens, scores",
+            "beam": "source_ids, alpha, max_length, no_repeat_ngram, nbest -> tokens, scores",
             "text": "text instead of source_ids -> translation (one sentence per row)",
         },
         "onnx_opset": onnx_opset,

@@ -16,7 +16,7 @@ class ExportModule(tf.Module):
 
     Functions (all batched, dynamic batch and length; options as in Translator, scalar inputs):
         greedy_ids(source_ids, max_length, no_repeat_ngram) / beam_ids(source_ids, alpha,
-            max_length, no_repeat_ngram) -> tokens int32, scores float32.
+            max_length, no_repeat_ngram, nbest) -> tokens int32, scores float32.
         greedy_text / beam_text: text string (B,) and the same options -> translation string (B,),
             each row one sentence (splitting a text into sentences is the runner's).
     TFLite and ONNX are written from `frozen(search)`.

@@ -108,10 +108,10 @@ def verify(artifact_dir, model, config, tokenizer, sources, references=None, lan
             else:
                 runner = open_listed(artifact_dir, entry["format"], entry["variant"], beam_size=beams[search])
                 outputs = runner.translate(sources)
-                if _exact(entry, search) and entry["variant"] == "fp32":
+                if must_match(entry, search) and entry["variant"] == "fp32":
                     _check_tokens(runner, keras[search], search, config, where)
             same = sum(a == b for a, b in zip(outputs, expected[search]))
-            if _exact(entry, search) and same != len(sources):
+            if must_match(entry, search) and same != len(sources):
                 raise ExportError(
                     f"{where} translates {len(sources) - same} of {len(sources)} "
                     "check sentences differently from Keras"
@@ -126,7 +126,7 @@ def verify(artifact_dir, model, config, tokenizer, sources, references=None, lan
     return results
 
 
-def _exact(entry, search):
+def must_match(entry, search):
     """Whether the file must translate as Keras does: fp32 and text files, except CTranslate2's
     beam search (its own length normalization)."""
     return entry["variant"] in ("fp32", "text") and (entry["format"], search) != ("ctranslate2", "beam")

@@ -93,6 +93,7 @@ def trained_en_zh_dir(tmp_path_factory, corpus_tsv):
 
 
 BEAM = 3  # the exported beam size of `artifacts`
+EOS_SCALE = 6.0  # write_random_model's
 MAX_LENGTH = 12
 
 
@@ -103,7 +104,15 @@ def write_random_model(out, tokenizer, direction="zh-en", seed=3):
     tokenizer_path.write_bytes(tokenizer.serialized_model_proto())
     config = preset("tiny", vocab_size=tokenizer.get_piece_size(), max_source_length=16, max_target_length=20)
     keras.utils.set_random_seed(seed)
-    Transformer(config).save(str(out / "model.keras"))
+    model = Transformer(config)
+    # EOS's row of the tied embedding, scaled: its logit varies more than the others', so that
+    # hypotheses end at varied steps (unscaled, none ends before the limit, and a beam row's wait
+    # for nbest finished hypotheses would go untested) while many still run to the limit.
+    embedding = model.get_layer("shared_embedding").embeddings
+    rows = embedding.numpy()
+    rows[config.eos_id] *= EOS_SCALE
+    embedding.assign(rows)
+    model.save(str(out / "model.keras"))
     config.save(str(out / "config.json"))
     (out / "corpus.json").write_text(
         json.dumps({"data": "default", "direction": direction, "prepared": "data"})

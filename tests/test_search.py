@@ -230,6 +230,40 @@ def test_a_beam_row_stops_when_its_most_probable_candidate_ends():
     assert scores[0, 1] < NEG_INF / 2 and not tokens[0, 1].any()
 
 
+# EOS at once is the best; "a EOS" finishes at the second step; "b" goes on until the limit.
+WAITS = [{BOS: {EOS: 0.5, A: 0.3, B: 0.2}, A: {EOS: 0.9, A: 0.1}, B: {B: 1.0}}]
+
+
+@pytest.mark.parametrize(
+    "nbest, steps, finished",
+    [
+        (1, 1, [[EOS]]),  # the first step's best finishes: done, one slot filled
+        (2, 2, [[EOS], [A, EOS]]),  # the second step's best ("a EOS") finishes, two are in
+        # Three are in after the third step ("a a EOS"), but its best ("b b b") goes on; at the
+        # limit "b" x 6 finishes, the best step of all, and outranks "a a EOS".
+        (3, 6, [[EOS], [A, EOS], [B] * 6]),
+    ],
+)
+def test_a_beam_row_waits_for_nbest_finished_hypotheses(nbest, steps, finished):
+    table, lengths = table_from(WAITS), Lengths(tf.constant([6]), 6)
+    probabilities = {1: [0.5], 2: [0.5, 0.27], 3: [0.5, 0.27, 0.2]}[nbest]
+    graph = tf.function(  # nbest as the exported graphs take it: an int32 scalar input
+        lambda nbest: beam_search(markov_step(table), row_cache(WAITS), lengths, IDS, 3, 0.0, nbest=nbest),
+        input_signature=[tf.TensorSpec([], tf.int32)],
+    )
+    _, _, trace = beam_search(markov_step(table), row_cache(WAITS), lengths, IDS, 3, 0.0, TRACED, nbest=nbest)
+    assert int(trace["steps"]) == steps
+    runs = [
+        graph(tf.constant(nbest)),
+        beam_search(markov_step(table), row_cache(WAITS), lengths, IDS, 3, 0.0, DROP_DONE, nbest=nbest),
+    ]
+    for tokens, scores in runs:
+        tokens, scores = tokens.numpy()[0], scores.numpy()[0]
+        assert [list(t[: len(f)]) for t, f in zip(tokens, finished)] == finished
+        np.testing.assert_allclose(scores[:nbest], np.log(probabilities), rtol=1e-5)
+        assert np.all(scores[nbest:] < NEG_INF / 2)
+
+
 def counting_step(table):
     """A toy with per-hypothesis state: the state is the (B, T) buffer of tokens fed so far, and
     every "a" fed so far makes "b" likelier. A wrong row, beam or position after the second pass's

@@ -118,7 +118,7 @@ def test_beam_of_one_equals_greedy_on_a_model(random_model):
     source = random_ids(np.random.default_rng(6), 4, 7, 40, pad_tail=3)
     translator = Translator(random_model, beam_size=1, alpha=0.0, no_repeat_ngram=0)
     np.testing.assert_array_equal(
-        translator.beam(source, 0.0, random_model.config.max_target_length, 0)["tokens"].numpy()[:, 0],
+        translator.beam(source, 0.0, random_model.config.max_target_length, 0, 1)["tokens"].numpy()[:, 0],
         run(translator, source, "greedy")["tokens"].numpy(),
     )
 

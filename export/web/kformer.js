@@ -16,7 +16,7 @@ import { joiner, splitClauses, splitSentences, strip } from "./sentences.js";
 const BATCH_SIZE = 32; // as the Python runners' default; beam search takes BATCH_SIZE / K sentences a call,
 // uncapped, for either file: the page was not measured with the Python runners' larger beam calls
 // of short sentences (Runner.beam_shares_batch, Runner.beam_capped)
-const NEG_INF_SCORE = -1.0e8; // text_batches.NEG_INF_SCORE: a beam slot without a hypothesis
+const NEG_INF_SCORE = -65504.0; // text_batches.NEG_INF_SCORE: a beam slot without a hypothesis
 const TOKENS_PER_SENTENCE = 16; // text_batches.TOKENS_PER_SENTENCE: a greedy call of long sentences takes fewer
 // Python's str.strip()/split() whitespace, which JavaScript's trim() does not match exactly.
 const WHITESPACE = "\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
@@ -61,7 +61,7 @@ function findArtifact(manifest, format) {
 // Each runtime: load(entry) -> run, entry: the manifest's entry of its file; run(batch Int32Array,
 // rows, width, inputs) -> {tokens, scores}, each {data, dims}: tokens (B, N, T) or (B, T) (greedy),
 // scores (B, N) or (B,). inputs: the search options of the graphs ({beam, alpha, max_length,
-// no_repeat_ngram}).
+// no_repeat_ngram, nbest}; alpha and nbest are beam search's).
 const RUNTIMES = {
   onnx: {
     format: "onnx",
@@ -88,7 +88,10 @@ const RUNTIMES = {
           max_length: new ort.Tensor("int32", [inputs.max_length], []),
           no_repeat_ngram: new ort.Tensor("int32", [inputs.no_repeat_ngram], []),
         };
-        if (inputs.beam) feed.alpha = new ort.Tensor("float32", [inputs.alpha], []); // greedy has none
+        if (inputs.beam) { // greedy has neither
+          feed.alpha = new ort.Tensor("float32", [inputs.alpha], []);
+          feed.nbest = new ort.Tensor("int32", [inputs.nbest], []);
+        }
         const result = await (await session(search)).run(feed);
         return { tokens: result.tokens, scores: result.scores };
       };
@@ -108,7 +111,7 @@ const RUNTIMES = {
       const length = model.getInputDetails().find((input) => input.shape.length === 2).shape[1];
       // LiteRT.js cannot resize inputs: one row at a time, padded to the fixed length (as
       // export/tflite.py does for this file). One file, both searches: the signatures "greedy"
-      // and "beam" (greedy has no alpha input).
+      // and "beam" (greedy has no alpha or nbest input).
       return async (batch, rows, width, inputs) => {
         const tokens = [], scores = [];
         let dims;
@@ -120,7 +123,10 @@ const RUNTIMES = {
             max_length: new lrt.Tensor(new Int32Array([inputs.max_length]), []),
             no_repeat_ngram: new lrt.Tensor(new Int32Array([inputs.no_repeat_ngram]), []),
           };
-          if (inputs.beam) feed.alpha = new lrt.Tensor(new Float32Array([inputs.alpha]), []);
+          if (inputs.beam) {
+            feed.alpha = new lrt.Tensor(new Float32Array([inputs.alpha]), []);
+            feed.nbest = new lrt.Tensor(new Int32Array([inputs.nbest]), []);
+          }
           const outputs = Object.values(await model.run(inputs.beam ? "beam" : "greedy", feed));
           Object.values(feed).forEach((t) => t.delete());
           const tokenTensor = outputs.find((t) => t.type.dtype === "int32"); // the other output is the scores
@@ -332,7 +338,7 @@ function checkedOptions(manifest, { beam = manifest.beam_size, alpha = manifest.
     throw new Error(`max length must be in [1, ${manifest.config.max_target_length}] for this model, got ${maxLength}`);
   }
   whole("no_repeat_ngram", noRepeatNgram, 0);
-  return { inputs: { beam: beam > 1, alpha, max_length: maxLength, no_repeat_ngram: noRepeatNgram }, nbest };
+  return { inputs: { beam: beam > 1, alpha, max_length: maxLength, no_repeat_ngram: noRepeatNgram, nbest }, nbest };
 }
 
 const ready = load();

@@ -2,8 +2,8 @@
 penalty, the output length, the n-gram repeat guard and how many alternatives to return.
 
 Pure Python + numpy, like the runners. Each value is checked here, once, with a one-line error
-naming the option; the exported graphs then take alpha, max_length and no_repeat_ngram as inputs
-(the beam width is fixed per file: its buffers are shaped by it)."""
+naming the option; the exported graphs then take alpha, max_length, no_repeat_ngram and nbest as
+inputs (the beam width is fixed per file: its buffers are shaped by it)."""
 
 import dataclasses
 import math
@@ -12,8 +12,9 @@ import numpy as np
 
 from kformer.model.config import BEAM_SIZE, LENGTH_PENALTY, NO_REPEAT_NGRAM
 
-# The graphs' option inputs: name -> numpy type (scalars). Greedy search has no length penalty.
-INPUTS = {"alpha": np.float32, "max_length": np.int32, "no_repeat_ngram": np.int32}
+# The graphs' option inputs: name -> numpy type (scalars). Greedy search has no length penalty,
+# and finds one hypothesis: nbest is beam search's (how many finished ones a row waits for).
+INPUTS = {"alpha": np.float32, "max_length": np.int32, "no_repeat_ngram": np.int32, "nbest": np.int32}
 GREEDY_INPUTS = ("max_length", "no_repeat_ngram")
 
 

@@ -16,7 +16,9 @@ import numpy as np
 from kformer.decode import sentences as sentences_lib
 
 log = logging.getLogger("kformer")
-NEG_INF_SCORE = -1.0e8  # scores at or below it mark a beam slot without a hypothesis (search.NEG_INF)
+# Scores at or below it mark a beam slot without a hypothesis: search.NEG_INF, which a float16 file
+# (TFLite fp16) holds as float16's lowest finite value. No hypothesis scores this low.
+NEG_INF_SCORE = -65504.0
 # A greedy call's memory grows with its rows times their padded length: a batch of long sentences
 # takes fewer of them, at most this many source tokens a sentence of its size (rows x longest,
 # padding included): without the cap a file's last batch of long sentences set every runtime's

@@ -47,8 +47,9 @@ class Translator(tf.Module):
     no_repeat_ngram <= 0 is off):
         greedy(source_ids (B, S) int32 pad 0, max_length, no_repeat_ngram):
             tokens (B, T), scores (B,) log-probability.
-        beam(source_ids, alpha, max_length, no_repeat_ngram):
-            tokens (B, K, T) best first, scores (B, K) length-penalized log-probability.
+        beam(source_ids, alpha, max_length, no_repeat_ngram, nbest):
+            tokens (B, K, T) best first, scores (B, K) length-penalized log-probability; a row
+            stops once its best candidate has finished and nbest hypotheses have (at most K).
     Output tokens end with EOS (unless cut at the limit) and are padded with 0; a beam slot that
     no hypothesis reached scores search.NEG_INF. Sources longer than the config's
     max_source_length are truncated inside the graph.
@@ -107,17 +108,18 @@ class Translator(tf.Module):
     def _greedy(self, source_ids, max_length, no_repeat_ngram):
         return self.search_prepared(self.search_inputs(source_ids, max_length), False, 0.0, no_repeat_ngram)
 
-    def _beam(self, source_ids, alpha, max_length, no_repeat_ngram):
-        return self.search_prepared(self.search_inputs(source_ids, max_length), True, alpha, no_repeat_ngram)
+    def _beam(self, source_ids, alpha, max_length, no_repeat_ngram, nbest):
+        inputs = self.search_inputs(source_ids, max_length)
+        return self.search_prepared(inputs, True, alpha, no_repeat_ngram, nbest)
 
-    def search_prepared(self, inputs, beam, alpha, no_repeat_ngram):
+    def search_prepared(self, inputs, beam, alpha, no_repeat_ngram, nbest=1):
         """Beam search (`beam` True) or greedy search over a batch from `search_inputs`."""
         lengths, cache, loop = inputs
         c, step = self.config, self.model.decode_step
         ids = search.TokenIds(c.bos_id, c.eos_id, c.pad_id)
         if beam:
             tokens, scores = search.beam_search(
-                step, cache, lengths, ids, self.beam_size, alpha, loop, no_repeat_ngram=no_repeat_ngram
+                step, cache, lengths, ids, self.beam_size, alpha, loop, no_repeat_ngram, nbest
             )
         else:
             tokens, scores = search.greedy_search(

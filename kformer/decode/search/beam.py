@@ -52,13 +52,22 @@ class _Stepper(NamedTuple):
     k: int  # the beam size K
     ids: object  # common.TokenIds
     alpha: object  # the length penalty's exponent
+    nbest: object  # finished hypotheses a row needs before it may stop (int or int32 scalar tensor)
     positions: tf.Tensor  # (T,) in the output buffers
     guard: object  # a RepeatGuard of B * K rows, or None
     trace: bool  # the state keeps the alive hypotheses of every step
 
 
 def beam_search(
-    step, cache, lengths, ids, beam_size, alpha=LENGTH_PENALTY, loop=loops.ONE_PASS, no_repeat_ngram=None
+    step,
+    cache,
+    lengths,
+    ids,
+    beam_size,
+    alpha=LENGTH_PENALTY,
+    loop=loops.ONE_PASS,
+    no_repeat_ngram=None,
+    nbest=1,
 ):
     """Beam search with GNMT length penalty; alive and finished hypotheses are kept apart.
 
@@ -66,8 +75,10 @@ def beam_search(
     at once still leaves K alive), keeps the best K non-finishing ones alive, and merges the
     finishing ones (EOS, or the row's length limit) into the K best finished by
     log-probability / ((5 + length) / 6)^alpha. A row is done once the most probable candidate
-    of a step finishes (CTranslate2's and OpenNMT's rule; the exact rule, until no alive beam
-    could beat the best finished, took many more steps for a fraction of a BLEU point).
+    of a step finishes and `nbest` hypotheses have finished, or at its length limit
+    (CTranslate2's rule with num_hypotheses; the exact rule, until no alive beam could beat the
+    best finished, took many more steps for a fraction of a BLEU point). With nbest 1 the search
+    stops at the first such step; a larger nbest may run on and find a better-scoring best.
 
     Args:
         step, lengths, ids, loop: as in `greedy_search`; `cache` ({"static", "state"}) has batch
@@ -76,6 +87,8 @@ def beam_search(
         beam_size: K.
         alpha: the length penalty's exponent, a float or a float32 scalar tensor.
         no_repeat_ngram: as in `greedy_search`, for each hypothesis.
+        nbest: how many finished hypotheses a row waits for (int or int32 scalar tensor, at most
+            K: a larger one waits until the limit; <= 1 is 1).
     Returns (tokens (B, K, T) int32 best first, scores (B, K) float32 penalized log-probability)
     [, trace].
     """
@@ -89,7 +102,7 @@ def beam_search(
         row_starts = tf.expand_dims(tf.range(tf.shape(limits)[0]) * k, 1)
         rows = tf.shape(limits)[0] * k
         guard = None if no_repeat_ngram is None else RepeatGuard(no_repeat_ngram, rows, positions)
-        stepper = _Stepper(step, k, ids, alpha, positions, guard, trace)
+        stepper = _Stepper(step, k, ids, alpha, nbest, positions, guard, trace)
 
         def body(s):
             state, continued = _beam_step(s, stepper, limits, row_starts)
@@ -99,7 +112,9 @@ def beam_search(
 
     if isinstance(loop, loops.DropDone):
         return _beam_outputs(
-            *_beam_dropping_done(step, cache, lengths, ids, k, alpha, no_repeat_ngram), limits, ids.pad
+            *_beam_dropping_done(step, cache, lengths, ids, k, alpha, nbest, no_repeat_ngram),
+            limits,
+            ids.pad,
         )
     first_length = loops.first_length(loop, buffer_length)
     state = _first_beam_state(
@@ -128,7 +143,7 @@ class DroppingBeamState(NamedTuple):
         return self.beams.index
 
 
-def _beam_dropping_done(step, cache, lengths, ids, k, alpha, no_repeat_ngram):
+def _beam_dropping_done(step, cache, lengths, ids, k, alpha, nbest, no_repeat_ngram):
     """`beam_search` in one loop whose batch shrinks, as greedy's DropDone loop: the R rows still
     running take each step; their finished hypotheses are written into the buffers of all B rows,
     and the rows done are then dropped, with their beams' cache. The reorder of the cache's state
@@ -139,7 +154,7 @@ def _beam_dropping_done(step, cache, lengths, ids, k, alpha, no_repeat_ngram):
     tokens_shape, scores_shape = tf.stack([batch, k, length]), tf.stack([batch, k])  # (B, K, T), (B, K)
 
     guard = None if no_repeat_ngram is None else RepeatGuard(no_repeat_ngram, None, positions)
-    stepper = _Stepper(step, k, ids, alpha, positions, guard, False)
+    stepper = _Stepper(step, k, ids, alpha, nbest, positions, guard, False)
 
     def body(s):
         row_starts = tf.expand_dims(tf.range(tf.size(s.rows)) * k, 1)  # (R, 1)
@@ -286,7 +301,7 @@ def _beam_step(s, stepper, limits, row_starts):
     (the next state, its cache the step's before beams are reordered; (B * K,) the beam of all
     rows that each alive beam continues, the reorder). Reshapes keep a -1 for the batch: a shape
     built from tf.shape at every step is four exported nodes."""
-    step, k, ids, alpha, positions, guard, trace = stepper
+    step, k, ids, alpha, nbest, positions, guard, trace = stepper
     if guard is None:
         ban = lambda logits: logits  # noqa: E731
     else:
@@ -298,7 +313,8 @@ def _beam_step(s, stepper, limits, row_starts):
     slot = tf.equal(positions, s.index)  # (T,)
     top_seqs = portable.write_slot(_gather_beams(s.alive_tokens, top_beams), slot, top_tokens)  # (B, 2K, T)
     length = s.index + 1
-    finishing = tf.equal(top_tokens, ids.eos) | tf.expand_dims(length >= limits, 1)  # (B, 2K)
+    at_limit = length >= limits  # (B,)
+    finishing = tf.equal(top_tokens, ids.eos) | tf.expand_dims(at_limit, 1)  # (B, 2K)
     valid = top_log_probs > NEG_INF / 2  # candidates of dead beams stay dead
 
     # Alive: the K best candidates that do not finish.
@@ -320,8 +336,11 @@ def _beam_step(s, stepper, limits, row_starts):
     new_scores = tf.where(finishing & valid, top_log_probs / length_penalty(length, alpha), NEG_INF)
     finished_tokens, finished_scores = _merge_finished(s, top_seqs, new_scores, k)
     # The most probable candidate (top_k sorts them) finishes: a gather, where [:, 0] is two nodes.
-    # It covers a row at its limit (every candidate finishes) and is valid in a row not done.
-    done = s.done | tf.gather(finishing, 0, axis=1)
+    # It is valid in a row not done. At the limit every candidate finishes, so the row is done
+    # however few have; before it, it waits for nbest finished hypotheses.
+    filled = tf.reduce_sum(tf.cast(finished_scores > NEG_INF / 2, tf.int32), axis=1)  # (B,)
+    enough = (filled >= nbest) | at_limit
+    done = s.done | (tf.gather(finishing, 0, axis=1) & enough)
     history = _traced(s.trace, slot, alive_tokens, alive_log_probs) if trace else s.trace
     state = (
         length,
