@@ -525,3 +525,35 @@ def test_train_table_shows_the_datasheet_utilization_on_a_listed_gpu(capsys):
     assert "peak TFLOP/s on NVIDIA H200, bfloat16: datasheet 989.4, matmul squares 700.000" in lines[1]
     header, kformer = lines[2].split(), lines[3].split()
     assert header[5:7] == ["MFU", "datasheet"] and kformer[5:8] == ["2.4%", "3.4%", "4.8%"]
+
+
+def test_bench_alternatives_runs_every_file_and_compares_it_with_keras(artifacts, capsys):
+    from kformer.bench.alternatives import EVERYDAY, bench_alternatives, print_alternatives_table
+    from kformer.export.manifest import load
+
+    results = bench_alternatives(artifacts, alternatives=BEAM - 1)
+    listed = [(e["format"], e["variant"]) for e in load(artifacts)["artifacts"]]
+    expected = [("keras", "fp32"), *(f for f in listed if f != ("onnx", "text"))]  # text: one translation
+    assert list(results["runtimes"]) == [f"{runtime} {variant}" for runtime, variant in expected]
+    assert results["sentences"] == len(EVERYDAY["zh"])
+    for name, found in results["runtimes"].items():
+        assert all(0 <= n <= BEAM - 1 for n in found["counts"]), name
+        assert found["full"] == found["counts"].count(BEAM - 1), name
+        if name.endswith("fp32") and not name.startswith("ctranslate2"):  # the graphs, exact
+            assert found["as_reference"] == results["sentences"], name
+    assert results["runtimes"]["keras fp32"]["full"] > 0  # the random model's EOS ends hypotheses early
+    print_alternatives_table(results)
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 2 + len(expected) + 1 and table[2].split()[:2] == ["keras", "fp32"]
+    with pytest.raises(ValueError, match="needs a beam of"):
+        bench_alternatives(artifacts, alternatives=BEAM)
+
+
+def test_the_everyday_sentences_are_not_in_the_default_corpus():
+    from kformer.bench.alternatives import EVERYDAY
+    from kformer.data import corpus as corpus_lib
+
+    pairs, _ = corpus_lib.read_corpus()
+    for side, language in enumerate(("zh", "en")):
+        known = {pair[side].strip() for pair in pairs}
+        assert len(set(EVERYDAY[language])) == 30 and not known & set(EVERYDAY[language]), language

@@ -27,7 +27,9 @@ CT2_BACKENDS = {"mkl": "1", "dnnl": "0"}
 CT2_ONE_THREAD = "1 thread"
 
 
-def _runner(runtime, artifact_dir, beam, variant, threads, batch_size, parallel=1):
+def export_runner(runtime, artifact_dir, beam, variant, threads=None, batch_size=32, parallel=1):
+    """The runner of an export's file, or for "keras" of the training folder it came from, with
+    the export's search settings."""
     from kformer.export.formats import open_listed, open_runner
     from kformer.export.manifest import load as load_manifest
 
@@ -78,7 +80,9 @@ def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None):
     _import_runtime(runtime)
     imported_mb = resident_memory_mb()
     start = time.perf_counter()
-    runner = _runner(runtime, artifact_dir, beam, variant, threads, job["batch_size"], job.get("parallel", 1))
+    runner = export_runner(
+        runtime, artifact_dir, beam, variant, threads, job["batch_size"], job.get("parallel", 1)
+    )
     load_seconds = time.perf_counter() - start
     loaded_mb = resident_memory_mb()
     sources, singles = job["sources"], job["sources"][: job["batch1_sentences"]]
