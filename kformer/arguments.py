@@ -28,8 +28,9 @@ def add_precision_option(p):
         "--precision",
         default="auto",
         choices=["auto", *PRECISIONS],
-        help="compute precision of training; weights stay float32 (auto: bfloat16 on a CPU with "
-        "bfloat16 instructions and oneDNN, else float32; float16 is for GPUs)",
+        help="compute precision of training; weights stay float32 (auto: on a CPU with bfloat16 "
+        "instructions and oneDNN, the faster of bfloat16 and float32, measured once and cached; "
+        "float32 on other CPUs; float16 is for GPUs)",
     )
 
 

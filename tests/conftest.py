@@ -3,6 +3,9 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")  # processes share a GPU (tests/test_gpu.py)
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# `--precision auto` caches what it measured (kformer.train.precision_probe): in a folder of the
+# test session's own, not the user's.
+os.environ.setdefault("KFORMER_CACHE", __import__("tempfile").mkdtemp(prefix="kformer-test-cache-"))
 # First, before keras starts TensorFlow: kformer's import sets the kernels TensorFlow runs
 # (kformer/__init__.py), so a model trained here and one trained by a command in a test's
 # subprocess compute alike (tests/test_faults.py compares their weights).

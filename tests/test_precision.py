@@ -70,3 +70,76 @@ def test_importing_kformer_first_turns_on_onednn_unless_the_user_said_otherwise(
 
     assert setting_and_state() == ["1", "on"]
     assert setting_and_state(TF_ENABLE_ONEDNN_OPTS="0") == ["0", "off"]
+
+
+def test_auto_precision_measures_where_the_cpu_multiplies_bfloat16(monkeypatch):
+    from kformer.train import precision as precision_lib
+
+    asked = []
+
+    def measure(candidates):
+        asked.append(candidates)
+        return "float32", "measured"
+
+    monkeypatch.setattr(precision_lib, "onednn_state", lambda: "on")
+    monkeypatch.setattr(precision_lib, "cpu_flags", lambda: {"avx2", "amx_bf16"})
+    assert precision_lib.choose_precision("auto", gpu=None, measure=measure) == ("float32", "measured")
+    assert precision_lib.choose_precision("bfloat16", gpu=None, measure=measure)[0] == "bfloat16"
+    monkeypatch.setattr(precision_lib, "cpu_flags", lambda: {"avx2"})  # no bfloat16: nothing to measure
+    assert precision_lib.choose_precision("auto", gpu=None, measure=measure)[0] == "float32"
+    assert asked == [("bfloat16", "float32")]
+
+
+def test_the_faster_precision_is_measured_once_and_cached(tmp_path, monkeypatch, caplog):
+    from kformer.train import precision_probe as probe
+
+    monkeypatch.setenv(probe.CACHE_ENV, str(tmp_path / "cache"))
+    rates = {"bfloat16": 3.0, "float32": 4.0}
+    measured = []
+
+    def measure(models, batch):
+        measured.append(sorted(models))
+        return dict(rates)
+
+    def choose(key="cpu A; model"):
+        return probe.faster_precision(("bfloat16", "float32"), lambda p: p, None, key, measure)
+
+    precision, why = choose()
+    assert precision == "float32" and "bfloat16 3.00 steps/s, float32 4.00 steps/s; measured now" in why
+    rates["bfloat16"] = 9.0  # measured again, it would win: the cache answers instead
+    assert choose()[0] == "float32" and "cached in" in choose()[1] and len(measured) == 1
+    assert choose("cpu B; model")[0] == "bfloat16" and len(measured) == 2  # another CPU: measured
+    (tmp_path / "cache" / probe.CACHE_FILE).write_text("{not json")  # a damaged cache: measured again
+    assert choose()[0] == "bfloat16" and len(measured) == 3
+    monkeypatch.setenv(probe.CACHE_ENV, str(tmp_path / "cache" / probe.CACHE_FILE / "below-a-file"))
+    assert choose()[0] == "bfloat16"  # the cache cannot be written: the choice holds for this run
+    assert "could not cache the precision choice" in caplog.text
+
+
+def test_the_probe_times_every_candidate_on_the_same_batch():
+    from kformer.data.batches import random_batch
+    from kformer.model.config import PRECISIONS, preset
+    from kformer.model.transformer import Transformer
+    from kformer.train import precision_probe as probe
+    from kformer.train.fit import compile_model
+
+    config = preset("tiny", vocab_size=64, batch_tokens=64)
+    models = {
+        p: compile_model(Transformer(config, dtype=PRECISIONS[p]), config, xla=False)
+        for p in ("bfloat16", "float32")
+    }
+    rates = probe.time_steps(models, random_batch(config, (4, 6, 7)), rounds=2)
+    assert sorted(rates) == ["bfloat16", "float32"] and all(r > 0 for r in rates.values())
+    steps = probe.WARMUP_STEPS + 2 * probe.ROUND_STEPS
+    assert all(int(m.optimizer.iterations) == steps for m in models.values())
+
+
+def test_the_probe_batch_has_the_corpus_mean_lengths_and_fills_batch_tokens():
+    import numpy as np
+
+    from kformer.model.config import preset
+    from kformer.train.precision_probe import mean_batch_shape
+
+    config = preset("tiny", batch_tokens=50)
+    source, target, counts = np.array([2, 6]), np.array([3, 5]), np.array([7, 7])
+    assert mean_batch_shape(config, source, target, counts) == (10, 4, 5)  # the target gains its EOS

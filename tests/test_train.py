@@ -436,6 +436,28 @@ def test_mixed_precision_trains_and_reloads_in_float32(tmp_path, corpus_tsv, pre
     assert dtypes(run_folder.load(out).model) == {"compute": {"float32"}, "weights": {"float32"}}
 
 
+def test_auto_precision_measured_at_the_start_trains_as_the_chosen_precision_would(
+    tmp_path, corpus_tsv, monkeypatch, caplog
+):
+    from kformer.train import precision as precision_lib
+    from kformer.train import precision_probe
+
+    monkeypatch.setattr(precision_lib, "cpu_flags", lambda: {"avx512_bf16"})  # a CPU where it measures
+    monkeypatch.setattr(precision_lib, "onednn_state", lambda: "on")
+    monkeypatch.setenv(precision_probe.CACHE_ENV, str(tmp_path / "cache"))
+    settings = dict(data=corpus_tsv, vocab_size=1200, steps=2, xla=False, verbose=0)
+    with caplog.at_level(logging.INFO, logger="kformer"):
+        auto = train(str(tmp_path / "auto"), "tiny", precision="auto", **settings)
+    assert "auto: the faster on this CPU (bfloat16 " in caplog.text and "measured now" in caplog.text
+    train(str(tmp_path / "chosen"), "tiny", precision=auto["precision"], **settings)
+    weights = [
+        saved_weights(run_folder.path(str(tmp_path / r), run_folder.MODEL_FILE)) for r in ("auto", "chosen")
+    ]
+    assert weights[0].keys() == weights[1].keys()
+    for name, value in weights[0].items():  # the probe's models drew nothing the run would have drawn
+        np.testing.assert_array_equal(value, weights[1][name], err_msg=name)
+
+
 def test_xla_is_the_default_on_a_gpu_without_a_strategy(monkeypatch):
     import tensorflow as tf
 

@@ -74,19 +74,18 @@ def _one_shape_batches(config_name, count, seed, length, overrides=None):
     compiles each bucket shape for ~100 s with `base`)."""
     import numpy as np
 
+    from kformer.data.batches import random_batch
     from kformer.model.config import preset
 
     config = preset(config_name, **(overrides or {}))
     longest = min(config.max_source_length, config.max_target_length)
     if not 0 < length <= longest:
         raise ValueError(f"--length {length}: choose 1..{longest}")
-    rows = max(1, config.batch_tokens // length)
     rng = np.random.default_rng(seed)
-    first = max(config.pad_id, config.unk_id, config.bos_id, config.eos_id) + 1
-    batches = []
-    for _ in range(count):
-        source, target = (rng.integers(first, config.vocab_size, (rows, length), np.int32) for _ in "st")
-        batches.append(({"source_ids": source, "target_ids": target}, target))
+    batches = [
+        random_batch(config, (max(1, config.batch_tokens // length), length, length), rng)
+        for _ in range(count)
+    ]
     return config, batches, batches
 
 
@@ -154,7 +153,8 @@ class TrainBench:
 def bench_train(config_name=DEFAULT_PRESET, **options):
     """Target tokens/s and model FLOPs utilization of training through `model.fit`, on the same
     batches, the variants taking turns a few batches at a time, `rounds` times (medians): kformer as it
-    trains (`precision`, "auto" as `kformer train` picks it) without XLA (batches padded to their
+    trains (`precision`; "auto" here: bfloat16 where the CPU multiplies it, where `kformer train`
+    measures which of the two is faster, as this bench shows) without XLA (batches padded to their
     longest row) and with XLA (padded to the bucket, so shapes are bounded); with `reference`, the
     same-size keras-hub model (padded to the longest row) as a Keras user trains it: float32,
     keras.optimizers.Adam with the same settings and moving average; kformer's loss and metric.

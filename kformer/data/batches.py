@@ -259,3 +259,14 @@ def _with_rows(batch, rows):
 
     missing = tf.cast(rows, tf.int32) - tf.shape(batch["labels"])[0]
     return {name: tf.pad(ids, [[0, missing], [0, 0]]) for name, ids in batch.items()}
+
+
+def random_batch(config, shape, rng=None):
+    """One (x, y) training batch of random token ids, no padding: `shape` is (rows, source length,
+    target length). For timing a step on a shape of one's choosing (the precision probe, benches)."""
+    rows, source_length, target_length = shape
+    rng = rng or np.random.default_rng(0)
+    first = max(config.pad_id, config.unk_id, config.bos_id, config.eos_id) + 1
+    source = rng.integers(first, config.vocab_size, (rows, source_length), np.int32)
+    target = rng.integers(first, config.vocab_size, (rows, target_length), np.int32)
+    return {"source_ids": source, "target_ids": target}, target

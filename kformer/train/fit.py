@@ -20,7 +20,7 @@ from kformer import locks, run_folder
 from kformer.data import batches as batches_lib
 from kformer.model.config import PRECISIONS, TransformerConfig
 from kformer.model.transformer import Transformer
-from kformer.train import distributed, inputs
+from kformer.train import distributed, inputs, precision_probe
 from kformer.train import init_from as init_from_lib
 from kformer.train.callbacks import (
     INTERRUPTED,
@@ -204,7 +204,7 @@ class _Setup:
     max_steps: int  # the run's total optimizer steps; None for a time budget
     state: dict  # training.json as the run folder holds it
     xla: bool
-    precision: str  # compute precision (`choose_precision`); weights are float32
+    precision: str = None  # compute precision (`_precision`); weights are float32
 
 
 def _start(out_dir, options):
@@ -212,14 +212,16 @@ def _start(out_dir, options):
     import tensorflow as tf
 
     xla = _xla(options)
-    precision, why = choose_precision(options.precision)
     with distributed.chief_first(options.strategy) as chief:  # only the chief writes the run directory
         _check_the_chief_started(out_dir, chief)
         keras.utils.set_random_seed(options.seed)
-        setup = _set_up(out_dir, options, xla, precision)
+        setup = _set_up(out_dir, options, xla)
         if _budget_spent(out_dir, options.minutes, setup.state):
             steps = setup.state.get("steps", 0)
             return Training(None, setup.config, setup.tokenizer, {}, "budget already spent", steps)
+        precision, why = _precision(options, setup)
+        setup = dataclasses.replace(setup, precision=precision)
+        keras.utils.set_random_seed(options.seed)  # as if nothing was measured: the same weights
         if chief:  # training starts: the run's files appear now, its prepared corpus moves in
             setup = _create_run_folder(out_dir, setup)
     strategy = options.strategy or tf.distribute.get_strategy()
@@ -235,7 +237,17 @@ def _start(out_dir, options):
     return _training(out_dir, options, setup, model, schedule, state, chief, strategy)
 
 
-def _set_up(out_dir, options, xla, precision):
+def _precision(options, setup):
+    """-> (precision, why), as `choose_precision` decides; where `auto` leaves it to a measurement
+    (a CPU that multiplies bfloat16), steps on a batch of the corpus' mean lengths decide
+    (kformer.train.precision_probe). Under a strategy every worker must agree: the CPU's flags decide."""
+    source, target, counts = setup.encoded.lengths
+    shape = precision_probe.mean_batch_shape(setup.config.micro_batches(), source, target, counts)
+    measure = None if options.strategy else precision_probe.measurement(setup.config, shape, setup.xla)
+    return choose_precision(options.precision, measure=measure)
+
+
+def _set_up(out_dir, options, xla):
     """The run's config, corpus and tokenizer, its source's weights, and its length in steps."""
     if options.mix_original is not None and not options.init_from:
         raise ValueError("--mix-original draws from the run fine-tuning starts from: give --init-from RUN")
@@ -257,9 +269,7 @@ def _set_up(out_dir, options, xla, precision):
         raise
     max_steps = _max_steps(options, per_epoch / config.accumulate_steps)
     state = run_folder.read_state(out_dir)
-    return _Setup(
-        config, tokenizer, corpus, encoded, source, initial, per_epoch, max_steps, state, xla, precision
-    )
+    return _Setup(config, tokenizer, corpus, encoded, source, initial, per_epoch, max_steps, state, xla)
 
 
 def _create_run_folder(out_dir, setup):

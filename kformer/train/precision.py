@@ -37,13 +37,14 @@ def gpu_capability():
     return details.get("device_name", "GPU"), tuple(details.get("compute_capability", (0, 0)))
 
 
-def choose_precision(precision="auto", gpu=...):
+def choose_precision(precision="auto", gpu=..., measure=None):
     """-> (precision, why). "auto" on a GPU: bfloat16 compute with float32 weights where its tensor
     cores multiply bfloat16 (compute capability 8.0+: A100, L4, H100), float16 where they multiply
-    only float16 (7.x: V100, T4; Keras then scales the loss), else float32. On a CPU: bfloat16
-    where it multiplies bfloat16 in hardware through oneDNN (without oneDNN, or without those
-    instructions, bfloat16 is slower than float32), else float32. `gpu`: gpu_capability()'s
-    answer (default: asked)."""
+    only float16 (7.x: V100, T4; Keras then scales the loss), else float32. On a CPU: float32
+    without bfloat16 instructions or without oneDNN (bfloat16 is slower there); where it multiplies
+    bfloat16 in hardware through oneDNN, `measure(("bfloat16", "float32"))` decides (it returns
+    (precision, why): kformer.train.precision_probe), or bfloat16 without `measure`. `gpu`:
+    gpu_capability()'s answer (default: asked)."""
     if precision not in ("auto", *PRECISIONS):
         raise ValueError(f"--precision {precision!r}: choose auto or one of {', '.join(PRECISIONS)}")
     if precision != "auto":
@@ -56,6 +57,8 @@ def choose_precision(precision="auto", gpu=...):
         return "float32", "auto: this CPU has no bfloat16 instructions"
     if onednn_state() != "on":
         return "float32", f"auto: the CPU has {native[0]}, but TensorFlow's oneDNN kernels are off"
+    if measure is not None:
+        return measure(("bfloat16", "float32"))
     return (
         "bfloat16",
         f"auto: the CPU multiplies bfloat16 ({native[0]}) and oneDNN is on; weights stay float32",
