@@ -108,8 +108,11 @@ def test_bench_train_compares_same_size_models_on_the_same_pairs(capsys):
             )
     print_train_table(results)
     table = capsys.readouterr().out
+    low, high = results["vs_keras_hub_rounds"]  # one round: its ratio is the medians'
+    assert low == high == pytest.approx(results["vs_keras_hub"])
     assert (
-        f"kformer (bfloat16) vs keras-hub (float32), target tokens/s: {results['vs_keras_hub']:.2f}x" in table
+        f"kformer (bfloat16) vs keras-hub (float32), target tokens/s: {results['vs_keras_hub']:.2f}x "
+        f"(rounds {low:.2f}-{high:.2f})" in table
     )
     assert (
         "keras_hub_bfloat16  bfloat16" in table and "peak TFLOP/s on CPU, bfloat16: matmul squares" in table
@@ -520,11 +523,29 @@ def test_train_table_shows_the_datasheet_utilization_on_a_listed_gpu(capsys):
     results.update(onednn="on", precision="bfloat16", precision_why="auto", peaks={"bfloat16": peak})
     results.update(variants=["kformer"], kformer={**row, "warmup_s": 83.0, "parameters": 60_000_000})
     results.update(xla_speedup=1.5, distinct_bucket_shapes=9, peak_memory_mb=30_000, precision_speedup=2.0)
+    results.update(xla_speedup_rounds=(1.25, 1.5), precision_speedup_rounds=(1.9, 2.25))
     print_train_table(results)
     lines = capsys.readouterr().out.splitlines()
+    assert "kformer bfloat16 vs float32: 2.00x (rounds 1.90-2.25)" in lines
+    assert lines[-1].startswith("XLA vs no XLA: 1.50x (rounds 1.25-1.50); ")
     assert "peak TFLOP/s on NVIDIA H200, bfloat16: datasheet 989.4, matmul squares 700.000" in lines[1]
     header, kformer = lines[2].split(), lines[3].split()
     assert header[5:7] == ["MFU", "datasheet"] and kformer[5:8] == ["2.4%", "3.4%", "4.8%"]
+
+
+def test_bench_train_ratios_carry_the_range_of_the_rounds_ratios():
+    from kformer.bench.train import _add_speeds
+
+    peak = {"datasheet": None, "squares": 1e12, "own_shapes": 1e12}
+    common = dict(target=600, real=500, flops=1e9, padding=0.1, warmup_s=1.0, parameters=10, steps_per_call=1)
+    variants = {
+        "kformer": {**common, "precision": "float32", "seconds": [1.0, 2.0, 4.0]},
+        "kformer_xla": {**common, "precision": "float32", "seconds": [2.0, 2.0, 2.0]},
+    }
+    results = {"peaks": {"float32": peak}, "steps_per_call": 1}
+    _add_speeds(results, variants, steps=6, precision="float32")
+    assert results["xla_speedup"] == pytest.approx(1.0)  # medians 2 s and 2 s
+    assert results["xla_speedup_rounds"] == pytest.approx((0.5, 2.0))  # rounds: 1/2, 2/2, 4/2
 
 
 def test_bench_alternatives_runs_every_file_and_compares_it_with_keras(artifacts, capsys):

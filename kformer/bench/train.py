@@ -141,7 +141,7 @@ class TrainBench:
     steps: int = 30
     seed: int = 0
     precision: str = "auto"
-    rounds: int = 3
+    rounds: int = 5
     overrides: dict = None
     reference: bool = True
     length: int = None
@@ -412,6 +412,20 @@ def _add_speeds(results, variants, steps, precision):
     for name, (a, b) in ratios.items():
         if a in speed and b in speed:
             results[name] = speed[a] / speed[b]
+            results[f"{name}_rounds"] = _round_ratios(variants[a], variants[b])
+
+
+def _round_ratios(a, b):
+    """(lowest, highest) of variant `a`'s speed over `b`'s in each round: how far one round's ratio
+    can be from the median's, on this machine, in this run."""
+    ratios = [(a["target"] / sa) / (b["target"] / sb) for sa, sb in zip(a["seconds"], b["seconds"])]
+    return min(ratios), max(ratios)
+
+
+def _ratio(results, name):
+    """A ratio as the table prints it: the medians' ratio, then the range of the rounds' ratios."""
+    low, high = results[f"{name}_rounds"]
+    return f"{results[name]:.2f}x (rounds {low:.2f}-{high:.2f})"
 
 
 def print_train_table(results):
@@ -446,21 +460,21 @@ def print_train_table(results):
     precision = results["precision"]
     if "vs_keras_hub" in results:
         print(
-            f"kformer ({precision}) vs keras-hub (float32), target tokens/s: {results['vs_keras_hub']:.2f}x"
+            f"kformer ({precision}) vs keras-hub (float32), target tokens/s: {_ratio(results, 'vs_keras_hub')}"
         )
     if "precision_speedup" in results:
         same = (
-            f"same precision: {precision} {results['vs_keras_hub_same_precision']:.2f}x, float32 "
-            f"{results['vs_keras_hub_float32']:.2f}x; "
+            f"same precision: {precision} {_ratio(results, 'vs_keras_hub_same_precision')}, float32 "
+            f"{_ratio(results, 'vs_keras_hub_float32')}; "
             if "vs_keras_hub_float32" in results
             else ""
         )
-        print(f"{same}kformer {precision} vs float32: {results['precision_speedup']:.2f}x")
+        print(f"{same}kformer {precision} vs float32: {_ratio(results, 'precision_speedup')}")
     if "steps_per_call_speedup" in results:
         print(
-            f"XLA, {results['steps_per_call']} steps a call vs one: {results['steps_per_call_speedup']:.2f}x"
+            f"XLA, {results['steps_per_call']} steps a call vs one: {_ratio(results, 'steps_per_call_speedup')}"
         )
-    xla = f"XLA vs no XLA: {results['xla_speedup']:.2f}x; " if "xla_speedup" in results else ""
+    xla = f"XLA vs no XLA: {_ratio(results, 'xla_speedup')}; " if "xla_speedup" in results else ""
     print(
         f"{xla}XLA compilations of the train step: "
         f"{results.get('xla_compilations', 'not counted')} (bucket shapes: {results['distinct_bucket_shapes']}); "
@@ -481,7 +495,7 @@ HELP = "kformer's training step against a same-size keras-hub model, with MFU"
 def add_arguments(p):
     p.add_argument("--config", default=DEFAULT_PRESET, choices=sorted(PRESETS))
     p.add_argument("--steps", type=positive(int), default=30)
-    add_rounds_option(p)
+    add_rounds_option(p, default=TrainBench.rounds)
     add_precision_option(p)
     p.add_argument(
         "--reference",
