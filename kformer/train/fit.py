@@ -241,10 +241,19 @@ def _precision(options, setup):
     """-> (precision, why), as `choose_precision` decides; where `auto` leaves it to a measurement
     (a CPU that multiplies bfloat16), steps on a batch of the corpus' mean lengths decide
     (kformer.train.precision_probe). Under a strategy every worker must agree: the CPU's flags decide."""
+    if options.strategy:
+        return choose_precision(options.precision)
     source, target, counts = setup.encoded.lengths
     shape = precision_probe.mean_batch_shape(setup.config.micro_batches(), source, target, counts)
-    measure = None if options.strategy else precision_probe.measurement(setup.config, shape, setup.xla)
-    return choose_precision(options.precision, measure=measure)
+
+    def compiled(precision):
+        return compile_model(
+            Transformer(setup.config, dtype=PRECISIONS[precision]), setup.config, xla=setup.xla
+        )
+
+    return choose_precision(
+        options.precision, measure=precision_probe.measurement(setup.config, shape, compiled)
+    )
 
 
 def _set_up(out_dir, options, xla):

@@ -55,20 +55,13 @@ def probe_key(config, shape):
     return f"{cpu_model()}; {cores} cores; tensorflow {tf.__version__}; {model}; batch {shape}"
 
 
-def measurement(config, shape, xla=False):
+def measurement(config, shape, compiled):
     """`choose_precision`'s `measure` for a model of `config` trained on batches of `shape`
-    ((rows, source length, target length)), with or without XLA."""
+    ((rows, source length, target length)); `compiled(precision)`: a compiled model to train."""
     from kformer.data.batches import random_batch
-    from kformer.model.config import PRECISIONS
-    from kformer.model.transformer import Transformer
-    from kformer.train.fit import compile_model  # (fit imports this module)
 
     def measure(candidates):
         log.info("--precision auto: timing %s steps (once per CPU and model)", " and ".join(candidates))
-
-        def compiled(precision):
-            return compile_model(Transformer(config, dtype=PRECISIONS[precision]), config, xla=xla)
-
         key = probe_key(config, shape)
         return faster_precision(candidates, compiled, random_batch(config, shape), key)
 
