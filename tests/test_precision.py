@@ -104,10 +104,15 @@ def test_the_faster_precision_is_measured_once_and_cached(tmp_path, monkeypatch,
     def choose(key="cpu A; model"):
         return probe.faster_precision(("bfloat16", "float32"), lambda p: p, None, key, measure)
 
-    precision, why = choose()
+    with caplog.at_level("INFO", logger="kformer"):
+        precision, why = choose()
+    assert "timing bfloat16 and float32 steps" in caplog.text
     assert precision == "float32" and "bfloat16 3.00 steps/s, float32 4.00 steps/s; measured now" in why
     rates["bfloat16"] = 9.0  # measured again, it would win: the cache answers instead
+    caplog.clear()
+    caplog.set_level("INFO", logger="kformer")
     assert choose()[0] == "float32" and "cached in" in choose()[1] and len(measured) == 1
+    assert "timing" not in caplog.text  # nothing is timed: nothing says so
     assert choose("cpu B; model")[0] == "bfloat16" and len(measured) == 2  # another CPU: measured
     (tmp_path / "cache" / probe.CACHE_FILE).write_text("{not json")  # a damaged cache: measured again
     assert choose()[0] == "bfloat16" and len(measured) == 3

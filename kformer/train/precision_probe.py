@@ -61,7 +61,6 @@ def measurement(config, shape, compiled):
     from kformer.data.batches import random_batch
 
     def measure(candidates):
-        log.info("--precision auto: timing %s steps (once per CPU and model)", " and ".join(candidates))
         key = probe_key(config, shape)
         return faster_precision(candidates, compiled, random_batch(config, shape), key)
 
@@ -85,6 +84,7 @@ def faster_precision(candidates, compiled, batch, key, measure=None):
     cached = _read_cache().get(key)
     if cached and set(cached["steps_per_s"]) == set(candidates):
         return cached["precision"], _why(cached, "measured before, cached in " + cache_path())
+    log.info("--precision auto: timing %s steps (once per CPU and model)", " and ".join(candidates))
     rates = (measure or time_steps)({p: compiled(p) for p in candidates}, batch)
     choice = {"precision": max(rates, key=rates.get), "steps_per_s": rates}
     where = _write_cache(key, choice)
