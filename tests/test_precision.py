@@ -14,7 +14,10 @@ def test_auto_precision_is_bfloat16_only_where_the_cpu_multiplies_it_through_one
     from kformer.train import precision as precision_lib
 
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 fma\nbogomips\t: 4000\n")
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16 fma\nbogomips\t: 4000\n"
+    )
+    assert precision_lib.cpu_model(str(cpuinfo)) == "AMD EPYC"
     flags = precision_lib.cpu_flags(str(cpuinfo))
     assert {"avx512_bf16", "avx2"} <= flags and "bogomips" not in flags
     assert precision_lib.cpu_flags(str(tmp_path / "absent")) == set()

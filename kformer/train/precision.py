@@ -19,11 +19,23 @@ NATIVE_BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 CPUs that multiply bf
 
 def cpu_flags(path="/proc/cpuinfo"):
     """The CPU feature flags Linux reports (empty elsewhere)."""
+    return set((_cpuinfo("flags", path) or "").split())
+
+
+def cpu_model(path="/proc/cpuinfo"):
+    """The CPU's model name as Linux reports it (platform's answer elsewhere)."""
+    import platform
+
+    return _cpuinfo("model name", path) or platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _cpuinfo(field, path):
+    """The first CPU's `field` in Linux's cpuinfo at `path`; None where there is none."""
     try:
         with open(path) as f:
-            return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(field)), None)
     except OSError:
-        return set()
+        return None
 
 
 def gpu_capability():

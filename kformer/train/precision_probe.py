@@ -9,10 +9,11 @@ differ by CPU class and by model size. So `auto` times both instead of guessing 
 import json
 import logging
 import os
-import platform
 import statistics
-import tempfile
 import time
+
+from kformer.model.config import write_json
+from kformer.train.precision import cpu_model
 
 log = logging.getLogger("kformer")
 
@@ -21,18 +22,6 @@ CACHE_FILE = "precision.json"
 WARMUP_STEPS = 2  # untimed steps of each candidate: tracing, oneDNN's kernel choice
 ROUND_STEPS = 3  # timed steps of each candidate a round
 ROUNDS = 3  # the candidates take turns, in an order that rotates; medians decide
-
-
-def cpu_model(path="/proc/cpuinfo"):
-    """The CPU's model name as Linux reports it (platform's answer elsewhere)."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def cache_path():
@@ -130,11 +119,7 @@ def _write_cache(key, choice):
     path = cache_path()
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        cached = {**_read_cache(), key: choice}
-        handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(handle, "w") as f:
-            json.dump(cached, f, indent=1)
-        os.replace(temporary, path)
+        write_json(path, {**_read_cache(), key: choice})
         return path
     except OSError as error:
         log.warning("could not cache the precision choice in %s: %s", path, error)
