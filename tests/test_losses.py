@@ -42,3 +42,26 @@ def test_label_smoothed_loss_gradient_against_numpy():
     with tf.GradientTape() as tape:
         loss = LabelSmoothedCrossEntropy(0.1)(labels, variable)
     np.testing.assert_allclose(tape.gradient(loss, variable).numpy(), expected, atol=1e-6)
+
+
+def test_label_smoothed_loss_with_extreme_logits_against_float64():
+    """Logits far apart (a diverging or over-confident model): the loss and its gradient stay finite
+    and right, where the label's probability underflows float32."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(2)
+    logits = (rng.normal(size=(2, 3, 50)) * 100).astype("float32")
+    labels = np.array([[1, 4, 7], [2, 3, 0]], "int32")
+    wide = logits.astype("float64")
+    log_probs = wide - wide.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    target = np.full((2, 3, 50), 0.1 / 50)
+    target[np.arange(2)[:, None], np.arange(3)[None], labels] += 0.9
+    mask = (labels != 0)[..., None]
+    expected_loss = -(target * log_probs).sum(-1)[mask[..., 0]].mean()
+    expected_gradient = (np.exp(log_probs) - target) * mask / mask.sum()
+    variable = tf.Variable(logits)
+    with tf.GradientTape() as tape:
+        loss = LabelSmoothedCrossEntropy(0.1)(labels, variable)
+    assert float(loss) == pytest.approx(expected_loss, rel=1e-5)
+    np.testing.assert_allclose(tape.gradient(loss, variable).numpy(), expected_gradient, atol=1e-6)

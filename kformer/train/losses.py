@@ -5,6 +5,37 @@ import tensorflow as tf
 from keras import ops
 
 
+def smoothed_cross_entropy(labels, logits, smoothing):
+    """Cross-entropy of logits (B, T, V) against (1 - e) * one_hot(labels) + e / V -> (B, T),
+    with its gradient softmax(logits) - that target.
+
+    Not TensorFlow's fused softmax_cross_entropy_with_logits: its CPU kernel takes two exponentials
+    a logit and is slower than these ops, and it needs the (B, T, V) target in the forward pass
+    (here only the gradient builds it). Not log_softmax and a gather either: the gather's gradient
+    is a scatter into a (B, T, V) tensor. The log-sum-exp comes from the softmax as
+    max(z) - log(max(p)): max(p) >= 1/V, so it never underflows (the label's p can).
+    """
+    vocab_size = logits.shape[-1]  # static: the output projection fixes it
+    off_value = smoothing / vocab_size
+    on_value = 1.0 - smoothing + off_value
+
+    @tf.custom_gradient
+    def cross_entropy(z):
+        probs = tf.nn.softmax(z)  # (B, T, V)
+        log_sum_exp = tf.reduce_max(z, -1) - tf.math.log(tf.reduce_max(probs, -1))  # (B, T)
+        label_logit = tf.gather(z, labels[..., None], batch_dims=len(labels.shape))[..., 0]  # (B, T)
+        # sum_v target_v * z_v = (1 - e) * z_label + e / V * sum_v z_v
+        loss = log_sum_exp - (1.0 - smoothing) * label_logit - off_value * tf.reduce_sum(z, -1)
+
+        def gradient(upstream):  # (B, T) -> (B, T, V)
+            target = tf.one_hot(labels, vocab_size, on_value=on_value, off_value=off_value)
+            return upstream[..., None] * (probs - target)
+
+        return loss, gradient
+
+    return cross_entropy(logits)
+
+
 @keras.saving.register_keras_serializable(package="kformer")
 class LabelSmoothedCrossEntropy(keras.losses.Loss):
     """Cross-entropy against (1 - e) * one_hot + e / V, averaged over non-pad target tokens.
@@ -18,18 +49,8 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         self.pad_id = pad_id
 
     def call(self, y_true, y_pred):
-        vocab_size = y_pred.shape[-1]  # static: the output projection fixes it
         y_true = ops.cast(y_true, "int32")
-        # The smoothed target distribution, then TensorFlow's fused softmax cross-entropy: one
-        # kernel computes the loss and its gradient. (log_softmax + take_along_axis cost ~20% of a
-        # CPU training step: the gradient of the gather is a scatter into a (B, T, V) tensor.)
-        target = tf.one_hot(
-            y_true,
-            vocab_size,
-            on_value=1.0 - self.smoothing + self.smoothing / vocab_size,
-            off_value=self.smoothing / vocab_size,
-        )  # (B, T, V)
-        per_token = tf.nn.softmax_cross_entropy_with_logits(target, ops.cast(y_pred, "float32"))  # (B, T)
+        per_token = smoothed_cross_entropy(y_true, ops.cast(y_pred, "float32"), self.smoothing)  # (B, T)
         weights = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
         loss = ops.sum(per_token * weights) / ops.maximum(ops.sum(weights), 1.0)
         # Keras sums gradients over replicas and scales only its own mean reductions by
