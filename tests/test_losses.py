@@ -6,16 +6,24 @@ import pytest
 from kformer.train.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 
 
+def _numpy_loss_and_gradient(logits, labels, smoothing=0.1):
+    """The label-smoothed loss over non-pad (non-0) labels and its gradient, in float64 numpy."""
+    wide = logits.astype("float64")
+    log_probs = wide - wide.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    target = np.full(logits.shape, smoothing / logits.shape[-1])
+    rows, positions = np.indices(labels.shape)
+    target[rows, positions, labels] += 1 - smoothing
+    mask = (labels != 0)[..., None]
+    loss = -(target * log_probs).sum(-1)[mask[..., 0]].mean()
+    return loss, (np.exp(log_probs) - target) * mask / mask.sum()
+
+
 def test_label_smoothed_loss_against_numpy():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(2, 3, 5)).astype("float32")
     labels = np.array([[1, 4, 0], [2, 0, 0]], "int32")
-    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    target = np.full((2, 3, 5), 0.1 / 5)
-    target[np.arange(2)[:, None], np.arange(3)[None], labels] += 0.9
-    per_token = -(target * log_probs).sum(-1)
-    mask = labels != 0
-    expected = per_token[mask].mean()
+    expected, _ = _numpy_loss_and_gradient(logits, labels)
     assert float(LabelSmoothedCrossEntropy(0.1)(labels, logits)) == pytest.approx(expected, rel=1e-5)
 
 
@@ -33,11 +41,7 @@ def test_label_smoothed_loss_gradient_against_numpy():
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(2, 3, 5)).astype("float32")
     labels = np.array([[1, 4, 0], [2, 3, 0]], "int32")
-    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-    target = np.full((2, 3, 5), 0.1 / 5)
-    target[np.arange(2)[:, None], np.arange(3)[None], labels] += 0.9
-    mask = (labels != 0)[..., None]
-    expected = (probs - target) * mask / mask.sum()
+    _, expected = _numpy_loss_and_gradient(logits, labels)
     variable = tf.Variable(logits)
     with tf.GradientTape() as tape:
         loss = LabelSmoothedCrossEntropy(0.1)(labels, variable)
@@ -52,14 +56,7 @@ def test_label_smoothed_loss_with_extreme_logits_against_float64():
     rng = np.random.default_rng(2)
     logits = (rng.normal(size=(2, 3, 50)) * 100).astype("float32")
     labels = np.array([[1, 4, 7], [2, 3, 0]], "int32")
-    wide = logits.astype("float64")
-    log_probs = wide - wide.max(-1, keepdims=True)
-    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
-    target = np.full((2, 3, 50), 0.1 / 50)
-    target[np.arange(2)[:, None], np.arange(3)[None], labels] += 0.9
-    mask = (labels != 0)[..., None]
-    expected_loss = -(target * log_probs).sum(-1)[mask[..., 0]].mean()
-    expected_gradient = (np.exp(log_probs) - target) * mask / mask.sum()
+    expected_loss, expected_gradient = _numpy_loss_and_gradient(logits, labels)
     variable = tf.Variable(logits)
     with tf.GradientTape() as tape:
         loss = LabelSmoothedCrossEntropy(0.1)(labels, variable)
