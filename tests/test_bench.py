@@ -102,6 +102,7 @@ def test_bench_train_compares_same_size_models_on_the_same_pairs(capsys):
         peak = peaks[r["precision"]]
         assert r["mfu_squares"] == pytest.approx(r["tflops"] * 1e12 / peak["squares"])
         assert r["mfu_own_shapes"] == pytest.approx(r["tflops"] * 1e12 / peak["own_shapes"])
+        assert 0.1 < r["cores_busy"] <= results["cores"] + 0.2  # the process's CPU time over wall time
         if name != "kformer_xla":  # whose bucketed batches hold other pairs
             assert r["tflops"] / r["target_tokens_per_s"] == pytest.approx(
                 kformer["tflops"] / kformer["target_tokens_per_s"]
@@ -518,10 +519,13 @@ def test_bench_data_measures_every_step_in_its_own_process_and_deletes_its_files
 def test_train_table_shows_the_datasheet_utilization_on_a_listed_gpu(capsys):
     peak = {"device": "NVIDIA H200", "datasheet": 989.4e12, "squares": 700e12, "own_shapes": 500e12}
     row = dict(precision="bfloat16", steps_per_s=4.0, target_tokens_per_s=95_000, tflops=24.0, padding=0.1)
+    row.update(cores_busy=1.25)
     row.update(mfu_datasheet=24e12 / 989.4e12, mfu_squares=24 / 700, mfu_own_shapes=24 / 500)
     results = dict(config="base", steps=12, chunk=5, rounds=2, pairs_per_step=2000, target_tokens=250_000)
     results["batches"] = "the default corpus"
-    results.update(onednn="on", precision="bfloat16", precision_why="auto", peaks={"bfloat16": peak})
+    results.update(
+        onednn="on", precision="bfloat16", precision_why="auto", peaks={"bfloat16": peak}, cores=16
+    )
     results.update(variants=["kformer"], kformer={**row, "warmup_s": 83.0, "parameters": 60_000_000})
     results.update(xla_speedup=1.5, distinct_bucket_shapes=9, peak_memory_mb=30_000, precision_speedup=2.0)
     results.update(xla_speedup_rounds=(1.25, 1.5), precision_speedup_rounds=(1.9, 2.25))
@@ -532,6 +536,7 @@ def test_train_table_shows_the_datasheet_utilization_on_a_listed_gpu(capsys):
     assert "peak TFLOP/s on NVIDIA H200, bfloat16: datasheet 989.4, matmul squares 700.000" in lines[1]
     header, kformer = lines[2].split(), lines[3].split()
     assert header[5:7] == ["MFU", "datasheet"] and kformer[5:8] == ["2.4%", "3.4%", "4.8%"]
+    assert header[-4:] == ["cores", "busy", "of", "16"] and kformer[-1] == "1.25"
 
 
 def test_bench_train_ratios_carry_the_range_of_the_rounds_ratios():
@@ -540,13 +545,15 @@ def test_bench_train_ratios_carry_the_range_of_the_rounds_ratios():
     peak = {"datasheet": None, "squares": 1e12, "own_shapes": 1e12}
     common = dict(target=600, real=500, flops=1e9, padding=0.1, warmup_s=1.0, parameters=10, steps_per_call=1)
     variants = {
-        "kformer": {**common, "precision": "float32", "seconds": [1.0, 2.0, 4.0]},
-        "kformer_xla": {**common, "precision": "float32", "seconds": [2.0, 2.0, 2.0]},
+        "kformer": {**common, "precision": "float32", "seconds": [1.0, 2.0, 4.0], "cpu_seconds": 10.5},
+        "kformer_xla": {**common, "precision": "float32", "seconds": [2.0, 2.0, 2.0], "cpu_seconds": 6.0},
     }
     results = {"peaks": {"float32": peak}, "steps_per_call": 1}
     _add_speeds(results, variants, steps=6, precision="float32")
     assert results["xla_speedup"] == pytest.approx(1.0)  # medians 2 s and 2 s
     assert results["xla_speedup_rounds"] == pytest.approx((0.5, 2.0))  # rounds: 1/2, 2/2, 4/2
+    assert results["kformer"]["cores_busy"] == pytest.approx(1.5)  # 10.5 CPU s in 7 s of all rounds
+    assert results["kformer_xla"]["cores_busy"] == pytest.approx(1.0)
 
 
 def test_bench_alternatives_runs_every_file_and_compares_it_with_keras(artifacts, capsys):

@@ -246,6 +246,7 @@ def _results(bench, variants, batches, chunk, precision, peaks):
         "variants": list(variants),
         "distinct_bucket_shapes": len({y.shape for _, y in bucketed}),
         "onednn": onednn_state(),
+        "cores": len(os.sched_getaffinity(0)),  # the cores this process may run on
         "peaks": peaks,
         "peak_memory_mb": _peak_memory_mb(),
     }
@@ -348,6 +349,7 @@ def _compiled(config, seed, chunk, model_kind, precision, xla, batches, steps_pe
         ),
         "parameters": model.count_params(),
         "seconds": [],
+        "cpu_seconds": 0.0,
         "precision": precision,
         "kind": model_kind,
         "xla": xla,
@@ -369,7 +371,8 @@ def _dataset(batches):
 def _time_interleaved(variants, rounds):
     """Adds each round's seconds to every variant's "seconds": `fit` over a chunk of batches at a
     time, the variants taking turns chunk by chunk in an order that rotates, so a change in the
-    machine's speed (it can drop to a fixed rate for seconds at a time) hits all alike."""
+    machine's speed (it can drop to a fixed rate for seconds at a time) hits all alike. The
+    process's CPU seconds (all its threads) during each variant's chunks go to its "cpu_seconds"."""
     names = list(variants)
     for _ in range(rounds):
         for v in variants.values():
@@ -377,9 +380,10 @@ def _time_interleaved(variants, rounds):
         for i in range(len(variants[names[0]]["chunks"])):
             for name in names[i % len(names) :] + names[: i % len(names)]:
                 v = variants[name]
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 v["model"].fit(v["chunks"][i], shuffle=False, verbose=0)
                 v["seconds"][-1] += time.perf_counter() - start
+                v["cpu_seconds"] += time.process_time() - cpu_start
 
 
 def _add_speeds(results, variants, steps, precision):
@@ -395,6 +399,9 @@ def _add_speeds(results, variants, steps, precision):
             "real_tokens_per_s": v["real"] / seconds,
             "tflops": achieved / 1e12,
             **{f"mfu_{k}": achieved / peaks[k] for k in ("datasheet", "squares", "own_shapes") if peaks[k]},
+            # how many cores the step keeps busy: ops that run one after another on one thread
+            # leave the others idle, whatever the thread settings
+            "cores_busy": v["cpu_seconds"] / sum(v["seconds"]),
             **{k: v[k] for k in ("precision", "padding", "warmup_s", "parameters", "steps_per_call")},
         }
         log.info("%s: %.2f steps/s, %.0f target tokens/s", name, steps / seconds, v["target"] / seconds)
@@ -447,7 +454,8 @@ def print_train_table(results):
     print(
         f"{'':18} {'precision':>9} {'steps/s':>8} {'target tok/s':>13} {'TFLOP/s':>8} "
         + (f"{'MFU datasheet':>13} " if datasheet else "")
-        + f"{'MFU squares':>11} {'MFU shapes':>10} {'padding':>8} {'warm-up s':>10} {'parameters':>11}"
+        + f"{'MFU squares':>11} {'MFU shapes':>10} {'padding':>8} {'warm-up s':>10} {'parameters':>11} "
+        + f"{'cores busy of ' + str(results['cores']):>16}"
     )
     for name in results["variants"]:
         r = results[name]
@@ -455,7 +463,7 @@ def print_train_table(results):
         print(
             f"{name:18} {r['precision']:>9} {r['steps_per_s']:8.2f} {r['target_tokens_per_s']:13.0f} "
             f"{r['tflops']:8.3f} {mfu}{r['mfu_squares']:11.1%} {r['mfu_own_shapes']:10.1%} "
-            f"{r['padding']:8.0%} {r['warmup_s']:10.1f} {r['parameters']:11,}"
+            f"{r['padding']:8.0%} {r['warmup_s']:10.1f} {r['parameters']:11,} {r['cores_busy']:16.2f}"
         )
     precision = results["precision"]
     if "vs_keras_hub" in results:
