@@ -227,7 +227,7 @@ def _runs(bench, precision):
 def _results(bench, variants, batches, chunk, precision, peaks):
     """The results' settings and what every variant shares (`batches`: (dynamic, bucketed);
     `precision`: (chosen, why))."""
-    from kformer.train.precision import onednn_state
+    from kformer.train.precision import onednn_state, usable_cores
 
     dynamic, bucketed = batches
     first = next(iter(variants.values()))
@@ -246,7 +246,7 @@ def _results(bench, variants, batches, chunk, precision, peaks):
         "variants": list(variants),
         "distinct_bucket_shapes": len({y.shape for _, y in bucketed}),
         "onednn": onednn_state(),
-        "cores": len(os.sched_getaffinity(0)),  # the cores this process may run on
+        "cores": usable_cores(),
         "peaks": peaks,
         "peak_memory_mb": _peak_memory_mb(),
     }

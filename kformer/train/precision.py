@@ -1,5 +1,7 @@
 """Which compute precision training uses on the machine it runs on, and why (weights stay float32)."""
 
+import os
+
 from kformer.model.config import PRECISIONS
 
 
@@ -27,6 +29,11 @@ def cpu_model(path="/proc/cpuinfo"):
     import platform
 
     return _cpuinfo("model name", path) or platform.processor() or platform.machine() or "unknown CPU"
+
+
+def usable_cores():
+    """The cores this process may run on (its affinity where the OS has one, else all)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def _cpuinfo(field, path):

@@ -13,7 +13,7 @@ import statistics
 import time
 
 from kformer.model.config import write_json
-from kformer.train.precision import cpu_model
+from kformer.train.precision import cpu_model, usable_cores
 
 log = logging.getLogger("kformer")
 
@@ -36,12 +36,11 @@ def probe_key(config, shape):
     version, the model's sizes and the batch shape (`shape`: (rows, source length, target length))."""
     import tensorflow as tf
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     model = (
         f"d_model {config.d_model}, d_ff {config.d_ff}, layers {config.num_encoder_layers}+"
         f"{config.num_decoder_layers}, heads {config.num_heads}, vocab {config.vocab_size}"
     )
-    return f"{cpu_model()}; {cores} cores; tensorflow {tf.__version__}; {model}; batch {shape}"
+    return f"{cpu_model()}; {usable_cores()} cores; tensorflow {tf.__version__}; {model}; batch {shape}"
 
 
 def measurement(config, shape, compiled):
