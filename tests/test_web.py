@@ -12,12 +12,13 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import BEAM
+from conftest import BEAM, MAX_LENGTH
 
 from kformer.data import corpus as corpus_lib
 from kformer.export import web
-from kformer.export.formats import open_listed
-from kformer.serve.server import serving_page
+from kformer.export.formats import open_listed, open_runner
+from kformer.serve.app import create_app
+from kformer.serve.server import serving, serving_page
 
 NODE = shutil.which("node")
 TOKENIZER_JS = os.path.join(web.WEB_DIR, "sentencepiece.js")
@@ -124,6 +125,31 @@ def test_server_serves_the_page_model_and_runtime_only(artifacts):
             assert fetch(root + outside)[0] == 404, outside
 
 
+@pytest.fixture(scope="module")
+def two_pairs(artifacts, tokenizer, tmp_path_factory):
+    """ONNX runners of two different random models, zh-en (`artifacts`) and en-zh."""
+    from conftest import write_random_model
+
+    from kformer.export.exporter import export
+
+    model = write_random_model(tmp_path_factory.mktemp("en_zh_model"), tokenizer, "en-zh", seed=4)
+    out = str(tmp_path_factory.mktemp("en_zh") / "art")
+    export(
+        model, out, formats=("onnx",), beam_size=BEAM, max_length=MAX_LENGTH, progress=lambda *a, **k: None
+    )
+    return {"zh-en": open_runner(artifacts, "onnx"), "en-zh": open_runner(out, "onnx")}
+
+
+def test_server_serves_each_pairs_export_for_the_page(two_pairs):
+    need_packages()
+    with serving(create_app(list(two_pairs.values()))) as root:
+        for path, direction in (("model/", "zh-en"), ("models/zh-en/", "zh-en"), ("models/en-zh/", "en-zh")):
+            status, headers, body = fetch(root + path + "manifest.json")
+            assert status == 200 and json.loads(body)["corpus"]["direction"] == direction, path
+            assert headers["Cross-Origin-Embedder-Policy"] == "require-corp", path
+        assert fetch(root + "models/fr-en/manifest.json")[0] == 404
+
+
 def need_browser():
     need(
         os.path.exists(web.CHROMIUM), f"{web.CHROMIUM} not found: install Debian's chromium (make test does)"
@@ -212,6 +238,31 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
         assert (tmp_path / "page.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         origin = url.split("?")[0]
     assert requests and all(r.startswith(origin) for r in requests), requests
+
+
+@pytest.mark.slow
+def test_page_offers_each_served_pair_and_runs_the_chosen_one(browser, two_pairs):
+    """Under a server of two pairs: the page runs the first pair's export and lists both; once
+    en-zh is chosen it runs en-zh's export, as the Python runner of that file translates."""
+    english = ["Tom is here.", "Let us try it.", "He was very happy because all his friends came."]
+    with serving(create_app(list(two_pairs.values()))) as url:
+        page = open_page(browser, url, [])
+        assert page.evaluate("window.kformer.ready")["direction"] == "zh-en"
+        page.wait_for_selector("#pair", state="visible")
+        assert page.eval_on_selector_all("#pair option", "all => all.map((o) => [o.value, o.text])") == [
+            ["/models/zh-en/", "Chinese → English"],
+            ["/models/en-zh/", "English → Chinese"],
+        ]
+        assert page.input_value("#pair") == "/models/zh-en/"
+        with page.expect_navigation():
+            page.select_option("#pair", "/models/en-zh/")
+        assert page.evaluate("window.kformer.ready")["direction"] == "en-zh"
+        page.wait_for_selector("#pair", state="visible")
+        assert page.input_value("#pair") == "/models/en-zh/"
+        for beam in (1, BEAM):
+            got = page.evaluate("([lines, beam]) => window.kformer.translate(lines, {beam})", [english, beam])
+            assert got == two_pairs["en-zh"].translate(english, beam_size=beam), beam
+            assert got != two_pairs["zh-en"].translate(english, beam_size=beam), beam
 
 
 @pytest.mark.slow

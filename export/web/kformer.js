@@ -5,7 +5,8 @@
 //
 // URL parameters: runtime=onnx|litert (default onnx), variant=fp32|int8 (onnx; default fp32),
 // threads=N (default: all cores when the page is cross-origin isolated, else 1), model=URL of the
-// export folder (default /model/).
+// export folder (default /model/: under `kformer serve`, the first pair's; each pair's is at
+// /models/<source>-<target>/, and the page offers them all).
 // For automation: window.kformer.ready (a Promise of the info below) and
 // window.kformer.translate(lines, {beam}) -> Promise<string[]>.
 
@@ -385,6 +386,30 @@ window.kformer.ready.then((info) => {
 }, (error) => {
   $("status").textContent = `error: ${error.message}`;
   $("status").className = "error";
+});
+
+/** Under `kformer serve` with several language pairs: [{url, label}] of each pair's export, from
+ *  LibreTranslate's /languages (the page served alone has no API: none). */
+async function servedPairs() {
+  const response = await fetch("/languages").catch(() => null);
+  if (!response?.ok) return [];
+  const languages = await response.json();
+  const names = Object.fromEntries(languages.map((l) => [l.code, l.name]));
+  const displayNames = new Intl.DisplayNames(["en"], { type: "language", fallback: "code" });
+  const name = (code) => names[code] || displayNames.of(code);
+  return languages.flatMap((l) => l.targets.map((t) => ({ url: `/models/${l.code}-${t}/`, label: `${l.name} → ${name(t)}` })));
+}
+servedPairs().then((pairs) => {
+  if (pairs.length < 2) return;
+  const select = $("pair");
+  select.replaceChildren(...pairs.map(({ url, label }) => new Option(label, url)));
+  select.value = params.has("model") ? modelUrl : pairs[0].url;
+  select.hidden = false;
+  $("direction").hidden = true;
+  select.addEventListener("change", () => { // the page runs one export: choosing another loads it
+    params.set("model", select.value);
+    location.search = params.toString();
+  });
 });
 $("translate").addEventListener("click", async () => {
   const text = $("source").value;

@@ -7,8 +7,9 @@ each (requests are routed by their source and target):
   GET  /frontend/settings       LibreTranslate's server settings (its limits, the first pair)
   GET  /health                  200 once every model is loaded and has translated its probe
   GET  /metrics                 Prometheus text format (metrics.py)
-  GET  /                        the page that translates in the browser (export/web), with /model/
-                                (the export folder) and the runtimes' files
+  GET  /                        the page that translates in the browser (export/web), with the
+                                runtimes' files, /models/<source>-<target>/ (each pair's export
+                                folder) and /model/ (the first pair's)
 
 Bad requests get a 4xx with {"error": message} (LibreTranslate's shape; kformer's API adds
 "field"); a full queue a 503 with Retry-After, a client over its requests per minute a 429 with
@@ -287,7 +288,7 @@ class _PageHeaders:
     """ASGI middleware: the cross-origin isolation headers that the page's WASM threads need, on
     the page's files only (an API answer with them could not be read by other sites' pages)."""
 
-    PREFIXES = ("/model/", *web.ROUTES)
+    PREFIXES = ("/model/", "/models/", *web.ROUTES)
     HEADERS = [(b"cross-origin-opener-policy", b"same-origin"), (b"cross-origin-embedder-policy", b"require-corp"),
                (b"cross-origin-resource-policy", b"same-origin"), (b"cache-control", b"no-cache")]  # fmt: skip
 
@@ -309,8 +310,9 @@ class _PageHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-def _page_routes(artifact_dir):
-    """The page's routes, when its JavaScript packages are installed (else none, with a note)."""
+def _page_routes(artifact_dir, pairs=None):
+    """The page's routes, when its JavaScript packages are installed (else none, with a note):
+    /model/ serves `artifact_dir`, /models/<pair>/ each folder of `pairs` ({"zh-en": folder})."""
     missing = [folder for folder in web.ROUTES.values() if not os.path.isdir(folder)]
     if missing:
         log.warning(
@@ -324,7 +326,10 @@ def _page_routes(artifact_dir):
     mounts = [
         Mount(prefix.rstrip("/"), StaticFiles(directory=folder)) for prefix, folder in web.ROUTES.items()
     ]
-    return [*files, *mounts, Mount("/model", StaticFiles(directory=artifact_dir))]
+    exports = [
+        Mount(f"/models/{pair}", StaticFiles(directory=folder)) for pair, folder in (pairs or {}).items()
+    ]
+    return [*files, *mounts, *exports, Mount("/model", StaticFiles(directory=artifact_dir))]
 
 
 def _file(path):
@@ -346,7 +351,7 @@ def page_app(artifact_dir):
 def create_app(runners, settings=None, resident_bytes=None):
     """The Starlette app serving `runners` (ArtifactRunners, one per language pair; or one
     runner); the batchers stop with the app. resident_bytes: the memory each took to load, for
-    /metrics. The page, if installed, runs the first model's export."""
+    /metrics. The page, if installed, runs the first model's export and offers the others."""
     runners = runners if isinstance(runners, (list, tuple)) else [runners]
     service = Service(runners, settings or Settings(), resident_bytes)
     routes = [
@@ -357,7 +362,9 @@ def create_app(runners, settings=None, resident_bytes=None):
         _route(service, "/health", service.health, ["GET"]),
         _route(service, "/frontend/settings", service.frontend_settings, ["GET"]),
         _route(service, "/metrics", service.metrics_text, ["GET"]),
-        *_page_routes(runners[0].artifact_dir),
+        *_page_routes(
+            runners[0].artifact_dir, {m.pair: m.runner.artifact_dir for m in service.models.values()}
+        ),
     ]
     middleware = [Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET", "POST"], allow_headers=["*"]),
                   *PAGE_MIDDLEWARE]  # fmt: skip
