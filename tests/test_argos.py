@@ -173,6 +173,37 @@ def test_package_model_decodes_as_the_export_and_past_its_lengths(exports, tmp_p
         ctranslate2.Translator(exported).translate_batch([["▁"] * 300])
 
 
+def test_int8_export_packages_the_int8_weights_that_argos_runs(exports, trained_dir, tmp_path):
+    """--quantize int8: the package holds the export's CTranslate2 int8 weights, its README and
+    manifest say so and score them; argostranslate installs it and translates as CTranslate2 does
+    on it; and CTranslate2's `auto` type (argostranslate's) gives the same on the fp32 package,
+    whose weights it quantizes when it loads them."""
+    import ctranslate2
+
+    out = str(tmp_path / "int8")
+    manifest = export(trained_dir, out, formats=("argos",), quantize=("int8",), progress=lambda *a, **k: None)
+    (entry,) = manifest["packages"]
+    assert (entry["variant"], entry["weights_of"]) == ("int8", "ctranslate2/int8")
+    int8, fp32 = extracted_model(out, tmp_path / "a"), extracted_model(exports["zh-en"], tmp_path / "b")
+    assert ctranslate2.Translator(str(int8 / "model")).compute_type.startswith("int8")
+    assert ctranslate2.Translator(str(fp32 / "model")).compute_type == "float32"
+    sizes = [(folder / "model" / "model.bin").stat().st_size for folder in (int8, fp32)]
+    assert sizes[0] < 0.7 * sizes[1], sizes  # this tiny model's biases and norms weigh more than a real one's
+    readme = (int8 / "README.md").read_text()
+    assert "Weights: int8" in readme and f"{entry['test_bleu']:.2f}" in readme
+    texts, tokenizer = one_sentence_sources("zh-en"), int8 / "sentencepiece.model"
+    cap = manifest["config"]["max_target_length"] - 1  # within the export's position table
+    exported = os.path.join(out, "ctranslate2", "int8")
+    packaged = argos_reference(int8 / "model", tokenizer, texts, "default", max_length=cap)
+    assert packaged == argos_reference(exported, tokenizer, texts, "default", max_length=cap)
+    expected = argos_reference(int8 / "model", tokenizer, texts, "auto")
+    assert expected == argos_reference(fp32 / "model", tokenizer, texts, "auto")
+    found = argos_translations(
+        venv_python(ARGOSTRANSLATE), [package_path(out)], {"zh-en": texts}, tmp_path / "home"
+    )
+    assert found["zh-en"] == expected
+
+
 def downloaded_files(home):
     """Files Argos's splitters and models would have fetched (MiniSBD's cache, stanza, spaCy):
     every file in the home but the installed packages and onnxruntime's own device-id database

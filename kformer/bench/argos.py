@@ -4,8 +4,8 @@ on: BLEU of each and the share of lines they translate alike.
 
 Argos decodes with its settings: beam 4, length penalty 0.2, CTranslate2's "auto" compute type
 (int8 on most CPUs), at most 256 tokens, its own sentence splitting and detokenizing. kformer's
-runner uses the export's: its beam and alpha, float32, at most the source's length + 50 tokens.
-Argos runs in the venv `make test` installs it in (Makefile: ARGOS_VENVS), offline."""
+runner uses the export's: its beam and alpha, the package's weights (fp32 or int8), at most the
+source's length + 50 tokens. Argos runs in the venv `make test` installs it in (Makefile: ARGOS_VENVS), offline."""
 
 import json
 import os
@@ -77,7 +77,8 @@ def bench_argos(export_dir, python, sentences=None):
     direction = manifest["corpus"]["direction"]
     sources, references = split_references(manifest["trained_in"], "test")
     sources, references = sources[:sentences], references[:sentences]
-    runner = open_listed(export_dir, "ctranslate2", beam_size=manifest["beam_size"])
+    variant = manifest["packages"][0].get("variant", "fp32")  # packages before int8 ones were fp32
+    runner = open_listed(export_dir, "ctranslate2", variant, beam_size=manifest["beam_size"])
     start = time.perf_counter()
     ours = runner.translate(sources)
     ours_seconds = time.perf_counter() - start
