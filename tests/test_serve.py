@@ -540,6 +540,38 @@ def test_web_pages_keep_their_markup_and_get_their_text_translated(runner, url):
         assert status == 200 and isinstance(answer["translatedText"], str), (broken, answer)
 
 
+def test_marked_words_keep_their_place_in_a_sentence_translated_whole():
+    """An element whose text runs through inline elements is translated whole; each marked word is
+    wrapped again around its own translation where the whole's holds it (in order, whole words, its
+    edge punctuation and case set aside); a plain mark not found is dropped, a link or a styled
+    span not found has each text node translated alone, as other text nodes are."""
+    from kformer.serve import html
+
+    page = (
+        '<p>他很<b>高興</b>。</p><p> 你<i>呢</i>？ </p><p><b>你</b>好<a href="x">你</a></p>'
+        '<p>湯姆在<b>東京</b>。</p><p><b>我不</b>去。</p><p>我<a href="y">喜歡</a>茶</p>'
+        '<div>好<br>嗎</div><ul><li><a href="x">首頁</a></li></ul><p>你<b>好<i>嗎</i></b></p>'
+    )
+    table = {
+        "他很高興。": "He is very happy.", "他很": "he very", "高興": "happy", "。": ".",
+        "你呢？": "And you?", "你": "you", "呢": "eh", "？": "?", "你好你": "you good you",
+        "湯姆在東京。": "Tom is in Tokyo.", "湯姆在": "Tom at", "東京": "tokyo?",
+        "我不去。": "I don't go.", "我不": "I don", "去。": "Go.",
+        "我喜歡茶": "I like tea", "我": "I", "喜歡": "enjoy", "茶": "tea",
+        "好": "good", "嗎": "?", "首頁": "Home", "好嗎": "OK?",
+    }  # fmt: skip
+    tree, pieces = html.parse(page)
+    asked = html.texts(pieces)
+    assert asked[:4] == ["他很高興。", "他很", "高興", "。"]  # the whole, then each text node
+    assert asked.count("首頁") == 1  # a lone link is no sentence: translated once
+    assert "你好嗎" not in asked and "好嗎" in asked  # the innermost element that runs inline
+    assert html.rebuilt(tree, pieces, [table[t] for t in asked]) == (
+        '<p>He is very <b>happy</b>.</p><p> And you? </p><p><b>you</b> good <a href="x">you</a></p>'
+        '<p>Tom is in <b>Tokyo</b>.</p><p>I don\'t go.</p><p>I<a href="y">enjoy</a>tea</p>'
+        '<div>good<br/>?</div><ul><li><a href="x">Home</a></li></ul><p>you<b>OK?</b></p>'
+    )
+
+
 def test_rate_limiter_counts_a_sliding_minute_per_client():
     from kformer.serve.limits import RateLimiter, TooManyRequests
 

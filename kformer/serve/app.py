@@ -165,20 +165,21 @@ class Service:
         return await _unless_disconnected(request, model.batcher.submit(texts, options))
 
     async def pages(self, request, model, pages, changes):
-        """format html: the text nodes of all `pages` through `model`'s batcher as one request
-        (kformer.serve.html), each page rebuilt around its translations; a Translation a page."""
+        """format html: the texts of all `pages` (kformer.serve.html: sentences with their marked
+        words, lone text nodes) through `model`'s batcher as one request, each page rebuilt around
+        its translations; a Translation a page, scored by the sum of its texts' scores."""
         if changes.get("nbest", 1) > 1:
             raise BadRequest(
                 "Invalid request: alternatives are not given for format html", field="alternatives"
             )
         parsed = [html.parse(page) for page in pages]
-        texts = [html.texts(nodes) for _, nodes in parsed]
+        texts = [html.texts(pieces) for _, pieces in parsed]
         done = iter(await self.translations(request, model, [t for page in texts for t in page], changes))
         results = []
-        for (tree, nodes), page_texts in zip(parsed, texts):
+        for (tree, pieces), page_texts in zip(parsed, texts):
             translated = [next(done) for _ in page_texts]
             page, score = (
-                html.rebuilt(tree, nodes, [t.text for t in translated]),
+                html.rebuilt(tree, pieces, [t.text for t in translated]),
                 sum(t.score for t in translated),
             )
             results.append(Translation(page, score, (Hypothesis(page, score),)))
