@@ -608,7 +608,7 @@ def test_api_keys_file_gives_each_key_its_limit_and_names_bad_lines(tmp_path):
 
 
 def test_per_client_limits_answer_429_and_413_and_the_server_stays_healthy(runner):
-    settings = Settings(req_limit=2, api_keys={"alpha": 4, "beta": None}, max_chars=20)
+    settings = Settings(req_limit=2, api_keys={"alpha": 4, "beta": None, "pages": 9}, max_chars=20)
     body = {"q": "好", "source": "zh", "target": "en"}
     with serving(create_app(runner, settings)) as url:
         codes = [request(url + "translate", body)[0] for _ in range(3)]
@@ -622,6 +622,16 @@ def test_per_client_limits_answer_429_and_413_and_the_server_stays_healthy(runne
         long = {**body, "q": "好" * 21, "api_key": "beta"}
         status, _, answer = request(url + "translate", long)
         assert status == 413 and "limit 20" in answer["error"]
+        page = {
+            **body,
+            "q": "<p>" + "好" * 9 + "<b>好</b>" + "好" * 9 + "</p>",
+            "format": "html",
+            "api_key": "pages",
+        }
+        assert request(url + "translate", page)[0] == 200  # 19 characters, though asked whole and by node
+        page["q"] = page["q"].replace("<b>", "<b>好好")
+        status, _, answer = request(url + "translate", page)
+        assert status == 413 and "21 characters, more than the limit 20" in answer["error"]
         assert request(url + "health")[0] == 200
         status, _, front = request(url + "frontend/settings")
         assert status == 200 and front["charLimit"] == 20 and front["apiKeys"] is True

@@ -148,10 +148,10 @@ class Service:
             },
         }
 
-    async def translations(self, request, model, texts, changes):
+    async def translations(self, request, model, texts, changes, chars=None):
         """Translations of texts (a list of str) by `model` with search option changes, through
-        its batcher."""
-        chars = sum(map(len, texts))
+        its batcher; `chars`: what the request's limit counts (default: the texts' characters)."""
+        chars = sum(map(len, texts)) if chars is None else chars
         if chars > self.settings.max_chars:
             raise BadRequest(
                 f"Invalid request: the texts have {chars:,} characters, more than the limit "
@@ -174,7 +174,10 @@ class Service:
             )
         parsed = [html.parse(page) for page in pages]
         texts = [html.texts(pieces) for _, pieces in parsed]
-        done = iter(await self.translations(request, model, [t for page in texts for t in page], changes))
+        chars = sum(html.characters(pieces) for _, pieces in parsed)
+        done = iter(
+            await self.translations(request, model, [t for page in texts for t in page], changes, chars)
+        )
         results = []
         for (tree, pieces), page_texts in zip(parsed, texts):
             translated = [next(done) for _ in page_texts]

@@ -105,6 +105,12 @@ def texts(pieces):
     return found
 
 
+def characters(pieces):
+    """The characters of the pieces' text, each counted once (what a request's limit counts:
+    `texts` asks a sentence with marked words twice, whole and node by node)."""
+    return sum(len((piece.get_text() if isinstance(piece, Tag) else piece).strip()) for piece in pieces)
+
+
 def rebuilt(tree, pieces, translations):
     """The page with each piece's text replaced by its translation (`translations` in the order
     of `texts(pieces)`), whitespace kept around it."""
