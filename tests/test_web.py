@@ -254,11 +254,16 @@ def test_page_offers_each_served_pair_and_runs_the_chosen_one(browser, two_pairs
             ["/models/en-zh/", "English → Chinese"],
         ]
         assert page.input_value("#pair") == "/models/zh-en/"
+        assert page.input_value("#source").startswith("我們試試看")  # the page's example: Chinese
         with page.expect_navigation():
             page.select_option("#pair", "/models/en-zh/")
         assert page.evaluate("window.kformer.ready")["direction"] == "en-zh"
         page.wait_for_selector("#pair", state="visible")
         assert page.input_value("#pair") == "/models/en-zh/"
+        assert (
+            page.input_value("#source") == ""
+            and page.get_attribute("#source", "placeholder") == "Text in English"
+        )
         for beam in (1, BEAM):
             got = page.evaluate("([lines, beam]) => window.kformer.translate(lines, {beam})", [english, beam])
             assert got == two_pairs["en-zh"].translate(english, beam_size=beam), beam

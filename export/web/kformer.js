@@ -377,6 +377,9 @@ window.kformer.ready.then((info) => {
   $("status").textContent = `ready in ${(info.loadMs / 1000).toFixed(1)} s`;
   $("runtime").textContent = `${info.runtime}, ${info.variant}, ${info.threads} thread(s)`;
   $("direction").textContent = info.direction || "";
+  const source = (info.direction || "").split("-")[0];
+  if (source) $("source").placeholder = `Text in ${languageName(source)}`;
+  if (source && source !== "zh") $("source").value = ""; // the page's example is Chinese
   $("beam").options[1].textContent = `beam ${info.beamSize}`;
   $("beam").options[1].value = info.beamSize;
   $("alpha").value = info.defaults.alpha;
@@ -388,6 +391,15 @@ window.kformer.ready.then((info) => {
   $("status").className = "error";
 });
 
+/** "English" for "en" (the browser's names; the code where it has none). */
+function languageName(code) {
+  try {
+    return new Intl.DisplayNames(["en"], { type: "language", fallback: "code" }).of(code);
+  } catch {
+    return code;
+  }
+}
+
 /** Under `kformer serve` with several language pairs: [{url, label}] of each pair's export, from
  *  LibreTranslate's /languages (the page served alone has no API: none). */
 async function servedPairs() {
@@ -395,8 +407,7 @@ async function servedPairs() {
   if (!response?.ok) return [];
   const languages = await response.json();
   const names = Object.fromEntries(languages.map((l) => [l.code, l.name]));
-  const displayNames = new Intl.DisplayNames(["en"], { type: "language", fallback: "code" });
-  const name = (code) => names[code] || displayNames.of(code);
+  const name = (code) => names[code] || languageName(code);
   return languages.flatMap((l) => l.targets.map((t) => ({ url: `/models/${l.code}-${t}/`, label: `${l.name} → ${name(t)}` })));
 }
 servedPairs().then((pairs) => {
