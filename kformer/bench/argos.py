@@ -5,7 +5,8 @@ on: BLEU of each and the share of lines they translate alike.
 Argos decodes with its settings: beam 4, length penalty 0.2, CTranslate2's "auto" compute type
 (int8 on most CPUs), at most 256 tokens, its own sentence splitting and detokenizing. kformer's
 runner uses the export's: its beam and alpha, the package's weights (fp32 or int8), at most the
-source's length + 50 tokens. Argos runs in the venv `make test` installs it in (Makefile: ARGOS_VENVS), offline."""
+source's length + 50 tokens. Argos runs in the venv `make test` installs it in (Makefile:
+ARGOS_VENVS), offline."""
 
 import json
 import os

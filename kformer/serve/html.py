@@ -117,28 +117,33 @@ def rebuilt(tree, pieces, translations):
     done = iter(translations)
     for piece in pieces:
         if isinstance(piece, Tag):
-            whole, parts = next(done), [next(done) for _ in _nodes(piece)]
-            if not _inject(piece, whole, parts):
-                for node, translation in zip(_nodes(piece), parts):
+            nodes = _nodes(piece)
+            whole, parts = next(done), [next(done) for _ in nodes]
+            if not _inject(piece, nodes, whole, parts):
+                for node, translation in zip(nodes, parts):
                     _replace(node, translation)
         else:
             _replace(piece, next(done))
     return tree.decode(formatter=_AsWritten())
 
 
+def _spaces_around(text):
+    """(leading, trailing) whitespace of `text`."""
+    return text[: len(text) - len(text.lstrip())], text[len(text.rstrip()) :]
+
+
 def _replace(node, translation):
-    text = str(node)
-    lead, trail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()) :]
+    lead, trail = _spaces_around(str(node))
     node.replace_with(NavigableString(lead + translation + trail))
 
 
-def _inject(block, whole, parts):
+def _inject(block, nodes, whole, parts):
     """Writes `whole` into the block with each marked element around its own translation (of
-    `parts`, the translations of the block's text nodes) where `_find` finds it, in order; a
+    `parts`, the translations of the block's text `nodes`) where `_find` finds it, in order; a
     marked element not found is dropped, its words being in `whole`, unless it carries attributes
     (a link, a styled span): then False, nothing written."""
-    spans, dropped, start = [], [], 0
-    for node, part in zip(_nodes(block), parts):
+    spans, start = [], 0
+    for node, part in zip(nodes, parts):
         element = node.parent
         if element is block:
             continue
@@ -148,10 +153,7 @@ def _inject(block, whole, parts):
             start = found[1]
         elif element.attrs:
             return False
-        else:
-            dropped.append(element)
-    text = block.get_text()
-    lead, trail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()) :]
+    lead, trail = _spaces_around(block.get_text())
     contents, start = [], 0
     for begin, end, element in spans:
         element.contents[0].replace_with(NavigableString(whole[begin:end]))
