@@ -13,7 +13,9 @@ import kformer  # noqa: E402, F401
 
 # isort: split
 import json  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
+import typing  # noqa: E402
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
@@ -28,17 +30,53 @@ from kformer.model.config import preset  # noqa: E402
 from kformer.model.transformer import Transformer  # noqa: E402
 
 PYTHON = sys.executable
+KFORMER = (PYTHON, "-m", "kformer.cli")  # the command line, as a process of its own runs it
+# A process that hangs (a server that started after all, a lock never let go) fails its test
+# instead of holding up the session.
+TIMEOUT = 1200
 
 
-def python_lines(script, *args, env=None):
-    """Runs `python -c script args...` in a process of its own; its output lines. A failure fails
-    the test with the end of the process's stderr."""
-    from kformer import subprocesses
+class Ran(typing.NamedTuple):
+    """What a finished process left: its exit status and its output as text."""
 
+    status: int
+    stdout: str
+    stderr: str
+
+
+def run(argv, *, stdin=None, env=None, cwd=None, timeout=TIMEOUT):
+    """Runs argv to its end (at most `timeout` seconds, or the test fails); its `Ran`."""
     try:
-        return subprocesses.run_python(script, *args, env=env).strip().splitlines()
-    except subprocesses.Failed as e:
-        pytest.fail(f"the process failed:\n{e}")
+        done = subprocess.run(
+            argv, input=stdin, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as e:  # its output is bytes, whatever `text` says
+        tail = (e.stderr or b"")[-2000:].decode(errors="replace")
+        pytest.fail(f"{_shown(argv)} still ran after {timeout} s:\n{tail}")
+    return Ran(done.returncode, done.stdout, done.stderr)
+
+
+def _shown(argv):
+    return " ".join(map(str, argv))[:200]
+
+
+def run_kformer(*args, **settings):
+    """`kformer args...` in a process of its own (`run`'s settings); its `Ran`."""
+    return run([*KFORMER, *args], **settings)
+
+
+def output(argv, **settings):
+    """The stdout of argv (`run`'s settings); a failure fails the test with the end of its stderr."""
+    ran = run(argv, **settings)
+    if ran.status:
+        pytest.fail(f"{_shown(argv)} exited with {ran.status}:\n{ran.stderr[-2000:]}")
+    return ran.stdout
+
+
+def python_lines(script, *args, python=PYTHON, **settings):
+    """The output lines of `python -c script args...` (`output`); `python`: another interpreter
+    (a venv of its own)."""
+    return output([python, "-c", script, *args], **settings).strip().splitlines()
 
 
 @pytest.fixture(scope="session")

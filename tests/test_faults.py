@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import PYTHON, saved_weights
+from conftest import KFORMER, PYTHON, run_kformer, saved_weights
 
 from kformer import run_folder
 from kformer.train.fit import train
@@ -93,7 +93,7 @@ def test_sigterm_saves_the_step_it_stopped_at_and_a_resume_ends_as_if_uninterrup
     """What a preemptible VM or Kubernetes sends before stopping the machine: `kformer train` saves
     the step it is at (not the last periodic checkpoint), says so in one line, exits 143."""
     out, whole = str(tmp_path / "stopped"), str(tmp_path / "whole")
-    command = [PYTHON, "-m", "kformer.cli", "train", "--config", "tiny", "--data", corpus_tsv]
+    command = [*KFORMER, "train", "--config", "tiny", "--data", corpus_tsv]
     command += ["--vocab-size", "1200", "--out", out, "--steps", "3000", "--no-xla", "--save-minutes", "0.02"]
     process = subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -157,12 +157,12 @@ def test_ctrl_c_stops_after_the_step_saves_it_and_the_same_command_resumes(tmp_p
     out = str(tmp_path / "run")
 
     def command(steps):
-        return [PYTHON, "-m", "kformer.cli", "train", "--config", "tiny", "--data", corpus_tsv, "--vocab-size",
-                "1200", "--out", out, "--steps", str(steps), "--no-xla", "--eval-minutes", "0"]  # fmt: skip
+        return ["train", "--config", "tiny", "--data", corpus_tsv, "--vocab-size", "1200", "--out", out,
+                "--steps", str(steps), "--no-xla", "--eval-minutes", "0"]  # fmt: skip
 
     stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with open(stdout, "w") as o, open(stderr, "w") as e:
-        process = subprocess.Popen(command(3000), cwd=ROOT, stdout=o, stderr=e)
+        process = subprocess.Popen([*KFORMER, *command(3000)], cwd=ROOT, stdout=o, stderr=e)
         deadline = time.monotonic() + 300
         while "ms/step" not in stdout.read_text():  # an epoch's progress line: training is under way
             assert process.poll() is None and time.monotonic() < deadline, stderr.read_text()[-3000:]
@@ -175,6 +175,6 @@ def test_ctrl_c_stops_after_the_step_saves_it_and_the_same_command_resumes(tmp_p
     assert f"kformer train: stopped by Ctrl-C after step {step} (saved model.keras); run the same" in text
     assert "Traceback" not in text
 
-    resumed = subprocess.run(command(step + 5), cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0 and f"resuming {out}/model.keras from step {step}" in resumed.stderr
+    resumed = run_kformer(*command(step + 5), cwd=ROOT, timeout=300)
+    assert resumed.status == 0 and f"resuming {out}/model.keras from step {step}" in resumed.stderr
     assert run_folder.read_state(out)["steps"] == step + 5

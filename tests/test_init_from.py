@@ -6,12 +6,11 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 
 import keras
 import numpy as np
 import pytest
-from conftest import PYTHON
+from conftest import run_kformer
 
 from kformer import run_folder
 from kformer.data import corpus as corpus_lib
@@ -115,14 +114,9 @@ def test_bad_init_from_is_one_line_and_changes_nothing(tmp_path, trained_dir, do
     before, before_corrupted = digests(trained_dir), digests(corrupted)
     for number, (args, expected) in enumerate(cases):
         out = str(tmp_path / f"out{number}")
-        result = subprocess.run(
-            [PYTHON, "-m", "kformer.cli", "train", "--data", domain_tsv, "--out", out, "--steps", "1", *args],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        result = run_kformer("train", "--data", domain_tsv, "--out", out, "--steps", "1", *args, timeout=300)
         lines = result.stderr.strip().splitlines()
-        assert result.returncode != 0 and expected in lines[-1], (args, result.stderr[-2000:])
+        assert result.status != 0 and expected in lines[-1], (args, result.stderr[-2000:])
         assert "Traceback" not in result.stderr and not os.path.exists(out), args
     assert digests(trained_dir) == before and digests(corrupted) == before_corrupted
 

@@ -6,7 +6,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import PYTHON
+from conftest import KFORMER, PYTHON, run, run_kformer
 
 from kformer import locks, run_folder
 
@@ -36,18 +36,14 @@ def test_the_lock_is_reentrant_within_a_process(tmp_path):
     folder = str(tmp_path / "run")
     first, second = locks.hold(folder, "train"), locks.hold(folder, "train")  # a notebook starting again
     first()
-    check = subprocess.run(
-        [PYTHON, "-c", HOLD.replace("time.sleep(120)", "pass"), folder], capture_output=True
-    )
-    assert check.returncode != 0 and b"FolderInUse" in check.stderr  # still held: one release left
+    check = run([PYTHON, "-c", HOLD.replace("time.sleep(120)", "pass"), folder])
+    assert check.status != 0 and "FolderInUse" in check.stderr  # still held: one release left
     second()
-    check = subprocess.run(
-        [PYTHON, "-c", HOLD.replace("time.sleep(120)", "pass"), folder], capture_output=True
-    )
-    assert check.returncode == 0, check.stderr
+    check = run([PYTHON, "-c", HOLD.replace("time.sleep(120)", "pass"), folder])
+    assert check.status == 0, check.stderr
 
 
-TRAIN = ["-m", "kformer.cli", "train", "--config", "tiny", "--vocab-size", "1200", "--no-xla"]
+TRAIN = ["train", "--config", "tiny", "--vocab-size", "1200", "--no-xla"]
 
 
 @pytest.mark.slow
@@ -55,17 +51,17 @@ def test_two_trainings_on_one_folder(tmp_path, corpus_tsv):
     """The second `kformer train` on the same --out exits 2 naming the first; after the first is
     killed, a third resumes from its checkpoint."""
     out = str(tmp_path / "run")
-    command = [PYTHON, *TRAIN, "--data", corpus_tsv, "--out", out]
-    first = subprocess.Popen(
-        [*command, "--steps", "100000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    command = [*TRAIN, "--data", corpus_tsv, "--out", out]
+    first = subprocess.Popen(  # killed while it trains: no helper waits for it
+        [*KFORMER, *command, "--steps", "100000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         deadline = time.monotonic() + 120
         while not os.path.exists(run_folder.path(out, run_folder.CONFIG_FILE)):  # training started
             assert first.poll() is None and time.monotonic() < deadline, "the first run did not start"
             time.sleep(0.2)
-        second = subprocess.run([*command, "--steps", "3"], capture_output=True, text=True)
-        assert second.returncode == 2, second.stderr
+        second = run_kformer(*command, "--steps", "3")
+        assert second.status == 2, second.stderr
         assert second.stderr.strip().endswith(
             f"run is in use by kformer train (PID {first.pid}); wait for it to finish or stop it (nothing was written)"
         ), second.stderr
@@ -73,5 +69,5 @@ def test_two_trainings_on_one_folder(tmp_path, corpus_tsv):
     finally:
         first.kill()
         first.wait()
-    third = subprocess.run([*command, "--steps", "2"], capture_output=True, text=True)
-    assert third.returncode == 0, third.stderr[-2000:]
+    third = run_kformer(*command, "--steps", "2")
+    assert third.status == 0, third.stderr[-2000:]

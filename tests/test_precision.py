@@ -2,10 +2,9 @@
 TensorFlow runs once kformer is imported."""
 
 import os
-import subprocess
-import sys
 
 import pytest
+from conftest import python_lines
 
 
 def test_auto_precision_is_bfloat16_only_where_the_cpu_multiplies_it_through_onednn(tmp_path, monkeypatch):
@@ -62,14 +61,7 @@ def test_importing_kformer_first_turns_on_onednn_unless_the_user_said_otherwise(
 
     def setting_and_state(**env):
         environment = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
-        result = subprocess.run(
-            [sys.executable, "-c", code],
-            env={**environment, **env},
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return result.stdout.split()[-2:]
+        return python_lines(code, env={**environment, **env})[-1].split()
 
     assert setting_and_state() == ["1", "on"]
     assert setting_and_state(TF_ENABLE_ONEDNN_OPTS="0") == ["0", "off"]

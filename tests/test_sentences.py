@@ -3,9 +3,9 @@
 
 import json
 import os
-import subprocess
 
 import pytest
+from conftest import output
 from test_web import NODE, need, split_sentences
 
 from kformer.decode import sentences
@@ -74,10 +74,8 @@ def test_the_page_splits_as_python_does(tmp_path):
         "const texts = JSON.parse(readFileSync(process.argv[1], 'utf8'));"
         "console.log(JSON.stringify(texts.map((t) => [splitSentences(t), splitClauses(t)])));"
     )
-    result = subprocess.run(
-        [NODE, "--input-type=module", "-e", script, str(job)], capture_output=True, text=True, check=True
-    )
+    found = output([NODE, "--input-type=module", "-e", script, str(job)])
     expected = [[sentences.split_sentences(t), sentences.split_clauses(t)] for t in texts]
-    got = json.loads(result.stdout)
+    got = json.loads(found)
     assert [t for t, a, b in zip(texts, expected, got) if a != b] == []
     assert sum(len(s) == 5 for s, _ in expected[-200:-100]) > 80  # the Chinese paragraphs split into five

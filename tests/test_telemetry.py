@@ -1,8 +1,8 @@
 """kformer/__init__.py turns onnxruntime's telemetry off unless the user said otherwise."""
 
 import os
-import subprocess
-import sys
+
+from conftest import python_lines
 
 # One onnxruntime session of a one-node model, with kformer imported first, as every command does.
 SESSION = """
@@ -28,15 +28,9 @@ def _telemetry_files(home, **env):
     """(the setting onnxruntime ran with, the files it left under `home`/.cache/Microsoft)."""
     unset = ("ORT_DISABLE_TELEMETRY", *CI_VARIABLES)
     environment = {k: v for k, v in os.environ.items() if k not in unset}
-    run = subprocess.run(
-        [sys.executable, "-c", SESSION],
-        env={**environment, "HOME": str(home), **env},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    lines = python_lines(SESSION, env={**environment, "HOME": str(home), **env})
     left = [os.path.join(d, f) for d, _, files in os.walk(home / ".cache" / "Microsoft") for f in files]
-    return run.stdout.split()[-1], left
+    return lines[-1], left
 
 
 def test_onnxruntime_keeps_no_device_id_or_events_unless_asked(tmp_path):
