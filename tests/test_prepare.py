@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import PYTHON, python_lines
+from conftest import PYTHON, python_lines, run_kformer
 
 from kformer.data import corpus as corpus_lib
 from kformer.data import prepare as prepare_lib
@@ -138,13 +138,9 @@ def test_bad_corpora_get_one_line_and_leave_no_folder(tmp_path, content, error):
     path = tmp_path / "corpus.tsv"
     path.write_bytes(content)
     out = tmp_path / "prepared"
-    lines = subprocess.run(
-        [PYTHON, "-m", "kformer.cli", "prepare", "--data", str(path), "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert lines.returncode == 2 and error in lines.stderr and str(path) in lines.stderr, lines.stderr
-    assert "Traceback" not in lines.stderr and not out.exists()
+    ran = run_kformer("prepare", "--data", str(path), "--out", str(out))
+    assert ran.status == 2 and error in ran.stderr and str(path) in ran.stderr, ran.stderr
+    assert "Traceback" not in ran.stderr and not out.exists()
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".kformer-prepare-")]
 
 
@@ -164,6 +160,7 @@ KILLED = (
 def test_a_killed_prepare_leaves_no_finished_folder_and_blocks_nothing(tmp_path):
     lines = [f"第{i}个句子，有一些字。\tSentence number {i}, with some words." for i in range(60_000)]
     corpus, out = _write(tmp_path / "c.tsv", lines), str(tmp_path / "p")
+    # killed while it writes: no helper waits for it
     process = subprocess.Popen([PYTHON, "-c", KILLED, corpus, out], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not [
@@ -222,7 +219,12 @@ def test_train_on_a_prepared_folder_streamed_and_resumed(tmp_path, corpus_tsv, m
         os.path.join(stopped, "data")
     )
     assert json.load(open(os.path.join(stopped, "corpus.json")))["prepared"] == prepared
-    assert split_references(stopped, "test")[0]
+    with open(os.path.join(prepared, "test.tsv"), encoding="utf-8") as f:  # read here, not by kformer
+        held_out = [line.rstrip("\n").split("\t") for line in f]
+    assert len(held_out) == prepare_lib.load(prepared)["pairs"]["test"] > 0
+    sources, references = split_references(stopped, "test")  # the run's, from the folder it names
+    assert sources == list(dict.fromkeys(source for source, _ in held_out))
+    assert sorted(r for group in references for r in group) == sorted(target for _, target in held_out)
     train(stopped, "tiny", steps=8, **args)
     train(whole, "tiny", steps=8, **args)
     from conftest import saved_weights
@@ -236,24 +238,11 @@ def test_train_on_a_prepared_folder_streamed_and_resumed(tmp_path, corpus_tsv, m
 
 def test_the_command_writes_a_folder_and_refuses_to_overwrite_it(tmp_path, corpus_tsv):
     out = str(tmp_path / "prepared")
-    command = [
-        PYTHON,
-        "-m",
-        "kformer.cli",
-        "prepare",
-        "--data",
-        corpus_tsv,
-        "--out",
-        out,
-        "--vocab-size",
-        "1200",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True)
-    assert done.returncode == 0 and done.stdout.startswith(f"wrote {out}: 400 lines -> 400 pairs"), (
-        done.stderr
-    )
-    again = subprocess.run(command, capture_output=True, text=True)
-    assert again.returncode == 2 and "exists and is not an empty folder" in again.stderr
+    command = ["prepare", "--data", corpus_tsv, "--out", out, "--vocab-size", "1200"]
+    done = run_kformer(*command)
+    assert done.status == 0 and done.stdout.startswith(f"wrote {out}: 400 lines -> 400 pairs"), done.stderr
+    again = run_kformer(*command)
+    assert again.status == 2 and "exists and is not an empty folder" in again.stderr
     assert prepare_lib.load(out)["pairs"]["train"] > 0
 
 

@@ -270,6 +270,7 @@ def test_the_corpus_is_recorded_by_content_not_by_the_path_typed(tmp_path, corpu
     and evaluates on the splits it prepared whatever becomes of the corpus file."""
     import shutil
 
+    from kformer.data import corpus as corpus_lib
     from kformer.evaluate import split_references
 
     shutil.copy(corpus_tsv, tmp_path / "pairs.tsv")
@@ -282,7 +283,10 @@ def test_the_corpus_is_recorded_by_content_not_by_the_path_typed(tmp_path, corpu
     assert train(run, "tiny", data=str(tmp_path / "pairs.tsv"), steps=2, **args)["steps"] == 2
     assert not os.path.exists(os.path.join(run, "model.tmp.keras"))
     sources, _ = split_references(run, "test")
-    assert sources
+    with open(tmp_path / "pairs.tsv", encoding="utf-8") as f:  # the rule, applied here to the file
+        pairs = [tuple(line.rstrip("\n").split("\t")) for line in f]
+    expected = list(dict.fromkeys(source for source, _ in corpus_lib.split_pairs(pairs)["test"]))
+    assert sources == expected and expected
     with open(tmp_path / "pairs.tsv", "a", encoding="utf-8") as f:
         f.write("新的。\tNew.\n")
     assert split_references(run, "test")[0] == sources  # the run keeps its prepared splits
