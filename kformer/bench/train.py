@@ -8,12 +8,12 @@ import glob
 import logging
 import os
 import shutil
+import statistics
 import tempfile
-import time
 
 from kformer import extras
 from kformer.arguments import add_precision_option, add_rounds_option, positive
-from kformer.bench.harness import report
+from kformer.bench.harness import Stopwatch, interleave, memory_mb, print_table, report, spread
 from kformer.model.config import DEFAULT_PRESET, PRECISIONS, PRESETS
 
 log = logging.getLogger("kformer")
@@ -150,6 +150,19 @@ class TrainBench:
     variants: list = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One way of training that the bench times: the model (`kind`: "kformer" or "keras_hub"), its
+    precision, with XLA or not, on batches padded to their bucket or to their longest row, and the
+    steps a call of Keras' train function runs."""
+
+    kind: str
+    precision: str
+    xla: bool = False
+    padded: bool = False
+    steps_per_call: int = 1
+
+
 def bench_train(config_name=DEFAULT_PRESET, **options):
     """Target tokens/s and model FLOPs utilization of training through `model.fit`, on the same
     batches, the variants taking turns a few batches at a time, `rounds` times (medians): kformer as it
@@ -181,46 +194,47 @@ def bench_train(config_name=DEFAULT_PRESET, **options):
         extras.require("keras_hub", "kformer bench train")  # its reference model; before any work
     precision, why = choose_precision(bench.precision)
     runs = _chosen(_runs(bench, precision), bench.variants)  # chosen before any work
-    steps, seed, overrides = bench.steps, bench.seed, bench.overrides
-    if bench.length:
-        config, dynamic, bucketed = _one_shape_batches(config_name, steps, seed, bench.length, overrides)
-    else:
-        config, dynamic, bucketed = _fixed_batches(config_name, steps, seed, overrides)
+    config, dynamic, bucketed = _batches(bench)
     chunk = -(-CHUNK // bench.steps_per_call) * bench.steps_per_call  # whole calls of every variant
     variants = {
-        name: _compiled(config, seed, chunk, kind, p, xla, bucketed if padded else dynamic, calls)
-        for name, (kind, p, xla, padded, calls) in runs.items()
+        name: _compiled(config, bench.seed, chunk, run, bucketed if run.padded else dynamic)
+        for name, run in runs.items()
     }
-    precisions = dict.fromkeys((precision, "float32"))
-    # Peaks measured before and after the timing, the faster kept: the machine's speed can drop for
-    # seconds at a time, and the peak is what the hardware can do.
-    before = {p: _peaks(config, p, dynamic) for p in precisions}
-    _time_interleaved(variants, bench.rounds)
-    peaks = {p: _faster(before[p], _peaks(config, p, dynamic)) for p in precisions}
+    peaks = _timed_between_peaks(variants, bench.rounds, config, precision, dynamic)
     results = _results(bench, variants, (dynamic, bucketed), chunk, (precision, why), peaks)
-    _add_speeds(results, variants, steps, precision)
+    _add_speeds(results, variants, bench.steps, precision)
     if bench.profile:
-        results["profile"] = _profiles(variants, steps, bench.profile)
+        results["profile"] = _profiles(variants, bench.steps, bench.profile)
     dump = os.environ.get(XLA_DUMP_ENV)
     if dump:
         results["xla_compilations"] = count_xla_compilations(dump)
     return results
 
 
+def _batches(bench):
+    """(config, batches as training without XLA pads them, as with XLA): the default corpus', or
+    with `length` batches of one shape."""
+    if bench.length:
+        return _one_shape_batches(bench.config_name, bench.steps, bench.seed, bench.length, bench.overrides)
+    return _fixed_batches(bench.config_name, bench.steps, bench.seed, bench.overrides)
+
+
 def _runs(bench, precision):
-    """The variants a bench times: name -> (model kind, precision, XLA, padded to the bucket, steps a call)."""
+    """The variants a bench times, by name."""
     runs = {
-        "kformer": ("kformer", precision, False, False, 1),
-        "kformer_xla": ("kformer", precision, True, True, 1),
+        "kformer": Variant("kformer", precision),
+        "kformer_xla": Variant("kformer", precision, xla=True, padded=True),
     }
     if bench.steps_per_call > 1:
-        runs[f"kformer_xla_{bench.steps_per_call}"] = ("kformer", precision, True, True, bench.steps_per_call)
+        runs[f"kformer_xla_{bench.steps_per_call}"] = Variant(
+            "kformer", precision, True, True, bench.steps_per_call
+        )
     if bench.reference:
-        runs["keras_hub"] = ("keras_hub", "float32", False, False, 1)
+        runs["keras_hub"] = Variant("keras_hub", "float32")
     if precision != "float32":
-        runs["kformer_float32"] = ("kformer", "float32", False, False, 1)
+        runs["kformer_float32"] = Variant("kformer", "float32")
         if bench.reference:
-            runs[f"keras_hub_{precision}"] = ("keras_hub", precision, False, False, 1)
+            runs[f"keras_hub_{precision}"] = Variant("keras_hub", precision)
     return runs
 
 
@@ -280,6 +294,16 @@ def _profiles(variants, steps, directory):
     return found
 
 
+def _timed_between_peaks(variants, rounds, config, precision, batches):
+    """Times the variants (`_time_interleaved`) between two measurements of the peaks of
+    `precision` and float32 (`_peaks`); returns {precision: the faster of the two of each}. The
+    machine's speed can drop for seconds at a time, and the peak is what the hardware can do."""
+    precisions = dict.fromkeys((precision, "float32"))
+    before = {p: _peaks(config, p, batches) for p in precisions}
+    _time_interleaved(variants, rounds)
+    return {p: _faster(before[p], _peaks(config, p, batches)) for p in precisions}
+
+
 def _peaks(config, precision, batches):
     """{"device", "datasheet", "squares", "own_shapes"}: FLOP/s of `precision` a step's utilization
     is taken against (datasheet None on a CPU or an unlisted GPU). Own shapes: a batch of the
@@ -306,19 +330,17 @@ def _faster(peaks, others):
 
 def _peak_memory_mb():
     """Peak memory of this process: the GPU's allocator peak where there is one, else resident."""
-    import resource
-
     import tensorflow as tf
 
     if tf.config.list_physical_devices("GPU"):
         return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return memory_mb("VmHWM")
 
 
-def _compiled(config, seed, chunk, model_kind, precision, xla, batches, steps_per_call):
-    """A compiled model of `model_kind` ("kformer" or "keras_hub"), trained through `fit` once on
-    every distinct batch shape (the warm-up: tracing and compiling), with its batches as datasets
-    of `chunk` batches each, and their token and FLOP counts."""
+def _compiled(config, seed, chunk, run, batches):
+    """A compiled model of `run` (a Variant), trained through `fit` once on every distinct batch
+    shape of `batches` (the warm-up: tracing and compiling), with its batches as datasets of `chunk`
+    batches each, and their token and FLOP counts."""
     import keras
 
     from kformer.model import flops
@@ -326,21 +348,20 @@ def _compiled(config, seed, chunk, model_kind, precision, xla, batches, steps_pe
     from kformer.train.fit import compile_model
 
     keras.utils.set_random_seed(seed)
-    dtype = PRECISIONS[precision]
-    model = Transformer(config, dtype=dtype) if model_kind == "kformer" else reference_model(config, dtype)
-    model = compile_model(
-        model, config, xla=xla, fused=model_kind == "kformer", steps_per_call=steps_per_call
-    )
-    start = time.perf_counter()
-    shapes = {(x["source_ids"].shape, y.shape): (x, y) for x, y in batches}
-    model.fit(_dataset(list(shapes.values())), shuffle=False, verbose=0)
+    dtype = PRECISIONS[run.precision]
+    model = Transformer(config, dtype=dtype) if run.kind == "kformer" else reference_model(config, dtype)
+    fused = run.kind == "kformer"
+    model = compile_model(model, config, xla=run.xla, fused=fused, steps_per_call=run.steps_per_call)
+    with Stopwatch() as warmup:
+        shapes = {(x["source_ids"].shape, y.shape): (x, y) for x, y in batches}
+        model.fit(_dataset(list(shapes.values())), shuffle=False, verbose=0)
     pad = config.pad_id
     target = sum(int((y != pad).sum()) for _, y in batches)
     real = target + sum(int((x["source_ids"] != pad).sum()) for x, _ in batches)
     return {
         "model": model,
         "chunks": [_dataset(batches[i : i + chunk]) for i in range(0, len(batches), chunk)],
-        "warmup_s": time.perf_counter() - start,
+        "warmup_s": warmup.seconds,
         "target": target,
         "real": real,
         "padding": 1 - real / sum(x["source_ids"].size + y.size for x, y in batches),
@@ -348,11 +369,9 @@ def _compiled(config, seed, chunk, model_kind, precision, xla, batches, steps_pe
             flops.batch_training_flops(config, x["source_ids"], x["target_ids"]) for x, _ in batches
         ),
         "parameters": model.count_params(),
-        "seconds": [],
-        "cpu_seconds": 0.0,
-        "precision": precision,
-        "kind": model_kind,
-        "xla": xla,
+        "precision": run.precision,
+        "kind": run.kind,
+        "xla": run.xla,
         "steps_per_call": model.steps_per_execution,
     }
 
@@ -369,43 +388,28 @@ def _dataset(batches):
 
 
 def _time_interleaved(variants, rounds):
-    """Adds each round's seconds to every variant's "seconds": `fit` over a chunk of batches at a
-    time, the variants taking turns chunk by chunk in an order that rotates, so a change in the
-    machine's speed (it can drop to a fixed rate for seconds at a time) hits all alike. The
-    process's CPU seconds (all its threads) during each variant's chunks go to its "cpu_seconds"."""
-    names = list(variants)
-    for _ in range(rounds):
-        for v in variants.values():
-            v["seconds"].append(0.0)
-        for i in range(len(variants[names[0]]["chunks"])):
-            for name in names[i % len(names) :] + names[: i % len(names)]:
-                v = variants[name]
-                start, cpu_start = time.perf_counter(), time.process_time()
-                v["model"].fit(v["chunks"][i], shuffle=False, verbose=0)
-                v["seconds"][-1] += time.perf_counter() - start
-                v["cpu_seconds"] += time.process_time() - cpu_start
+    """Sets every variant's "seconds" (one sum a round) and "cpu_seconds" (the process's, all its
+    threads, over its chunks): `fit` over a chunk of batches at a time, the variants taking turns
+    chunk by chunk (harness.interleave), every chunk once a round."""
+    chunks = len(next(iter(variants.values()))["chunks"])
+
+    def fit(variant, turn):
+        with Stopwatch() as watch:
+            variant["model"].fit(variant["chunks"][turn % chunks], shuffle=False, verbose=0)
+        return watch
+
+    for name, watches in interleave(variants, rounds * chunks, fit).items():
+        seconds = [watch.seconds for watch in watches]
+        variants[name]["seconds"] = [sum(seconds[i : i + chunks]) for i in range(0, len(seconds), chunks)]
+        variants[name]["cpu_seconds"] = sum(watch.cpu_seconds for watch in watches)
 
 
 def _add_speeds(results, variants, steps, precision):
-    """Each variant's median speed and utilization, and the ratios between them, into `results`."""
-    import statistics
-
+    """Each variant's median speed and utilization, and the ratios between them, into `results`:
+    each the medians' ratio, with (lowest, highest) of the rounds' ratios."""
     for name, v in variants.items():
-        seconds = statistics.median(v["seconds"])
-        achieved, peaks = v["flops"] / seconds, results["peaks"][v["precision"]]
-        results[name] = {
-            "steps_per_s": steps / seconds,
-            "target_tokens_per_s": v["target"] / seconds,
-            "real_tokens_per_s": v["real"] / seconds,
-            "tflops": achieved / 1e12,
-            **{f"mfu_{k}": achieved / peaks[k] for k in ("datasheet", "squares", "own_shapes") if peaks[k]},
-            # how many cores the step keeps busy: ops that run one after another on one thread
-            # leave the others idle, whatever the thread settings
-            "cores_busy": v["cpu_seconds"] / sum(v["seconds"]),
-            **{k: v[k] for k in ("precision", "padding", "warmup_s", "parameters", "steps_per_call")},
-        }
-        log.info("%s: %.2f steps/s, %.0f target tokens/s", name, steps / seconds, v["target"] / seconds)
-    speed = {name: results[name]["target_tokens_per_s"] for name in variants}
+        r = results[name] = _speed(v, steps, results["peaks"][v["precision"]])
+        log.info("%s: %.2f steps/s, %.0f target tokens/s", name, r["steps_per_s"], r["target_tokens_per_s"])
     ratios = {  # name: (variant, over variant), each where both ran
         "xla_speedup": ("kformer_xla", "kformer"),
         "vs_keras_hub": ("kformer", "keras_hub"),  # each as it trains by default
@@ -417,16 +421,31 @@ def _add_speeds(results, variants, steps, precision):
     if precision == "float32":
         ratios["vs_keras_hub_same_precision"] = ratios["vs_keras_hub"]
     for name, (a, b) in ratios.items():
-        if a in speed and b in speed:
-            results[name] = speed[a] / speed[b]
-            results[f"{name}_rounds"] = _round_ratios(variants[a], variants[b])
+        if a in variants and b in variants:
+            results[name] = results[a]["target_tokens_per_s"] / results[b]["target_tokens_per_s"]
+            results[f"{name}_rounds"] = spread(_round_speeds(variants[a]), _round_speeds(variants[b]))[1:]
 
 
-def _round_ratios(a, b):
-    """(lowest, highest) of variant `a`'s speed over `b`'s in each round: how far one round's ratio
-    can be from the median's, on this machine, in this run."""
-    ratios = [(a["target"] / sa) / (b["target"] / sb) for sa, sb in zip(a["seconds"], b["seconds"])]
-    return min(ratios), max(ratios)
+def _speed(v, steps, peaks):
+    """A variant's median speed and utilization over `peaks` (of its precision)."""
+    seconds = statistics.median(v["seconds"])
+    achieved = v["flops"] / seconds
+    return {
+        "steps_per_s": steps / seconds,
+        "target_tokens_per_s": v["target"] / seconds,
+        "real_tokens_per_s": v["real"] / seconds,
+        "tflops": achieved / 1e12,
+        **{f"mfu_{k}": achieved / peaks[k] for k in ("datasheet", "squares", "own_shapes") if peaks[k]},
+        # how many cores the step keeps busy: ops that run one after another on one thread
+        # leave the others idle, whatever the thread settings
+        "cores_busy": v["cpu_seconds"] / sum(v["seconds"]),
+        **{k: v[k] for k in ("precision", "padding", "warmup_s", "parameters", "steps_per_call")},
+    }
+
+
+def _round_speeds(variant):
+    """A variant's target tokens/s in each round."""
+    return [variant["target"] / seconds for seconds in variant["seconds"]]
 
 
 def _ratio(results, name):
@@ -436,7 +455,19 @@ def _ratio(results, name):
 
 
 def print_train_table(results):
-    peaks = results["peaks"]
+    _print_train_settings(results)
+    _print_train_variants(results)
+    _print_train_ratios(results)
+    for name, found in results.get("profile", {}).items():
+        print(
+            f"where {name}'s step goes (TensorFlow's profiler, trace in {found['trace']}): ms a step, share"
+        )
+        for op in found["ops"]:
+            label = "idle threads (share of all thread-time)" if op["type"] == "IDLE" else op["type"]
+            print(f"  {op['where']:6} {label:40} {op['ms_per_step']:8.2f} {op['share']:6.1%}")
+
+
+def _print_train_settings(results):
     print(
         f"train bench, config {results['config']}: {results['steps']} batches of {results['batches']} ("
         f"{results['pairs_per_step']:.0f} "
@@ -444,27 +475,33 @@ def print_train_table(results):
         f"{results['chunk']} batches, median of {results['rounds']} rounds; oneDNN CPU kernels {results['onednn']}; "
         f"kformer's precision {results['precision']} ({results['precision_why']})"
     )
-    for precision, p in peaks.items():
+    for precision, p in results["peaks"].items():
         datasheet = f"datasheet {p['datasheet'] / 1e12:.1f}, " if p["datasheet"] else ""
         print(
             f"peak TFLOP/s on {p['device']}, {precision}: {datasheet}matmul squares {p['squares'] / 1e12:.3f}, "
             f"the model's product shapes {p['own_shapes'] / 1e12:.3f} (measured in this run)"
         )
-    datasheet = any(p["datasheet"] for p in peaks.values())  # a GPU in the table
-    print(
-        f"{'':18} {'precision':>9} {'steps/s':>8} {'target tok/s':>13} {'TFLOP/s':>8} "
-        + (f"{'MFU datasheet':>13} " if datasheet else "")
-        + f"{'MFU squares':>11} {'MFU shapes':>10} {'padding':>8} {'warm-up s':>10} {'parameters':>11} "
-        + f"{'cores busy of ' + str(results['cores']):>16}"
-    )
+
+
+def _print_train_variants(results):
+    datasheet = any(p["datasheet"] for p in results["peaks"].values())  # a GPU in the table
+    columns = [("", "<18"), ("precision", ">9"), ("steps/s", "8.2f"), ("target tok/s", "13.0f")]
+    columns += [("TFLOP/s", "8.3f"), *([("MFU datasheet", ">13")] if datasheet else [])]
+    columns += [("MFU squares", "11.1%"), ("MFU shapes", "10.1%"), ("padding", "8.0%")]
+    columns += [("warm-up s", "10.1f"), ("parameters", "11,"), (f"cores busy of {results['cores']}", "16.2f")]
+    rows = []
     for name in results["variants"]:
         r = results[name]
-        mfu = f"{r['mfu_datasheet']:13.1%} " if "mfu_datasheet" in r else (f"{'':13} " if datasheet else "")
-        print(
-            f"{name:18} {r['precision']:>9} {r['steps_per_s']:8.2f} {r['target_tokens_per_s']:13.0f} "
-            f"{r['tflops']:8.3f} {mfu}{r['mfu_squares']:11.1%} {r['mfu_own_shapes']:10.1%} "
-            f"{r['padding']:8.0%} {r['warmup_s']:10.1f} {r['parameters']:11,} {r['cores_busy']:16.2f}"
+        mfu = [f"{r['mfu_datasheet']:.1%}" if "mfu_datasheet" in r else ""] if datasheet else []
+        rows.append(
+            [name, r["precision"], r["steps_per_s"], r["target_tokens_per_s"], r["tflops"], *mfu]
+            + [r["mfu_squares"], r["mfu_own_shapes"], r["padding"], r["warmup_s"], r["parameters"]]
+            + [r["cores_busy"]]
         )
+    print_table(columns, rows)
+
+
+def _print_train_ratios(results):
     precision = results["precision"]
     if "vs_keras_hub" in results:
         print(
@@ -488,13 +525,6 @@ def print_train_table(results):
         f"{results.get('xla_compilations', 'not counted')} (bucket shapes: {results['distinct_bucket_shapes']}); "
         f"peak memory {results['peak_memory_mb']:.0f} MB"
     )
-    for name, found in results.get("profile", {}).items():
-        print(
-            f"where {name}'s step goes (TensorFlow's profiler, trace in {found['trace']}): ms a step, share"
-        )
-        for op in found["ops"]:
-            label = "idle threads (share of all thread-time)" if op["type"] == "IDLE" else op["type"]
-            print(f"  {op['where']:6} {label:40} {op['ms_per_step']:8.2f} {op['share']:6.1%}")
 
 
 HELP = "kformer's training step against a same-size keras-hub model, with MFU"
