@@ -3,6 +3,7 @@ import os
 import sys
 
 import pytest
+from conftest import run_process
 
 from kformer import run_folder
 from kformer.cli import main
@@ -340,7 +341,7 @@ def test_the_installed_command_streams_translations_line_by_line(trained_dir):
     import subprocess
 
     command = shutil.which("kformer", path=os.path.dirname(sys.executable))
-    process = subprocess.Popen(
+    process = subprocess.Popen(  # fed a line at a time: no helper waits for the end
         [command, "translate", "--model", trained_dir],  # the default --batch-size, 32
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -358,10 +359,8 @@ def test_the_installed_command_streams_translations_line_by_line(trained_dir):
     process.stdin.close()
     assert process.wait(timeout=120) == 0 and process.stdout.read() == b""
     assert len(outputs) == 3 and outputs[1] == b"\n" and all(o.endswith(b"\n") for o in outputs)
-    failed = subprocess.run(
-        [command, "translate", "--model", "/nonexistent", "x"], capture_output=True, text=True
-    )
-    assert failed.returncode == 2 and failed.stdout == ""
+    failed = run_process([command, "translate", "--model", "/nonexistent", "x"])
+    assert failed.status == 2 and failed.stdout == ""
     assert failed.stderr.strip().splitlines() == [
         "kformer translate: error: /nonexistent/config.json not found: is /nonexistent a kformer training directory?"
     ]
