@@ -4,16 +4,24 @@ path (length-sorted batches at the runner's default size, as `kformer translate 
 server run it) and one sentence at a time; speed, size, memory and BLEU, and time against
 CTranslate2."""
 
+import dataclasses
 import json
 import os
-import resource
 import statistics
 import tempfile
-import time
 
 from kformer import subprocesses
 from kformer.arguments import add_rounds_option, positive
-from kformer.bench.harness import report
+from kformer.bench.harness import (
+    Stopwatch,
+    interleave,
+    memory_mb,
+    print_table,
+    reduced,
+    report,
+    scores,
+    spread,
+)
 from kformer.export.format import quantization
 from kformer.model.config import search_label
 
@@ -25,6 +33,37 @@ TIMINGS = ("file_s", "batch1_ms")  # the two cells each ratio to CTranslate2 is 
 # is its fastest setting's in that round: a ratio against a badly tuned reference says nothing.
 CT2_BACKENDS = {"mkl": "1", "dnnl": "0"}
 CT2_ONE_THREAD = "1 thread"
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimesBench:
+    """What `bench_runtimes` measures (see it for each option)."""
+
+    sentences: int = 500
+    rounds: int = 3
+    batch1_sentences: int = 100
+    runtimes: list = None
+    batch_size: int = 32
+    parallel: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerRun:
+    """One measurement by `worker` in a process of its own: a runtime's file (`variant`) at `beam`,
+    in one of its `_settings`: `backend` (its name, None where a runtime has one setting), the
+    `environment` it adds and its `threads` (None: the bench's)."""
+
+    runtime: str
+    variant: str
+    backend: str
+    environment: dict
+    threads: int
+    beam: int
+
+    @property
+    def label(self):
+        variant = self.variant if self.backend is None else f"{self.variant} ({self.backend})"
+        return f"{self.runtime} {variant} beam {self.beam}"
 
 
 def export_runner(runtime, artifact_dir, beam, variant, threads=None, batch_size=32, parallel=1):
@@ -78,63 +117,38 @@ def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None):
     with open(sentences_file, encoding="utf-8") as f:
         job = json.load(f)
     _import_runtime(runtime)
-    imported_mb = resident_memory_mb()
-    start = time.perf_counter()
-    runner = export_runner(
-        runtime, artifact_dir, beam, variant, threads, job["batch_size"], job.get("parallel", 1)
-    )
-    load_seconds = time.perf_counter() - start
-    loaded_mb = resident_memory_mb()
+    imported_mb = memory_mb("VmRSS")
+    with Stopwatch() as load:
+        runner = export_runner(
+            runtime, artifact_dir, beam, variant, threads, job["batch_size"], job.get("parallel", 1)
+        )
+    loaded_mb = memory_mb("VmRSS")
     sources, singles = job["sources"], job["sources"][: job["batch1_sentences"]]
 
     runner.translate(sources[:32])  # warm-up (traces, allocates, prepacks)
     runner.translate(singles[:1])
-    t = time.perf_counter()
-    hypotheses = runner.translate(sources)
-    file_seconds = time.perf_counter() - t
-    t = time.perf_counter()
-    singles_out = [runner.translate([source])[0] for source in singles]
-    batch1_seconds = time.perf_counter() - t
+    with Stopwatch() as file_pass:
+        hypotheses = runner.translate(sources)
+    with Stopwatch() as batch1:
+        singles_out = [runner.translate([source])[0] for source in singles]
     return {
         "runtime": runtime,
         "variant": variant,
         "search": search_label(beam),
         "batch_size": runner.batch_size,
-        "load_s": load_seconds,
-        "file_s": file_seconds,
-        "file_sentences_per_s": len(sources) / file_seconds,
+        "load_s": load.seconds,
+        "file_s": file_pass.seconds,
+        "file_sentences_per_s": len(sources) / file_pass.seconds,
         "file_output_tokens": sum(len(ids) for ids in runner.tokenizer.encode(hypotheses)),
-        "batch1_ms": 1000 * batch1_seconds / len(singles),
+        "batch1_ms": 1000 * batch1.seconds / len(singles),
         "batch1_output_tokens": statistics.mean(len(ids) for ids in runner.tokenizer.encode(singles_out)),
         "imported_mb": imported_mb,
         "loaded_mb": loaded_mb,
         # At least what was resident when loaded: Linux folds each thread's RSS count into the
         # process's in batches, so a VmHWM read later can be a few pages below an earlier VmRSS.
-        "peak_rss_mb": max(peak_memory_mb(), loaded_mb),
+        "peak_rss_mb": max(memory_mb("VmHWM"), loaded_mb),
         "hypotheses": hypotheses,
     }
-
-
-def _proc_status_mb(field):
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
-def resident_memory_mb():
-    """This process's resident memory now (VmRSS)."""
-    return _proc_status_mb("VmRSS") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def peak_memory_mb():
-    """This process's peak resident memory. VmHWM, not getrusage's ru_maxrss: Linux keeps
-    ru_maxrss across execve, so a child would report its parent's (TensorFlow-sized) peak."""
-    return _proc_status_mb("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _jobs(manifest, runtimes, parallel=1):
@@ -184,66 +198,65 @@ def _settings(runtime, parallel):
     return settings
 
 
-def bench_runtimes(
-    artifact_dir,
-    sentences=500,
-    rounds=3,
-    batch1_sentences=100,
-    runtimes=None,
-    batch_size=32,
-    parallel=1,
-    progress=print,
-):
+def bench_runtimes(artifact_dir, progress=print, **settings):
     """Runs every runtime/variant/search of an export in a subprocess, in `rounds` interleaved
     rounds (every job once per round, so a change in the machine's speed hits all alike); reports
     the median of each timing, the peak memory, and BLEU of the file pass on the first `sentences`
     of the held-out test split of the corpus the model was trained on. Batch 1 is timed over the
     first `batch1_sentences`, one at a time (one alone gives noisy ratios). `batch_size`: the
     file's sentences a runner call takes (`kformer translate --batch-size`). `parallel`: batches a
-    runner's translate runs at once (`--parallel`); runtimes that run one at a time are left out."""
-    from kformer.evaluate import score, split_references
+    runner's translate runs at once (`--parallel`); runtimes that run one at a time are left out.
+    `runtimes`: those measured (default: all, `_jobs`). `settings`: RuntimesBench's fields."""
+    from kformer.evaluate import split_references
     from kformer.export.manifest import load as load_manifest
 
+    bench = RuntimesBench(**settings)
     artifact_dir = os.path.abspath(artifact_dir)  # the workers run in another folder
     manifest = load_manifest(artifact_dir)
     sources, references = split_references(manifest["trained_in"], "test")
-    sources, references = sources[:sentences], references[:sentences]
+    sources, references = sources[: bench.sentences], references[: bench.sentences]
     language = (manifest.get("corpus") or {}).get("direction", "x-en").split("-")[-1]
-    jobs = _jobs(manifest, runtimes, parallel)
     # The bytes of a variant's file or folder, for both searches (TFLite, ONNX: a file of each)
     sizes = {(a["format"], a["variant"]): a["bytes"] for a in manifest["artifacts"]}
+    batch1 = min(bench.batch1_sentences, len(sources))
+    runs = {run.label: run for run in _worker_runs(manifest, bench)}
     with tempfile.TemporaryDirectory() as work:
-        batch1_sentences = min(batch1_sentences, len(sources))
-        job = {"sources": sources, "batch1_sentences": batch1_sentences, "batch_size": batch_size}
-        job_file = _write_job(work, {**job, "parallel": parallel})
-        measured = [
-            (runtime, variant, backend, environment, threads, beam)
-            for runtime, variant in jobs
-            for backend, (environment, threads) in _settings(runtime, parallel).items()
-            for beam in (1, manifest["beam_size"])
-        ]
-        runs = {}  # (runtime, variant, backend, beam) -> one result per round
-        for number, measure in enumerate(measured * rounds):
-            runtime, variant, backend, _, _, beam = measure
-            label = variant if backend is None else f"{variant} ({backend})"
-            round_ = f"round {number // len(measured) + 1}/{rounds}"
-            progress(f"{round_}: {runtime} {label} beam {beam} ...", end=" ", flush=True)
-            row = _measured(artifact_dir, measure, job_file, work)
-            row["bleu"] = score(row.pop("hypotheses"), references, language)["bleu"]
-            row["bytes"] = sizes.get((runtime, variant))  # None for keras: no file of its own
-            runs.setdefault((runtime, variant, backend, beam), []).append(row)
-            progress(f"file {row['file_sentences_per_s']:.0f} sent/s, {row['batch1_ms']:.1f} ms at b1")
-    rows = [_median_row(results) for results in runs.values()]
+        job = {"sources": sources, "batch1_sentences": batch1, "batch_size": bench.batch_size}
+        job_file = _write_job(work, {**job, "parallel": bench.parallel})
+
+        def measure(run, _):
+            row = _measured(artifact_dir, run, job_file, work)
+            row["bleu"] = scores(row.pop("hypotheses"), references, language)["bleu"]
+            row["bytes"] = sizes.get((run.runtime, run.variant))  # None for keras: no file of its own
+            return row
+
+        found = interleave(runs, bench.rounds, measure, progress, _described)
+    rows = [_median_row(results) for results in found.values()]
     _against_ctranslate2(rows)
     return {
         "artifact": artifact_dir,
         "sentences": len(sources),
-        "rounds": rounds,
-        "batch_size": batch_size,
-        "parallel": parallel,
-        "batch1_sentences": batch1_sentences,
+        "rounds": bench.rounds,
+        "batch_size": bench.batch_size,
+        "parallel": bench.parallel,
+        "batch1_sentences": batch1,
         "rows": rows,
     }
+
+
+def _worker_runs(manifest, bench):
+    """The measurements of a round: every file of `_jobs`, in each of its `_settings`, at both
+    searches (greedy and the export's beam)."""
+    return [
+        WorkerRun(runtime, variant, backend, environment, threads, beam)
+        for runtime, variant in _jobs(manifest, bench.runtimes, bench.parallel)
+        for backend, (environment, threads) in _settings(runtime, bench.parallel).items()
+        for beam in (1, manifest["beam_size"])
+    ]
+
+
+def _described(row):
+    return f"file {row['file_sentences_per_s']:.0f} sent/s, {row['batch1_ms']:.1f} ms at b1"
 
 
 def _write_job(work, job):
@@ -254,33 +267,28 @@ def _write_job(work, job):
     return path
 
 
-def _measured(artifact_dir, measure, job_file, work):
-    """One job's row, measured by `worker` in a process of its own (in `work`: a relative export
-    folder would not be found there). `measure`: (runtime, variant, backend, environment, threads, beam)."""
-    runtime, variant, backend, environment, threads, beam = measure
+def _measured(artifact_dir, run, job_file, work):
+    """A WorkerRun's row, measured by `worker` in a process of its own (in `work`: a relative export
+    folder would not be found there)."""
     out = os.path.join(work, "out.json")
     code = (
         "import json, sys; from kformer.bench.runtimes import worker; "
         "threads = int(sys.argv[6]) if sys.argv[6] else None; "
         f"json.dump(worker(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5], threads), open({out!r}, 'w'))"
     )
-    arguments = (artifact_dir, runtime, variant, str(beam), job_file, str(threads or ""))
+    arguments = (artifact_dir, run.runtime, run.variant, str(run.beam), job_file, str(run.threads or ""))
     try:
-        subprocesses.run_python(code, *arguments, cwd=work, env={**os.environ, **environment})
+        subprocesses.run_python(code, *arguments, cwd=work, env={**os.environ, **run.environment})
     except subprocesses.Failed as e:
-        label = variant if backend is None else f"{variant} ({backend})"
-        raise RuntimeError(f"bench of {runtime} {label} failed:\n{e}") from None
+        raise RuntimeError(f"bench of {run.label} failed:\n{e}") from None
     with open(out, encoding="utf-8") as f:
-        return {**json.load(f), "backend": backend}
+        return {**json.load(f), "backend": run.backend}
 
 
 def _median_row(results):
     """One row from a job's rounds: median timings, the highest memory, the rest as measured."""
-    row = dict(results[0])
-    for key in ("load_s", "file_sentences_per_s", *TIMINGS):
-        row[key] = statistics.median(r[key] for r in results)
-    for key in ("imported_mb", "loaded_mb", "peak_rss_mb"):
-        row[key] = max(r[key] for r in results)
+    medians, peaks = ("load_s", "file_sentences_per_s", *TIMINGS), ("imported_mb", "loaded_mb", "peak_rss_mb")
+    row = reduced(results, medians, peaks)
     row["rounds"] = len(results)
     row["per_round"] = {key: [r[key] for r in results] for key in TIMINGS}
     return row
@@ -298,33 +306,24 @@ def _against_ctranslate2(rows):
     def per_round(row, key):  # a row reduced by _median_row keeps its rounds; a plain row is one round
         return row.get("per_round", {}).get(key, [row[key]])
 
-    def fastest(references):  # {cell: the fastest of `references` in each round}
-        return {k: [min(times) for times in zip(*(per_round(c, k) for c in references))] for k in TIMINGS}
+    def against(row, references):  # {cell: spread of row over the fastest of `references` in each round}
+        if not references:
+            return None
+        fastest = {k: [min(times) for times in zip(*(per_round(c, k) for c in references))] for k in TIMINGS}
+        return {k: spread(per_round(row, k), fastest[k]) for k in TIMINGS}
 
     ct2 = [r for r in rows if r["runtime"] == "ctranslate2"]
     for r in rows:
-        ours = {key: per_round(r, key) for key in TIMINGS}
         precision = "int8" if quantization(r["variant"]) == "int8" else "fp32"
-        same = [c for c in ct2 if c["search"] == r["search"] and c["variant"] == precision]
-        references = [c for c in ct2 if c["search"] == r["search"]]
-        r["vs_ct2"] = _ratios(ours, fastest(same)) if same else None
-        r["vs_ct2_fastest"] = _ratios(ours, fastest(references)) if references else None
-
-
-def _ratios(ours, theirs):
-    """{cell: (median, min, max)} of ours / theirs, round by round."""
-    result = {}
-    for key in TIMINGS:
-        ratios = [a / b for a, b in zip(ours[key], theirs[key])]
-        result[key] = (statistics.median(ratios), min(ratios), max(ratios))
-    return result
+        r["vs_ct2"] = against(r, [c for c in ct2 if c["search"] == r["search"] and c["variant"] == precision])
+        r["vs_ct2_fastest"] = against(r, [c for c in ct2 if c["search"] == r["search"]])
 
 
 def _cells(ratios):
     return "-" if not ratios else "{:.2f}, {:.2f}".format(*(ratios[k][0] for k in TIMINGS))
 
 
-def print_table(results):
+def print_runtimes_table(results):
     print(
         f"file: {results['sentences']} test sentences through translate (length-sorted batches of "
         f"{results['batch_size']} sentences, fewer long ones; TFLite's beam 2 x "
@@ -334,19 +333,25 @@ def print_table(results):
         f"file, batch 1, round by round, against the same precision and against its fastest file, "
         f"each with its fastest setting (backend, threads) in the round"
     )
-    print(
-        f"{'runtime':>11} {'variant':>11} {'search':>6} {'sent/s':>7} {'ms@b1':>6} {'out tok':>7} "
-        f"{'MB':>5} {'import':>6} {'loaded':>6} {'peak':>5} {'BLEU':>6} {'/CT2 same':>10} {'/CT2 best':>10}"
-    )
+    columns = [
+        ("runtime", ">11"),
+        ("variant", ">11"),
+        ("search", ">6"),
+        ("sent/s", "7.0f"),
+        ("ms@b1", "6.1f"),
+    ]
+    columns += [("out tok", "7.1f"), ("MB", ">5"), ("import", "6.0f"), ("loaded", "6.0f"), ("peak", "5.0f")]
+    columns += [("BLEU", "6.2f"), ("/CT2 same", ">10"), ("/CT2 best", ">10")]
+    rows = []
     for r in results["rows"]:
         size = "-" if r["bytes"] is None else f"{r['bytes'] / 1e6:.1f}"
         variant = r["variant"] if r.get("backend") is None else f"{r['variant']} {r['backend']}"
-        print(
-            f"{r['runtime']:>11} {variant:>11} {r['search']:>6} {r['file_sentences_per_s']:7.0f} "
-            f"{r['batch1_ms']:6.1f} {r['batch1_output_tokens']:7.1f} {size:>5} {r['imported_mb']:6.0f} "
-            f"{r['loaded_mb']:6.0f} {r['peak_rss_mb']:5.0f} {r['bleu']:6.2f} {_cells(r['vs_ct2']):>10} "
-            f"{_cells(r['vs_ct2_fastest']):>10}"
+        rows.append(
+            [r["runtime"], variant, r["search"], r["file_sentences_per_s"], r["batch1_ms"]]
+            + [r["batch1_output_tokens"], size, r["imported_mb"], r["loaded_mb"], r["peak_rss_mb"], r["bleu"]]
+            + [_cells(r["vs_ct2"]), _cells(r["vs_ct2_fastest"])]
         )
+    print_table(columns, rows)
 
 
 HELP = "every exported runtime against CTranslate2: a file of test sentences and batch 1"
@@ -386,4 +391,4 @@ def main(args):
         batch_size=args.batch_size,
         parallel=args.parallel,
     )
-    report(results, print_table, args.json)
+    report(results, print_runtimes_table, args.json)
