@@ -44,7 +44,7 @@ class Ran(typing.NamedTuple):
     stderr: str
 
 
-def run(argv, *, stdin=None, env=None, cwd=None, timeout=TIMEOUT):
+def run_process(argv, *, stdin=None, env=None, cwd=None, timeout=TIMEOUT):
     """Runs argv to its end (at most `timeout` seconds, or the test fails); its `Ran`."""
     try:
         done = subprocess.run(
@@ -61,13 +61,13 @@ def _shown(argv):
 
 
 def run_kformer(*args, **settings):
-    """`kformer args...` in a process of its own (`run`'s settings); its `Ran`."""
-    return run([*KFORMER, *args], **settings)
+    """`kformer args...` in a process of its own (`run_process`'s settings); its `Ran`."""
+    return run_process([*KFORMER, *args], **settings)
 
 
 def output(argv, **settings):
-    """The stdout of argv (`run`'s settings); a failure fails the test with the end of its stderr."""
-    ran = run(argv, **settings)
+    """The stdout of argv (`run_process`'s settings); a failure fails the test with the end of its stderr."""
+    ran = run_process(argv, **settings)
     if ran.status:
         pytest.fail(f"{_shown(argv)} exited with {ran.status}:\n{ran.stderr[-2000:]}")
     return ran.stdout

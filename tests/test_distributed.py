@@ -9,7 +9,7 @@ import types
 
 import numpy as np
 import pytest
-from conftest import KFORMER, PYTHON, python_lines, run, saved_weights
+from conftest import KFORMER, PYTHON, python_lines, run_process, saved_weights
 
 from kformer import run_folder
 from kformer.train.distributed import cluster_from_env, local_cluster
@@ -225,7 +225,7 @@ def test_a_worker_alone_gives_up_in_bounded_time(tmp_path, corpus_tsv):
     command = _train_command(corpus_tsv, out, "--steps", "5")
     command[command.index("--connect-timeout") + 1] = "3"
     started = time.monotonic()
-    result = run(command, env=env, timeout=120)
+    result = run_process(command, env=env, timeout=120)
     assert result.status != 0 and time.monotonic() - started < 60
     assert "worker 1 could not reach the other 1 worker(s) of TF_CONFIG within 3 s" in result.stderr
     assert not os.path.exists(out)

@@ -6,7 +6,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import KFORMER, PYTHON, run, run_kformer
+from conftest import KFORMER, PYTHON, run_kformer, run_process
 
 from kformer import locks, run_folder
 
@@ -36,10 +36,10 @@ def test_the_lock_is_reentrant_within_a_process(tmp_path):
     folder = str(tmp_path / "run")
     first, second = locks.hold(folder, "train"), locks.hold(folder, "train")  # a notebook starting again
     first()
-    check = run([PYTHON, "-c", HOLD.replace("time.sleep(120)", "pass"), folder])
+    check = run_process([PYTHON, "-c", HOLD.replace("time.sleep(120)", "pass"), folder])
     assert check.status != 0 and "FolderInUse" in check.stderr  # still held: one release left
     second()
-    check = run([PYTHON, "-c", HOLD.replace("time.sleep(120)", "pass"), folder])
+    check = run_process([PYTHON, "-c", HOLD.replace("time.sleep(120)", "pass"), folder])
     assert check.status == 0, check.stderr
 
 
