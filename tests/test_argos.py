@@ -12,7 +12,9 @@ import time
 import urllib.request
 import zipfile
 
+import numpy as np
 import pytest
+from conftest import output, python_lines
 from test_web import need
 
 from kformer.bench.argos import argos_python, argos_translations, bench_argos, offline_environment
@@ -106,11 +108,7 @@ def test_packaged_splitter_splits_as_kformer(exports, tmp_path):
     paragraphs = [" ".join(s for s, _ in test[i : i + 5]) for i in range(0, 200, 5)]
     paragraphs += [" ".join(t for _, t in test[i : i + 5]) for i in range(0, 200, 5)]
     texts = SPLIT_TEXTS + paragraphs
-    result = subprocess.run(
-        [python, "-c", SPLITTER, str(splitter)], input=json.dumps(texts), capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    found = json.loads(result.stdout)
+    found = json.loads(output([python, "-c", SPLITTER, str(splitter)], stdin=json.dumps(texts)))
     expected = [split_sentences(text) for text in texts]
     differ = [i for i in range(len(texts)) if found[i] != expected[i]]
     assert not differ, [(texts[i], found[i], expected[i]) for i in differ[:3]]
@@ -155,8 +153,32 @@ def argos_reference(model, tokenizer_file, texts, compute_type, max_length=256):
     return [text[1:] if text.startswith(" ") else text for text in decoded]
 
 
-def test_package_model_decodes_as_the_export_and_past_its_lengths(exports, tmp_path):
+ARGOS_DECODES = 256  # tokens at most, whatever the model was trained on (argos_reference)
+
+
+def keras_log_probs(run_dir, source, target, positions):
+    """The log-probability of each piece of `target` and then EOS, given the pieces `source`,
+    from the run's Keras model rebuilt with position tables of `positions` rows: what
+    CTranslate2's score_batch gives on a model of such tables."""
+    import keras
+
+    from kformer import run_folder
+    from kformer.model.transformer import Transformer
+
+    model, config, tokenizer, _ = run_folder.load(run_dir)
+    longer = Transformer(config.replace(max_source_length=positions, max_target_length=positions))
+    longer.set_weights(model.get_weights())  # the tables are not weights: computed for the lengths
+    source_ids = np.array([[tokenizer.piece_to_id(p) for p in source]], "int32")
+    following = [tokenizer.piece_to_id(p) for p in target] + [config.eos_id]
+    target_ids = np.array([[config.bos_id, *following[:-1]]], "int32")
+    logits = longer({"source_ids": source_ids, "target_ids": target_ids})[0]  # (T, V)
+    log_probs = np.asarray(keras.ops.log_softmax(logits, axis=-1))
+    return log_probs[np.arange(len(following)), following]
+
+
+def test_package_model_decodes_as_the_export_and_past_its_lengths(exports, trained_dir, tmp_path):
     import ctranslate2
+    import sentencepiece as spm
 
     export_dir = exports["zh-en"]
     package = extracted_model(export_dir, tmp_path)
@@ -168,7 +190,12 @@ def test_package_model_decodes_as_the_export_and_past_its_lengths(exports, tmp_p
         packaged = argos_reference(package / "model", tokenizer, texts, compute_type, max_length=cap)
         assert packaged == argos_reference(exported, tokenizer, texts, compute_type, max_length=cap)
     long_text = texts[0] * 60  # longer than the model's max lengths, as Argos may pass
-    assert argos_reference(package / "model", tokenizer, [long_text], "default")[0]
+    source = spm.SentencePieceProcessor(model_file=str(tokenizer)).encode(long_text, out_type=str)
+    target = source[:ARGOS_DECODES]  # as long as Argos decodes
+    assert len(source) > len(target) == ARGOS_DECODES > cap + 1  # past both of the model's tables
+    (scored,) = ctranslate2.Translator(str(package / "model")).score_batch([source], [target])
+    reference = keras_log_probs(trained_dir, source, target, argos.POSITIONS)
+    np.testing.assert_allclose(scored.log_probs, reference, rtol=0, atol=1e-4)
     with pytest.raises(RuntimeError, match="position"):
         ctranslate2.Translator(exported).translate_batch([["▁"] * 300])
 
@@ -267,10 +294,8 @@ def libretranslate(exports, tmp_path):
     python = venv_python(LIBRETRANSLATE)
     env = offline_environment(tmp_path / "home")
     packages = [package_path(e) for e in exports.values()]
-    installed = subprocess.run(
-        [python, "-c", LT_INSTALL, *packages], capture_output=True, text=True, env=env, check=True
-    )
-    assert installed.stdout.strip() == "[('en', 'zh'), ('zh', 'en')]"
+    installed = python_lines(LT_INSTALL, *packages, python=python, env=env)
+    assert installed == ["[('en', 'zh'), ('zh', 'en')]"]
     port = free_port()
     command = [
         os.path.join(os.path.dirname(python), "libretranslate"),
@@ -279,6 +304,7 @@ def libretranslate(exports, tmp_path):
         "--port",
         str(port),
     ]
+    # the server the tests talk to, stopped at the end: no helper waits for it
     server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -310,15 +336,8 @@ def test_libretranslate_starts_offline_and_translates_both_ways(libretranslate, 
         found = [post_json(f"{url}/translate", {"q": t, "source": source, "target": target}) for t in texts]
         package = extracted_model(export_dir, tmp_path / direction)
         raw = argos_reference(package / "model", package / "sentencepiece.model", texts, "default")
-        formatted = subprocess.run(
-            [python, "-c", LT_FORMAT],
-            input=json.dumps(list(zip(texts, raw))),
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        assert formatted.returncode == 0, formatted.stderr[-2000:]
-        assert [f["translatedText"] for f in found] == json.loads(formatted.stdout), direction
+        formatted = output([python, "-c", LT_FORMAT], stdin=json.dumps(list(zip(texts, raw))), env=env)
+        assert [f["translatedText"] for f in found] == json.loads(formatted), direction
     assert not downloaded_files(tmp_path / "home")
 
 
