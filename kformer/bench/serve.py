@@ -10,6 +10,8 @@ bigger requests from many clients to a server whose queue holds less than they a
 
 import collections
 import concurrent.futures
+import dataclasses
+import functools
 import http.client
 import json
 import os
@@ -22,7 +24,7 @@ import threading
 import time
 
 from kformer.arguments import add_rounds_option, positive
-from kformer.bench.harness import report
+from kformer.bench.harness import Stopwatch, interleave, memory_mb, print_table, reduced, report, spread
 
 CLIENT_LEVELS = (1, 8, 32, 128)
 BAD_BODIES = [  # (body, content type): each must get a 4xx
@@ -50,8 +52,7 @@ class Server:
 
     def memory_mb(self, field):
         """VmRSS (now) or VmHWM (peak) of the server process, in MB."""
-        with open(f"/proc/{self.process.pid}/status") as f:
-            return next(int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":"))
+        return memory_mb(field, self.process.pid)
 
     def close(self):
         self.process.terminate()
@@ -176,90 +177,105 @@ def mixed(server, runner, sources, requests, bad_share=0.2, clients=32, seed=0):
     }
 
 
-def overload(artifact_dir, threads, sources, clients, seconds, queue_chars, parallel=1):
+@dataclasses.dataclass(frozen=True)
+class ServeBench:
+    """What `bench_serve` measures (see it for each option)."""
+
+    sentences: int = 200
+    rounds: int = 2
+    seconds: float = 10.0
+    requests: int = 10_000
+    threads: int = None
+    parallel: int = 1
+
+
+def overload(artifact_dir, bench, sources, clients=256, queue_chars=2_000):
     """Clients of 10-sentence requests against a queue of `queue_chars`; then one request alone."""
-    server = Server(artifact_dir, threads, "--max-queue-chars", str(queue_chars), "--parallel", str(parallel))
+    parallel = str(bench.parallel)
+    server = Server(
+        artifact_dir, bench.threads, "--max-queue-chars", str(queue_chars), "--parallel", parallel
+    )
     try:
         bodies = [
             (_lt_body(sources[i : i + 10]), "application/json", 10) for i in range(0, len(sources) - 10, 10)
         ]
-        level = load_level(server.port, bodies, clients, seconds)
-        start = time.perf_counter()
-        status, _ = _Client(server.port, timeout=60).post(_lt_body(sources[0]), "application/json")
-        level.update(after_status=status, after_ms=1000 * (time.perf_counter() - start), clients=clients)
+        level = load_level(server.port, bodies, clients, bench.seconds)
+        with Stopwatch() as after:
+            status, _ = _Client(server.port, timeout=60).post(_lt_body(sources[0]), "application/json")
+        level.update(after_status=status, after_ms=1000 * after.seconds, clients=clients)
         return level
     finally:
         server.close()
 
 
-def bench_serve(
-    artifact_dir,
-    sentences=200,
-    rounds=2,
-    seconds=10.0,
-    requests=10_000,
-    threads=None,
-    parallel=1,
-    progress=print,
-):
+def bench_serve(artifact_dir, progress=print, **settings):
     """`kformer serve` under load against its runner alone (onnxruntime fp32, batches of 32 and of
-    1, one at a time), at several numbers of clients; a mixed good/bad check; overload. `parallel`:
-    the server's `--parallel`."""
+    1, one at a time), at several numbers of clients, in interleaved rounds; a mixed good/bad
+    check; overload. `settings`: ServeBench's fields (`parallel`: the server's `--parallel`)."""
     from kformer.evaluate import split_references
     from kformer.export.formats import open_runner
     from kformer.export.manifest import load as load_manifest
 
+    bench = ServeBench(**settings)
     artifact_dir = os.path.abspath(artifact_dir)
-    sources = split_references(load_manifest(artifact_dir)["trained_in"], "test")[0][:sentences]
-    runner = open_runner(artifact_dir, "onnx", "fp32", threads=threads)
-    bodies = [(_lt_body(s), "application/json", 1) for s in sources]
-    server = Server(artifact_dir, threads, "--parallel", str(parallel))
-    levels = {n: [] for n in CLIENT_LEVELS}
-    baseline, single = [], []
+    sources = split_references(load_manifest(artifact_dir)["trained_in"], "test")[0][: bench.sentences]
+    runner = open_runner(artifact_dir, "onnx", "fp32", threads=bench.threads)
+    server = Server(artifact_dir, bench.threads, "--parallel", str(bench.parallel))
     try:
-        for number in range(rounds):  # interleaved: the runner, then each level, every round
-            progress(f"round {number + 1}/{rounds}: runner batch 32, batch 1 ...", end=" ", flush=True)
-            baseline.append(runner_throughput(runner, sources, seconds))
-            single.append(runner_throughput(runner, sources, seconds, batch=1))
-            for clients in CLIENT_LEVELS:
-                progress(f"{clients} clients ...", end=" ", flush=True)
-                levels[clients].append(load_level(server.port, bodies, clients, seconds))
-            progress("done")
-        progress(f"mixed: {requests} requests ...", flush=True)
-        mixed_result = mixed(server, runner, sources, requests)
+        found = _rounds(server, runner, sources, bench, progress)
+        progress(f"mixed: {bench.requests} requests ...", flush=True)
+        mixed_result = mixed(server, runner, sources, bench.requests)
         peak_mb = server.memory_mb("VmHWM")
     finally:
         server.close()
     progress("overload ...", flush=True)
-    overloaded = overload(artifact_dir, threads, sources, 256, seconds, queue_chars=2_000, parallel=parallel)
     return {
-        "levels": {n: _median(runs) for n, runs in levels.items()},
-        "runner_batch32": statistics.median(baseline),
-        "runner_batch1": statistics.median(single),
-        "x_runner": {
-            n: _ratio(runs, [{"sentences_per_s": b} for b in baseline]) for n, runs in levels.items()
-        },
-        "x_one_client": {n: _ratio(runs, levels[1]) for n, runs in levels.items()},
-        "runner_per_round": baseline,
-        "per_round": levels,
+        **_levels(found),
         "server_peak_mb": peak_mb,
         "mixed": mixed_result,
-        "overload": overloaded,
-        "rounds": rounds,
-        "seconds": seconds,
+        "overload": overload(artifact_dir, bench, sources),
+        "rounds": bench.rounds,
+        "seconds": bench.seconds,
         "sentences": len(sources),
-        "threads": threads or os.cpu_count(),
-        "parallel": parallel,
+        "threads": bench.threads or os.cpu_count(),
+        "parallel": bench.parallel,
     }
 
 
-def _ratio(runs, bases):
-    """The median over rounds of a run's sentences/s over its round's base."""
-    return statistics.median(r["sentences_per_s"] / b["sentences_per_s"] for r, b in zip(runs, bases))
+def _rounds(server, runner, sources, bench, progress):
+    """{variant: its measurement ({"sentences_per_s", ...}) in each round}: the runner alone on
+    batches of 32 and of 1, and the server under each of CLIENT_LEVELS, interleaved."""
+    bodies = [(_lt_body(s), "application/json", 1) for s in sources]
+
+    def alone(batch):
+        return {"sentences_per_s": runner_throughput(runner, sources, bench.seconds, batch)}
+
+    variants = {
+        "runner batch 32": functools.partial(alone, 32),
+        "runner batch 1": functools.partial(alone, 1),
+        **{
+            f"{n} clients": functools.partial(load_level, server.port, bodies, n, bench.seconds)
+            for n in CLIENT_LEVELS
+        },
+    }
+    return interleave(variants, bench.rounds, lambda measure, _: measure(), progress)
 
 
-def _median(runs):
-    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+def _levels(found):
+    """The results of the rounds: each level's medians; the runner's speeds; each level's speed
+    over the runner's (batch 32) and over one client's, the median of the ratios round by round."""
+    baseline = [r["sentences_per_s"] for r in found["runner batch 32"]]
+    levels = {n: found[f"{n} clients"] for n in CLIENT_LEVELS}
+    speeds = {n: [r["sentences_per_s"] for r in runs] for n, runs in levels.items()}
+    return {
+        "levels": {n: reduced(runs, medians=runs[0]) for n, runs in levels.items()},
+        "runner_batch32": statistics.median(baseline),
+        "runner_batch1": statistics.median(r["sentences_per_s"] for r in found["runner batch 1"]),
+        "x_runner": {n: spread(runs, baseline)[0] for n, runs in speeds.items()},
+        "x_one_client": {n: spread(runs, speeds[1])[0] for n, runs in speeds.items()},
+        "runner_per_round": baseline,
+        "per_round": levels,
+    }
 
 
 def print_serve_table(results):
@@ -270,15 +286,14 @@ def print_serve_table(results):
         f"median of {results['rounds']} interleaved rounds (ratios: of the per-round ratios); "
         f"runner batch 32: {base:.1f}, batch 1: {results['runner_batch1']:.1f} sentences/s"
     )
-    print(
-        f"{'clients':>7} {'sent/s':>8} {'x runner b32':>12} {'x 1 client':>10} "
-        f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
-    )
-    for clients, row in results["levels"].items():
-        print(
-            f"{clients:>7} {row['sentences_per_s']:8.1f} {results['x_runner'][clients]:12.2f} "
-            f"{results['x_one_client'][clients]:10.2f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} {row['errors']:6g}"
-        )
+    columns = [("clients", ">7"), ("sent/s", "8.1f"), ("x runner b32", "12.2f"), ("x 1 client", "10.2f")]
+    columns += [("p50 ms", "8.1f"), ("p99 ms", "8.1f"), ("errors", "6g")]
+    rows = [
+        [n, row["sentences_per_s"], results["x_runner"][n], results["x_one_client"][n]]
+        + [row["p50_ms"], row["p99_ms"], row["errors"]]
+        for n, row in results["levels"].items()
+    ]
+    print_table(columns, rows)
     m, o = results["mixed"], results["overload"]
     print(f"server peak memory {results['server_peak_mb']:.0f} MB")
     print(
