@@ -4,10 +4,9 @@ Python, on the same export and sentences."""
 import contextlib
 import os
 import statistics
-import time
 
 from kformer.arguments import add_rounds_option, positive
-from kformer.bench.harness import report
+from kformer.bench.harness import Stopwatch, interleave, print_table, report
 from kformer.model.config import search_label
 
 # `kformer bench web`: the page of export/web/ against onnxruntime in Python, same export, same sentences.
@@ -37,45 +36,34 @@ def bench_web(artifact_dir, sentences=50, rounds=2, screenshot=None, browser=Non
     manifest = load_manifest(artifact_dir)
     sources = split_references(manifest["trained_in"], "test")[0][:sentences]
     present = {(a["format"], a["variant"]) for a in manifest["artifacts"]}
-    variants = [
-        (runtime, variant)
+    jobs = {
+        f"{runtime} {variant}, {threads} thread(s)": (runtime, variant, threads)
         for runtime, (fmt, names) in web.PAGE_RUNTIMES.items()
         for variant in names
         if (fmt, variant) in present
-    ]
-    beams = (1, manifest["beam_size"])
-    runs = {}  # (runtime, variant, threads, beam, "page"|"python") -> per-sentence ms of every round
-    loads = {}  # (runtime, variant, threads) -> [(seconds, bytes)]
-    jobs = [
-        (number, runtime, variant, threads)
-        for number in range(rounds)
-        for runtime, variant in variants
         for threads in sorted({1, os.cpu_count() or 1})
-    ]
+    }
+    beams = (1, manifest["beam_size"])
+    shot = next((job for job in jobs.values() if job[2] > 1), None)  # the first variant, all cores
     with contextlib.nullcontext(browser) if browser else web.chromium() as browser:
-        for number, runtime, variant, threads in jobs:
-            progress(
-                f"round {number + 1}/{rounds}: {runtime} {variant}, {threads} thread(s) ...",
-                end=" ",
-                flush=True,
-            )
-            shot = screenshot if number == 0 and threads > 1 and (runtime, variant) == variants[0] else None
-            seconds = _time_page(
-                browser, artifact_dir, (runtime, variant, threads), sources, beams, runs, loads, shot
-            )
-            progress(f"loaded in {seconds:.1f} s")
+
+        def measure(job, number):
+            picture = screenshot if number == 0 and job == shot else None
+            return _time_page(browser, artifact_dir, job, sources, beams, picture)
+
+        found = interleave(jobs, rounds, measure, progress, lambda m: f"loaded in {m['load_s']:.1f} s")
     return {
         "artifact": artifact_dir,
         "sentences": len(sources),
         "rounds": rounds,
-        "rows": _rows(loads, runs, beams),
+        "rows": _rows(jobs, found, beams),
     }
 
 
-def _time_page(browser, artifact_dir, job, sources, beams, runs, loads, screenshot=None):
+def _time_page(browser, artifact_dir, job, sources, beams, screenshot=None):
     """One round of one (runtime, variant, threads): the page's first load, then each sentence in
-    the page and in Python, alternately per search; adds to `runs` and `loads`. Returns the load
-    time in seconds."""
+    the page and in Python, alternately per search: {"load_s", "bytes", (beam, "page" or
+    "python"): ms of each sentence}."""
     from kformer.export import web
     from kformer.export.formats import open_listed
     from kformer.serve.server import serving_page
@@ -85,36 +73,43 @@ def _time_page(browser, artifact_dir, job, sources, beams, runs, loads, screensh
         context = browser.new_context()  # an empty cache: the load is a first visit
         page = context.new_page()
         page.goto(f"{url}&threads={threads}")
-        seconds = page.evaluate("window.kformer.ready.then(() => performance.now() / 1000)")
-        loads.setdefault(job, []).append((seconds, page.evaluate(PAGE_BYTES_JS)))
+        found = {"load_s": page.evaluate("window.kformer.ready.then(() => performance.now() / 1000)")}
+        found["bytes"] = page.evaluate(PAGE_BYTES_JS)
         for beam in beams:
             runner = open_listed(
                 artifact_dir, web.PAGE_RUNTIMES[runtime][0], variant, beam_size=beam, threads=threads
             )
             runner.translate(sources[:1])  # warm-up, as the page's first call below
             page.evaluate(TIME_EACH_SENTENCE_JS, [sources[:1], beam])
-            runs.setdefault((*job, beam, "page"), []).extend(
-                page.evaluate(TIME_EACH_SENTENCE_JS, [sources, beam])
-            )
-            python = runs.setdefault((*job, beam, "python"), [])
-            for line in sources:
-                start = time.perf_counter()
-                runner.translate([line])
-                python.append(1000 * (time.perf_counter() - start))
+            found[beam, "page"] = page.evaluate(TIME_EACH_SENTENCE_JS, [sources, beam])
+            found[beam, "python"] = _python_ms(runner, sources)
         if screenshot:
             page.click("#translate")
             page.wait_for_function("document.getElementById('output').textContent.length > 0")
             page.screenshot(path=screenshot)
         context.close()
-    return seconds
+    return found
 
 
-def _rows(loads, runs, beams):
+def _python_ms(runner, sources):
+    """Milliseconds of each of `sources` translated alone by `runner`."""
+    found = []
+    for line in sources:
+        with Stopwatch() as watch:
+            runner.translate([line])
+        found.append(1000 * watch.seconds)
+    return found
+
+
+def _rows(jobs, found, beams):
+    """A row a job and search: the medians over every sentence of every round."""
     rows = []
-    for (runtime, variant, threads), measured in loads.items():
+    for label, (runtime, variant, threads) in jobs.items():
+        measured = found[label]
         for beam in beams:
-            page_ms = statistics.median(runs[(runtime, variant, threads, beam, "page")])
-            python_ms = statistics.median(runs[(runtime, variant, threads, beam, "python")])
+            page_ms, python_ms = (
+                statistics.median(ms for m in measured for ms in m[beam, side]) for side in ("page", "python")
+            )
             rows.append(
                 {
                     "runtime": runtime,
@@ -124,8 +119,8 @@ def _rows(loads, runs, beams):
                     "page_ms": page_ms,
                     "python_ms": python_ms,
                     "ratio": page_ms / python_ms,
-                    "load_s": statistics.median(s for s, _ in measured),
-                    "page_bytes": measured[0][1],
+                    "load_s": statistics.median(m["load_s"] for m in measured),
+                    "page_bytes": measured[0]["bytes"],
                 }
             )
     return rows
@@ -137,16 +132,14 @@ def print_web_table(results):
         "interleaved rounds; page: headless Chromium, WASM (onnx: onnxruntime-web, litert: LiteRT.js); "
         "python: onnxruntime or LiteRT on the same file"
     )
-    print(
-        f"{'runtime':>7} {'variant':>7} {'threads':>7} {'search':>6} {'page ms':>8} {'python ms':>9} "
-        f"{'page/python':>11} {'load s':>6} {'MB loaded':>9}"
-    )
-    for r in results["rows"]:
-        print(
-            f"{r['runtime']:>7} {r['variant']:>7} {r['threads']:7d} {r['search']:>6} {r['page_ms']:8.1f} "
-            f"{r['python_ms']:9.1f} "
-            f"{r['ratio']:11.2f} {r['load_s']:6.1f} {r['page_bytes'] / 1e6:9.1f}"
-        )
+    columns = [("runtime", ">7"), ("variant", ">7"), ("threads", "7d"), ("search", ">6"), ("page ms", "8.1f")]
+    columns += [("python ms", "9.1f"), ("page/python", "11.2f"), ("load s", "6.1f"), ("MB loaded", "9.1f")]
+    rows = [
+        [r["runtime"], r["variant"], r["threads"], r["search"], r["page_ms"], r["python_ms"], r["ratio"]]
+        + [r["load_s"], r["page_bytes"] / 1e6]
+        for r in results["rows"]
+    ]
+    print_table(columns, rows)
 
 
 HELP = "the page in headless Chromium against the same files in Python"
