@@ -2,11 +2,11 @@
 re-run, on the same sentences, each run to the same number of tokens."""
 
 import logging
-import time
+import statistics
 
 import numpy as np
 
-from kformer.bench.harness import report
+from kformer.bench.harness import Stopwatch, interleave, print_table, report
 from kformer.decode import text_batches
 from kformer.model.config import search_label
 
@@ -54,16 +54,13 @@ def _search_function(model, beam_size, naive, jit_compile, output_tokens, eager=
     return tf.function(run, input_signature=[SOURCE_SPEC], jit_compile=jit_compile)
 
 
-def _median_seconds(fn, batch, runs):
-    """The median wall time of `runs` calls of fn(batch)."""
-    import statistics
-
-    seconds = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn(batch)
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+# name: (the naive prefix re-run, XLA, driven op by op from Python)
+VARIANTS = {
+    "cached": (False, False, False),
+    "cached_xla": (False, True, False),
+    "naive": (True, False, False),
+    "naive_eager": (True, False, True),
+}
 
 
 def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
@@ -85,57 +82,75 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
     for batch_size in batch_sizes:
         _, batch = next(text_batches.length_sorted_batches(ids[:batch_size], batch_size))
         for beam_size in (1, 4):
-            timings, outputs = {}, {}
-            for name, naive, jit, eager in (
-                ("cached", False, False, False),
-                ("cached_xla", False, True, False),
-                ("naive", True, False, False),
-                ("naive_eager", True, False, True),
-            ):
-                fn = _search_function(model, beam_size, naive, jit, output_tokens, eager)
-                outputs[name] = np.asarray(fn(batch))  # also traces and compiles
-                timings[name] = _median_seconds(
-                    fn, batch, 1 if eager else max(1, repeats if not naive else repeats // 2)
-                )
-                best = outputs[name] if beam_size == 1 else outputs[name][:, 0]  # (B, T)
-                generated = int(
-                    np.sum(best != config.pad_id)
-                )  # every row runs to output_tokens: EOS is barred
-                rows.append(
-                    {
-                        "batch": batch_size,
-                        "search": search_label(beam_size),
-                        "variant": name,
-                        "seconds": timings[name],
-                        "generated_tokens": generated,
-                        "sentences_per_s": batch_size / timings[name],
-                        "tokens_per_s": generated / timings[name],
-                    }
-                )
-                log.info("batch %d %s %s: %.3fs", batch_size, rows[-1]["search"], name, timings[name])
-            for row in rows[-4:]:  # the same tokens from every variant, or the timings compare different work
-                row["same_tokens_as_naive"] = bool(np.array_equal(outputs[row["variant"]], outputs["naive"]))
-                row["speedup_vs_naive"] = timings["naive"] / row["seconds"]
-                if not row["same_tokens_as_naive"]:
-                    log.warning(
-                        "batch %d %s: %s decodes other tokens than the naive re-run",
-                        batch_size,
-                        row["search"],
-                        row["variant"],
-                    )
+            functions = {
+                name: _search_function(model, beam_size, naive, jit, output_tokens, eager)
+                for name, (naive, jit, eager) in VARIANTS.items()
+            }
+            rows += _decode_rows(functions, batch, beam_size, config.pad_id, repeats)
     return {"model": model_dir, "output_tokens": output_tokens, "source_tokens": "~20", "rows": rows}
+
+
+def _timings(functions, batch, repeats):
+    """{variant: the median seconds of its calls on `batch`}, the calls in interleaved rounds:
+    `repeats` of each, of the naive re-run half as many (it is slow), of the eager one one."""
+    calls = {"naive": max(1, repeats // 2), "naive_eager": 1}  # the re-runs are slow
+    variants = {name: (fn, calls.get(name, max(1, repeats))) for name, fn in functions.items()}
+
+    def timed(variant, number):
+        fn, calls = variant
+        if number >= calls:
+            return None  # its calls done: it sits out the later rounds
+        with Stopwatch() as watch:
+            fn(batch)
+        return watch.seconds
+
+    found = interleave(variants, max(calls for _, calls in variants.values()), timed)
+    return {name: statistics.median(s for s in seconds if s is not None) for name, seconds in found.items()}
+
+
+def _decode_rows(functions, batch, beam_size, pad_id, repeats):
+    """A row a variant: its timing, the tokens it generated, and whether they are the naive
+    re-run's (the same work, or the timings compare different work)."""
+    outputs = {name: np.asarray(fn(batch)) for name, fn in functions.items()}  # also traces and compiles
+    seconds = _timings(functions, batch, repeats)
+    rows = []
+    for name, output in outputs.items():
+        best = output if beam_size == 1 else output[:, 0]  # (B, T)
+        generated = int(np.sum(best != pad_id))  # every row runs to output_tokens: EOS is barred
+        rows.append(
+            {
+                "batch": len(batch),
+                "search": search_label(beam_size),
+                "variant": name,
+                "seconds": seconds[name],
+                "generated_tokens": generated,
+                "sentences_per_s": len(batch) / seconds[name],
+                "tokens_per_s": generated / seconds[name],
+                "same_tokens_as_naive": bool(np.array_equal(output, outputs["naive"])),
+                "speedup_vs_naive": seconds["naive"] / seconds[name],
+            }
+        )
+        log.info("batch %d %s %s: %.3fs", len(batch), rows[-1]["search"], name, seconds[name])
+        if not rows[-1]["same_tokens_as_naive"]:
+            log.warning(
+                "batch %d %s: %s decodes other tokens than the naive re-run",
+                len(batch),
+                rows[-1]["search"],
+                name,
+            )
+    return rows
 
 
 def print_decode_table(results):
     print(f"decode bench, {results['model']}: every row generates exactly {results['output_tokens']} tokens")
-    print(
-        f"{'batch':>5} {'search':>7} {'variant':>11} {'seconds':>9} {'sent/s':>9} {'tokens/s':>9} {'vs naive':>9}"
-    )
-    for r in results["rows"]:
-        print(
-            f"{r['batch']:>5} {r['search']:>7} {r['variant']:>11} {r['seconds']:9.3f} "
-            f"{r['sentences_per_s']:9.1f} {r['tokens_per_s']:9.0f} {r['speedup_vs_naive']:8.1f}x"
-        )
+    columns = [("batch", ">5"), ("search", ">7"), ("variant", ">11"), ("seconds", "9.3f"), ("sent/s", "9.1f")]
+    columns += [("tokens/s", "9.0f"), ("vs naive", ">9")]
+    rows = [
+        [r["batch"], r["search"], r["variant"], r["seconds"], r["sentences_per_s"], r["tokens_per_s"]]
+        + [f"{r['speedup_vs_naive']:.1f}x"]
+        for r in results["rows"]
+    ]
+    print_table(columns, rows)
 
 
 HELP = "the cached search loop against re-running the prefix, in Keras"
