@@ -152,7 +152,7 @@ def beam_trace(translator, text):
         lengths,
         search.TokenIds(config.bos_id, config.eos_id, config.pad_id),
         k,
-        translator.options.alpha,
+        search.BeamOptions(translator.options.alpha),
         search.OnePass(trace=True),
     )
     tokens, log_probs = trace["tokens"].numpy()[0], trace["log_probs"].numpy()[0]

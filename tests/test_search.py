@@ -15,6 +15,7 @@ import tensorflow as tf
 from kformer.decode.search import (
     DROP_DONE,
     NEG_INF,
+    BeamOptions,
     Lengths,
     OnePass,
     TokenIds,
@@ -57,7 +58,7 @@ def run_beam(rows, limits, k, alpha):
     table = table_from(rows)
     limits = tf.constant(limits, tf.int32)
     lengths = Lengths(limits, tf.reduce_max(limits))
-    tokens, scores = beam_search(markov_step(table), row_cache(rows), lengths, IDS, k, alpha=alpha)
+    tokens, scores = beam_search(markov_step(table), row_cache(rows), lengths, IDS, k, BeamOptions(alpha))
     return tokens.numpy(), scores.numpy()
 
 
@@ -116,7 +117,7 @@ def test_finishing_candidates_still_leave_k_alive():
     ]
     table = table_from(rows)
     lengths = Lengths(tf.constant([5]), 5)
-    _, _, trace = beam_search(markov_step(table), row_cache(rows), lengths, IDS, 2, alpha=0.6, loop=TRACED)
+    _, _, trace = beam_search(markov_step(table), row_cache(rows), lengths, IDS, 2, BeamOptions(0.6), TRACED)
     alive = trace["tokens"].numpy()[0, 1]  # (K, T) after step 1
     assert [list(seq[:2]) for seq in alive] == [[A, C], [B, A]]
     np.testing.assert_allclose(trace["log_probs"].numpy()[0, 1], np.log([0.2, 0.16]), rtol=1e-5)
@@ -202,8 +203,12 @@ def test_beam_trace_records_alive_hypotheses_per_step():
     table = table_from(rows)
     limits = tf.constant([4])
     lengths = Lengths(limits, 4)
-    tokens, scores, trace = beam_search(markov_step(table), row_cache(rows), lengths, IDS, 2, 0.6, TRACED)
-    plain_tokens, plain_scores = beam_search(markov_step(table), row_cache(rows), lengths, IDS, 2, 0.6)
+    tokens, scores, trace = beam_search(
+        markov_step(table), row_cache(rows), lengths, IDS, 2, BeamOptions(0.6), TRACED
+    )
+    plain_tokens, plain_scores = beam_search(
+        markov_step(table), row_cache(rows), lengths, IDS, 2, BeamOptions(0.6)
+    )
     np.testing.assert_array_equal(tokens.numpy(), plain_tokens.numpy())  # tracing changes nothing
     history, log_probs = trace["tokens"].numpy()[0], trace["log_probs"].numpy()[0]
     # After step 0 the alive beams are "a" (0.4) and "b" (0.3); EOS (0.3) went to finished.
@@ -222,7 +227,7 @@ def test_a_beam_row_stops_when_its_most_probable_candidate_ends():
     rows = [{BOS: {EOS: 0.5, A: 0.45, B: 0.05}, A: {A: 0.5, B: 0.5}, B: {A: 0.5, B: 0.5}}]
     lengths = Lengths(tf.constant([6]), 6)
     tokens, scores, trace = beam_search(
-        markov_step(table_from(rows)), row_cache(rows), lengths, IDS, 2, 0.6, TRACED
+        markov_step(table_from(rows)), row_cache(rows), lengths, IDS, 2, BeamOptions(0.6), TRACED
     )
     tokens, scores = tokens.numpy(), scores.numpy()
     assert int(trace["steps"]) == 1
@@ -248,14 +253,17 @@ def test_a_beam_row_waits_for_nbest_finished_hypotheses(nbest, steps, finished):
     table, lengths = table_from(WAITS), Lengths(tf.constant([6]), 6)
     probabilities = {1: [0.5], 2: [0.5, 0.27], 3: [0.5, 0.27, 0.2]}[nbest]
     graph = tf.function(  # nbest as the exported graphs take it: an int32 scalar input
-        lambda nbest: beam_search(markov_step(table), row_cache(WAITS), lengths, IDS, 3, 0.0, nbest=nbest),
+        lambda nbest: beam_search(
+            markov_step(table), row_cache(WAITS), lengths, IDS, 3, BeamOptions(0.0, nbest)
+        ),
         input_signature=[tf.TensorSpec([], tf.int32)],
     )
-    _, _, trace = beam_search(markov_step(table), row_cache(WAITS), lengths, IDS, 3, 0.0, TRACED, nbest=nbest)
+    options = BeamOptions(0.0, nbest)
+    _, _, trace = beam_search(markov_step(table), row_cache(WAITS), lengths, IDS, 3, options, TRACED)
     assert int(trace["steps"]) == steps
     runs = [
         graph(tf.constant(nbest)),
-        beam_search(markov_step(table), row_cache(WAITS), lengths, IDS, 3, 0.0, DROP_DONE, nbest=nbest),
+        beam_search(markov_step(table), row_cache(WAITS), lengths, IDS, 3, options, DROP_DONE),
     ]
     for tokens, scores in runs:
         tokens, scores = tokens.numpy()[0], scores.numpy()[0]
@@ -302,11 +310,9 @@ def test_two_passes_give_the_results_of_one(seed):
         two = greedy_search(counting_step(table), cache(first_length), lengths, IDS, two_passes)
         np.testing.assert_array_equal(one[0], two[0])
         np.testing.assert_allclose(one[1], two[1], rtol=1e-6)
-        guard = {"no_repeat_ngram": 2}  # its buffers are grown with the others
-        one = beam_search(counting_step(table), cache(length), lengths, IDS, 3, **guard)
-        two = beam_search(
-            counting_step(table), cache(first_length), lengths, IDS, 3, loop=two_passes, **guard
-        )
+        guard = BeamOptions(no_repeat_ngram=2)  # its buffers are grown with the others
+        one = beam_search(counting_step(table), cache(length), lengths, IDS, 3, guard)
+        two = beam_search(counting_step(table), cache(first_length), lengths, IDS, 3, guard, two_passes)
         np.testing.assert_array_equal(one[0], two[0])
         np.testing.assert_allclose(one[1], two[1], rtol=1e-6)
 
@@ -321,10 +327,11 @@ def test_dropping_done_rows_gives_the_results_of_one_pass(seed):
     limits = tf.constant(rng.integers(0, 10, rows), tf.int32)
     length = int(tf.reduce_max(limits))
     cache = {"static": tf.range(rows), "state": tf.zeros([rows, length], tf.int32)}
-    guard = {"no_repeat_ngram": 2}
     searches = [
-        functools.partial(greedy_search, counting_step(table), ids=IDS, **guard),
-        functools.partial(beam_search, counting_step(table), ids=IDS, beam_size=3, **guard),
+        functools.partial(greedy_search, counting_step(table), ids=IDS, no_repeat_ngram=2),
+        functools.partial(
+            beam_search, counting_step(table), ids=IDS, beam_size=3, options=BeamOptions(no_repeat_ngram=2)
+        ),
     ]
     for search in searches:
         one = search(cache=cache, lengths=Lengths(limits, length))
@@ -462,8 +469,7 @@ def test_wide_guarded_beam_equals_brute_force(n):
         Lengths(tf.constant([limit]), limit),
         IDS,
         k,
-        alpha=0.0,
-        no_repeat_ngram=n,
+        BeamOptions(alpha=0.0, no_repeat_ngram=n),
     )
     best = (-math.inf, None)
     for length in range(1, limit + 1):

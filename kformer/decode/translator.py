@@ -118,9 +118,8 @@ class Translator(tf.Module):
         c, step = self.config, self.model.decode_step
         ids = search.TokenIds(c.bos_id, c.eos_id, c.pad_id)
         if beam:
-            tokens, scores = search.beam_search(
-                step, cache, lengths, ids, self.beam_size, alpha, loop, no_repeat_ngram, nbest
-            )
+            options = search.BeamOptions(alpha, nbest, no_repeat_ngram)
+            tokens, scores = search.beam_search(step, cache, lengths, ids, self.beam_size, options, loop)
         else:
             tokens, scores = search.greedy_search(
                 step, cache, lengths, ids, loop, no_repeat_ngram=no_repeat_ngram, whole_top_1=self.whole_top_1

@@ -11,7 +11,7 @@ on rows that are done (one typed value, which both take); repeat_guard.py the n-
 guard; common.py what they share; naive.py the uncached reference.
 """
 
-from kformer.decode.search.beam import beam_search
+from kformer.decode.search.beam import BeamOptions, beam_search
 from kformer.decode.search.common import NEG_INF, Lengths, TokenIds, length_penalty, output_limits
 from kformer.decode.search.greedy import greedy_search
 from kformer.decode.search.loops import DROP_DONE, ONE_PASS, DropDone, OnePass, TwoPasses
@@ -21,6 +21,7 @@ __all__ = [
     "DROP_DONE",
     "NEG_INF",
     "ONE_PASS",
+    "BeamOptions",
     "DropDone",
     "Lengths",
     "OnePass",

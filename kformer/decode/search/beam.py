@@ -5,7 +5,7 @@ be `()`): static entries are fixed for a source row (encoder keys/values, masks)
 belong to one hypothesis (self-attention keys/values). Beam search tiles both to K beams once,
 and reorders only the state as beams are re-ranked.
 
-Shape letters: B batch, R rows still running, K beam size, T buffer length, V vocabulary.
+Shape letters: B batch (the rows in the loop), K beam size, T buffer length, V vocabulary.
 """
 
 from typing import NamedTuple
@@ -13,23 +13,39 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from kformer.decode.search import loops
-from kformer.decode.search.common import NEG_INF, beams_of, length_penalty, running, to_batch, where
+from kformer.decode.search.common import NEG_INF, Nest, StepFunction, TokenIds, length_penalty
 from kformer.decode.search.repeat_guard import RepeatGuard
 from kformer.model import portable
 from kformer.model.config import LENGTH_PENALTY
 
 
+class BeamOptions(NamedTuple):
+    """Beam search's run-time options, each a Python value or a scalar tensor (an input of the
+    exported graphs).
+
+    alpha: the length penalty's exponent (float32).
+    nbest: how many finished hypotheses a row waits for (int32, at most K: a larger one waits until
+        the limit; <= 1 is 1).
+    no_repeat_ngram: as in `greedy_search`, for each hypothesis.
+    """
+
+    alpha: float | tf.Tensor = LENGTH_PENALTY
+    nbest: int | tf.Tensor = 1
+    no_repeat_ngram: int | tf.Tensor | None = None
+
+
+DEFAULT_OPTIONS = BeamOptions()
+
+
 class BeamState(NamedTuple):
     index: tf.Tensor  # () step
     alive_tokens: tf.Tensor  # (B, K, T)
-    alive_runs: (
-        object  # (B * K, T) int32 RepeatGuard runs of the alive beams (beams of a row adjacent), or ()
-    )
+    alive_runs: tf.Tensor | tuple  # (B * K, T) int32 RepeatGuard runs of the alive beams, or ()
     alive_log_probs: tf.Tensor  # (B, K) sum of log-probabilities, NEG_INF for dead slots
     finished_tokens: tf.Tensor  # (B, K, T)
     finished_scores: tf.Tensor  # (B, K) length-penalized scores, NEG_INF for empty slots
     done: tf.Tensor  # (B,) bool: the row has stopped (computed once a step, in the body)
-    cache: object  # {"static", "state"} of (B * K, ...) batch-first tensors, beams of one row adjacent
+    cache: Nest  # {"static", "state"} of (B * K, ...) batch-first tensors
     trace: tuple  # () or, with a trace, alive tokens (B, T, K, T) and log-probs (B, T, K) per step
 
     KINDS = {
@@ -43,32 +59,10 @@ class BeamState(NamedTuple):
         "cache": loops.CACHE,
         "trace": loops.TRACE,
     }
+    OUTPUTS = ("finished_tokens", "finished_scores")
 
 
-class _Stepper(NamedTuple):
-    """What every step of one beam search loop reads, computed once before it."""
-
-    step: object  # (tokens (B * K,), cache, index) -> (logits (B * K, V), cache)
-    k: int  # the beam size K
-    ids: object  # common.TokenIds
-    alpha: object  # the length penalty's exponent
-    nbest: object  # finished hypotheses a row needs before it may stop (int or int32 scalar tensor)
-    positions: tf.Tensor  # (T,) in the output buffers
-    guard: object  # a RepeatGuard of B * K rows, or None
-    trace: bool  # the state keeps the alive hypotheses of every step
-
-
-def beam_search(
-    step,
-    cache,
-    lengths,
-    ids,
-    beam_size,
-    alpha=LENGTH_PENALTY,
-    loop=loops.ONE_PASS,
-    no_repeat_ngram=None,
-    nbest=1,
-):
+def beam_search(step, cache, lengths, ids, beam_size, options=DEFAULT_OPTIONS, loop=loops.ONE_PASS):
     """Beam search with GNMT length penalty; alive and finished hypotheses are kept apart.
 
     Each step extends every alive beam, takes the top 2K candidates (so that K of them finishing
@@ -85,150 +79,75 @@ def beam_search(
             B (tiled here). `loops.OnePass(trace=True)` also returns the alive hypotheses after
             every step, for pictures: {"tokens": (B, T, K, T), "log_probs": (B, T, K), "steps": ()}.
         beam_size: K.
-        alpha: the length penalty's exponent, a float or a float32 scalar tensor.
-        no_repeat_ngram: as in `greedy_search`, for each hypothesis.
-        nbest: how many finished hypotheses a row waits for (int or int32 scalar tensor, at most
-            K: a larger one waits until the limit; <= 1 is 1).
+        options: a BeamOptions (alpha, nbest, no_repeat_ngram).
     Returns (tokens (B, K, T) int32 best first, scores (B, K) float32 penalized log-probability)
     [, trace].
     """
-    k, (limits, buffer_length) = beam_size, lengths
-    trace = isinstance(loops.checked(loop), loops.OnePass) and loop.trace
-
-    def run(state, limits, length, rows_left=0):
-        # Computed once, read by every step: positions (T,) in the output buffers, and where each
-        # row's beams start (B, 1) in the cache.
-        positions = tf.range(length)
-        row_starts = tf.expand_dims(tf.range(tf.shape(limits)[0]) * k, 1)
-        rows = tf.shape(limits)[0] * k
-        guard = None if no_repeat_ngram is None else RepeatGuard(no_repeat_ngram, rows, positions)
-        stepper = _Stepper(step, k, ids, alpha, nbest, positions, guard, trace)
-
-        def body(s):
-            state, continued = _beam_step(s, stepper, limits, row_starts)
-            return [state._replace(cache=_reorder_state(state.cache, continued))]
-
-        return tf.while_loop(portable.loop_condition(length, rows_left), body, [state])[0]
-
-    if isinstance(loop, loops.DropDone):
-        return _beam_outputs(
-            *_beam_dropping_done(step, cache, lengths, ids, k, alpha, nbest, no_repeat_ngram),
-            limits,
-            ids.pad,
-        )
-    first_length = loops.first_length(loop, buffer_length)
-    state = _first_beam_state(
-        cache, limits, k, first_length, buffer_length if trace else None, ids.pad, no_repeat_ngram
-    )
-    if isinstance(loop, loops.TwoPasses):
-        final = loops.in_two_passes(run, state, limits, loop, buffer_length, ids.pad, beam_size=k)
-    else:
-        final = run(state, limits, buffer_length)
-    outputs = _beam_outputs(final.finished_tokens, final.finished_scores, limits, ids.pad)
-    if trace:
+    final = loops.checked(loop).run(_Beam(step, ids, beam_size, options), cache, lengths)
+    outputs = _beam_outputs(final.finished_tokens, final.finished_scores, lengths.limits, ids.pad)
+    if final.trace:
         return (*outputs, {"tokens": final.trace[0], "log_probs": final.trace[1], "steps": final.index})
     return outputs
 
 
-class DroppingBeamState(NamedTuple):
-    rows: tf.Tensor  # (R,) the rows of the batch still running
-    beams: BeamState  # theirs: (R, ...) and (R * K, ...)
-    out_tokens: tf.Tensor  # (B, K, T) every row's finished hypotheses
-    out_scores: tf.Tensor  # (B, K) their scores, NEG_INF for empty slots
+class _Beam(NamedTuple):
+    """What beam search gives the loop that runs it (a loops.Search)."""
 
-    WHOLE = ("out_tokens", "out_scores")  # the buffers of the whole batch (loops.shrinking)
+    step: StepFunction
+    ids: TokenIds
+    k: int  # the beam size K
+    options: BeamOptions
 
-    @property
-    def index(self):  # () step, as loops.while_rows_run reads it
-        return self.beams.index
-
-
-def _beam_dropping_done(step, cache, lengths, ids, k, alpha, nbest, no_repeat_ngram):
-    """`beam_search` in one loop whose batch shrinks, as greedy's DropDone loop: the R rows still
-    running take each step; their finished hypotheses are written into the buffers of all B rows,
-    and the rows done are then dropped, with their beams' cache. The reorder of the cache's state
-    and the drop are one gather. Returns the finished (tokens (B, K, T), scores (B, K))."""
-    limits, length = lengths
-    batch = tf.shape(limits)[0]
-    positions = tf.range(length)  # (T,)
-    tokens_shape, scores_shape = tf.stack([batch, k, length]), tf.stack([batch, k])  # (B, K, T), (B, K)
-
-    guard = None if no_repeat_ngram is None else RepeatGuard(no_repeat_ngram, None, positions)
-    stepper = _Stepper(step, k, ids, alpha, nbest, positions, guard, False)
-
-    def body(s):
-        row_starts = tf.expand_dims(tf.range(tf.size(s.rows)) * k, 1)  # (R, 1)
-        beams, continued = _beam_step(s.beams, stepper, tf.gather(limits, s.rows), row_starts)
-        finished_after = to_batch(
-            s.rows, beams.finished_tokens + 1, tokens_shape
-        )  # (B, K, T): 0 if not running
-        stepped = finished_after[:, :1, :1] > 0  # (B, 1, 1)
-        out_tokens = tf.where(stepped, finished_after - 1, s.out_tokens)
-        out_scores = tf.where(
-            stepped[:, :, 0], to_batch(s.rows, beams.finished_scores, scores_shape), s.out_scores
-        )
-        keep = where(tf.logical_not(beams.done))  # (R',) into R
-        return [
-            DroppingBeamState(
-                tf.gather(s.rows, keep), _kept(beams, continued, keep, k), out_tokens, out_scores
+    def start(self, cache, limits, length, trace):
+        """Buffers of `length`, the cache tiled to K beams, and a trace of `length` steps."""
+        k, batch = self.k, tf.shape(limits)[0]
+        # Only beam 0 is alive at first, so the first step does not pick K copies of one token.
+        first = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG_INF)], axis=1)
+        empty = tf.fill([batch, k, length], self.ids.pad)
+        guarded = self.options.no_repeat_ngram is not None
+        history = ()
+        if trace:
+            history = (
+                tf.fill([batch, length, k, length], self.ids.pad),
+                tf.fill([batch, length, k], NEG_INF),
             )
-        ]
+        return BeamState(
+            index=tf.constant(0),
+            alive_tokens=empty,
+            alive_runs=tf.zeros([batch * k, length], tf.int32) if guarded else (),
+            alive_log_probs=first,
+            finished_tokens=empty,
+            finished_scores=tf.fill([batch, k], NEG_INF),
+            done=tf.less_equal(limits, 0),
+            cache=portable.repeat_rows(cache, k),
+            trace=history,
+        )
 
-    rows = running(limits)
-    state = DroppingBeamState(
-        rows=rows,
-        beams=_first_beam_state(
-            tf.nest.map_structure(lambda t: tf.gather(t, rows), cache),
-            tf.gather(limits, rows),
-            k,
-            length,
-            None,
-            ids.pad,
-            no_repeat_ngram,
-        ),
-        out_tokens=tf.fill([batch, k, length], ids.pad),
-        out_scores=tf.fill([batch, k], NEG_INF),
-    )
-    cond = loops.while_rows_run(length)
-    final = tf.while_loop(cond, body, [state], shape_invariants=[loops.shrinking(state)])[0]
-    return final.out_tokens, final.out_scores
+    def stepper(self, length, batch):
+        k, ngram = self.k, self.options.no_repeat_ngram
+        positions = tf.range(length)  # (T,) in the output buffers
+        guard = None if ngram is None else RepeatGuard(ngram, None if batch is None else batch * k, positions)
+        # (B, 1) where each row's beams start in the cache; a step counts the rows that change
+        row_starts = None if batch is None else tf.expand_dims(tf.range(batch) * k, 1)
+
+        def step(s, limits):
+            starts = tf.expand_dims(tf.range(tf.size(limits)) * k, 1) if row_starts is None else row_starts
+            return _beam_step(s, self, limits, _Stepper(positions, guard, starts))
+
+        return step
 
 
-def _kept(beams, continued, keep, k):
-    """The beams of the rows `keep` (R',) into R after a step; `continued` (R * K,): the beam each
-    alive beam continues. The reorder of the beams and the drop of the rows are one gather."""
-    kept_beams = beams_of(keep, k)  # (R' * K,) into R * K
-    cache = {
-        "static": tf.nest.map_structure(lambda t: tf.gather(t, kept_beams), beams.cache["static"]),
-        "state": _reorder_state(beams.cache, tf.gather(continued, kept_beams))["state"],
-    }
-    by_row = lambda t: tf.gather(t, keep)  # noqa: E731
-    return BeamState(
-        index=beams.index,
-        alive_tokens=by_row(beams.alive_tokens),
-        alive_runs=tf.nest.map_structure(lambda t: tf.gather(t, kept_beams), beams.alive_runs),
-        alive_log_probs=by_row(beams.alive_log_probs),
-        finished_tokens=by_row(beams.finished_tokens),
-        finished_scores=by_row(beams.finished_scores),
-        done=by_row(beams.done),
-        cache=cache,
-        trace=(),
-    )
+class _Stepper(NamedTuple):
+    """What a step of one beam search loop reads beyond its state, computed before it."""
+
+    positions: tf.Tensor  # (T,) in the output buffers
+    guard: RepeatGuard | None  # of B * K rows
+    row_starts: tf.Tensor  # (B, 1) where each row's beams start in the cache
 
 
 def _gather_beams(tensor, indices):
     """tensor (B, N, ...), indices (B, K) into N -> (B, K, ...)."""
     return tf.gather(tensor, indices, axis=1, batch_dims=1)
-
-
-def _reorder_state(cache, flat):
-    """Beam k of row b continues from the beam (B * K,) flat[b * K + k] of all rows: reorders
-    the (B * K, ...) state of the cache. The static part is the same for every beam of a row, so
-    it is left as it is."""
-    return {
-        "static": cache["static"],
-        "state": tf.nest.map_structure(lambda t: tf.gather(t, flat, axis=0), cache["state"]),
-    }
 
 
 def _top_candidates(s, step, k, bos_id, ban):
@@ -269,39 +188,13 @@ def _traced(history, slot, alive_tokens, alive_log_probs):
     )
 
 
-def _first_beam_state(cache, limits, k, length, trace_length, pad_id, no_repeat_ngram):
-    """The state before the first step: buffers of `length`, the cache tiled to K beams, and a
-    trace of `trace_length` steps (None: no trace)."""
-    batch = tf.shape(limits)[0]
-    # Only beam 0 is alive at first, so the first step does not pick K copies of one token.
-    first = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], NEG_INF)], axis=1)
-    empty = tf.fill([batch, k, length], pad_id)
-    trace = ()
-    if trace_length is not None:
-        trace = (
-            tf.fill([batch, trace_length, k, trace_length], pad_id),
-            tf.fill([batch, trace_length, k], NEG_INF),
-        )
-    return BeamState(
-        index=tf.constant(0),
-        alive_tokens=empty,
-        alive_runs=() if no_repeat_ngram is None else tf.zeros([batch * k, length], tf.int32),
-        alive_log_probs=first,
-        finished_tokens=empty,
-        finished_scores=tf.fill([batch, k], NEG_INF),
-        done=tf.less_equal(limits, 0),
-        cache=portable.repeat_rows(cache, k),
-        trace=trace,
-    )
-
-
-def _beam_step(s, stepper, limits, row_starts):
-    """One step of `beam_search` from state `s` of B rows (limits (B,), row_starts (B, 1): where
-    each row's beams start in the cache; `stepper`, a _Stepper of the loop). Returns
-    (the next state, its cache the step's before beams are reordered; (B * K,) the beam of all
-    rows that each alive beam continues, the reorder). Reshapes keep a -1 for the batch: a shape
-    built from tf.shape at every step is four exported nodes."""
-    step, k, ids, alpha, nbest, positions, guard, trace = stepper
+def _beam_step(s, beam, limits, stepper):
+    """One step of `beam_search` (`beam`, a _Beam) from state `s` of B rows (limits (B,);
+    `stepper`, a _Stepper of the loop). Returns (the next state, its cache the step's before beams
+    are reordered; (B * K,) the beam of all rows that each alive beam continues, the reorder).
+    Reshapes keep a -1 for the batch: a shape built from tf.shape at every step is four exported
+    nodes."""
+    k, ids, (positions, guard, row_starts) = beam.k, beam.ids, stepper
     if guard is None:
         ban = lambda logits: logits  # noqa: E731
     else:
@@ -309,7 +202,7 @@ def _beam_step(s, stepper, limits, row_starts):
         flat_shape = portable.shape_in_loop(s.alive_runs)  # (B * K, T), as the alive tokens flat
         alive_before = tf.reshape(s.alive_tokens, flat_shape)
         ban = lambda logits: guard.ban(logits, alive_before, s.alive_runs, written)  # noqa: E731
-    top_log_probs, top_beams, top_tokens, cache = _top_candidates(s, step, k, ids.bos, ban)  # (B, 2K)
+    top_log_probs, top_beams, top_tokens, cache = _top_candidates(s, beam.step, k, ids.bos, ban)  # (B, 2K)
     slot = tf.equal(positions, s.index)  # (T,)
     top_seqs = portable.write_slot(_gather_beams(s.alive_tokens, top_beams), slot, top_tokens)  # (B, 2K, T)
     length = s.index + 1
@@ -333,27 +226,19 @@ def _beam_step(s, stepper, limits, row_starts):
             written,
         )
 
-    new_scores = tf.where(finishing & valid, top_log_probs / length_penalty(length, alpha), NEG_INF)
+    new_scores = tf.where(
+        finishing & valid, top_log_probs / length_penalty(length, beam.options.alpha), NEG_INF
+    )
     finished_tokens, finished_scores = _merge_finished(s, top_seqs, new_scores, k)
     # The most probable candidate (top_k sorts them) finishes: a gather, where [:, 0] is two nodes.
     # It is valid in a row not done. At the limit every candidate finishes, so the row is done
     # however few have; before it, it waits for nbest finished hypotheses.
     filled = tf.reduce_sum(tf.cast(finished_scores > NEG_INF / 2, tf.int32), axis=1)  # (B,)
-    enough = (filled >= nbest) | at_limit
+    enough = (filled >= beam.options.nbest) | at_limit
     done = s.done | (tf.gather(finishing, 0, axis=1) & enough)
-    history = _traced(s.trace, slot, alive_tokens, alive_log_probs) if trace else s.trace
-    state = (
-        length,
-        alive_tokens,
-        alive_runs,
-        alive_log_probs,
-        finished_tokens,
-        finished_scores,
-        done,
-        cache,
-        history,
-    )
-    return BeamState(*state), continued
+    history = _traced(s.trace, slot, alive_tokens, alive_log_probs) if s.trace else ()
+    state = (length, alive_tokens, alive_runs, alive_log_probs, finished_tokens, finished_scores, done)
+    return BeamState(*state, cache, history), continued
 
 
 def _beam_outputs(finished_tokens, finished_scores, limits, pad_id):

@@ -1,13 +1,23 @@
 """What both searches and their loops share: the special ids, the output lengths, the scores of
-a slot without a hypothesis, and row bookkeeping."""
+a slot without a hypothesis, and row bookkeeping.
 
-from typing import NamedTuple
+Shape letters: B batch, R some of its rows, S source length, T buffer length, V vocabulary, N a
+count of positions.
+"""
+
+from collections.abc import Callable
+from typing import NamedTuple, Union
 
 import tensorflow as tf
 
 from kformer.model.config import EXTRA_OUTPUT_TOKENS
 
 NEG_INF = -1.0e9  # finite: -inf would turn 0 * inf into NaN in the searches' blends
+
+# A nest of batch-first tensors (tf.nest): a step's cache; () where a part is empty.
+Nest = Union[tf.Tensor, tuple, list, dict]
+# `step(tokens (B,), cache, index ()) -> (logits (B, V), cache)`: the model, to a search.
+StepFunction = Callable[[tf.Tensor, Nest, tf.Tensor], tuple[tf.Tensor, Nest]]
 
 
 class TokenIds(NamedTuple):
@@ -24,7 +34,7 @@ class Lengths(NamedTuple):
     scalar int32 T >= max(limits) of the output buffers."""
 
     limits: tf.Tensor
-    buffer: object
+    buffer: int | tf.Tensor
 
 
 def output_limits(source_ids, pad_id, cap, extra=EXTRA_OUTPUT_TOKENS, buffer_cap=None):
@@ -55,21 +65,9 @@ def where(mask, dtype=tf.int32):
     return positions if dtype == tf.int64 else tf.cast(positions, dtype)
 
 
-def running(limits):
-    """(R,) int32 the rows of limits (B,) that take a first step: all but empty sources."""
-    return where(limits > 0)
-
-
-def to_batch(rows, values, shape):
-    """values (R, ...) of the running `rows` (R,) scattered into zeros of `shape` (B, ...), a
-    shape computed before the loop (no shape read a step); rows are distinct, so a plain scatter
-    (no duplicates to add). The result keeps the static dims of `values` past the first (a beam
-    of 1 would otherwise broadcast to an unknown dim and change a loop variable's shape)."""
-    scattered = tf.scatter_nd(tf.expand_dims(rows, 1), values, shape)
-    scattered.set_shape([None, *values.shape[1:]])
-    return scattered
-
-
 def beams_of(rows, k):
-    """(R * k,) the cache rows of source rows `rows` (R,) whose k beams are adjacent."""
-    return tf.reshape(tf.expand_dims(rows * k, 1) + tf.range(k), [-1])
+    """(R * k,) the cache rows of source rows `rows` (R,) whose k beams are adjacent, in the type
+    of `rows`; the rows themselves for k = 1 (no nodes)."""
+    if k == 1:
+        return rows
+    return tf.reshape(tf.expand_dims(rows * k, 1) + tf.range(k, dtype=rows.dtype), [-1])
