@@ -6,9 +6,12 @@ no Python loop over steps, so the same graph exports to SavedModel, TFLite and O
 spellings that keep it so are kformer.model.portable's. The cache's state may grow along its
 step axis from step to step (`Transformer.init_cache`).
 
-greedy.py and beam.py are the two searches; loops.py the three ways a loop stops spending steps
-on rows that are done (one typed value, which both take); repeat_guard.py the n-gram repeat
-guard; common.py what they share; naive.py the uncached reference.
+loops.py holds the three loop strategies (one pass, two passes, dropping the rows that are done),
+each a typed value that owns its `tf.while_loop`: the steps, the rows taken and dropped, the
+passes merged. greedy.py and beam.py are the two searches: each gives its loop the state of its
+rows before the first step, a step over the rows in the loop, what kind each field of its state
+is and which of them its outputs are read from (`loops.Search`). repeat_guard.py is the n-gram
+repeat guard; common.py what they share; naive.py the uncached reference.
 """
 
 from kformer.decode.search.beam import BeamOptions, beam_search
