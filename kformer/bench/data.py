@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from kformer.arguments import positive
-from kformer.bench.harness import report
+from kformer.bench.harness import Stopwatch, print_table, report, waited
 from kformer.model.config import DEFAULT_DIRECTION, DEFAULT_PRESET, PRESETS
 
 log = logging.getLogger("kformer")
@@ -109,15 +109,12 @@ def synthetic_corpus(path, pairs, base=None, seed=0, direction=DEFAULT_DIRECTION
 def measured(argv, env=None, cwd=None):
     """Runs argv; -> (seconds, peak resident MB, stdout). Raises with the end of its stderr if it fails."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        started = time.monotonic()
-        process = subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=cwd)
-        _, status, usage = os.wait4(process.pid, 0)
-        seconds = time.monotonic() - started
-        process.returncode = os.waitstatus_to_exitcode(status)
+        with Stopwatch() as watch:
+            code, peak = waited(subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=cwd))
         out.seek(0), err.seek(0)
-        if process.returncode:
+        if code:
             raise RuntimeError(f"{' '.join(argv[:4])}... failed: {err.read()[-2000:]}")
-        return seconds, usage.ru_maxrss / 1024, out.read()
+        return watch.seconds, peak, out.read()
 
 
 def _cli(*args):
@@ -158,11 +155,11 @@ def _two_workers(prepared, out, config, steps):
         )
     peaks = []
     for process, log_file in zip(processes, logs):
-        _, status, usage = os.wait4(process.pid, 0)
+        code, peak = waited(process)
         log_file.seek(0)
-        if os.waitstatus_to_exitcode(status):
+        if code:
             raise RuntimeError(f"a worker of the two-worker run failed: {log_file.read()[-2000:]}")
-        peaks.append(usage.ru_maxrss / 1024)
+        peaks.append(peak)
     return peaks
 
 
@@ -212,22 +209,33 @@ def bench_data(sizes=(1_000_000,), config="small", work=None):
 
 def print_data_table(results):
     print(f"data bench: synthetic corpora, training config {results['config']}; peak = resident memory")
-    header = (
-        f"{'pairs':>11} {'distinct':>11} {'prepare':>9} {'peak':>7} {'B/pair':>7} {'to step 1':>10} "
-        f"{'train peak':>11} {'pipeline':>9} {'step':>7} {'ratio':>6} {'resume@few':>11} {'resume@many':>12} "
-        f"{'2 workers':>12}"
-    )
-    print(header)
+    columns = [
+        ("pairs", ">11,"),
+        ("distinct", ">11,"),
+        ("prepare", ">9"),
+        ("peak", ">7"),
+        ("B/pair", ">7.0f"),
+    ]
+    columns += [
+        ("to step 1", ">10"),
+        ("train peak", ">11"),
+        ("pipeline", ">9"),
+        ("step", ">7"),
+        ("ratio", ">6"),
+    ]
+    columns += [("resume@few", ">11"), ("resume@many", ">12"), ("2 workers", ">12")]
+    rows = []
     for r in results["sizes"]:
         train = r["train"]
         ratio = train["pipeline_batches_per_s"] / train["steps_per_s"]
-        print(
-            f"{r['pairs']:>11,} {r['distinct']:>11,} {r['prepare_s']:>8.0f}s {r['prepare_peak_mb'] / 1024:>6.2f}G "
-            f"{r['bytes_per_pair']:>7.0f} {train['to_first_step']:>9.1f}s {train['peak_mb'] / 1024:>10.2f}G "
-            f"{train['pipeline_batches_per_s']:>8.0f}/s {train['steps_per_s']:>5.1f}/s {ratio:>5.0f}x "
-            f"{r['resume_few']['to_first_step']:>10.1f}s {r['resume_many']['to_first_step']:>11.1f}s "
-            f"{'/'.join(f'{m / 1024:.2f}' for m in r['worker_peak_mb']):>11}G"
+        rows.append(
+            [r["pairs"], r["distinct"], f"{r['prepare_s']:.0f}s", f"{r['prepare_peak_mb'] / 1024:.2f}G"]
+            + [r["bytes_per_pair"], f"{train['to_first_step']:.1f}s", f"{train['peak_mb'] / 1024:.2f}G"]
+            + [f"{train['pipeline_batches_per_s']:.0f}/s", f"{train['steps_per_s']:.1f}/s", f"{ratio:.0f}x"]
+            + [f"{r['resume_few']['to_first_step']:.1f}s", f"{r['resume_many']['to_first_step']:.1f}s"]
+            + ["/".join(f"{m / 1024:.2f}" for m in r["worker_peak_mb"]) + "G"]
         )
+    print_table(columns, rows)
 
 
 HELP = "prepare and training input on synthetic corpora of millions of pairs: time and memory"
