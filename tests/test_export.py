@@ -714,7 +714,11 @@ def test_every_top_k_keeps_the_converters_signature(artifacts):
     """Each TOPK_V2's input keeps an unknown batch in its signature: with it removed (outputs
     sized when the graph is prepared), fresh interpreters now and then gave other tokens after a
     call of another shape (kformer.export.tflite._convert)."""
-    for path in glob.glob(os.path.join(artifacts, "tflite", "**", "*.tflite"), recursive=True):
+    paths = sorted(glob.glob(os.path.join(artifacts, "tflite", "**", "*.tflite"), recursive=True))
+    # every file the export wrote: a file per search of each variant, one of both for `fixed`
+    per_search = [f"tflite/{v}/{s}.tflite" for v in ("fp16", "fp32", "int8") for s in ("beam", "greedy")]
+    assert [os.path.relpath(p, artifacts) for p in paths] == sorted([*per_search, "tflite/fixed.tflite"])
+    for path in paths:
         model, codes = _tflite_model(path)
         signatures = [
             graph.tensors[op.inputs[0]].shapeSignature
