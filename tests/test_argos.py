@@ -132,7 +132,10 @@ def extracted_model(export_dir, tmp_path):
     return folder
 
 
-def argos_reference(model, tokenizer_file, texts, compute_type, max_length=256):
+ARGOS_DECODES = 256  # tokens at most, whatever the model was trained on
+
+
+def argos_reference(model, tokenizer_file, texts, compute_type, max_length=ARGOS_DECODES):
     """What Argos's translate() gives for one-sentence texts, computed here from its settings
     (argostranslate.translate.apply_packaged_translation): CTranslate2 beam 4, length penalty
     0.2, unknowns replaced, at most 256 tokens; pieces decoded by sentencepiece, "▁" and "_"
@@ -151,9 +154,6 @@ def argos_reference(model, tokenizer_file, texts, compute_type, max_length=256):
     )
     decoded = [tokenizer.decode_pieces(r.hypotheses[0]).replace("▁", " ").replace("_", " ") for r in results]
     return [text[1:] if text.startswith(" ") else text for text in decoded]
-
-
-ARGOS_DECODES = 256  # tokens at most, whatever the model was trained on (argos_reference)
 
 
 def keras_log_probs(run_dir, source, target, positions):
