@@ -7,10 +7,9 @@ A search returns nbest finished hypotheses; hypotheses that detokenize to the sa
 one alternative, so a sentence may still have fewer."""
 
 import os
-import time
 
 from kformer.arguments import positive
-from kformer.bench.harness import report
+from kformer.bench.harness import Stopwatch, print_table, report
 
 HELP = "distinct alternatives per sentence in every runtime of an export (LibreTranslate's alternatives=N)"
 
@@ -114,16 +113,15 @@ def bench_alternatives(export_dir, alternatives=3, sentences=None):
     found, reference = {}, None
     for runtime, variant in runtimes(manifest):
         runner = export_runner(runtime, export_dir, beam, variant)
-        start = time.perf_counter()
-        results = runner.translations(sentences, nbest=nbest)
-        seconds = time.perf_counter() - start
+        with Stopwatch() as watch:
+            results = runner.translations(sentences, nbest=nbest)
         texts = [[a.text for a in t.alternatives] for t in results]
         reference = texts if reference is None else reference
         found[f"{runtime} {variant}"] = {
             "full": sum(len(t) == nbest for t in texts),  # the translation and `alternatives` more
             "counts": [len(t) - 1 for t in texts],
             "as_reference": sum(a == b for a, b in zip(texts, reference)),
-            "seconds": round(seconds, 2),
+            "seconds": round(watch.seconds, 2),
         }
     return {
         "export": os.path.abspath(export_dir),
@@ -137,9 +135,12 @@ def bench_alternatives(export_dir, alternatives=3, sentences=None):
 def print_alternatives_table(results):
     n, k = results["sentences"], results["alternatives"]
     print(f"alternatives={k} (nbest {k + 1}) on {n} sentences, {results['export']}")
-    print(f"{'runtime':22} {f'{k} distinct':>11} {'as reference':>13} {'seconds':>8}")
-    for name, r in results["runtimes"].items():
-        print(f"{name:22} {r['full']:>5} / {n:<3} {r['as_reference']:>7} / {n:<3} {r['seconds']:8.2f}")
+    columns = [("runtime", "<22"), (f"{k} distinct", ">11"), ("as reference", ">13"), ("seconds", "8.2f")]
+    rows = [
+        [name, f"{r['full']:>5} / {n:<3}", f"{r['as_reference']:>7} / {n:<3}", r["seconds"]]
+        for name, r in results["runtimes"].items()
+    ]
+    print_table(columns, rows)
     source, texts = results["example"]
     print(f"e.g. {source} -> " + " | ".join(texts))
 

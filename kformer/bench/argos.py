@@ -13,10 +13,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 from kformer.arguments import positive
-from kformer.bench.harness import report
+from kformer.bench.harness import Stopwatch, print_table, report, scores
 
 HELP = "Argos Translate against kformer's CTranslate2 runner on an export's Argos package"
 ARGOSTRANSLATE = "argostranslate"  # the venv of PyPI argostranslate==1.11.0, inside kformer's
@@ -66,7 +65,7 @@ def argos_translations(python, packages, job, home):
 
 def bench_argos(export_dir, python, sentences=None):
     """Both on the first `sentences` test sources (all by default); a JSON-friendly dict."""
-    from kformer.evaluate import score, split_references
+    from kformer.evaluate import split_references
     from kformer.export.formats import open_listed
     from kformer.export.manifest import load
 
@@ -80,37 +79,37 @@ def bench_argos(export_dir, python, sentences=None):
     sources, references = sources[:sentences], references[:sentences]
     variant = manifest["packages"][0].get("variant", "fp32")  # packages before int8 ones were fp32
     runner = open_listed(export_dir, "ctranslate2", variant, beam_size=manifest["beam_size"])
-    start = time.perf_counter()
-    ours = runner.translate(sources)
-    ours_seconds = time.perf_counter() - start
+    with Stopwatch() as ours_watch:
+        ours = runner.translate(sources)
     package = os.path.join(export_dir, manifest["packages"][0]["file"])
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as home:
+    with Stopwatch() as theirs_watch, tempfile.TemporaryDirectory() as home:
         theirs = argos_translations(python, [package], {direction: sources}, home)[direction]
-    theirs_seconds = time.perf_counter() - start  # with Argos's start and the package's install
     language = direction.split("-")[-1]
     same = sum(a == b for a, b in zip(ours, theirs))
     return {
         "export": os.path.abspath(export_dir),
         "direction": direction,
         "sentences": len(sources),
-        "kformer": {**_scores(score(ours, references, language)), "seconds": round(ours_seconds, 1)},
-        "argos": {**_scores(score(theirs, references, language)), "seconds": round(theirs_seconds, 1)},
+        "kformer": _scored(ours, references, language, ours_watch.seconds),
+        # with Argos's start and the package's install
+        "argos": _scored(theirs, references, language, theirs_watch.seconds),
         "identical": same / len(sources),
         "examples": [list(row) for row in zip(sources, ours, theirs)][:5],
     }
 
 
-def _scores(result):
-    return {"bleu": round(result["bleu"], 2), "chrf": round(result["chrf"], 2)}
+def _scored(translations, references, language, seconds):
+    found = scores(translations, references, language)
+    return {"bleu": round(found["bleu"], 2), "chrf": round(found["chrf"], 2), "seconds": round(seconds, 1)}
 
 
 def print_argos_table(results):
     print(f"{results['direction']}, {results['sentences']} test sentences of {results['export']}")
-    print(f"{'':24} {'BLEU':>6} {'chrF':>6} {'seconds':>8}")
-    for name, label in (("kformer", "kformer ctranslate2"), ("argos", "Argos Translate")):
-        r = results[name]
-        print(f"{label:24} {r['bleu']:6.2f} {r['chrf']:6.2f} {r['seconds']:8.1f}")
+    rows = [
+        [label, results[name]["bleu"], results[name]["chrf"], results[name]["seconds"]]
+        for name, label in (("kformer", "kformer ctranslate2"), ("argos", "Argos Translate"))
+    ]
+    print_table([("", "<24"), ("BLEU", "6.2f"), ("chrF", "6.2f"), ("seconds", "8.1f")], rows)
     print(f"identical lines: {results['identical']:.1%} (Argos's seconds include its start and the install)")
 
 
