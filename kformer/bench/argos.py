@@ -105,11 +105,14 @@ def _scored(translations, references, language, seconds):
 
 def print_argos_table(results):
     print(f"{results['direction']}, {results['sentences']} test sentences of {results['export']}")
-    rows = [
-        [label, results[name]["bleu"], results[name]["chrf"], results[name]["seconds"]]
-        for name, label in (("kformer", "kformer ctranslate2"), ("argos", "Argos Translate"))
+    names = (("kformer", "kformer ctranslate2"), ("argos", "Argos Translate"))
+    columns = [
+        ("", "<24", "name"),
+        ("BLEU", "6.2f", "bleu"),
+        ("chrF", "6.2f", "chrf"),
+        ("seconds", "8.1f", "seconds"),
     ]
-    print_table([("", "<24"), ("BLEU", "6.2f"), ("chrF", "6.2f"), ("seconds", "8.1f")], rows)
+    print_table(columns, [{"name": label, **results[name]} for name, label in names])
     print(f"identical lines: {results['identical']:.1%} (Argos's seconds include its start and the install)")
 
 

@@ -148,11 +148,11 @@ def _two_workers(prepared, out, config, steps):
         "--strategy",
         "multi-worker",
     )
-    processes, logs = [], [tempfile.TemporaryFile("w+") for _ in range(2)]
-    for env, log_file in zip(local_cluster(2), logs):
-        processes.append(
-            subprocess.Popen(argv, env={**os.environ, **env}, stdout=log_file, stderr=subprocess.STDOUT)
-        )
+    logs = [tempfile.TemporaryFile("w+") for _ in range(2)]
+    processes = [
+        subprocess.Popen(argv, env={**os.environ, **env}, stdout=log_file, stderr=subprocess.STDOUT)
+        for env, log_file in zip(local_cluster(2), logs)
+    ]
     peaks = []
     for process, log_file in zip(processes, logs):
         code, peak = waited(process)
@@ -210,32 +210,21 @@ def bench_data(sizes=(1_000_000,), config="small", work=None):
 def print_data_table(results):
     print(f"data bench: synthetic corpora, training config {results['config']}; peak = resident memory")
     columns = [
-        ("pairs", ">11,"),
-        ("distinct", ">11,"),
-        ("prepare", ">9"),
-        ("peak", ">7"),
-        ("B/pair", ">7.0f"),
+        ("pairs", ">11,", "pairs"),
+        ("distinct", ">11,", "distinct"),
+        ("prepare", ">9", lambda r: f"{r['prepare_s']:.0f}s"),
+        ("peak", ">7", lambda r: f"{r['prepare_peak_mb'] / 1024:.2f}G"),
+        ("B/pair", ">7.0f", "bytes_per_pair"),
+        ("to step 1", ">10", lambda r: f"{r['train']['to_first_step']:.1f}s"),
+        ("train peak", ">11", lambda r: f"{r['train']['peak_mb'] / 1024:.2f}G"),
+        ("pipeline", ">9", lambda r: f"{r['train']['pipeline_batches_per_s']:.0f}/s"),
+        ("step", ">7", lambda r: f"{r['train']['steps_per_s']:.1f}/s"),
+        ("ratio", ">6", lambda r: f"{r['train']['pipeline_batches_per_s'] / r['train']['steps_per_s']:.0f}x"),
+        ("resume@few", ">11", lambda r: f"{r['resume_few']['to_first_step']:.1f}s"),
+        ("resume@many", ">12", lambda r: f"{r['resume_many']['to_first_step']:.1f}s"),
+        ("2 workers", ">12", lambda r: "/".join(f"{m / 1024:.2f}" for m in r["worker_peak_mb"]) + "G"),
     ]
-    columns += [
-        ("to step 1", ">10"),
-        ("train peak", ">11"),
-        ("pipeline", ">9"),
-        ("step", ">7"),
-        ("ratio", ">6"),
-    ]
-    columns += [("resume@few", ">11"), ("resume@many", ">12"), ("2 workers", ">12")]
-    rows = []
-    for r in results["sizes"]:
-        train = r["train"]
-        ratio = train["pipeline_batches_per_s"] / train["steps_per_s"]
-        rows.append(
-            [r["pairs"], r["distinct"], f"{r['prepare_s']:.0f}s", f"{r['prepare_peak_mb'] / 1024:.2f}G"]
-            + [r["bytes_per_pair"], f"{train['to_first_step']:.1f}s", f"{train['peak_mb'] / 1024:.2f}G"]
-            + [f"{train['pipeline_batches_per_s']:.0f}/s", f"{train['steps_per_s']:.1f}/s", f"{ratio:.0f}x"]
-            + [f"{r['resume_few']['to_first_step']:.1f}s", f"{r['resume_many']['to_first_step']:.1f}s"]
-            + ["/".join(f"{m / 1024:.2f}" for m in r["worker_peak_mb"]) + "G"]
-        )
-    print_table(columns, rows)
+    print_table(columns, results["sizes"])
 
 
 HELP = "prepare and training input on synthetic corpora of millions of pairs: time and memory"

@@ -26,21 +26,19 @@ class Stopwatch:
         self.cpu_seconds = time.process_time() - self._started[1]
 
 
-def interleave(variants, rounds, measure, progress=None, describe=None):
+def interleave(variants, rounds, measure, progress=lambda *a, **k: None, describe=lambda result: "done"):
     """{label: [measure(variant, round) of each round]} for `variants` {label: variant}: `rounds`
     rounds of every variant in turn, the order rotating by one each round, so that none always
     runs right after the same other. `progress` (print-like): the round and label before each
-    measurement, `describe(its result)` (default "done") after."""
+    measurement, `describe(its result)` after."""
     labels = list(variants)
     found = {label: [] for label in labels}
     for number in range(rounds):
         shift = number % len(labels)
         for label in labels[shift:] + labels[:shift]:
-            if progress:
-                progress(f"round {number + 1}/{rounds}: {label} ...", end=" ", flush=True)
+            progress(f"round {number + 1}/{rounds}: {label} ...", end=" ", flush=True)
             found[label].append(measure(variants[label], number))
-            if progress:
-                progress(describe(found[label][-1]) if describe else "done")
+            progress(describe(found[label][-1]))
     return found
 
 
@@ -66,12 +64,11 @@ def memory_mb(field="VmHWM", pid="self"):
     child would report its parent's peak. Without /proc, this process's ru_maxrss."""
     try:
         with open(f"/proc/{pid}/status") as f:
-            found = next((int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":")), None)
-    except OSError:
-        found = None
-    if found is None and pid == "self":
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":"))
+    except (OSError, StopIteration):
+        if pid != "self":
+            raise
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return found
 
 
 def waited(process):
@@ -91,20 +88,19 @@ def scores(translations, references, language):
     return {"bleu": found["bleu"], "chrf": found["chrf"]}
 
 
-_SPEC = re.compile(r"(?P<align>[<>^]?)(?P<width>\d*)")
-
-
 def print_table(columns, rows):
-    """A header line of `columns` [(title, spec)], then a line a row (its values in column order,
-    each formatted by its column's spec, format()'s: "8.2f", ">11", "<18"). A title takes its
-    spec's width and alignment (right where the spec gives none)."""
-    titles = []
-    for title, spec in columns:
-        found = _SPEC.match(spec)
-        titles.append(f"{title:{found['align'] or '>'}{found['width']}}")
-    print(" ".join(titles))
+    """A header line, then a line a row. `columns`: [(title, spec, cell)], `cell` the key of the
+    row's value (a row being a dict) or a function of the row that gives it, `spec` how format()
+    writes it ("8.2f", ">11", "<18"); a title takes the spec's width and alignment (right where
+    the spec gives none)."""
+
+    def title(text, spec):
+        align, width = re.match(r"([<>^]?)(\d*)", spec).groups()
+        return f"{text:{align or '>'}{width}}"
+
+    print(" ".join(title(text, spec) for text, spec, _ in columns))
     for row in rows:
-        print(" ".join(format(value, spec) for value, (_, spec) in zip(row, columns, strict=True)))
+        print(" ".join(format(cell(row) if callable(cell) else row[cell], spec) for _, spec, cell in columns))
 
 
 def report(results, print_results, json_path=None):

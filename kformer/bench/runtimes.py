@@ -221,8 +221,10 @@ def bench_runtimes(artifact_dir, progress=print, **settings):
     batch1 = min(bench.batch1_sentences, len(sources))
     runs = {run.label: run for run in _worker_runs(manifest, bench)}
     with tempfile.TemporaryDirectory() as work:
-        job = {"sources": sources, "batch1_sentences": batch1, "batch_size": bench.batch_size}
-        job_file = _write_job(work, {**job, "parallel": bench.parallel})
+        job_file = os.path.join(work, "job.json")  # what every worker reads: its sentences and settings
+        with open(job_file, "w", encoding="utf-8") as f:
+            job = {"sources": sources, "batch1_sentences": batch1, "batch_size": bench.batch_size}
+            json.dump({**job, "parallel": bench.parallel}, f)
 
         def measure(run, _):
             row = _measured(artifact_dir, run, job_file, work)
@@ -230,7 +232,13 @@ def bench_runtimes(artifact_dir, progress=print, **settings):
             row["bytes"] = sizes.get((run.runtime, run.variant))  # None for keras: no file of its own
             return row
 
-        found = interleave(runs, bench.rounds, measure, progress, _described)
+        found = interleave(
+            runs,
+            bench.rounds,
+            measure,
+            progress,
+            lambda row: f"file {row['file_sentences_per_s']:.0f} sent/s, {row['batch1_ms']:.1f} ms at b1",
+        )
     rows = [_median_row(results) for results in found.values()]
     _against_ctranslate2(rows)
     return {
@@ -253,18 +261,6 @@ def _worker_runs(manifest, bench):
         for backend, (environment, threads) in _settings(runtime, bench.parallel).items()
         for beam in (1, manifest["beam_size"])
     ]
-
-
-def _described(row):
-    return f"file {row['file_sentences_per_s']:.0f} sent/s, {row['batch1_ms']:.1f} ms at b1"
-
-
-def _write_job(work, job):
-    """The job every worker reads (its sentences and settings), as a file in `work`."""
-    path = os.path.join(work, "job.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(job, f)
-    return path
 
 
 def _measured(artifact_dir, run, job_file, work):
@@ -334,24 +330,25 @@ def print_runtimes_table(results):
         f"each with its fastest setting (backend, threads) in the round"
     )
     columns = [
-        ("runtime", ">11"),
-        ("variant", ">11"),
-        ("search", ">6"),
-        ("sent/s", "7.0f"),
-        ("ms@b1", "6.1f"),
+        ("runtime", ">11", "runtime"),
+        (
+            "variant",
+            ">11",
+            lambda r: r["variant"] if r.get("backend") is None else f"{r['variant']} {r['backend']}",
+        ),
+        ("search", ">6", "search"),
+        ("sent/s", "7.0f", "file_sentences_per_s"),
+        ("ms@b1", "6.1f", "batch1_ms"),
+        ("out tok", "7.1f", "batch1_output_tokens"),
+        ("MB", ">5", lambda r: "-" if r["bytes"] is None else f"{r['bytes'] / 1e6:.1f}"),
+        ("import", "6.0f", "imported_mb"),
+        ("loaded", "6.0f", "loaded_mb"),
+        ("peak", "5.0f", "peak_rss_mb"),
+        ("BLEU", "6.2f", "bleu"),
+        ("/CT2 same", ">10", lambda r: _cells(r["vs_ct2"])),
+        ("/CT2 best", ">10", lambda r: _cells(r["vs_ct2_fastest"])),
     ]
-    columns += [("out tok", "7.1f"), ("MB", ">5"), ("import", "6.0f"), ("loaded", "6.0f"), ("peak", "5.0f")]
-    columns += [("BLEU", "6.2f"), ("/CT2 same", ">10"), ("/CT2 best", ">10")]
-    rows = []
-    for r in results["rows"]:
-        size = "-" if r["bytes"] is None else f"{r['bytes'] / 1e6:.1f}"
-        variant = r["variant"] if r.get("backend") is None else f"{r['variant']} {r['backend']}"
-        rows.append(
-            [r["runtime"], variant, r["search"], r["file_sentences_per_s"], r["batch1_ms"]]
-            + [r["batch1_output_tokens"], size, r["imported_mb"], r["loaded_mb"], r["peak_rss_mb"], r["bleu"]]
-            + [_cells(r["vs_ct2"]), _cells(r["vs_ct2_fastest"])]
-        )
-    print_table(columns, rows)
+    print_table(columns, results["rows"])
 
 
 HELP = "every exported runtime against CTranslate2: a file of test sentences and batch 1"
@@ -360,7 +357,10 @@ HELP = "every exported runtime against CTranslate2: a file of test sentences and
 def add_arguments(p):
     p.add_argument("--model", required=True, help="a `kformer export` folder")
     p.add_argument(
-        "--sentences", type=positive(int), default=500, help="test sentences translated and scored (500)"
+        "--sentences",
+        type=positive(int),
+        default=RuntimesBench.sentences,
+        help=f"test sentences translated and scored ({RuntimesBench.sentences})",
     )
     p.add_argument(
         "--runtimes", help="comma list of those to measure (default: keras, savedmodel and the export's)"
@@ -368,13 +368,14 @@ def add_arguments(p):
     p.add_argument(
         "--batch-size",
         type=positive(int),
-        default=32,
-        help="sentences a call of the file's translate takes, as translate's --batch-size (32)",
+        default=RuntimesBench.batch_size,
+        help="sentences a call of the file's translate takes, as translate's --batch-size "
+        f"({RuntimesBench.batch_size})",
     )
     p.add_argument(
         "--parallel",
         type=positive(int),
-        default=1,
+        default=RuntimesBench.parallel,
         metavar="N",
         help="batches translated at once, as translate's --parallel (only the runtimes that take it are measured)",
     )

@@ -50,10 +50,6 @@ class Server:
                 return
         raise RuntimeError(f"kformer serve exited ({self.process.wait()}) before serving")
 
-    def memory_mb(self, field):
-        """VmRSS (now) or VmHWM (peak) of the server process, in MB."""
-        return memory_mb(field, self.process.pid)
-
     def close(self):
         self.process.terminate()
         self.process.wait(timeout=60)
@@ -164,7 +160,7 @@ def mixed(server, runner, sources, requests, bad_share=0.2, clients=32, seed=0):
             with lock:
                 outcome[key] += 1
                 if sum(outcome.values()) == requests // 2:
-                    warm["rss_mb"] = server.memory_mb("VmRSS")
+                    warm["rss_mb"] = memory_mb("VmRSS", server.process.pid)
         connection.close()
 
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
@@ -173,7 +169,7 @@ def mixed(server, runner, sources, requests, bad_share=0.2, clients=32, seed=0):
         **outcome,
         "requests": requests,
         "rss_half_mb": warm.get("rss_mb"),
-        "rss_end_mb": server.memory_mb("VmRSS"),
+        "rss_end_mb": memory_mb("VmRSS", server.process.pid),
     }
 
 
@@ -225,7 +221,7 @@ def bench_serve(artifact_dir, progress=print, **settings):
         found = _rounds(server, runner, sources, bench, progress)
         progress(f"mixed: {bench.requests} requests ...", flush=True)
         mixed_result = mixed(server, runner, sources, bench.requests)
-        peak_mb = server.memory_mb("VmHWM")
+        peak_mb = memory_mb("VmHWM", server.process.pid)
     finally:
         server.close()
     progress("overload ...", flush=True)
@@ -286,14 +282,16 @@ def print_serve_table(results):
         f"median of {results['rounds']} interleaved rounds (ratios: of the per-round ratios); "
         f"runner batch 32: {base:.1f}, batch 1: {results['runner_batch1']:.1f} sentences/s"
     )
-    columns = [("clients", ">7"), ("sent/s", "8.1f"), ("x runner b32", "12.2f"), ("x 1 client", "10.2f")]
-    columns += [("p50 ms", "8.1f"), ("p99 ms", "8.1f"), ("errors", "6g")]
-    rows = [
-        [n, row["sentences_per_s"], results["x_runner"][n], results["x_one_client"][n]]
-        + [row["p50_ms"], row["p99_ms"], row["errors"]]
-        for n, row in results["levels"].items()
+    columns = [
+        ("clients", ">7", "clients"),
+        ("sent/s", "8.1f", "sentences_per_s"),
+        ("x runner b32", "12.2f", lambda r: results["x_runner"][r["clients"]]),
+        ("x 1 client", "10.2f", lambda r: results["x_one_client"][r["clients"]]),
+        ("p50 ms", "8.1f", "p50_ms"),
+        ("p99 ms", "8.1f", "p99_ms"),
+        ("errors", "6g", "errors"),
     ]
-    print_table(columns, rows)
+    print_table(columns, [{"clients": n, **row} for n, row in results["levels"].items()])
     m, o = results["mixed"], results["overload"]
     print(f"server peak memory {results['server_peak_mb']:.0f} MB")
     print(
@@ -315,13 +313,23 @@ HELP = "kformer serve under load, against the runner alone; bad requests and ove
 def add_arguments(p):
     p.add_argument("--model", required=True, help="a `kformer export` folder with ONNX files")
     p.add_argument(
-        "--sentences", type=positive(int), default=200, help="test sentences the clients send (200)"
+        "--sentences",
+        type=positive(int),
+        default=ServeBench.sentences,
+        help=f"test sentences the clients send ({ServeBench.sentences})",
     )
     p.add_argument(
-        "--requests", type=positive(int), default=10_000, help="requests of the mixed good/bad check"
+        "--requests",
+        type=positive(int),
+        default=ServeBench.requests,
+        help="requests of the mixed good/bad check",
     )
     p.add_argument(
-        "--parallel", type=positive(int), default=1, metavar="N", help="the server's --parallel (1)"
+        "--parallel",
+        type=positive(int),
+        default=ServeBench.parallel,
+        metavar="N",
+        help=f"the server's --parallel ({ServeBench.parallel})",
     )
     add_rounds_option(p)
 

@@ -194,7 +194,14 @@ def bench_train(config_name=DEFAULT_PRESET, **options):
         extras.require("keras_hub", "kformer bench train")  # its reference model; before any work
     precision, why = choose_precision(bench.precision)
     runs = _chosen(_runs(bench, precision), bench.variants)  # chosen before any work
-    config, dynamic, bucketed = _batches(bench)
+    if bench.length:
+        config, dynamic, bucketed = _one_shape_batches(
+            bench.config_name, bench.steps, bench.seed, bench.length, bench.overrides
+        )
+    else:
+        config, dynamic, bucketed = _fixed_batches(
+            bench.config_name, bench.steps, bench.seed, bench.overrides
+        )
     chunk = -(-CHUNK // bench.steps_per_call) * bench.steps_per_call  # whole calls of every variant
     variants = {
         name: _compiled(config, bench.seed, chunk, run, bucketed if run.padded else dynamic)
@@ -209,14 +216,6 @@ def bench_train(config_name=DEFAULT_PRESET, **options):
     if dump:
         results["xla_compilations"] = count_xla_compilations(dump)
     return results
-
-
-def _batches(bench):
-    """(config, batches as training without XLA pads them, as with XLA): the default corpus', or
-    with `length` batches of one shape."""
-    if bench.length:
-        return _one_shape_batches(bench.config_name, bench.steps, bench.seed, bench.length, bench.overrides)
-    return _fixed_batches(bench.config_name, bench.steps, bench.seed, bench.overrides)
 
 
 def _runs(bench, precision):
@@ -485,20 +484,22 @@ def _print_train_settings(results):
 
 def _print_train_variants(results):
     datasheet = any(p["datasheet"] for p in results["peaks"].values())  # a GPU in the table
-    columns = [("", "<18"), ("precision", ">9"), ("steps/s", "8.2f"), ("target tok/s", "13.0f")]
-    columns += [("TFLOP/s", "8.3f"), *([("MFU datasheet", ">13")] if datasheet else [])]
-    columns += [("MFU squares", "11.1%"), ("MFU shapes", "10.1%"), ("padding", "8.0%")]
-    columns += [("warm-up s", "10.1f"), ("parameters", "11,"), (f"cores busy of {results['cores']}", "16.2f")]
-    rows = []
-    for name in results["variants"]:
-        r = results[name]
-        mfu = [f"{r['mfu_datasheet']:.1%}" if "mfu_datasheet" in r else ""] if datasheet else []
-        rows.append(
-            [name, r["precision"], r["steps_per_s"], r["target_tokens_per_s"], r["tflops"], *mfu]
-            + [r["mfu_squares"], r["mfu_own_shapes"], r["padding"], r["warmup_s"], r["parameters"]]
-            + [r["cores_busy"]]
-        )
-    print_table(columns, rows)
+    mfu = ("MFU datasheet", ">13", lambda r: f"{r['mfu_datasheet']:.1%}" if "mfu_datasheet" in r else "")
+    columns = [
+        ("", "<18", "name"),
+        ("precision", ">9", "precision"),
+        ("steps/s", "8.2f", "steps_per_s"),
+        ("target tok/s", "13.0f", "target_tokens_per_s"),
+        ("TFLOP/s", "8.3f", "tflops"),
+        *([mfu] if datasheet else []),
+        ("MFU squares", "11.1%", "mfu_squares"),
+        ("MFU shapes", "10.1%", "mfu_own_shapes"),
+        ("padding", "8.0%", "padding"),
+        ("warm-up s", "10.1f", "warmup_s"),
+        ("parameters", "11,", "parameters"),
+        (f"cores busy of {results['cores']}", "16.2f", "cores_busy"),
+    ]
+    print_table(columns, [{"name": name, **results[name]} for name in results["variants"]])
 
 
 def _print_train_ratios(results):
