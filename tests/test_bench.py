@@ -586,3 +586,92 @@ def test_the_everyday_sentences_are_not_in_the_default_corpus():
     for side, language in enumerate(("zh", "en")):
         known = {pair[side].strip() for pair in pairs}
         assert len(set(EVERYDAY[language])) == 30 and not known & set(EVERYDAY[language]), language
+
+
+def test_interleave_takes_turns_in_an_order_that_rotates_every_round():
+    """Every variant once a round, each round starting one further along, so none always runs right
+    after the same other; each round's result kept in order, and each turn said before and after."""
+    from kformer.bench.harness import interleave
+
+    order, said = [], []
+    found = interleave(
+        {"a": 1, "b": 2, "c": 3},
+        3,
+        lambda variant, number: order.append(variant) or 10 * number + variant,
+        lambda text, **kwargs: said.append(text),
+        lambda result: f"got {result}",
+    )
+    assert order == [1, 2, 3, 2, 3, 1, 3, 1, 2]
+    assert found == {"a": [1, 11, 21], "b": [2, 12, 22], "c": [3, 13, 23]}
+    assert said[:4] == ["round 1/3: a ...", "got 1", "round 1/3: b ...", "got 2"]
+
+
+def test_round_ratios_give_their_median_and_range_and_rounds_their_medians_and_peaks():
+    from kformer.bench.harness import reduced, spread
+
+    assert spread([2, 8, 9], [1, 4, 3]) == (2, 2, 3)  # 2, 2, 3 round by round; the medians' ratio: 2
+    rounds = [
+        {"s": 3, "mb": 10, "name": "x"},
+        {"s": 1, "mb": 30, "name": "y"},
+        {"s": 2, "mb": 20, "name": "z"},
+    ]
+    assert reduced(rounds, medians=["s"], peaks=["mb"]) == {"s": 2, "mb": 30, "name": "x"}
+
+
+def test_print_table_aligns_each_title_as_its_column(capsys):
+    from kformer.bench.harness import print_table
+
+    columns = [
+        ("name", "<6", "name"),
+        ("speed", "8.2f", "speed"),
+        ("x", ">4", lambda r: f"{r['speed']:.0f}x"),
+    ]
+    print_table(columns, [{"name": "ab", "speed": 3.14159}])
+    assert capsys.readouterr().out.splitlines() == ["name      speed    x", "ab         3.14   3x"]
+
+
+def test_stopwatch_and_a_process_peak_memory():
+    """Wall and CPU seconds of a block; a child's exit code and peak resident memory once it has
+    ended (the kernel's count, however short it ran), and this process's now and peak."""
+    import time
+
+    from kformer.bench.harness import Stopwatch, memory_mb, waited
+
+    with Stopwatch() as watch:
+        time.sleep(0.2)
+    assert watch.seconds >= 0.2 and watch.cpu_seconds < 0.1
+    child = subprocess.Popen([sys.executable, "-c", "import sys; b = b'x' * (300 * 2**20); sys.exit(3)"])
+    code, peak_mb = waited(child)
+    assert code == child.returncode == 3 and 300 < peak_mb < 1000
+    assert 0 < memory_mb("VmRSS") <= memory_mb("VmHWM")
+
+
+def test_bench_decode_times_the_slow_variants_fewer_times_in_the_same_rounds():
+    """The naive re-run is timed half as often as the cached loop, op by op from Python once, all
+    in interleaved rounds: the slow ones sit out the later rounds."""
+    from kformer.bench.decode import VARIANTS, _timings
+
+    calls = []
+    functions = {name: lambda batch, name=name: calls.append(name) for name in VARIANTS}
+    seconds = _timings(functions, None, repeats=5)
+    assert [calls.count(name) for name in functions] == [5, 5, 2, 1]
+    assert calls[:7] == ["cached", "cached_xla", "naive", "naive_eager", "cached_xla", "naive", "cached"]
+    assert list(seconds) == list(VARIANTS) and all(s >= 0 for s in seconds.values())
+
+
+def test_bench_serve_sets_each_level_against_the_runner_round_by_round():
+    from kformer.bench.serve import CLIENT_LEVELS, _levels
+
+    found = {
+        "runner batch 32": [{"sentences_per_s": 10}, {"sentences_per_s": 20}],
+        "runner batch 1": [{"sentences_per_s": 1}, {"sentences_per_s": 3}],
+    }
+    for n in CLIENT_LEVELS:
+        found[f"{n} clients"] = [
+            {"sentences_per_s": 10 * n, "p50_ms": 1},
+            {"sentences_per_s": 40 * n, "p50_ms": 3},
+        ]
+    results = _levels(found)
+    # 8 clients: 80 and 320 sentences/s, 8 and 16 times the runner's; the medians' ratio would be 200 / 15
+    assert results["x_runner"][8] == 12 and results["x_one_client"][8] == 8
+    assert results["levels"][8] == {"sentences_per_s": 200, "p50_ms": 2} and results["runner_batch1"] == 2
