@@ -83,31 +83,24 @@ def _lt_body(texts):
 
 def load_level(port, bodies, clients, seconds):
     """`clients` threads send bodies (cycled) for `seconds`: {sentences_per_s, p50_ms, p99_ms,
-    errors, requests}. bodies: (body, content type, sentences in it)."""
-    stop, lock, latencies, counter = time.monotonic() + seconds, threading.Lock(), [], [0]
-    errors = collections.Counter()  # status -> count (0: no answer)
+    refused, errors, requests}. bodies: (body, content type, sentences in it)."""
+    stop = time.monotonic() + seconds
 
-    def client(offset):
-        connection = _Client(port)
-        i = offset
+    def client(offset):  # (status, seconds, sentences) of each of its requests; status 0: no answer
+        connection, answers, i = _Client(port), [], offset
         while time.monotonic() < stop:
-            body, kind, _ = bodies[i % len(bodies)]
-            start = time.perf_counter()
-            status, _ = connection.post(body, kind)
-            with lock:
-                if status == 200:
-                    latencies.append(time.perf_counter() - start)
-                    counter[0] += bodies[i % len(bodies)][2]
-                else:
-                    errors[status] += 1
+            body, kind, sentences = bodies[i % len(bodies)]
+            with Stopwatch() as watch:
+                status, _ = connection.post(body, kind)
+            answers.append((status, watch.seconds, sentences))
             i += clients
         connection.close()
+        return answers
 
-    started = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-        list(pool.map(client, range(clients)))
-    elapsed = time.monotonic() - started
-    latencies.sort()
+    with Stopwatch() as elapsed, concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        answers = [answer for found in pool.map(client, range(clients)) for answer in found]
+    latencies = sorted(s for status, s, _ in answers if status == 200)
+    errors = collections.Counter(status for status, _, _ in answers if status != 200)
 
     def percentile(p):
         return (
@@ -116,12 +109,12 @@ def load_level(port, bodies, clients, seconds):
 
     refused = errors.pop(503, 0)
     return {
-        "sentences_per_s": counter[0] / elapsed,
+        "sentences_per_s": sum(n for status, _, n in answers if status == 200) / elapsed.seconds,
         "p50_ms": percentile(0.5),
         "p99_ms": percentile(0.99),
         "refused": refused,
         "errors": sum(errors.values()),
-        "requests": len(latencies) + refused + sum(errors.values()),
+        "requests": len(answers),
     }
 
 

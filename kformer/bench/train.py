@@ -422,7 +422,9 @@ def _add_speeds(results, variants, steps, precision):
     for name, (a, b) in ratios.items():
         if a in variants and b in variants:
             results[name] = results[a]["target_tokens_per_s"] / results[b]["target_tokens_per_s"]
-            results[f"{name}_rounds"] = spread(_round_speeds(variants[a]), _round_speeds(variants[b]))[1:]
+            results[f"{name}_rounds"] = spread(
+                results[a]["rounds_tokens_per_s"], results[b]["rounds_tokens_per_s"]
+            )[1:]
 
 
 def _speed(v, steps, peaks):
@@ -432,6 +434,7 @@ def _speed(v, steps, peaks):
     return {
         "steps_per_s": steps / seconds,
         "target_tokens_per_s": v["target"] / seconds,
+        "rounds_tokens_per_s": [v["target"] / s for s in v["seconds"]],  # target tokens/s in each round
         "real_tokens_per_s": v["real"] / seconds,
         "tflops": achieved / 1e12,
         **{f"mfu_{k}": achieved / peaks[k] for k in ("datasheet", "squares", "own_shapes") if peaks[k]},
@@ -442,11 +445,6 @@ def _speed(v, steps, peaks):
     }
 
 
-def _round_speeds(variant):
-    """A variant's target tokens/s in each round."""
-    return [variant["target"] / seconds for seconds in variant["seconds"]]
-
-
 def _ratio(results, name):
     """A ratio as the table prints it: the medians' ratio, then the range of the rounds' ratios."""
     low, high = results[f"{name}_rounds"]
@@ -454,19 +452,6 @@ def _ratio(results, name):
 
 
 def print_train_table(results):
-    _print_train_settings(results)
-    _print_train_variants(results)
-    _print_train_ratios(results)
-    for name, found in results.get("profile", {}).items():
-        print(
-            f"where {name}'s step goes (TensorFlow's profiler, trace in {found['trace']}): ms a step, share"
-        )
-        for op in found["ops"]:
-            label = "idle threads (share of all thread-time)" if op["type"] == "IDLE" else op["type"]
-            print(f"  {op['where']:6} {label:40} {op['ms_per_step']:8.2f} {op['share']:6.1%}")
-
-
-def _print_train_settings(results):
     print(
         f"train bench, config {results['config']}: {results['steps']} batches of {results['batches']} ("
         f"{results['pairs_per_step']:.0f} "
@@ -480,6 +465,15 @@ def _print_train_settings(results):
             f"peak TFLOP/s on {p['device']}, {precision}: {datasheet}matmul squares {p['squares'] / 1e12:.3f}, "
             f"the model's product shapes {p['own_shapes'] / 1e12:.3f} (measured in this run)"
         )
+    _print_train_variants(results)
+    _print_train_ratios(results)
+    for name, found in results.get("profile", {}).items():
+        print(
+            f"where {name}'s step goes (TensorFlow's profiler, trace in {found['trace']}): ms a step, share"
+        )
+        for op in found["ops"]:
+            label = "idle threads (share of all thread-time)" if op["type"] == "IDLE" else op["type"]
+            print(f"  {op['where']:6} {label:40} {op['ms_per_step']:8.2f} {op['share']:6.1%}")
 
 
 def _print_train_variants(results):

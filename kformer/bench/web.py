@@ -82,22 +82,16 @@ def _time_page(browser, artifact_dir, job, sources, beams, screenshot=None):
             runner.translate(sources[:1])  # warm-up, as the page's first call below
             page.evaluate(TIME_EACH_SENTENCE_JS, [sources[:1], beam])
             found[beam, "page"] = page.evaluate(TIME_EACH_SENTENCE_JS, [sources, beam])
-            found[beam, "python"] = _python_ms(runner, sources)
+            python = found[beam, "python"] = []  # ms of each sentence
+            for line in sources:
+                with Stopwatch() as watch:
+                    runner.translate([line])
+                python.append(1000 * watch.seconds)
         if screenshot:
             page.click("#translate")
             page.wait_for_function("document.getElementById('output').textContent.length > 0")
             page.screenshot(path=screenshot)
         context.close()
-    return found
-
-
-def _python_ms(runner, sources):
-    """Milliseconds of each of `sources` translated alone by `runner`."""
-    found = []
-    for line in sources:
-        with Stopwatch() as watch:
-            runner.translate([line])
-        found.append(1000 * watch.seconds)
     return found
 
 
