@@ -675,3 +675,30 @@ def test_bench_serve_sets_each_level_against_the_runner_round_by_round():
     # 8 clients: 80 and 320 sentences/s, 8 and 16 times the runner's; the medians' ratio would be 200 / 15
     assert results["x_runner"][8] == 12 and results["x_one_client"][8] == 8
     assert results["levels"][8] == {"sentences_per_s": 200, "p50_ms": 2} and results["runner_batch1"] == 2
+
+
+def test_every_bench_function_reads_at_once():
+    """Under 60 own lines (docstring included, nested functions apart) and under 8 parameters (self
+    apart) for every function of kformer/bench: past those, split it by what it does, or pass a
+    dataclass of settings."""
+    import ast
+    import pathlib
+
+    from kformer import bench
+
+    too_long = []
+    for path in sorted(pathlib.Path(bench.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            inner = [
+                n for n in ast.walk(node) if n is not node and isinstance(n, (ast.FunctionDef, ast.ClassDef))
+            ]
+            lines = set(range(node.lineno, node.end_lineno + 1))
+            lines -= {line for n in inner for line in range(n.lineno, n.end_lineno + 1)}
+            a = node.args
+            names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x]
+            parameters = len(names) - (names[:1] == ["self"])
+            if len(lines) >= 60 or parameters >= 8:
+                too_long.append((path.name, node.name, len(lines), parameters))
+    assert too_long == []
