@@ -4,6 +4,7 @@ without XLA, per precision, on the same batches interleaved."""
 import argparse
 import atexit
 import dataclasses
+import functools
 import glob
 import logging
 import os
@@ -379,11 +380,7 @@ def _dataset(batches):
     """The (x, y) batches as one tf.data pipeline, in order, shapes as they are."""
     import tensorflow as tf
 
-    datasets = [tf.data.Dataset.from_tensors(batch) for batch in batches]
-    dataset = datasets[0]
-    for more in datasets[1:]:
-        dataset = dataset.concatenate(more)
-    return dataset
+    return functools.reduce(tf.data.Dataset.concatenate, map(tf.data.Dataset.from_tensors, batches))
 
 
 def _time_interleaved(variants, rounds):
