@@ -92,9 +92,9 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
 
 def _timings(functions, batch, repeats):
     """{variant: the median seconds of its calls on `batch`}, the calls in interleaved rounds:
-    `repeats` of each, of the naive re-run half as many (it is slow), of the eager one one."""
-    calls = {"naive": max(1, repeats // 2), "naive_eager": 1}  # the re-runs are slow
-    variants = {name: (fn, calls.get(name, max(1, repeats))) for name, fn in functions.items()}
+    `repeats` of each, half as many of the naive re-run and one of the eager re-run (both slow)."""
+    fewer = {"naive": max(1, repeats // 2), "naive_eager": 1}
+    variants = {name: (fn, fewer.get(name, max(1, repeats))) for name, fn in functions.items()}
 
     def timed(variant, number):
         fn, calls = variant
