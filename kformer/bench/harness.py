@@ -73,7 +73,9 @@ def memory_mb(field="VmHWM", pid="self"):
 
 def waited(process):
     """(exit code, peak resident MB) of a started subprocess.Popen, once it has ended: the kernel's
-    count of the whole process (wait4's ru_maxrss), read when it can no longer grow."""
+    count of the whole process (wait4's ru_maxrss), read when it can no longer grow. Linux carries
+    ru_maxrss over the exec, so the count is at least the starting process's own peak: start what
+    is measured from a process much smaller than it."""
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     return process.returncode, usage.ru_maxrss / 1024
