@@ -77,6 +77,7 @@ def uncached_search(
 
     from kformer import run_folder
     from kformer.decode.search import (
+        BeamOptions,
         TokenIds,
         beam_search,
         greedy_search,
@@ -94,9 +95,8 @@ def uncached_search(
     if beam == 1:
         tokens, scores = greedy_search(step, cache, lengths, ids, no_repeat_ngram=no_repeat_ngram)
     else:
-        tokens, scores = beam_search(
-            step, cache, lengths, ids, beam, alpha=alpha, no_repeat_ngram=no_repeat_ngram, nbest=nbest
-        )
+        options = BeamOptions(alpha=alpha, nbest=nbest, no_repeat_ngram=no_repeat_ngram)
+        tokens, scores = beam_search(step, cache, lengths, ids, beam, options)
     return tokens.numpy(), scores.numpy()
 
 

@@ -10,6 +10,7 @@ from conftest import random_ids
 from kformer.decode.search import (
     DROP_DONE,
     ONE_PASS,
+    BeamOptions,
     TokenIds,
     TwoPasses,
     beam_search,
@@ -87,11 +88,11 @@ def test_appended_caches_search_as_fixed_buffers(random_model, beam_size):
     results = []
     for cache in (model.init_cache(source, 6), model.init_cache(source)):
         args = (model.decode_step, cache, lengths, TokenIds(2, 3))
-        options = dict(loop=TwoPasses(6, model.grow_cache), no_repeat_ngram=0)
+        loop = TwoPasses(6, model.grow_cache)
         if beam_size == 1:
-            results.append(greedy_search(*args, **options))
+            results.append(greedy_search(*args, loop=loop, no_repeat_ngram=0))
         else:
-            results.append(beam_search(*args, beam_size, **options))
+            results.append(beam_search(*args, beam_size, BeamOptions(no_repeat_ngram=0), loop=loop))
     (fixed_tokens, fixed_scores), (tokens, scores) = results
     np.testing.assert_array_equal(tokens.numpy(), fixed_tokens.numpy())
     np.testing.assert_allclose(scores.numpy(), fixed_scores.numpy(), rtol=1e-5)
