@@ -1,0 +1,121 @@
+"""A training run's folder: its file names and the JSON records it keeps (kformer.run_folder
+writes and reads the weights).
+
+    config.json      the model's config (kformer.model.config.ModelConfig)
+    recipe.json      how it is trained (kformer.train.recipe.TrainingRecipe); runs written before
+                     it existed hold the recipe's fields in config.json
+    tokenizer.model  the SentencePiece model
+    corpus.json      `CorpusRecord`: the corpus, its language pair and where it was prepared
+    data/            the corpus as `kformer prepare` writes it (contracts.prepared)
+    model.keras      the weights to translate with and the optimizer state, written atomically
+    training.json    `TrainingState`: where training stands, and the name of the input position
+                     (`input-STEPS.*`) saved with model.keras
+    best.weights.h5  the weights that scored best on the dev sample, with best.json (`BestRecord`)
+    init.json        `InitRecord`: the run a fine-tuning run started from
+    logs/            TensorBoard events, history.csv, evaluations.csv
+"""
+
+import dataclasses
+import os
+
+from kformer.contracts import TOKENIZER_FILE
+from kformer.contracts.json_records import Record
+from kformer.contracts.prepared import CorpusSource
+
+CONFIG_FILE = "config.json"
+RECIPE_FILE = "recipe.json"
+CORPUS_FILE = "corpus.json"
+MODEL_FILE = "model.keras"
+STATE_FILE = "training.json"
+PENDING_STATE_FILE = "training.pending.json"  # kformer.run_folder.save: written before model.keras
+LOGS_DIR = "logs"
+DATA_DIR = "data"  # the run's prepared corpus, unless it trains on a prepared folder given
+INPUT_PREFIX = "input-"  # + steps: a tf.data iterator checkpoint (.index and .data-* files)
+BEST_WEIGHTS_FILE = "best.weights.h5"
+BEST_FILE = "best.json"
+INIT_FILE = "init.json"
+WEIGHTS = ("best", "last")  # which weights a reader takes: the best kept (where kept), or model.keras
+
+
+class RunError(ValueError):
+    """A run folder that is not one, or a file of it that is malformed; names the file."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFolder:
+    """The paths of a run folder's files."""
+
+    root: str
+
+    def file(self, name):
+        return os.path.join(self.root, name)
+
+    @property
+    def config(self):
+        return self.file(CONFIG_FILE)
+
+    @property
+    def tokenizer(self):
+        return self.file(TOKENIZER_FILE)
+
+    @property
+    def model(self):
+        return self.file(MODEL_FILE)
+
+    def exists(self):
+        """Whether the run has started: config.json is written last when it does."""
+        return os.path.exists(self.config)
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusRecord(CorpusSource):
+    """corpus.json: the corpus the run trains on (a prepared folder's path as `data` when it was
+    given one) and where it was prepared: "data" (the run's data/) or that folder's path."""
+
+    ERROR = RunError
+
+    prepared: str = DATA_DIR
+
+    def prepared_folder(self, run_dir):
+        return os.path.join(run_dir, DATA_DIR) if self.prepared == DATA_DIR else self.prepared
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingState(Record):
+    """training.json: optimizer steps, seconds of the budget spent, the schedule in force, the
+    replicas that trained, the input position saved with model.keras."""
+
+    ERROR = RunError
+
+    steps: int = 0
+    seconds: float = 0.0
+    schedule: dict[str, float] | None = None
+    replicas: int = 1
+    input: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BestRecord(Record):
+    """best.json: the step and dev sample scores of best.weights.h5, and how many evaluations
+    since have not beaten it."""
+
+    ERROR = RunError
+
+    step: int
+    bleu: float
+    chrf: float
+    evaluations_since: int = 0
+    sentences: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class InitRecord(Record):
+    """init.json: the run a fine-tuning run started from, its weights (described, and their
+    sha256), and the share of that run's pairs mixed into each batch."""
+
+    ERROR = RunError
+
+    run: str
+    weights: str
+    sha256: str
+    mix_original: float | None = None
