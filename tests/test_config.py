@@ -2,15 +2,16 @@ import json
 
 import pytest
 
-from kformer.model.config import PRESETS, TransformerConfig, preset
+from kformer.model.config import PRESETS, ModelConfig, preset
 from kformer.model.transformer import Transformer
+from kformer.train.recipe import RECIPES, TrainingRecipe, recipe
 
 
 def test_json_round_trip(tmp_path):
     config = preset("small", vocab_size=1234, activation="gelu", norm_position="pre")
     path = str(tmp_path / "config.json")
     config.save(path)
-    assert TransformerConfig.load(path) == config
+    assert ModelConfig.load(path) == config
     assert json.loads(open(path).read())["vocab_size"] == 1234
 
 
@@ -57,9 +58,9 @@ def test_parameter_counts_are_exact_and_match_table_3(name, paper_millions):
         (dict(activation="tanh"), "activation"),
         (dict(vocab_size=3), "special ids"),
         (dict(pad_id=5), "pad_id"),
-        (dict(d_model="16"), "d_model must be of type int"),
-        (dict(tie_embeddings=1), "tie_embeddings must be of type bool"),
-        (dict(num_heads=2.0), "num_heads must be of type int"),
+        (dict(d_model="16"), 'd_model must be int, got "16"'),
+        (dict(tie_embeddings=1), "tie_embeddings must be bool, got 1"),
+        (dict(num_heads=2.0), "num_heads must be int, got 2.0"),
     ],
 )
 def test_invalid_config_is_a_clear_error(changes, message):
@@ -71,17 +72,48 @@ def test_unknown_keys_and_bad_json_name_the_file(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**preset("tiny").to_dict(), "hidden_size": 3}))
     with pytest.raises(ValueError, match=r"config\.json.*hidden_size"):
-        TransformerConfig.load(str(path))
+        ModelConfig.load(str(path))
     path.write_text(json.dumps({**preset("tiny").to_dict(), "d_model": "16"}))
-    with pytest.raises(
-        ValueError, match=r"config\.json: Invalid TransformerConfig: d_model must be of type int"
-    ):
-        TransformerConfig.load(str(path))
+    with pytest.raises(ValueError, match=r"config\.json: d_model must be int"):
+        ModelConfig.load(str(path))
     path.write_text("{not json")
     with pytest.raises(ValueError, match=r"config\.json: not valid JSON"):
-        TransformerConfig.load(str(path))
+        ModelConfig.load(str(path))
 
 
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown config preset"):
         preset("huge")
+
+
+def test_every_preset_has_a_recipe_and_the_recipes_are_the_papers_where_they_say_so():
+    assert set(RECIPES) == set(PRESETS)
+    assert (RECIPES["base"].schedule, RECIPES["base"].warmup_steps, RECIPES["base"].batch_tokens) == (
+        "noam",
+        4000,
+        25000,
+    )
+    assert RECIPES["base"].label_smoothing == 0.1
+    assert recipe("small", batch_tokens=2048, accumulate_steps=4).micro_batch_tokens == 512
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(schedule="cosine"), "schedule must be one of"),
+        (dict(learning_rate=2.0), "learning_rate must be in"),
+        (dict(ema_momentum=1.0), "ema_momentum must be in"),
+        (dict(batch_tokens=0), "batch_tokens must be >= 1"),
+        (dict(label_smoothing=True), "label_smoothing must be int or float, got true"),
+    ],
+)
+def test_invalid_recipe_is_a_clear_error(changes, message):
+    with pytest.raises(ValueError, match=message):
+        recipe("tiny", **changes)
+
+
+def test_the_recipe_is_saved_apart_from_the_model(tmp_path):
+    path = str(tmp_path / "recipe.json")
+    recipe("small").save(path)
+    assert TrainingRecipe.load(path) == recipe("small")
+    assert set(json.loads(open(path).read())).isdisjoint(preset("small").to_dict())
