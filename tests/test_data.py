@@ -6,10 +6,13 @@ from importlib import metadata
 import numpy as np
 import pytest
 
+from kformer.contracts.digests import tokenizer_digest
 from kformer.data import batches as batches_lib
 from kformer.data import corpus as corpus_lib
+from kformer.data import prepare as prepare_lib
 from kformer.data import tokenizer as tokenizer_lib
-from kformer.model.config import preset, tokenizer_digest
+from kformer.data.batches import Batching
+from kformer.model.config import preset
 
 
 def write(path, text, encoding="utf-8"):
@@ -82,7 +85,7 @@ def test_missing_file_names_it(tmp_path):
 
 def test_split_is_disjoint_by_source_and_deterministic():
     pairs, _ = corpus_lib.read_corpus()
-    splits = corpus_lib.split_pairs(pairs)
+    splits = prepare_lib.split_pairs(pairs)
     sources = {name: {s for s, _ in split} for name, split in splits.items()}
     assert not sources["train"] & sources["dev"] and not sources["train"] & sources["test"]
     assert not sources["dev"] & sources["test"]
@@ -91,7 +94,7 @@ def test_split_is_disjoint_by_source_and_deterministic():
     # Same split whatever the order of the corpus.
     shuffled = list(pairs)
     np.random.default_rng(0).shuffle(shuffled)
-    assert {k: set(v) for k, v in corpus_lib.split_pairs(shuffled).items()} == {
+    assert {k: set(v) for k, v in prepare_lib.split_pairs(shuffled).items()} == {
         k: set(v) for k, v in splits.items()
     }
 
@@ -137,11 +140,15 @@ def test_corpus_record_resolves_the_path_and_checks_the_content(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "c.tsv", "你好。\tHello.\n再见。\tGoodbye.\n")
     record = corpus_lib.corpus_record("c.tsv", "zh-en")
-    assert record["data"] == str(tmp_path / "c.tsv") and len(record["sha256"]) == 64
+    assert (
+        record.data == str(tmp_path / "c.tsv")
+        and len(record.sha256) == 64
+        and str(record.direction) == "zh-en"
+    )
     monkeypatch.chdir("/")  # the same record from anywhere
     assert corpus_lib.corpus_record(str(tmp_path / "c.tsv"), "zh-en") == record
     write(tmp_path / "c.tsv", "你好。\tHi.\n再见。\tGoodbye.\n")
-    assert corpus_lib.corpus_record(str(tmp_path / "c.tsv"), "zh-en")["sha256"] != record["sha256"]
+    assert corpus_lib.corpus_record(str(tmp_path / "c.tsv"), "zh-en").sha256 != record.sha256
     os.remove(tmp_path / "c.tsv")
     with pytest.raises(corpus_lib.CorpusError, match="c.tsv: cannot read"):
         corpus_lib.corpus_record(str(tmp_path / "c.tsv"), "zh-en")
@@ -153,7 +160,7 @@ def test_corrupt_tokenizer_file(tmp_path):
 
 
 def test_dataset_shift_right_padding_and_bucket_shapes(tokenizer, corpus_pairs, tiny_config):
-    config = tiny_config.replace(max_source_length=20, max_target_length=20, batch_tokens=64)
+    config = Batching.of(tiny_config.replace(max_source_length=20, max_target_length=20), 64)
     encoded = batches_lib.encode_pairs(tokenizer, corpus_pairs, config)
     assert encoded.dropped_too_long == len(corpus_pairs) - len(encoded) > 0
     boundaries, sizes = batches_lib.bucket_plan(config, pad_to_bucket=True)
@@ -182,8 +189,10 @@ def test_dev_batches_padded_to_buckets_have_training_shapes_and_the_same_loss(
     filled up with empty rows to the bucket's batch size, which change neither loss nor accuracy."""
     from kformer.model.transformer import Transformer
     from kformer.train.fit import compile_model
+    from kformer.train.recipe import recipe
 
-    config = tiny_config.replace(max_source_length=20, max_target_length=20, batch_tokens=64)
+    model_config = tiny_config.replace(max_source_length=20, max_target_length=20)
+    config = Batching.of(model_config, 64)
     encoded = batches_lib.encode_pairs(tokenizer, corpus_pairs[:300], config)
     buckets = {(size, end - 1) for end, size in zip(*batches_lib.bucket_plan(config, pad_to_bucket=True))}
     dev = [(x, y.numpy()) for x, y in batches_lib.make_dataset(encoded, config, training=False)]
@@ -191,7 +200,7 @@ def test_dev_batches_padded_to_buckets_have_training_shapes_and_the_same_loss(
     assert sum(int(y.any(1).sum()) for _, y in dev) == len(encoded)  # every pair once, in a real row
     x, y = next((x, y) for x, y in dev if not y.any(1).all())  # a batch filled up with empty rows
     real = y.any(1)
-    model = compile_model(Transformer(config), config, xla=False)
+    model = compile_model(Transformer(model_config), model_config, recipe("tiny"), xla=False)
     filled, alone = (
         model.evaluate(x, y, batch_size=len(y), verbose=0, return_dict=True),
         model.evaluate(
@@ -208,9 +217,10 @@ def test_dev_batches_padded_to_buckets_have_training_shapes_and_the_same_loss(
 def test_datasets_run_without_autotuning(tokenizer, corpus_pairs, tiny_config):
     """tf.data's autotuning thread stalled Keras' `fit` for 12-48 s at some epoch ends (Keras drops
     the partly read dev iterator, whose destructor waits for that thread): both streams go without."""
-    encoded = batches_lib.encode_pairs(tokenizer, corpus_pairs, tiny_config)
+    batching = Batching.of(tiny_config, 512)
+    encoded = batches_lib.encode_pairs(tokenizer, corpus_pairs, batching)
     for training in (True, False):
-        dataset = batches_lib.make_dataset(encoded, tiny_config, training=training, pad_to_bucket=False)
+        dataset = batches_lib.make_dataset(encoded, batching, training=training, pad_to_bucket=False)
         assert dataset.options().autotune.enabled is False and dataset.options().deterministic
 
 
@@ -218,7 +228,7 @@ def test_without_bucket_padding_rows_are_grouped_by_both_lengths(tokenizer, corp
     """pad_to_bucket=False: a batch's rows share the length group of their source and of their
     target (so short sources are not padded to long targets), each side is padded to its longest
     row only, and the batch holds the bucket's number of pairs: less padding than bucket keys alone."""
-    config = tiny_config.replace(max_source_length=30, max_target_length=30, batch_tokens=64)
+    config = Batching.of(tiny_config.replace(max_source_length=30, max_target_length=30), 64)
     encoded = batches_lib.encode_pairs(tokenizer, corpus_pairs, config)
     boundaries, sizes = batches_lib.bucket_plan(config, pad_to_bucket=False)
     groups = batches_lib.length_groups(config)
@@ -253,9 +263,9 @@ def test_steps_per_epoch_is_the_training_streams_batches_per_pass(
 ):
     """The first 20 epochs of steps of the endless stream hold 20 passes of pairs, less at most
     what the partial batches still hold back (< one batch per key)."""
-    config = tiny_config.replace(batch_tokens=128)
+    config = Batching.of(tiny_config, 128)
     encoded = batches_lib.encode_pairs(tokenizer, corpus_pairs, config)
-    per_epoch = batches_lib.steps_per_epoch(encoded, config, pad_to_bucket)
+    per_epoch = batches_lib.steps_per_epoch_of(*encoded.lengths(), None, config, pad_to_bucket)
     stream = batches_lib.make_dataset(encoded, config, training=True, pad_to_bucket=pad_to_bucket)
     pairs = sum(len(labels) for _, labels in stream.take(20 * per_epoch))
     sizes = batches_lib.bucket_plan(config, pad_to_bucket)[1]
@@ -270,10 +280,11 @@ def test_steps_per_epoch_is_the_training_streams_batches_per_pass(
 
 
 def test_shards_are_disjoint(tokenizer, corpus_pairs, tiny_config):
-    encoded = batches_lib.encode_pairs(tokenizer, corpus_pairs[:50], tiny_config)
+    batching = Batching.of(tiny_config, 512)
+    encoded = batches_lib.encode_pairs(tokenizer, corpus_pairs[:50], batching)
 
     def sources(index):
-        ds = batches_lib.make_dataset(encoded, tiny_config, training=False, num_shards=2, shard_index=index)
+        ds = batches_lib.make_dataset(encoded, batching, training=False, num_shards=2, shard_index=index)
         return {tuple(row[row != 0]) for x, _ in ds for row in x["source_ids"].numpy() if row.any()}
 
     a, b = sources(0), sources(1)

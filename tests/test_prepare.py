@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from conftest import PYTHON, python_lines, run_kformer
 
+from kformer.contracts.digests import tokenizer_digest
+from kformer.contracts.prepared import MANIFEST_FILE, PreparedCorpus, PreparedError
 from kformer.data import corpus as corpus_lib
 from kformer.data import prepare as prepare_lib
 from kformer.data import shards as shards_lib
 from kformer.data import tokenizer as tokenizer_lib
-from kformer.model.config import tokenizer_digest
 
 
 def _shard_pairs(folder, paths=None):
@@ -25,10 +26,10 @@ def _shard_pairs(folder, paths=None):
     ids, target ids) tuples."""
     import tensorflow as tf
 
-    manifest = prepare_lib.load(folder)
-    dtype = np.dtype(manifest["train"]["dtype"])
+    manifest = PreparedCorpus.load(folder)
+    dtype = np.dtype(manifest.train.dtype)
     pairs = []
-    for record in tf.data.TFRecordDataset(paths or prepare_lib.shard_paths(folder, manifest)):
+    for record in tf.data.TFRecordDataset(paths or manifest.shard_paths(folder)):
         ids = np.frombuffer(record.numpy(), dtype).tolist()
         pairs.append((tuple(ids[1 : 1 + ids[0]]), tuple(ids[1 + ids[0] :])))
     return pairs
@@ -36,22 +37,22 @@ def _shard_pairs(folder, paths=None):
 
 def test_splits_tokenizer_and_shards_are_those_of_the_corpus(tmp_path, corpus_tsv):
     out = str(tmp_path / "prepared")
-    manifest = prepare_lib.prepare(corpus_tsv, out, vocab_size=1200, shards=3)
+    manifest = prepare_lib.prepare(corpus_tsv, out, prepare_lib.PrepareOptions(vocab_size=1200, shards=3))
     pairs, _ = corpus_lib.read_corpus(corpus_tsv)
-    splits = corpus_lib.split_pairs(pairs)  # the in-memory rule: the same splits (none is over its bound)
+    splits = prepare_lib.split_pairs(pairs)  # the in-memory rule: the same splits (none is over its bound)
     for name in ("dev", "test"):
         assert prepare_lib.held_out(out, name) == splits[name]
-    tokenizer = tokenizer_lib.load_tokenizer(os.path.join(out, prepare_lib.TOKENIZER))
+    tokenizer = tokenizer_lib.load_tokenizer(os.path.join(out, "tokenizer.model"))
     expected = tokenizer_lib.train_tokenizer([t for p in splits["train"] for t in p], 1200)
-    assert tokenizer_digest(tokenizer) == tokenizer_digest(expected) == manifest["tokenizer"]["sha256"]
+    assert tokenizer_digest(tokenizer) == tokenizer_digest(expected) == manifest.tokenizer.sha256
     encoded = {(tuple(tokenizer.encode(s)), tuple(tokenizer.encode(t))) for s, t in splits["train"]}
     stored = _shard_pairs(out)
-    assert len(stored) == len(splits["train"]) == manifest["pairs"]["train"] and set(stored) == encoded
-    assert [s["pairs"] for s in manifest["train"]["shards"]] != [len(stored), 0, 0]  # spread over shards
-    histogram = {(s, t): n for s, t, n in manifest["lengths"]["counts"]}
+    assert len(stored) == len(splits["train"]) == manifest.pairs["train"] and set(stored) == encoded
+    assert [s.pairs for s in manifest.train.shards] != [len(stored), 0, 0]  # spread over shards
+    histogram = {(s, t): n for s, t, n in manifest.lengths.counts}
     assert sum(histogram.values()) == len(stored)
     assert histogram[(len(stored[0][0]), len(stored[0][1]))] >= 1
-    assert manifest["read"]["pairs"] == len(pairs) and manifest["bytes_per_pair"] > 0
+    assert manifest.read["pairs"] == len(pairs) and manifest.bytes_per_pair > 0
 
 
 def _write(path, lines):
@@ -66,7 +67,11 @@ def test_held_out_splits_are_bounded_whatever_the_order_and_share_no_source(tmp_
     for order in range(2):
         rng.shuffle(lines)
         out = str(tmp_path / f"prepared{order}")
-        prepare_lib.prepare(_write(tmp_path / f"c{order}.tsv", lines), out, vocab_size=200, split_size=7)
+        prepare_lib.prepare(
+            _write(tmp_path / f"c{order}.tsv", lines),
+            out,
+            prepare_lib.PrepareOptions(vocab_size=200, split_size=7),
+        )
         dev, test = prepare_lib.held_out(out, "dev"), prepare_lib.held_out(out, "test")
         train_sources = {s for s, _ in corpus_lib.read_corpus(_train_text(out))[0]}
         assert (
@@ -81,7 +86,7 @@ def test_held_out_splits_are_bounded_whatever_the_order_and_share_no_source(tmp_
 
 def _train_text(folder):
     """The train pairs of a prepared folder back as text (its tokenizer decodes them)."""
-    tokenizer = tokenizer_lib.load_tokenizer(os.path.join(folder, prepare_lib.TOKENIZER))
+    tokenizer = tokenizer_lib.load_tokenizer(os.path.join(folder, "tokenizer.model"))
     path = os.path.join(folder, "train-text.tsv")
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(
@@ -99,8 +104,10 @@ def test_duplicates_bad_lines_gzip_and_given_held_out_files(tmp_path):
     with gzip.open(path, "wt", encoding="utf-8") as f:
         f.write("".join(line + "\n" for line in corpus))
     dev = _write(tmp_path / "dev.tsv", lines[:5])
-    manifest = prepare_lib.prepare(str(path), str(tmp_path / "p"), vocab_size=200, dev=dev)
-    read = manifest["read"]
+    manifest = prepare_lib.prepare(
+        str(path), str(tmp_path / "p"), prepare_lib.PrepareOptions(vocab_size=200, dev=dev)
+    )
+    read = manifest.read
     assert (
         read["lines"],
         read["duplicates"],
@@ -116,10 +123,8 @@ def test_duplicates_bad_lines_gzip_and_given_held_out_files(tmp_path):
     )
     assert read["malformed_examples"] == [f"{path}:351: expected 2 tab-separated columns, found 1"]
     assert prepare_lib.held_out(str(tmp_path / "p"), "dev") == [tuple(line.split("\t")) for line in lines[:5]]
-    assert manifest["dropped"]["held-out source in train"] == 5 and manifest["held_out"]["dev"].startswith(
-        "file "
-    )
-    total = manifest["pairs"]["train"] + manifest["pairs"]["test"]
+    assert manifest.dropped["held-out source in train"] == 5 and manifest.held_out["dev"].startswith("file ")
+    total = manifest.pairs["train"] + manifest.pairs["test"]
     assert total == 300 - 5
 
 
@@ -146,14 +151,15 @@ def test_bad_corpora_get_one_line_and_leave_no_folder(tmp_path, content, error):
 
 def test_a_half_written_folder_is_refused_naming_the_file(tmp_path, corpus_tsv):
     out = str(tmp_path / "p")
-    prepare_lib.prepare(corpus_tsv, out, vocab_size=1200)
-    os.remove(os.path.join(out, prepare_lib.MANIFEST))
-    with pytest.raises(prepare_lib.PreparedError, match="prepared.json not found: .* not a finished"):
-        prepare_lib.load(out)
+    prepare_lib.prepare(corpus_tsv, out, prepare_lib.PrepareOptions(vocab_size=1200))
+    os.remove(os.path.join(out, MANIFEST_FILE))
+    with pytest.raises(PreparedError, match="prepared.json not found: .* not a finished"):
+        PreparedCorpus.load(out)
 
 
 KILLED = (
-    "import sys; from kformer.data import prepare; prepare.prepare(sys.argv[1], sys.argv[2], vocab_size=400)"
+    "import sys; from kformer.data import prepare; "
+    "prepare.prepare(sys.argv[1], sys.argv[2], prepare.PrepareOptions(vocab_size=400))"
 )
 
 
@@ -171,8 +177,10 @@ def test_a_killed_prepare_leaves_no_finished_folder_and_blocks_nothing(tmp_path)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not os.path.exists(out)
-    prepare_lib.prepare(corpus, out, vocab_size=400)  # not blocked; the killed one's work folder is removed
-    assert prepare_lib.load(out) and not [
+    prepare_lib.prepare(
+        corpus, out, prepare_lib.PrepareOptions(vocab_size=400)
+    )  # not blocked; the killed one's work folder is removed
+    assert PreparedCorpus.load(out) and not [
         n for n in os.listdir(tmp_path) if n.startswith(".kformer-prepare-")
     ]
 
@@ -180,7 +188,7 @@ def test_a_killed_prepare_leaves_no_finished_folder_and_blocks_nothing(tmp_path)
 PEAK = """
 import sys
 from kformer.data import prepare
-prepare.prepare(sys.argv[1], sys.argv[2], vocab_size=300, sample=2000)
+prepare.prepare(sys.argv[1], sys.argv[2], prepare.PrepareOptions(vocab_size=300, sample=2000))
 print([line for line in open("/proc/self/status") if line.startswith("VmHWM")][0].split()[1])
 """
 
@@ -210,7 +218,7 @@ def test_train_on_a_prepared_folder_streamed_and_resumed(tmp_path, corpus_tsv, m
     from kformer.train.fit import train
 
     prepared = str(tmp_path / "prepared")
-    prepare_lib.prepare(corpus_tsv, prepared, vocab_size=1200, shards=3)
+    prepare_lib.prepare(corpus_tsv, prepared, prepare_lib.PrepareOptions(vocab_size=1200, shards=3))
     monkeypatch.setattr(shards_lib, "IN_MEMORY_TOKENS", 0)
     args = dict(data=prepared, xla=False, verbose=0, checkpoint_seconds=10**6)
     stopped, whole = str(tmp_path / "stopped"), str(tmp_path / "whole")
@@ -221,7 +229,7 @@ def test_train_on_a_prepared_folder_streamed_and_resumed(tmp_path, corpus_tsv, m
     assert json.load(open(os.path.join(stopped, "corpus.json")))["prepared"] == prepared
     with open(os.path.join(prepared, "test.tsv"), encoding="utf-8") as f:  # read here, not by kformer
         held_out = [line.rstrip("\n").split("\t") for line in f]
-    assert len(held_out) == prepare_lib.load(prepared)["pairs"]["test"] > 0
+    assert len(held_out) == PreparedCorpus.load(prepared).pairs["test"] > 0
     sources, references = split_references(stopped, "test")  # the run's, from the folder it names
     assert sources == list(dict.fromkeys(source for source, _ in held_out))
     assert sorted(r for group in references for r in group) == sorted(target for _, target in held_out)
@@ -243,24 +251,26 @@ def test_the_command_writes_a_folder_and_refuses_to_overwrite_it(tmp_path, corpu
     assert done.status == 0 and done.stdout.startswith(f"wrote {out}: 400 lines -> 400 pairs"), done.stderr
     again = run_kformer(*command)
     assert again.status == 2 and "exists and is not an empty folder" in again.stderr
-    assert prepare_lib.load(out)["pairs"]["train"] > 0
+    assert PreparedCorpus.load(out).pairs["train"] > 0
 
 
 def test_each_input_worker_reads_only_its_own_shards(tmp_path, corpus_tsv):
+    from kformer.data.batches import Batching
     from kformer.model.config import preset
     from kformer.train import inputs as inputs_lib
+    from kformer.train.recipe import recipe
 
     out = str(tmp_path / "prepared")
-    prepare_lib.prepare(corpus_tsv, out, vocab_size=1200, shards=3)
-    manifest = prepare_lib.load(out)
-    paths = prepare_lib.shard_paths(out, manifest)
+    prepare_lib.prepare(corpus_tsv, out, prepare_lib.PrepareOptions(vocab_size=1200, shards=3))
+    manifest = PreparedCorpus.load(out)
+    paths = manifest.shard_paths(out)
     assert shards_lib.worker_part(paths, 2, 0) == (paths[0::2], 1, 0)
     assert shards_lib.worker_part(paths, 2, 1) == (paths[1:2], 1, 0)
     assert shards_lib.worker_part(paths, 4, 3) == (paths, 4, 3)  # fewer files than workers: by pair
     assert shards_lib.worker_part(paths) == (paths, 1, 0)
 
-    tokenizer = tokenizer_lib.load_tokenizer(os.path.join(out, prepare_lib.TOKENIZER))
-    config = preset("tiny", vocab_size=tokenizer.get_piece_size())
+    tokenizer = tokenizer_lib.load_tokenizer(os.path.join(out, "tokenizer.model"))
+    config = Batching.of(preset("tiny", vocab_size=tokenizer.get_piece_size()), recipe("tiny").batch_tokens)
     encoded = inputs_lib.encode(out, tokenizer, config)
     for rank, own in ((0, paths[0::2]), (1, paths[1:2])):
         seen = set()

@@ -6,6 +6,28 @@ import dataclasses
 
 import numpy as np
 
+from kformer.data.tokenizer import SPECIAL_IDS
+
+
+@dataclasses.dataclass(frozen=True)
+class Batching:
+    """How pairs become training batches: the longest source and target that fit (a target with
+    BOS or EOS shorter than max_target_length), the tokens of a batch and side (padding
+    included), and the ids a target is framed with."""
+
+    max_source_length: int
+    max_target_length: int
+    batch_tokens: int
+    bos_id: int = SPECIAL_IDS["bos_id"]
+    eos_id: int = SPECIAL_IDS["eos_id"]
+
+    @classmethod
+    def of(cls, config, batch_tokens):
+        """The batching of a model of `config` (a ModelConfig) at `batch_tokens` a batch."""
+        return cls(
+            config.max_source_length, config.max_target_length, batch_tokens, config.bos_id, config.eos_id
+        )
+
 
 @dataclasses.dataclass
 class EncodedPairs:
@@ -57,7 +79,7 @@ def _ragged(values, lengths):
     return tf.RaggedTensor.from_row_lengths(tf.cast(values, tf.int32), np.asarray(lengths, np.int64))
 
 
-def encode_pairs(tokenizer, pairs, config):
+def encode_pairs(tokenizer, pairs, batching):
     """Tokenizes pairs; drops pairs whose source exceeds max_source_length or whose target
     plus BOS/EOS exceeds max_target_length."""
     source = tokenizer.encode([p[0] for p in pairs])
@@ -65,7 +87,7 @@ def encode_pairs(tokenizer, pairs, config):
     kept = [
         (s, t)
         for s, t in zip(source, target)
-        if 0 < len(s) <= config.max_source_length and 0 < len(t) < config.max_target_length
+        if 0 < len(s) <= batching.max_source_length and 0 < len(t) < batching.max_target_length
     ]
     return EncodedPairs([s for s, _ in kept], [t for _, t in kept], dropped_too_long=len(pairs) - len(kept))
 
@@ -79,41 +101,43 @@ BUCKET_GROWTH = 1.25
 XLA_BUCKET_GROWTH = 1.5
 
 
-def bucket_plan(config, pad_to_bucket):
+def bucket_plan(batching, pad_to_bucket):
     """(boundaries, batch_sizes): pairs whose longer side is shorter than boundaries[i] are batched
     `batch_sizes[i]` at a time (`batch_tokens` per side when padded to boundaries[i] - 1).
     Buckets grow by BUCKET_GROWTH, so pairs in one batch have similar lengths and padding stays
     small; pad_to_bucket (the batch shapes are the buckets, for XLA): by XLA_BUCKET_GROWTH."""
     growth = XLA_BUCKET_GROWTH if pad_to_bucket else BUCKET_GROWTH
-    longest = max(config.max_source_length, config.max_target_length)
+    longest = max(batching.max_source_length, batching.max_target_length)
     boundaries, length = [], 8
     while length < longest:
         boundaries.append(length + 1)
         length = max(length + 2, round(length * growth))
     boundaries.append(longest + 1)
-    sizes = [max(1, config.batch_tokens // (b - 1)) for b in boundaries]
+    sizes = [max(1, batching.batch_tokens // (b - 1)) for b in boundaries]
     return boundaries, sizes
 
 
-def length_groups(config):
+def length_groups(batching):
     """Edges for grouping rows by length without XLA: every length up to 16 apart, then groups
     ~12% wide. Rows batched together share the group of their source and of their target."""
     edges, length = [], 2
-    while length <= max(config.max_source_length, config.max_target_length):
+    while length <= max(batching.max_source_length, batching.max_target_length):
         edges.append(length)
         length = length + 1 if length < 17 else round(length * 1.125)
     return edges
 
 
-def _batch_keys(source_lengths, target_lengths, config, pad_to_bucket):
+def _batch_keys(source_lengths, target_lengths, batching, pad_to_bucket):
     """Per pair, (bucket of the longer side, source group, target group): pairs that share it are
     batched together, `bucket_plan`'s size for that bucket at a time. pad_to_bucket: the bucket
     alone, so batch shapes are the buckets. The decoder's sequences carry BOS/EOS, hence + 1."""
     source, target = np.asarray(source_lengths), np.asarray(target_lengths) + 1
-    bucket = np.searchsorted(bucket_plan(config, pad_to_bucket)[0], np.maximum(source, target), side="right")
+    bucket = np.searchsorted(
+        bucket_plan(batching, pad_to_bucket)[0], np.maximum(source, target), side="right"
+    )
     if pad_to_bucket:
         return [(b, 0, 0) for b in bucket.tolist()]
-    groups = length_groups(config)
+    groups = length_groups(batching)
     return list(
         zip(
             bucket.tolist(),
@@ -123,20 +147,16 @@ def _batch_keys(source_lengths, target_lengths, config, pad_to_bucket):
     )
 
 
-def steps_per_epoch(encoded, config, pad_to_bucket=True):
-    """Batches per pass over `encoded` in the endless training stream: the pairs of each batch key
-    over its batch size, summed (a key's partial batch fills in the next pass, so this is the mean;
-    counting full batches of one pass would undercount the grouped batches by ~20%)."""
-    return steps_per_epoch_of(*encoded.lengths(), None, config, pad_to_bucket)
-
-
-def steps_per_epoch_of(source_lengths, target_lengths, counts, config, pad_to_bucket=True):
-    """`steps_per_epoch` of pairs given by their lengths (`counts`: how many pairs have each pair
-    of lengths; None: one each), e.g. a prepared corpus' length histogram."""
-    sizes = bucket_plan(config, pad_to_bucket)[1]
+def steps_per_epoch_of(source_lengths, target_lengths, counts, batching, pad_to_bucket=True):
+    """Batches per pass over pairs given by their lengths (`counts`: how many pairs have each pair
+    of lengths; None: one each; e.g. a prepared corpus' length histogram) in the endless training
+    stream: the pairs of each batch key over its batch size, summed (a key's partial batch fills
+    in the next pass, so this is the mean; counting full batches of one pass would undercount the
+    grouped batches)."""
+    sizes = bucket_plan(batching, pad_to_bucket)[1]
     counts = np.ones(len(source_lengths), np.int64) if counts is None else counts
     totals = collections.Counter()
-    for key, n in zip(_batch_keys(source_lengths, target_lengths, config, pad_to_bucket), counts):
+    for key, n in zip(_batch_keys(source_lengths, target_lengths, batching, pad_to_bucket), counts):
         totals[key] += int(n)
     return round(sum(n / sizes[key[0]] for key, n in totals.items()))
 
@@ -159,7 +179,7 @@ def _endless_passes(source, target, seed):
     return tf.data.Dataset.counter().flat_map(one_pass)
 
 
-def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_index=0, pad_to_bucket=True):
+def make_dataset(encoded, batching, training=True, seed=0, num_shards=1, shard_index=0, pad_to_bucket=True):
     """tf.data of ({"source_ids": (B, S), "target_ids": (B, T)}, labels (B, T)), int32, pad 0.
 
     target_ids = BOS + target (the decoder input, shifted right); labels = target + EOS.
@@ -180,11 +200,11 @@ def make_dataset(encoded, config, training=True, seed=0, num_shards=1, shard_ind
         raise ValueError("no sentence pairs to batch (all were empty or too long?)")
 
     if training:
-        return batched(endless_pairs(encoded, seed, num_shards, shard_index), config, True, pad_to_bucket)
+        return batched(endless_pairs(encoded, seed, num_shards, shard_index), batching, True, pad_to_bucket)
     ds = tf.data.Dataset.from_tensor_slices(encoded.ragged())
     if num_shards > 1:
         ds = ds.shard(num_shards, shard_index)
-    return batched(ds, config, False, pad_to_bucket)
+    return batched(ds, batching, False, pad_to_bucket)
 
 
 def endless_pairs(encoded, seed=0, num_shards=1, shard_index=0):
@@ -196,11 +216,11 @@ def endless_pairs(encoded, seed=0, num_shards=1, shard_index=0):
     return ds.shard(num_shards, shard_index) if num_shards > 1 else ds
 
 
-def batched(ds, config, training, pad_to_bucket):
+def batched(ds, batching, training, pad_to_bucket):
     """(source, target) id rows -> the batches of `make_dataset`."""
     import tensorflow as tf
 
-    bos, eos = tf.constant([config.bos_id]), tf.constant([config.eos_id])
+    bos, eos = tf.constant([batching.bos_id]), tf.constant([batching.eos_id])
 
     def to_example(source, target):
         return {
@@ -209,8 +229,8 @@ def batched(ds, config, training, pad_to_bucket):
             "labels": tf.concat([target, eos], 0),
         }
 
-    boundaries, sizes = bucket_plan(config, pad_to_bucket)
-    groups = length_groups(config)
+    boundaries, sizes = bucket_plan(batching, pad_to_bucket)
+    groups = length_groups(batching)
     radix = len(groups) + 1
     groups, boundaries, sizes = (tf.constant(v, tf.int64) for v in (groups, boundaries, sizes))
 

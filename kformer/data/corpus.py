@@ -13,7 +13,12 @@ import os
 import zlib
 from importlib import metadata
 
-from kformer.model.config import DEFAULT_CORPUS, DEFAULT_DIRECTION
+from kformer.contracts import digests
+from kformer.contracts.pair import LanguagePair
+from kformer.contracts.prepared import CorpusSource
+
+DEFAULT_CORPUS = "default"  # Tatoeba zh-en, packaged
+DEFAULT_DIRECTION = "zh-en"
 
 _TATOEBA_COLUMNS = {"zh": 1, "en": 3}  # zh_id, zh, en_id, en
 
@@ -38,6 +43,18 @@ class ReadReport:
         self.malformed += 1
         if len(self.malformed_examples) < 5:
             self.malformed_examples.append(f"{path}:{line_number}: {why}")
+
+    def counts(self):
+        """What prepared.json records of reading (`PreparedCorpus.read`)."""
+        return {
+            "lines": self.lines,
+            "pairs": self.pairs,
+            "malformed": self.malformed,
+            "malformed_examples": self.malformed_examples,
+            "empty": self.empty,
+            "untranslated copies": self.copies,
+            "duplicates": self.duplicates,
+        }
 
     def summary(self):
         text = (
@@ -196,7 +213,7 @@ def raw_pairs(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION, report=None):
         files = [CorpusFile(data[0]), CorpusFile(data[1])]
         return read_aligned(files[0], files[1], report), files
     if data == DEFAULT_CORPUS:
-        source, target = _parse_direction(direction)
+        source, target = dataclasses.astuple(parse_pair(direction))
         if {source, target} != set(_TATOEBA_COLUMNS):
             raise CorpusError(
                 f"the default corpus is Chinese-English: direction must be zh-en or en-zh, got {direction}"
@@ -242,9 +259,10 @@ def read_corpus(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION):
 
 
 def corpus_record(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION):
-    """What a run records of its corpus: {"data": "default" | absolute path | [two absolute paths],
-    "direction", "sha256" of the file bytes}. The digest, not the path as typed, identifies the corpus:
-    a run can be resumed or evaluated from any working directory, and a changed file is noticed."""
+    """What a run records of its corpus (a CorpusSource): "default", an absolute path or two, the
+    pair, and the sha256 of the file bytes. The digest, not the path as typed, identifies the
+    corpus: a run can be resumed or evaluated from any working directory, and a changed file is
+    noticed."""
     files = (
         [default_corpus_path()]
         if data == DEFAULT_CORPUS
@@ -253,32 +271,26 @@ def corpus_record(data=DEFAULT_CORPUS, direction=DEFAULT_DIRECTION):
         else [data]
     )
     digest = files_sha256(files)
-    resolved = [os.path.abspath(f) for f in files]
-    return {
-        "data": DEFAULT_CORPUS if data == DEFAULT_CORPUS else resolved[0] if len(resolved) == 1 else resolved,
-        "direction": direction,
-        "sha256": digest,
-    }
+    resolved = tuple(os.path.abspath(f) for f in files)
+    spec = DEFAULT_CORPUS if data == DEFAULT_CORPUS else resolved[0] if len(resolved) == 1 else resolved
+    return CorpusSource(spec, parse_pair(direction), digest)
 
 
-def _parse_direction(direction):
-    parts = direction.split("-")
-    if len(parts) != 2 or not all(parts):
-        raise CorpusError(f"direction must look like 'zh-en', got {direction!r}")
-    return parts
+def parse_pair(direction):
+    """A LanguagePair of "zh-en", or a CorpusError naming what it got."""
+    try:
+        return LanguagePair.parse(direction)
+    except ValueError as e:
+        raise CorpusError(f"--direction: {e}") from None
 
 
 def files_sha256(paths):
-    """The sha256 (hex) of the files' bytes one after the other, read in blocks."""
-    digest = hashlib.sha256()
-    for path in paths:
-        try:
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
-        except OSError as e:
-            raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
-    return digest.hexdigest()
+    """The sha256 (hex) of the files' bytes one after the other; CorpusError naming a file that
+    cannot be read."""
+    try:
+        return digests.files_sha256(paths)
+    except OSError as e:
+        raise CorpusError(f"{e.filename}: cannot read ({e.strerror})") from None
 
 
 DEV_FRACTION = TEST_FRACTION = 0.02  # of source sentences, by `source_position`
@@ -288,15 +300,3 @@ def source_position(source):
     """A source sentence's place in [0, 1), from a hash of its text: its split (test below
     TEST_FRACTION, dev next), so all its translations share a split whatever the corpus order."""
     return int.from_bytes(hashlib.sha256(source.encode("utf-8")).digest()[:8], "big") / 2.0**64
-
-
-def split_pairs(pairs, dev_fraction=DEV_FRACTION, test_fraction=TEST_FRACTION):
-    """Deterministic train/dev/test split by source-sentence identity (`source_position`): the
-    split never changes when the corpus grows or is reordered. In memory; `kformer.prepare`
-    splits a stream by the same rule."""
-    splits = {"train": [], "dev": [], "test": []}
-    for pair in pairs:
-        u = source_position(pair[0])
-        name = "test" if u < test_fraction else "dev" if u < test_fraction + dev_fraction else "train"
-        splits[name].append(pair)
-    return splits

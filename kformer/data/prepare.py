@@ -1,17 +1,13 @@
 """`kformer prepare`: a corpus of any size, read once as a stream, into a folder that training
 reads as a stream, in memory that does not grow with the corpus but for 8 bytes a pair.
 
-A prepared folder holds:
-    prepared.json     the manifest: counts, digests, the length histogram, what was dropped and
-                      why; written last, so a folder without it is not a finished one
-    tokenizer.model   SentencePiece, trained on a bounded random sample of the train split (or
-                      one given: a trained model's, to fine-tune it on this corpus)
-    dev.tsv, test.tsv the held-out splits as text (source TAB target)
-    train-NNNNN-of-NNNNN.tfrecord   the train split as token ids, shuffled, in shards
+A prepared folder's files and manifest are kformer.contracts.prepared's. Its tokenizer is trained
+on a bounded random sample of the train split, or given (a trained model's, to fine-tune it on
+this corpus).
 
 The steps: (1) read the corpus line by line (TSV or two aligned files, plain or gzip), clean
-it, drop duplicate pairs by an 8-byte digest of each, and split it by source sentence as
-`kformer.data.corpus.split_pairs` does (a sentence's split is a function of its hash), the held-out
+it, drop duplicate pairs by an 8-byte digest of each, and split it by source sentence
+(`split_pairs` holds the rule: a sentence's split is a function of its hash), the held-out
 splits bounded in size: a split keeps the sources of smallest hash up to `split_size` pairs and
 gives the rest to train, so the same sentence never lands in two splits whatever the corpus
 order; or take dev/test from files, whose sources are then kept out of train. The train pairs go
@@ -28,22 +24,27 @@ import logging
 import math
 import os
 import random
-import shutil
 import time
 
 import numpy as np
 
 from kformer import folders, locks
+from kformer.contracts import TOKENIZER_FILE
+from kformer.contracts.digests import tokenizer_digest
+from kformer.contracts.prepared import (
+    HELD_OUT_FILES,
+    LengthHistogram,
+    PreparedCorpus,
+    PreparedTokenizer,
+    Shard,
+    TrainShards,
+)
 from kformer.data import corpus as corpus_lib
 from kformer.data import shards as shards_lib
 from kformer.data import tokenizer as tokenizer_lib
-from kformer.model.config import DEFAULT_DIRECTION, TransformerConfig, read_json, tokenizer_digest, write_json
 
 log = logging.getLogger("kformer")
-MANIFEST = "prepared.json"
-TOKENIZER = "tokenizer.model"
-HELD_OUT = {"dev": "dev.tsv", "test": "test.tsv"}
-FRACTIONS = {  # of source positions (kformer.data.corpus.source_position), as data.split_pairs splits
+FRACTIONS = {  # of source positions (kformer.data.corpus.source_position)
     "test": (0.0, corpus_lib.TEST_FRACTION),
     "dev": (corpus_lib.TEST_FRACTION, corpus_lib.TEST_FRACTION + corpus_lib.DEV_FRACTION),
 }
@@ -54,38 +55,32 @@ LENGTH_CAP = 512  # the histogram counts longer pairs at this length
 CHUNK = 50_000  # pairs handled at once: deduplicated, tokenized
 
 
-class PreparedError(ValueError):
-    """A folder that is not a finished prepared corpus, or one that does not fit; names the file."""
-
-
 @dataclasses.dataclass(frozen=True)
 class PrepareOptions:
-    """How `prepare` splits and encodes a corpus.
+    """How `prepare` reads, splits and encodes a corpus.
 
+    direction: the pair the corpus is read as; vocab_size: of a tokenizer trained here;
     dev/test: TSV files to use as those splits instead of taking them from the corpus;
     split_size: pairs at most in each split taken from the corpus; shards: train shard files
     (default: one per SHARD_PAIRS); sample: train pairs the tokenizer trains on, at most;
     tokenizer: a SentencePiece model file to encode with instead of training one."""
 
-    direction: str = DEFAULT_DIRECTION
-    vocab_size: int = TransformerConfig.vocab_size
-    dev: str = None
-    test: str = None
+    direction: str = corpus_lib.DEFAULT_DIRECTION
+    vocab_size: int = tokenizer_lib.VOCAB_SIZE
+    dev: str | None = None
+    test: str | None = None
     split_size: int = SPLIT_SIZE
-    shards: int = None
+    shards: int | None = None
     sample: int = TOKENIZER_SAMPLE
     seed: int = 0
-    tokenizer: str = None
+    tokenizer: str | None = None
 
 
-def prepare(
-    data, out_dir, direction=DEFAULT_DIRECTION, vocab_size=TransformerConfig.vocab_size, lock=True, **options
-):
+def prepare(data, out_dir, options=PrepareOptions(), lock=True):
     """Prepares `data` ("default", a TSV path, or (source path, target path)) into the new folder
-    `out_dir` (options: the fields of PrepareOptions). Returns the manifest. A killed or failed
+    `out_dir` as `options` (a PrepareOptions) say. Returns its PreparedCorpus. A killed or failed
     prepare leaves no `out_dir` behind.
     lock=False: the caller holds a lock that covers `out_dir` (kformer train, for a run's corpus)."""
-    options = PrepareOptions(direction, vocab_size, **options)
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise ValueError(f"--out {out_dir} exists and is not an empty folder; choose a new --out")
     start = time.monotonic()
@@ -93,91 +88,79 @@ def prepare(
     try:
         with folders.work_folder(out_dir, ".kformer-prepare-") as work:
             manifest = _prepare_in(work, data, options)
-            manifest["seconds"] = round(time.monotonic() - start, 1)
-            write_json(os.path.join(work, MANIFEST), manifest)
+            manifest = dataclasses.replace(manifest, seconds=round(time.monotonic() - start, 1))
+            manifest.save(work)
     finally:
         release()
-    log.info("prepared %s in %.0f s: %s", out_dir, manifest["seconds"], summary(manifest))
+    log.info("prepared %s in %.0f s: %s", out_dir, manifest.seconds, summary(manifest))
     return manifest
 
 
 def _prepare_in(work, data, options):
-    direction, vocab_size, split_size, seed = (
-        options.direction,
-        options.vocab_size,
-        options.split_size,
-        options.seed,
-    )
-    sample, given_tokenizer = options.sample, options.tokenizer
     report = corpus_lib.ReadReport()
     given = {name: path for name, path in (("dev", options.dev), ("test", options.test)) if path}
     held_out = {name: _held_out_file(path) for name, path in given.items()}
     train_file = os.path.join(work, "train.tmp.tsv")
     with open(train_file, "w", encoding="utf-8") as train:
-        splits, counts, corpus = _split(data, direction, report, held_out, split_size, train)
+        splits, counts, corpus = _split(data, options, report, held_out, train)
     for name, pairs in {**held_out, **splits}.items():
-        _write_tsv(os.path.join(work, HELD_OUT[name]), pairs)
-    if given_tokenizer is None:
-        log.info(
-            "training a joint SentencePiece tokenizer (%d pieces) on a sample of the train split", vocab_size
-        )
-        sampled = _sample_sentences(train_file, counts["train"], sample, seed)
-        tokenizer = tokenizer_lib.train_tokenizer(sampled, vocab_size)
-        del sampled
-    else:
-        tokenizer, sample = tokenizer_lib.load_tokenizer(given_tokenizer), 0
-    with open(os.path.join(work, TOKENIZER), "wb") as f:
+        _write_tsv(os.path.join(work, HELD_OUT_FILES[name]), pairs)
+    tokenizer, sample = _tokenizer(train_file, counts["train"], options)
+    with open(os.path.join(work, TOKENIZER_FILE), "wb") as f:
         f.write(tokenizer.serialized_model_proto())
     shards = options.shards or max(1, math.ceil(counts["train"] / SHARD_PAIRS))
-    written, histogram, unknown = _write_shards(train_file, counts["train"], tokenizer, work, shards, seed)
+    written, histogram, unknown = _write_shards(
+        train_file, counts["train"], tokenizer, work, shards, options.seed
+    )
     os.remove(train_file)
-    return {
-        "kformer_prepared": 1,
-        "corpus": corpus,
-        "read": report_dict(report),
-        "pairs": {"train": counts["train"], **{name: len(p) for name, p in {**held_out, **splits}.items()}},
-        "held_out": {
-            name: "file " + os.path.abspath(given[name]) if name in given else "hash" for name in HELD_OUT
+    given_tokenizer = None if options.tokenizer is None else os.path.abspath(options.tokenizer)
+    return PreparedCorpus(
+        corpus=corpus,
+        read=report.counts(),
+        pairs={"train": counts["train"], **{name: len(p) for name, p in {**held_out, **splits}.items()}},
+        held_out={
+            name: "file " + os.path.abspath(given[name]) if name in given else "hash"
+            for name in HELD_OUT_FILES
         },
-        "dropped": {"held-out source in train": counts["held_out_sources"]},
-        "dedup": {"digest_bytes": 8, "what": "blake2b of the cleaned pair"},
-        "tokenizer": {
-            "file": TOKENIZER,
-            "sha256": tokenizer_digest(tokenizer),
-            "vocab_size": tokenizer.get_piece_size(),
-            "sample_pairs": min(sample, counts["train"]),
-            "given": None if given_tokenizer is None else os.path.abspath(given_tokenizer),
-        },
+        dropped={"held-out source in train": counts["held_out_sources"]},
+        dedup={"digest_bytes": 8, "what": "blake2b of the cleaned pair"},
+        tokenizer=PreparedTokenizer(
+            tokenizer_digest(tokenizer),
+            tokenizer.get_piece_size(),
+            TOKENIZER_FILE,
+            min(sample, counts["train"]),
+            given_tokenizer,
+        ),
         # <unk> pieces of the train split: the characters the tokenizer does not know (a given one's)
-        "unknown_pieces": unknown,
-        "train": {"dtype": shards_lib.id_dtype(tokenizer).__name__, "shards": written},
-        "lengths": {
-            "cap": LENGTH_CAP,
-            "counts": [[int(s), int(t), int(n)] for (s, t), n in sorted(histogram.items())],
-        },
-        "bytes_per_pair": round(sum(s["bytes"] for s in written) / max(1, counts["train"]), 1),
-    }
+        unknown_pieces=unknown,
+        train=TrainShards(shards_lib.id_dtype(tokenizer).__name__, tuple(written)),
+        lengths=LengthHistogram(
+            LENGTH_CAP, tuple((int(s), int(t), int(n)) for (s, t), n in sorted(histogram.items()))
+        ),
+        bytes_per_pair=round(sum(s.bytes for s in written) / max(1, counts["train"]), 1),
+    )
 
 
-def report_dict(report):
-    return {
-        "lines": report.lines,
-        "pairs": report.pairs,
-        "malformed": report.malformed,
-        "malformed_examples": report.malformed_examples,
-        "empty": report.empty,
-        "untranslated copies": report.copies,
-        "duplicates": report.duplicates,
-    }
+def _tokenizer(train_file, pairs, options):
+    """(the tokenizer, the train pairs it was trained on): one trained on a sample of the train
+    split, or the one given (trained on none here)."""
+    if options.tokenizer is not None:
+        return tokenizer_lib.load_tokenizer(options.tokenizer), 0
+    log.info(
+        "training a joint SentencePiece tokenizer (%d pieces) on a sample of the train split",
+        options.vocab_size,
+    )
+    sampled = _sample_sentences(train_file, pairs, options.sample, options.seed)
+    return tokenizer_lib.train_tokenizer(sampled, options.vocab_size), options.sample
 
 
 def summary(manifest):
-    pairs, read = manifest["pairs"], manifest["read"]
+    pairs, read = manifest.pairs, manifest.read
     return (
         f"{read['lines']:,} lines -> {read['pairs']:,} pairs (skipped {read['malformed']} malformed, {read['empty']} "
         f"empty, {read['untranslated copies']} untranslated copies, {read['duplicates']} duplicates); "
         f"train {pairs['train']:,}, dev {pairs['dev']:,}, test {pairs['test']:,}; "
-        f"{len(manifest['train']['shards'])} shards, {manifest['bytes_per_pair']} bytes a pair"
+        f"{len(manifest.train.shards)} shards, {manifest.bytes_per_pair} bytes a pair"
     )
 
 
@@ -223,36 +206,57 @@ class _HeldOutSplit:
         return [pair for _, pair in sorted(p for pairs in self.sources.values() for p in pairs)]
 
 
-def _split(data, direction, report, held_out, split_size, train):
+class _Splitter:
+    """The split rule, for a stream of cleaned pairs: a source's split is a function of its hash
+    (`corpus_lib.source_position`), dev and test each bounded to `split_size` pairs; the sources of
+    `excluded` (given --dev/--test files) go nowhere."""
+
+    def __init__(self, split_size, taken=tuple(HELD_OUT_FILES), excluded=frozenset()):
+        self.splits = {name: _HeldOutSplit(*FRACTIONS[name], split_size) for name in taken}
+        self.excluded, self.dropped = excluded, 0
+
+    def offer(self, pair):
+        """The pairs that go to train now: `pair`, or none, or those a split let go."""
+        if pair[0] in self.excluded:
+            self.dropped += 1
+            return []
+        u = corpus_lib.source_position(pair[0])
+        split = next((split for split in self.splits.values() if split.low <= u < split.high), None)
+        return [pair] if split is None else split.offer(u, pair)
+
+    def held_out(self):
+        return {name: split.pairs() for name, split in self.splits.items()}
+
+
+def split_pairs(pairs, split_size=SPLIT_SIZE):
+    """{"train", "dev", "test": pairs} of cleaned pairs in memory, by the rule `prepare` splits a
+    stream by (`_Splitter`)."""
+    splitter = _Splitter(split_size)
+    train = [kept for pair in pairs for kept in splitter.offer(pair)]
+    return {"train": train, **splitter.held_out()}
+
+
+def _split(data, options, report, held_out, train):
     """Step 1: the cleaned, deduplicated pairs of the corpus, the held-out ones kept (bounded),
-    the train ones written to `train`. Returns ({split: pairs}, counts, the corpus record)."""
-    raw, files = corpus_lib.raw_pairs(data, direction, report)
-    taken = {name: _HeldOutSplit(*FRACTIONS[name], split_size) for name in HELD_OUT if name not in held_out}
+    the train ones written to `train`. Returns ({split: pairs}, counts, the CorpusSource)."""
+    raw, files = corpus_lib.raw_pairs(data, options.direction, report)
     excluded = {p[0] for pairs in held_out.values() for p in pairs}  # sources of --dev/--test files
-    seen = _Digests()
-    counts = {"train": 0, "held_out_sources": 0}
-    progress = _Progress("read", files)
+    splitter = _Splitter(options.split_size, [n for n in HELD_OUT_FILES if n not in held_out], excluded)
+    seen, progress, trained = _Digests(), _Progress("read", files), 0
     for chunk in _chunks(corpus_lib.clean_pairs(raw, report), CHUNK):
         fresh = seen.add_new(np.array([_digest(p) for p in chunk], np.uint64))
         report.duplicates += len(chunk) - len(fresh)
         for index in fresh:
-            pair = chunk[index]
-            if pair[0] in excluded:
-                counts["held_out_sources"] += 1
-                continue
-            u = corpus_lib.source_position(pair[0])
-            split = next((split for split in taken.values() if split.low <= u < split.high), None)
-            to_train = [pair] if split is None else split.offer(u, pair)
-            for p in to_train:
-                train.write(f"{p[0]}\t{p[1]}\n")
-            counts["train"] += len(to_train)
+            to_train = splitter.offer(chunk[index])
+            train.writelines(f"{p[0]}\t{p[1]}\n" for p in to_train)
+            trained += len(to_train)
         report.pairs += len(fresh)
         progress.show(report.lines)
     progress.done(report.lines)
     if not report.pairs:
         raise corpus_lib.CorpusError(f"{files[0].path}: no usable sentence pairs ({report.summary()})")
-    corpus = corpus_lib.corpus_record(data, direction)
-    return {name: split.pairs() for name, split in taken.items()}, counts, corpus
+    counts = {"train": trained, "held_out_sources": splitter.dropped}
+    return splitter.held_out(), counts, corpus_lib.corpus_record(data, options.direction)
 
 
 def _digest(pair):
@@ -317,7 +321,7 @@ def _sample_sentences(train_file, count, sample, seed):
 
 def _write_shards(train_file, count, tokenizer, work, shards, seed):
     """Tokenizes the train pairs into `shards` shuffled TFRecord files; returns (their manifest
-    entries, the length histogram {(source length, target length): pairs}, {"unk": <unk> pieces,
+    Shards, the length histogram {(source length, target length): pairs}, {"unk": <unk> pieces,
     "pieces": all pieces})."""
     import tensorflow as tf
 
@@ -351,14 +355,7 @@ def _write_shards(train_file, count, tokenizer, work, shards, seed):
                 writer.write(records[index])
         os.remove(part.name)
         path = os.path.join(work, name)
-        written.append(
-            {
-                "file": name,
-                "pairs": len(records),
-                "bytes": os.path.getsize(path),
-                "sha256": corpus_lib.files_sha256([path]),
-            }
-        )
+        written.append(Shard(name, len(records), os.path.getsize(path), corpus_lib.files_sha256([path])))
     return written, histogram, unknown
 
 
@@ -426,33 +423,8 @@ def _duration(seconds):
 # --- reading a prepared folder ---
 
 
-def is_prepared(path):
-    return isinstance(path, str) and os.path.isfile(os.path.join(path, MANIFEST))
-
-
-def load(folder):
-    """The manifest of a finished prepared folder, its files checked to be there."""
-    path = os.path.join(folder, MANIFEST)
-    if not os.path.isfile(path):
-        raise PreparedError(f"{path} not found: {folder} is not a finished `kformer prepare` folder")
-    manifest = read_json(path, PreparedError)
-    for name in [TOKENIZER, *HELD_OUT.values(), *(s["file"] for s in manifest["train"]["shards"])]:
-        if not os.path.isfile(os.path.join(folder, name)):
-            raise PreparedError(f"{os.path.join(folder, name)} is missing (listed in {path})")
-    return manifest
-
-
 def held_out(folder, split):
     """The (source, target) pairs of a prepared folder's dev or test split ([] for an empty one:
     `kformer prepare --split-size 0`)."""
-    path = os.path.join(folder, HELD_OUT[split])
+    path = os.path.join(folder, HELD_OUT_FILES[split])
     return corpus_lib.read_corpus(path)[0] if os.path.getsize(path) else []
-
-
-def shard_paths(folder, manifest):
-    return [os.path.join(folder, s["file"]) for s in manifest["train"]["shards"]]
-
-
-def copy(folder, destination):
-    """Copies a finished prepared folder (a run keeps its own, so its splits stay held out)."""
-    shutil.copytree(folder, destination)

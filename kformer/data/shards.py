@@ -6,7 +6,7 @@ A record is one pair: [source length, source ids..., target ids...] in the shard
 
 import numpy as np
 
-from kformer.data.batches import ArrayPairs, steps_per_epoch_of
+from kformer.data.batches import ArrayPairs
 
 
 def id_dtype(tokenizer):
@@ -23,26 +23,21 @@ IN_MEMORY_TOKENS = 16_000_000  # a train split of at most this many ids (~300k p
 SHUFFLE_PAIRS = 20_000  # the shuffle buffer of a streamed train split
 
 
-def prepared_lengths(manifest, config):
+def prepared_lengths(manifest, batching):
     """(source lengths, target lengths, pairs of each) of a prepared train split, the pairs too
-    long for `config` left out; and how many those are."""
-    counts = np.array(manifest["lengths"]["counts"], np.int64).reshape(-1, 3)
+    long for `batching` left out; and how many those are."""
+    counts = np.array(manifest.lengths.counts, np.int64).reshape(-1, 3)
     source, target, n = counts.T
     kept = (
         (source > 0)
-        & (source <= config.max_source_length)
+        & (source <= batching.max_source_length)
         & (target > 0)
-        & (target < config.max_target_length)
+        & (target < batching.max_target_length)
     )
     return source[kept], target[kept], n[kept], int(n[~kept].sum())
 
 
-def prepared_steps_per_epoch(manifest, config, pad_to_bucket=True):
-    """`steps_per_epoch` of a prepared train split, from its length histogram."""
-    return steps_per_epoch_of(*prepared_lengths(manifest, config)[:3], config, pad_to_bucket)
-
-
-def read_prepared(paths, dtype, config):
+def read_prepared(paths, dtype, batching):
     """The pairs of a prepared train split's shards, in memory as `ArrayPairs` (over-long ones
     dropped). Each record is [source length, source ids..., target ids...]; records are decoded a
     batch at a time with array operations, never one Python object per pair."""
@@ -56,8 +51,8 @@ def read_prepared(paths, dtype, config):
         starts = np.cumsum(sizes) - sizes
         source_lengths = ids[starts].astype(np.int64)
         target_lengths = sizes - 1 - source_lengths
-        keep = (source_lengths > 0) & (source_lengths <= config.max_source_length)
-        keep &= (target_lengths > 0) & (target_lengths < config.max_target_length)
+        keep = (source_lengths > 0) & (source_lengths <= batching.max_source_length)
+        keep &= (target_lengths > 0) & (target_lengths < batching.max_target_length)
         dropped += int((~keep).sum())
         # Each id's part of its record: 0 the length, 1 the source, 2 the target.
         part = np.full(len(ids), 2, np.int8)
@@ -87,7 +82,7 @@ def worker_part(paths, workers=1, rank=0):
     return list(paths[rank::workers]), 1, 0
 
 
-def stream_pairs(paths, dtype, config, seed=0, num_shards=1, shard_index=0):
+def stream_pairs(paths, dtype, batching, seed=0, num_shards=1, shard_index=0):
     """The endless (source, target) id rows of a prepared train split read from its shards as a
     stream: each pass takes the shards in a new seeded order, reads a few at once (interleaved),
     and shuffles pairs in a buffer of SHUFFLE_PAIRS; memory does not grow with the corpus.
@@ -106,8 +101,8 @@ def stream_pairs(paths, dtype, config, seed=0, num_shards=1, shard_index=0):
         return ids[1 : 1 + ids[0]], ids[1 + ids[0] :]
 
     def fits(source, target):
-        return (0 < tf.size(source) <= config.max_source_length) & (
-            0 < tf.size(target) < config.max_target_length
+        return (0 < tf.size(source) <= batching.max_source_length) & (
+            0 < tf.size(target) < batching.max_target_length
         )
 
     ds = tf.data.Dataset.counter().flat_map(one_pass)

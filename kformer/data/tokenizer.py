@@ -3,21 +3,22 @@
 import io
 import os
 
-from kformer.model.config import TransformerConfig
+VOCAB_SIZE = 8000  # pieces of a tokenizer trained here, unless asked for another size
+# The special pieces' ids in a tokenizer trained here (pad 0: the mask convention relies on it).
+SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
 
 
 def train_tokenizer(texts, vocab_size):
-    """Trains one joint SentencePiece (unigram) model on `texts`, in memory (the run directory
-    writes it once training starts: checkpoint.create).
+    """Trains one joint SentencePiece (unigram) model on `texts`, in memory (the run folder
+    writes it once training starts: kformer.run_folder.create).
 
     Character coverage 0.9995 keeps rare Chinese characters out of the vocabulary only when
     truly rare. No normalization, so decode(encode(text)) == text for every covered text.
-    Special ids are the config's defaults: pad 0, unk 1, bos 2, eos 3.
+    Special ids: SPECIAL_IDS.
     Returns the loaded processor.
     """
     import sentencepiece as spm
 
-    ids = {name: getattr(TransformerConfig, name) for name in ("pad_id", "unk_id", "bos_id", "eos_id")}
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -36,7 +37,7 @@ def train_tokenizer(texts, vocab_size):
             unk_piece="<unk>",
             bos_piece="<s>",
             eos_piece="</s>",
-            **ids,
+            **SPECIAL_IDS,
         )
     except RuntimeError as e:  # e.g. more distinct characters than vocab_size
         raise ValueError(f"tokenizer training failed with --vocab-size {vocab_size}: {e}") from None
