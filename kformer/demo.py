@@ -1,18 +1,24 @@
 """`kformer demo` (the README's `make demo`): train a preset for a time budget, then report BLEU and
 chrF on the held-out test split and show a few of its translations."""
 
-from kformer.evaluate import evaluate, print_scores
+import dataclasses
+import os
+
+from kformer.evaluate import evaluate, print_scores, split_references
+from kformer.export.formats import open_runner
 from kformer.model.config import DEFAULT_PRESET
-from kformer.train.fit import stop_if_interrupted, train
+from kformer.train.fit import run, stop_if_interrupted
+from kformer.train.options import TrainOptions
 
 EXAMPLES = 8
 
 
-def demo(out_dir="runs/demo", config_name=DEFAULT_PRESET, minutes=20, **train_options):
+def demo(out_dir="runs/demo", config_name=DEFAULT_PRESET, minutes=20, options=None):
     """Trains (or resumes) the run in `out_dir` for `minutes` in all, evaluates it on the test split
-    with beam search and prints the speed, the scores and a few translations. `train_options` go to
-    `kformer.train.fit.train` (e.g. `data`, for another corpus). Returns the evaluation result."""
-    summary = train(out_dir, config_name, minutes=minutes, **train_options)
+    with beam search and prints the speed, the scores and a few translations. `options`: a
+    TrainOptions for the rest (e.g. `data`, for another corpus). Returns the evaluation result."""
+    options = dataclasses.replace(options or TrainOptions(), config_name=config_name, minutes=minutes)
+    summary = run(out_dir, options)
     stop_if_interrupted(summary)  # Ctrl-C: saved, and no evaluation
     if "steps_per_s" in summary:
         print(
@@ -25,7 +31,8 @@ def demo(out_dir="runs/demo", config_name=DEFAULT_PRESET, minutes=20, **train_op
         f"{summary.get('token_accuracy', float('nan')):.3f}, dev token accuracy "
         f"{summary.get('val_token_accuracy', float('nan')):.3f}"
     )
-    result = evaluate(out_dir, split="test")
+    sources, references = split_references(out_dir, "test")
+    result = evaluate(open_runner(out_dir), sources, references, os.path.join(out_dir, "hypotheses.test.txt"))
     print_scores(result)
     print("examples from the held-out test split (source / reference / kformer):")
     examples = result["examples"]

@@ -1,20 +1,6 @@
-"""The run directory: its file names, saving and loading, and the checks that keep its files together.
-
-A run directory holds:
-    config.json      the TransformerConfig (model sizes and the training recipe)
-    tokenizer.model  the joint SentencePiece model
-    corpus.json      which corpus (absolute path, sha256) and direction the splits come from, and
-                     where it was prepared: "data" (this folder's data/) or a prepared folder's path
-    data/            the corpus as `kformer prepare` writes it: splits, tokenizer, train shards
-    model.keras      weights to translate with + optimizer state, written atomically
-                     (config.json binds the tokenizer by its sha256)
-    training.json    where training stands: steps, seconds spent of the budget, the schedule in force,
-                     and the name of the input position saved with the model (`input-STEPS.*`)
-    input-STEPS.*    the position of the training batch stream at that step (a tf.data iterator
-                     checkpoint: the shuffle's order and the length windows), for an exact resume
-    best.weights.h5  the weights that scored best on the dev sample so far (kformer.train.keep_best; as
-                     model.keras' weights: averaged, float32), with best.json: their step and scores
-    logs/            TensorBoard events, history.csv, evaluations.csv (each dev sample evaluation)
+"""A run folder's weights and the checks that keep its files together: creating a run, saving
+and restoring model.keras with its training state, and loading a trained run for translation. The
+folder's files and records are kformer.contracts.run's.
 
 With weight averaging on, model.keras stores the *averaged* weights as the model's weights, so
 every reader (translate, evaluate, export) gets them with a plain `load_weights`; the raw training
@@ -22,53 +8,73 @@ weights sit in the optimizer's average slots, and `restore` swaps them back to r
 Readers take best.weights.h5 where a run has one, model.keras otherwise or when asked ("last").
 """
 
-import collections
+import dataclasses
 import logging
 import os
 import shutil
 
+from kformer.contracts import TOKENIZER_FILE
+from kformer.contracts.run import (
+    BEST_FILE,
+    BEST_WEIGHTS_FILE,
+    CONFIG_FILE,
+    CORPUS_FILE,
+    DATA_DIR,
+    INPUT_PREFIX,
+    MODEL_FILE,
+    PENDING_STATE_FILE,
+    RECIPE_FILE,
+    STATE_FILE,
+    WEIGHTS,
+    BestRecord,
+    CorpusRecord,
+    RunError,
+    RunFolder,
+    TrainingState,
+)
 from kformer.data import tokenizer as tokenizer_lib
-from kformer.model.config import TransformerConfig, read_json, write_json
+from kformer.model.config import ModelConfig
 
 log = logging.getLogger("kformer")
 
-CONFIG_FILE = "config.json"
-TOKENIZER_FILE = "tokenizer.model"
-CORPUS_FILE = "corpus.json"
-MODEL_FILE = "model.keras"
-STATE_FILE = "training.json"
-PENDING_STATE_FILE = "training.pending.json"  # see `save`
-LOGS_DIR = "logs"
-DATA_DIR = "data"  # the run's prepared corpus (kformer.data.prepare), unless it trains on one given
-INPUT_PREFIX = "input-"  # + steps: a tf.data iterator checkpoint (.index and .data-* files)
-BEST_WEIGHTS_FILE = "best.weights.h5"
-BEST_FILE = "best.json"
-WEIGHTS = ("best", "last")  # which weights a reader takes: the best kept (where kept), or model.keras
 
-Run = collections.namedtuple("Run", "model config tokenizer corpus")
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A trained run loaded for translation."""
+
+    model: "keras.Model"  # noqa: F821  (kformer.model.transformer.Transformer; Keras loads lazily)
+    config: ModelConfig
+    tokenizer: "sentencepiece.SentencePieceProcessor"  # noqa: F821
+    corpus: CorpusRecord | None
+
+    @property
+    def language(self):
+        """The language it translates into, or None where its corpus is not recorded."""
+        return None if self.corpus is None else self.corpus.direction.target
 
 
 def path(run_dir, name):
     return os.path.join(run_dir, name)
 
 
-def create(run_dir, config, tokenizer, corpus, prepared=None):
-    """Writes a new run's config.json, tokenizer.model and corpus.json (nothing for an existing run),
-    moves a corpus prepared for it (`prepared`, a folder outside the run) to data/, and removes the
-    temporary file a save killed midway leaves."""
+def create(run_dir, config, recipe, tokenizer, corpus, prepared=None):
+    """Writes a new run's config.json, recipe.json, tokenizer.model and corpus.json (a
+    CorpusRecord; nothing for an existing run), moves a corpus prepared for it (`prepared`, a
+    folder outside the run) to data/, and removes the temporary file a save killed midway leaves."""
     os.makedirs(run_dir, exist_ok=True)
     stale = _temporary(path(run_dir, MODEL_FILE))
     if os.path.exists(stale):
         os.remove(stale)
-    if os.path.exists(path(run_dir, CONFIG_FILE)):
+    if RunFolder(run_dir).exists():
         return
-    if prepared is not None and corpus.get("prepared") == DATA_DIR:
+    if prepared is not None and corpus.prepared == DATA_DIR:
         os.replace(prepared, path(run_dir, DATA_DIR))
     tmp = path(run_dir, TOKENIZER_FILE + ".tmp")
     with open(tmp, "wb") as f:
         f.write(tokenizer.serialized_model_proto())
     os.replace(tmp, path(run_dir, TOKENIZER_FILE))
-    write_json(path(run_dir, CORPUS_FILE), corpus)
+    corpus.save(path(run_dir, CORPUS_FILE))
+    recipe.save(path(run_dir, RECIPE_FILE))
     config.save(path(run_dir, CONFIG_FILE))  # last: its presence marks a run
 
 
@@ -109,18 +115,18 @@ def swap_average(model):
 
 def save(model, model_path, state=None, input_iterator=None):
     """Writes model.keras (averaged weights as the model's, see the module doc) atomically, and
-    training.json with `state` (its "steps" the optimizer's). Two files cannot be replaced at once:
-    the state is written first as training.pending.json, so a kill between the two renames leaves
-    the state that belongs to the new model.keras for `read_state` to find. With `input_iterator`
-    (the iterator `fit` reads), its position is saved too, named in the state ("input"), and the
-    positions of earlier saves are removed once the new state is in place."""
+    training.json with `state` (a TrainingState, its steps the optimizer's). Two files cannot be
+    replaced at once: the state is written first as training.pending.json, so a kill between the
+    two renames leaves the state that belongs to the new model.keras for `read_state` to find.
+    With `input_iterator` (the iterator `fit` reads), its position is saved too, named in the
+    state (`input`), and the positions of earlier saves are removed once the new state is in place."""
     run_dir = os.path.dirname(model_path)
     if input_iterator is not None:
         import tensorflow as tf
 
-        name = f"{INPUT_PREFIX}{state['steps']}"
+        name = f"{INPUT_PREFIX}{state.steps}"
         tf.train.Checkpoint(iterator=input_iterator).write(path(run_dir, name))
-        state = {**state, "input": name}
+        state = dataclasses.replace(state, input=name)
     tmp = _temporary(model_path)
     swap_average(model)
     try:
@@ -128,12 +134,12 @@ def save(model, model_path, state=None, input_iterator=None):
     finally:
         swap_average(model)
     if state is not None:
-        write_json(path(run_dir, PENDING_STATE_FILE), state)
+        state.save(path(run_dir, PENDING_STATE_FILE))
     os.replace(tmp, model_path)
     if state is not None:
         os.replace(path(run_dir, PENDING_STATE_FILE), path(run_dir, STATE_FILE))
     if input_iterator is not None:
-        _remove_inputs(run_dir, keep=state["input"])
+        _remove_inputs(run_dir, keep=state.input)
 
 
 def _remove_inputs(run_dir, keep):
@@ -147,7 +153,7 @@ def _remove_inputs(run_dir, keep):
 
 def saved_input(run_dir, state):
     """The path of the input position saved with the checkpoint whose `state` is given, or None."""
-    name = state.get("input")
+    name = state.input
     return path(run_dir, name) if name and os.path.exists(path(run_dir, name + ".index")) else None
 
 
@@ -172,32 +178,29 @@ def restore(model, model_path):
 
 
 def read_state(run_dir, steps=None):
-    """training.json of a run, or {} for a new run. Given `steps` (the optimizer step restored
-    from model.keras), the state of a save killed between its two renames is used if it is the one
-    that belongs to those steps."""
+    """training.json of a run, or an empty TrainingState for a new run. Given `steps` (the
+    optimizer step restored from model.keras), the state of a save killed between its two renames
+    is used if it is the one that belongs to those steps."""
     file_path, pending = path(run_dir, STATE_FILE), path(run_dir, PENDING_STATE_FILE)
-    state = read_json(file_path) if os.path.exists(file_path) else {}
-    if steps is not None and state.get("steps") != steps and os.path.exists(pending):
-        candidate = read_json(pending)
-        if candidate.get("steps") == steps:
+    state = TrainingState.load(file_path) if os.path.exists(file_path) else TrainingState()
+    if steps is not None and state.steps != steps and os.path.exists(pending):
+        candidate = TrainingState.load(pending)
+        if candidate.steps == steps:
             return candidate
     return state
 
 
 def read_corpus(run_dir):
-    """corpus.json: {"data": "default" | path | [source path, target path] | a prepared folder,
-    "direction", "sha256", "prepared": "data" or a prepared folder's absolute path}."""
-    return read_json(path(run_dir, CORPUS_FILE))
+    """The run's CorpusRecord (corpus.json), or a RunError naming what is not a run."""
+    corpus_path = path(run_dir, CORPUS_FILE)
+    if not os.path.exists(corpus_path):
+        raise RunError(f"{corpus_path} not found: is {run_dir} a kformer training directory?")
+    return CorpusRecord.load(corpus_path)
 
 
 def prepared_folder(run_dir):
     """The prepared corpus a run trains on (kformer.data.prepare): its data/ or the folder it was given."""
-    if not os.path.exists(path(run_dir, CORPUS_FILE)):
-        raise ValueError(
-            f"{path(run_dir, CORPUS_FILE)} not found: is {run_dir} a kformer training directory?"
-        )
-    prepared = read_corpus(run_dir).get("prepared", DATA_DIR)
-    return path(run_dir, DATA_DIR) if prepared == DATA_DIR else prepared
+    return read_corpus(run_dir).prepared_folder(run_dir)
 
 
 def weights_file(run_dir, weights="best"):
@@ -212,13 +215,12 @@ def weights_file(run_dir, weights="best"):
 def describe_weights(run_dir, file_path):
     """What a user reads about the weights in use: the file, its step and, for the best, its score."""
     if os.path.basename(file_path) == BEST_WEIGHTS_FILE and os.path.exists(path(run_dir, BEST_FILE)):
-        best = read_json(path(run_dir, BEST_FILE))
+        best = BestRecord.load(path(run_dir, BEST_FILE))
         return (
-            f"{BEST_WEIGHTS_FILE} (step {best['step']}, dev sample BLEU {best['bleu']:.2f}; "
+            f"{BEST_WEIGHTS_FILE} (step {best.step}, dev sample BLEU {best.bleu:.2f}; "
             f"--weights last for {MODEL_FILE})"
         )
-    state = read_state(run_dir)
-    return f"{MODEL_FILE} (the last saved, step {state.get('steps', '?')})"
+    return f"{MODEL_FILE} (the last saved, step {read_state(run_dir).steps})"
 
 
 def load(run_dir, weights="best"):
@@ -232,7 +234,7 @@ def load(run_dir, weights="best"):
             raise FileNotFoundError(
                 f"{path(run_dir, name)} not found: is {run_dir} a kformer training directory?"
             )
-    config = TransformerConfig.load(path(run_dir, CONFIG_FILE))
+    config = ModelConfig.load(path(run_dir, CONFIG_FILE))
     tokenizer = tokenizer_lib.load_tokenizer(path(run_dir, TOKENIZER_FILE))
     config.check_tokenizer(tokenizer, path(run_dir, TOKENIZER_FILE))
     model = Transformer(config)

@@ -11,6 +11,7 @@ from kformer.model.config import preset
 from kformer.model.transformer import Transformer
 from kformer.train.callbacks import batches_done, steps_done
 from kformer.train.fit import compile_model, train
+from kformer.train.recipe import TrainingRecipe, recipe
 
 VOCAB = 50
 
@@ -43,7 +44,8 @@ def _assert_close_but_for_rounding(got, want, name):
 def test_n_batches_make_the_update_of_their_union(tmp_path):
     # The paper's schedule with a short warm-up changes the rate every step, and an average with a
     # low momentum moves far each update: counting batches instead of updates would show in both.
-    config = preset("tiny", vocab_size=VOCAB, schedule="noam", warmup_steps=3, ema_momentum=0.5)
+    config = preset("tiny", vocab_size=VOCAB)
+    tiny = recipe("tiny", schedule="noam", warmup_steps=3, ema_momentum=0.5)
     reference = Transformer(config)
     rng = np.random.default_rng(0)
     unions = [_batch(rng, 8) for _ in range(3)]
@@ -53,7 +55,7 @@ def test_n_batches_make_the_update_of_their_union(tmp_path):
         model = Transformer(config)
         model(unions[0][0])
         model.set_weights(reference.get_weights())
-        models[n] = compile_model(model, config.replace(accumulate_steps=n), xla=False)
+        models[n] = compile_model(model, model.config, tiny.replace(accumulate_steps=n), xla=False)
         for union in unions:
             for part in range(n):
                 models[n].train_on_batch(*_half(union, slice(part * 8 // n, (part + 1) * 8 // n)))
@@ -76,9 +78,9 @@ def test_train_with_accumulate_counts_updates_and_resumes(tmp_path, corpus_tsv):
     out = str(tmp_path / "run")
     args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0, accumulate=2)
     summary = train(out, "tiny", steps=3, **args)
-    assert summary["steps"] == run_folder.read_state(out)["steps"] == 3
-    config = run_folder.load(out).config
-    assert config.accumulate_steps == 2 and config.batch_tokens == preset("tiny").batch_tokens
+    assert summary["steps"] == run_folder.read_state(out).steps == 3
+    trained = TrainingRecipe.of_run(out)
+    assert trained.accumulate_steps == 2 and trained.batch_tokens == recipe("tiny").batch_tokens
     assert train(out, "tiny", steps=5, **args)["steps"] == 5
     assert os.path.exists(os.path.join(out, "model.keras"))
 
@@ -95,7 +97,7 @@ def test_a_time_budget_counts_updates_with_accumulation(tmp_path, corpus_tsv, mo
     )
     out = str(tmp_path / "run")
     args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0, accumulate=2, callbacks=[clock])
-    summary = train(out, "tiny", minutes=0.5, overrides={"schedule": "budget"}, **args)
+    summary = train(out, "tiny", minutes=0.5, recipe_changes={"schedule": "budget"}, **args)
     state = run_folder.read_state(out)
-    assert summary["steps"] == state["steps"] == 60 and summary["steps_per_s"] == pytest.approx(2, rel=0.02)
-    assert state["schedule"]["total_steps"] == pytest.approx(60, abs=1)
+    assert summary["steps"] == state.steps == 60 and summary["steps_per_s"] == pytest.approx(2, rel=0.02)
+    assert state.schedule["total_steps"] == pytest.approx(60, abs=1)

@@ -1,9 +1,11 @@
 from kformer.demo import demo
+from kformer.train.options import TrainOptions
 
 
 def test_demo_trains_then_reports_scores_and_translations(tmp_path, corpus_tsv, capsys):
     out = str(tmp_path / "demo")
-    result = demo(out, "tiny", minutes=0.05, data=corpus_tsv, vocab_size=1200, verbose=0)
+    options = TrainOptions(data=corpus_tsv, vocab_size=1200, verbose=0)
+    result = demo(out, "tiny", minutes=0.05, options=options)
     printed = capsys.readouterr().out
     assert (
         "training speed:" in printed and "trained " in printed and "(time budget of 0.05 min used)" in printed
@@ -15,7 +17,5 @@ def test_demo_trains_then_reports_scores_and_translations(tmp_path, corpus_tsv, 
     source, references, hypothesis = result["examples"][0]
     assert f"  {source}\n    ref: {references[0]}\n    out: {hypothesis}\n" in printed
     assert printed.rstrip().endswith(f'translate more with: kformer translate --model {out} "你好。"')
-    again = demo(
-        out, "tiny", minutes=0.05, data=corpus_tsv, vocab_size=1200, verbose=0
-    )  # the budget is spent
+    again = demo(out, "tiny", minutes=0.05, options=options)  # the budget is spent
     assert "trained" in capsys.readouterr().out and again["bleu"] == result["bleu"]

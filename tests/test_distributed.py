@@ -61,6 +61,7 @@ import keras
 from kformer.model.config import preset
 from kformer.model.transformer import Transformer
 from kformer.train.fit import compile_model
+from kformer.train.recipe import recipe
 
 config = preset("tiny", vocab_size=60)
 rng = np.random.default_rng(0)
@@ -72,7 +73,7 @@ labels = np.roll(target, -1, axis=1)
 def one_step(strategy):
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model = compile_model(Transformer(config), config, xla=False)
+        model = compile_model(Transformer(config), config, recipe("tiny"), xla=False)
         model.compile(optimizer=keras.optimizers.SGD(1.0), loss=model.loss, jit_compile=False)
     batches = tf.data.Dataset.from_tensors(({"source_ids": source, "target_ids": target}, labels))
     loss = model.fit(batches.repeat(2), epochs=1, verbose=0).history["loss"][0]  # two steps
@@ -169,7 +170,7 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
     )
     state_file = run_folder.path(out, run_folder.STATE_FILE)
     deadline = time.monotonic() + 240
-    while not (os.path.exists(state_file) and run_folder.read_state(out).get("steps", 0) >= 20):
+    while not (os.path.exists(state_file) and run_folder.read_state(out).steps >= 20):
         assert time.monotonic() < deadline and all(w.poll() is None for w in workers), _log(logs, "a0.log")[
             -3000:
         ]
@@ -179,7 +180,7 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
     assert _wait(workers, timeout=120)[0] == 2
     survivor = _log(logs, "a0.log")
     assert "a worker stopped during training" in survivor and "Traceback" not in survivor, survivor[-3000:]
-    saved = run_folder.read_state(out)["steps"]
+    saved = run_folder.read_state(out).steps
     assert saved >= 20, saved
 
     # 2. Restart both: training resumes from the chief's last checkpoint and reaches the target.
@@ -191,10 +192,10 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
         text = _log(logs, f"b{index}.log")
         assert f"resuming {out}/model.keras from step {saved}" in text
         assert _summary(text)["steps"] == saved + 20
-    assert run_folder.read_state(out)["steps"] == saved + 20 and run_folder.read_state(out)["replicas"] == 2
+    assert run_folder.read_state(out).steps == saved + 20 and run_folder.read_state(out).replicas == 2
 
     # 3. A time budget: the workers agree on when it is spent and stop at the same step.
-    minutes = run_folder.read_state(out)["seconds"] / 60 + 0.2
+    minutes = run_folder.read_state(out).seconds / 60 + 0.2
     workers = _start_workers(
         cluster, _train_command(corpus_tsv, out, "--minutes", f"{minutes:.4f}"), str(tmp_path), logs, "c"
     )
@@ -203,7 +204,7 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
     assert chief["stopped"].startswith("time budget") and chief["steps"] == other["steps"] > saved + 20
     assert chief["loss"] == other["loss"]  # the same logged (all-reduced) loss
     assert chief["onednn"] == other["onednn"] == "on"  # `kformer train` turns on oneDNN's CPU kernels
-    assert run_folder.read_state(out)["steps"] == chief["steps"]
+    assert run_folder.read_state(out).steps == chief["steps"]
     assert "saved model.keras" in _log(logs, "c0.log") and "the chief saves" in _log(logs, "c1.log")
     # Only the chief wrote, and only the run's own files.
     assert sorted(os.listdir(out)) == [
@@ -212,6 +213,7 @@ def test_multi_worker_cli_survives_a_killed_worker_and_resumes(tmp_path, corpus_
         "data",  # the prepared corpus
         "logs",
         "model.keras",
+        "recipe.json",
         "tokenizer.model",
         "training.json",
     ]
@@ -275,7 +277,7 @@ def test_sigterm_on_one_worker_stops_all_at_one_saved_step_and_a_restart_ends_as
         time.sleep(0.1)
     workers[1].send_signal(signal.SIGTERM)
     assert _wait(workers, timeout=120) == [143, 143], _log(logs, "a0.log")[-3000:]
-    saved = run_folder.read_state(stopped)["steps"]
+    saved = run_folder.read_state(stopped).steps
     assert 0 < saved < steps
     for index, who in enumerate(("saved model.keras", "the chief saved it")):
         text = _log(logs, f"a{index}.log")
@@ -288,7 +290,7 @@ def test_sigterm_on_one_worker_stops_all_at_one_saved_step_and_a_restart_ends_as
     )
     assert _wait(workers) == [0, 0], _log(logs, "b1.log")[-3000:]
     assert f"resuming {stopped}/model.keras from step {saved}" in _log(logs, "b0.log")
-    assert run_folder.read_state(stopped)["steps"] == run_folder.read_state(whole)["steps"] == steps
+    assert run_folder.read_state(stopped).steps == run_folder.read_state(whole).steps == steps
     reference = saved_weights(run_folder.path(whole, run_folder.MODEL_FILE))
     weights = saved_weights(run_folder.path(stopped, run_folder.MODEL_FILE))
     assert sorted(weights) == sorted(reference)

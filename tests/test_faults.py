@@ -13,6 +13,7 @@ import pytest
 from conftest import KFORMER, PYTHON, run_kformer, saved_weights
 
 from kformer import run_folder
+from kformer.contracts.run import TrainingState
 from kformer.train.fit import train
 
 STEPS = 60
@@ -43,7 +44,7 @@ def _train_until_killed(out, corpus, moment, rng):
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )
     deadline = time.monotonic() + 300
-    while run_folder.read_state(out).get("steps", 0) <= started_at:
+    while run_folder.read_state(out).steps <= started_at:
         assert process.poll() is None and time.monotonic() < deadline, "training made no progress"
         time.sleep(0.01)
     if moment == "inside a save":
@@ -51,7 +52,7 @@ def _train_until_killed(out, corpus, moment, rng):
             time.sleep(0.001)
     else:
         time.sleep(rng.uniform(0.0, 1.5))
-    seen = run_folder.read_state(out)["steps"]
+    seen = run_folder.read_state(out).steps
     process.kill()
     assert process.wait() != 0, f"training finished its {STEPS} steps before the kill; raise STEPS"
     return seen
@@ -66,7 +67,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_resumes_exactly(tmp_path, c
         seen = _train_until_killed(out, corpus_tsv, moment, rng)
         step = _saved_step(out)
         assert step >= seen, f"kill {number} ({moment}): the checkpoint went back from step {seen} to {step}"
-        assert run_folder.read_state(out, steps=step)["steps"] == step  # the state that belongs to the model
+        assert run_folder.read_state(out, steps=step).steps == step  # the state that belongs to the model
         kept.append(
             (step, shutil.copy(run_folder.path(out, run_folder.MODEL_FILE), tmp_path / f"kill{number}.keras"))
         )
@@ -77,7 +78,12 @@ def test_sigkill_at_random_moments_loses_nothing_and_resumes_exactly(tmp_path, c
     step, killed_model = kept[0]
     for reference, steps in ((whole_at_kill, step), (whole, STEPS)):  # fresh models, never killed or stopped
         os.makedirs(reference)
-        for name in (run_folder.CONFIG_FILE, run_folder.TOKENIZER_FILE, run_folder.CORPUS_FILE):
+        for name in (
+            run_folder.CONFIG_FILE,
+            run_folder.RECIPE_FILE,
+            run_folder.TOKENIZER_FILE,
+            run_folder.CORPUS_FILE,
+        ):
             shutil.copy(run_folder.path(out, name), reference)  # the same tokenizer and corpus
         shutil.copytree(
             run_folder.path(out, run_folder.DATA_DIR), run_folder.path(reference, run_folder.DATA_DIR)
@@ -106,7 +112,7 @@ def test_sigterm_saves_the_step_it_stopped_at_and_a_resume_ends_as_if_uninterrup
     process.terminate()
     stderr = process.communicate(timeout=120)[1]
     assert process.returncode == 143, stderr[-3000:]
-    step = run_folder.read_state(out)["steps"]
+    step = run_folder.read_state(out).steps
     assert _saved_step(out) == step and 0 < step < 3000
     assert stderr.rstrip().endswith(
         f"kformer train: stopped by SIGTERM after step {step} (saved model.keras); run the same command to resume"
@@ -132,7 +138,7 @@ def test_a_save_killed_between_its_two_renames_keeps_the_state_of_the_new_model(
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model_path = str(tmp_path / run_folder.MODEL_FILE)
-    run_folder.save(model, model_path, {"steps": 1, "seconds": 10.0})
+    run_folder.save(model, model_path, TrainingState(steps=1, seconds=10.0))
     replace = os.replace
 
     def killed_before_the_state(source, destination):
@@ -142,11 +148,12 @@ def test_a_save_killed_between_its_two_renames_keeps_the_state_of_the_new_model(
 
     monkeypatch.setattr(run_folder.os, "replace", killed_before_the_state)
     with pytest.raises(SystemExit):
-        run_folder.save(model, model_path, {"steps": 2, "seconds": 20.0})  # model.keras now holds step 2
+        # after it, model.keras holds step 2
+        run_folder.save(model, model_path, TrainingState(steps=2, seconds=20.0))
     monkeypatch.undo()
-    assert run_folder.read_state(str(tmp_path))["steps"] == 1  # training.json was not replaced
-    assert run_folder.read_state(str(tmp_path), steps=2) == {"steps": 2, "seconds": 20.0}
-    assert run_folder.read_state(str(tmp_path), steps=1) == {"steps": 1, "seconds": 10.0}
+    assert run_folder.read_state(str(tmp_path)).steps == 1  # training.json was not replaced
+    assert run_folder.read_state(str(tmp_path), steps=2) == TrainingState(steps=2, seconds=20.0)
+    assert run_folder.read_state(str(tmp_path), steps=1) == TrainingState(steps=1, seconds=10.0)
 
 
 def test_ctrl_c_stops_after_the_step_saves_it_and_the_same_command_resumes(tmp_path, corpus_tsv):
@@ -169,7 +176,7 @@ def test_ctrl_c_stops_after_the_step_saves_it_and_the_same_command_resumes(tmp_p
             time.sleep(0.1)
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=120) == 130, stderr.read_text()[-3000:]
-    step = run_folder.read_state(out)["steps"]
+    step = run_folder.read_state(out).steps
     assert 0 < step < 3000 and _saved_step(out) == step
     text = stderr.read_text()
     assert f"kformer train: stopped by Ctrl-C after step {step} (saved model.keras); run the same" in text
@@ -177,4 +184,4 @@ def test_ctrl_c_stops_after_the_step_saves_it_and_the_same_command_resumes(tmp_p
 
     resumed = run_kformer(*command(step + 5), cwd=ROOT, timeout=300)
     assert resumed.status == 0 and f"resuming {out}/model.keras from step {step}" in resumed.stderr
-    assert run_folder.read_state(out)["steps"] == step + 5
+    assert run_folder.read_state(out).steps == step + 5

@@ -2,7 +2,6 @@
 
 import csv
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -13,10 +12,11 @@ import pytest
 from conftest import run_kformer
 
 from kformer import run_folder
+from kformer.contracts.run import INIT_FILE, InitRecord
 from kformer.data import corpus as corpus_lib
-from kformer.train import init_from
 from kformer.train.fit import train
-from kformer.train.keep_best import Evaluation
+from kformer.train.options import Evaluation, TrainOptions
+from kformer.train.recipe import FINE_TUNE, TrainingRecipe
 
 ARGS = dict(xla=False, verbose=0, checkpoint_seconds=10**6, evaluation=Evaluation(0))
 
@@ -75,14 +75,15 @@ def test_fine_tuning_starts_from_the_run_and_leaves_it_untouched(tmp_path, train
     for variable in trained.weights:
         np.testing.assert_array_equal(start.weights[variable.path], np.array(variable), err_msg=variable.path)
     source, tuned = (run_folder.load(d).config for d in (trained_dir, out))
-    assert tuned == source.replace(**init_from.FINE_TUNE)
+    assert tuned == source
+    assert TrainingRecipe.of_run(out) == TrainingRecipe.of_run(trained_dir).replace(**FINE_TUNE)
     with (
         open(os.path.join(out, "tokenizer.model"), "rb") as a,
         open(os.path.join(trained_dir, "tokenizer.model"), "rb") as b,
     ):
         assert a.read() == b.read()
-    recorded = json.load(open(os.path.join(out, init_from.INIT_FILE)))
-    assert recorded["run"] == os.path.abspath(trained_dir) and recorded["weights"].startswith("model.keras")
+    recorded = InitRecord.load(os.path.join(out, INIT_FILE))
+    assert recorded.run == os.path.abspath(trained_dir) and recorded.weights.startswith("model.keras")
     coverage = [m for m in logged.messages if m.startswith("coverage:")]
     assert len(coverage) == 1 and not coverage[0].startswith("coverage: 0.00%")  # the unseen character
     assert train(out, data=domain_tsv, init_from=trained_dir, steps=5, **ARGS)["steps"] == 5  # resumes
@@ -128,22 +129,24 @@ def _rows(pairs):
 
 
 def test_mixing_draws_its_share_of_pairs_from_the_runs_shards(tmp_path, trained_dir, domain_tsv):
-    from kformer.data import prepare as prepare_lib
+    from kformer.contracts.prepared import PreparedCorpus
     from kformer.data import shards as shards_lib
+    from kformer.data.batches import Batching
     from kformer.train.fit import start
 
-    run = start(
-        str(tmp_path / "tuned"), data=domain_tsv, init_from=trained_dir, mix_original=0.3, steps=1, **ARGS
-    )
+    tuned = str(tmp_path / "tuned")
+    options = TrainOptions(data=domain_tsv, init_from=trained_dir, mix_original=0.3, steps=1, **ARGS)
+    run = start(tuned, options)
     try:
+        batching = Batching.of(run.config, TrainingRecipe.of_run(tuned).micro_batch_tokens)
         original_folder = run_folder.prepared_folder(trained_dir)
-        manifest = prepare_lib.load(original_folder)
-        paths = prepare_lib.shard_paths(original_folder, manifest)
-        original = _rows(shards_lib.read_prepared(paths, manifest["train"]["dtype"], run.config))
-        new_folder = run_folder.prepared_folder(str(tmp_path / "tuned"))
-        new_manifest = prepare_lib.load(new_folder)
-        new_paths = prepare_lib.shard_paths(new_folder, new_manifest)
-        new = _rows(shards_lib.read_prepared(new_paths, new_manifest["train"]["dtype"], run.config))
+        manifest = PreparedCorpus.load(original_folder)
+        paths = manifest.shard_paths(original_folder)
+        original = _rows(shards_lib.read_prepared(paths, manifest.train.dtype, batching))
+        new_folder = run_folder.prepared_folder(tuned)
+        new_manifest = PreparedCorpus.load(new_folder)
+        new_paths = new_manifest.shard_paths(new_folder)
+        new = _rows(shards_lib.read_prepared(new_paths, new_manifest.train.dtype, batching))
         counts = {"original": 0, "new": 0}
         for x, labels in run.fit_args["x"].take(400):
             for source, target in zip(x["source_ids"].numpy(), labels.numpy()):

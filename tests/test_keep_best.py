@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 
 from kformer import evaluate, run_folder
+from kformer.contracts.run import BEST_FILE, BestRecord
 from kformer.data import prepare
+from kformer.decode.options import SearchOptions
+from kformer.export.formats import open_runner
 from kformer.train.callbacks import steps_done
 from kformer.train.fit import train
-from kformer.train.keep_best import Evaluation
+from kformer.train.options import Evaluation
 
 ARGS = dict(vocab_size=1200, xla=False, verbose=0, checkpoint_seconds=10**6)
 
@@ -60,7 +63,7 @@ def test_the_best_is_kept_training_stops_early_and_readers_take_it(tmp_path, cor
         ("6", 11.0, "False"),
         ("8", 11.5, "False"),
     ]
-    assert run_folder.read_json(os.path.join(out, "best.json"))["evaluations_since"] == 2
+    assert BestRecord.load(os.path.join(out, BEST_FILE)).evaluations_since == 2
     assert os.listdir(os.path.join(out, "logs", "dev_sample"))  # TensorBoard events
     best, last = run_folder.load(out).model, run_folder.load(out, "last").model
     for kept, expected in zip(_weights(best), recorded.at[4]):
@@ -78,7 +81,9 @@ def test_the_scores_kept_are_those_of_the_weights_kept(tmp_path, corpus_tsv):
     summary = train(out, "tiny", data=corpus_tsv, steps=6, evaluation=evaluation, **ARGS)
     best = summary["best"]
     # kformer evaluate on the same 5 dev sources, greedy, with the weights it picks: the same scores.
-    again = evaluate.evaluate(out, split="dev", beam_size=1, limit=5, output=str(tmp_path / "hyp.txt"))
+    sources, references = evaluate.split_references(out, "dev")
+    runner = open_runner(out, options=SearchOptions(beam_size=1))
+    again = evaluate.evaluate(runner, sources[:5], references[:5], output=str(tmp_path / "hyp.txt"))
     assert again["sentences"] == 5 and again["chrf"] == pytest.approx(best["chrf"], abs=1e-6)
     assert again["bleu"] == pytest.approx(best["bleu"], abs=1e-6)
 
@@ -96,7 +101,7 @@ def test_early_stop_without_evaluations_is_one_line(tmp_path, corpus_tsv):
             **ARGS,
         )
     no_dev = str(tmp_path / "no-dev")
-    prepare.prepare(corpus_tsv, no_dev, vocab_size=1200, split_size=0)
+    prepare.prepare(corpus_tsv, no_dev, prepare.PrepareOptions(vocab_size=1200, split_size=0))
     with pytest.raises(ValueError, match="has no dev split"):
         train(str(tmp_path / "b"), "tiny", data=no_dev, steps=2, evaluation=Evaluation(early_stop=2), **ARGS)
     assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")

@@ -118,14 +118,17 @@ def test_the_faster_precision_is_measured_once_and_cached(tmp_path, monkeypatch,
 
 def test_the_probe_times_every_candidate_on_the_same_batch():
     from kformer.data.batches import random_batch
-    from kformer.model.config import PRECISIONS, preset
+    from kformer.model.config import preset
     from kformer.model.transformer import Transformer
     from kformer.train import precision_probe as probe
     from kformer.train.fit import compile_model
+    from kformer.train.precision import PRECISIONS
+    from kformer.train.recipe import recipe
 
-    config = preset("tiny", vocab_size=64, batch_tokens=64)
+    config = preset("tiny", vocab_size=64)
+    tiny = recipe("tiny", batch_tokens=64)
     models = {
-        p: compile_model(Transformer(config, dtype=PRECISIONS[p]), config, xla=False)
+        p: compile_model(Transformer(config, dtype=PRECISIONS[p]), config, tiny, xla=False)
         for p in ("bfloat16", "float32")
     }
     rates = probe.time_steps(models, random_batch(config, (4, 6, 7)), rounds=2)
@@ -137,9 +140,7 @@ def test_the_probe_times_every_candidate_on_the_same_batch():
 def test_the_probe_batch_has_the_corpus_mean_lengths_and_fills_batch_tokens():
     import numpy as np
 
-    from kformer.model.config import preset
     from kformer.train.precision_probe import mean_batch_shape
 
-    config = preset("tiny", batch_tokens=50)
     source, target, counts = np.array([2, 6]), np.array([3, 5]), np.array([7, 7])
-    assert mean_batch_shape(config, source, target, counts) == (10, 4, 5)  # the target gains its EOS
+    assert mean_batch_shape(50, source, target, counts) == (10, 4, 5)  # the target gains its EOS

@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import python_lines
 
-from kformer.model.config import preset
+from kformer.train.recipe import recipe
 from kformer.train.schedules import BudgetSchedule, TransformerSchedule, budget_warmup
 
 
@@ -34,9 +34,9 @@ def test_budget_schedule_holds_the_peak_before_its_decay_fraction():
     assert lr[84] == pytest.approx(1e-3 * 16 / 30) and lr[99] == pytest.approx(1e-3 / 30)
 
 
-def test_warmup_is_a_fraction_of_the_estimated_steps_capped_by_the_config():
-    config = preset("small").replace(warmup_fraction=0.05, warmup_steps=300)
-    assert [budget_warmup(config, total) for total in (10, 1000, 4000, 10**6)] == [1, 50, 200, 300]
+def test_warmup_is_a_fraction_of_the_estimated_steps_capped_by_the_recipe():
+    small = recipe("small", warmup_fraction=0.05, warmup_steps=300)
+    assert [budget_warmup(small, total) for total in (10, 1000, 4000, 10**6)] == [1, 50, 200, 300]
 
 
 # Under a tf.distribute strategy (here two CPU replicas) the step counts are distributed variables.

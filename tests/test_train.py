@@ -13,8 +13,8 @@ import pytest
 from conftest import python_lines, saved_weights
 
 from kformer import run_folder
-from kformer.model.config import preset
 from kformer.train.fit import train
+from kformer.train.recipe import recipe
 from kformer.train.schedules import budget_warmup
 
 
@@ -30,7 +30,7 @@ def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, c
         xla=False,
         verbose=0,
         checkpoint_seconds=10**6,
-        overrides={"ema_momentum": momentum, "schedule": "noam", "warmup_steps": 4},
+        recipe_changes={"ema_momentum": momentum, "schedule": "noam", "warmup_steps": 4},
     )
 
     class Record(keras.callbacks.Callback):
@@ -45,9 +45,10 @@ def test_averaged_weights_are_the_moving_average_and_resume_is_exact(tmp_path, c
 
     split, whole = str(tmp_path / "split"), str(tmp_path / "whole")
     train(split, "tiny", steps=4, **args)
-    assert run_folder.read_state(split)["steps"] == 4
+    assert run_folder.read_state(split).steps == 4
     os.makedirs(whole)
-    for name in ("config.json", "tokenizer.model", "corpus.json"):  # the same tokenizer, a fresh model
+    # the same tokenizer, a fresh model
+    for name in ("config.json", "recipe.json", "tokenizer.model", "corpus.json"):
         shutil.copy(os.path.join(split, name), whole)
     shutil.copytree(os.path.join(split, "data"), os.path.join(whole, "data"))  # the same corpus
     record = Record()
@@ -80,7 +81,7 @@ def test_a_run_saves_by_time_and_after_its_last_epoch_not_after_every_epoch(
     save = run_folder.save
 
     def counted(model, model_path, state=None, input_iterator=None):
-        saved_at.append(state["steps"])
+        saved_at.append(state.steps)
         save(model, model_path, state, input_iterator)
 
     monkeypatch.setattr(run_folder, "save", counted)
@@ -96,7 +97,7 @@ def test_a_run_saves_by_time_and_after_its_last_epoch_not_after_every_epoch(
         checkpoint_seconds=10**6,
     )
     assert summary["steps"] > 3 and saved_at == [summary["steps"]], saved_at
-    assert run_folder.read_state(out)["steps"] == summary["steps"]
+    assert run_folder.read_state(out).steps == summary["steps"]
 
 
 class StepClock(keras.callbacks.Callback):
@@ -126,16 +127,16 @@ def test_time_budget_sizes_the_schedule_and_a_spent_budget_changes_nothing(tmp_p
         vocab_size=1200,
         xla=False,
         verbose=0,
-        overrides={"schedule": "budget"},
+        recipe_changes={"schedule": "budget"},
         callbacks=[clock],
     )
     summary = train(out, "tiny", minutes=0.5, **args)
     state = run_folder.read_state(out)
-    assert summary["steps"] == state["steps"] == 120 and summary["steps_per_s"] == pytest.approx(4)
-    assert state["seconds"] == pytest.approx(30)
+    assert summary["steps"] == state.steps == 120 and summary["steps_per_s"] == pytest.approx(4)
+    assert state.seconds == pytest.approx(30)
     # The decay was sized from the measured speed to end with the budget, not at the initial guess.
-    assert state["schedule"]["total_steps"] == pytest.approx(120)
-    assert state["schedule"]["warmup_steps"] == budget_warmup(preset("tiny"), 120)
+    assert state.schedule["total_steps"] == pytest.approx(120)
+    assert state.schedule["warmup_steps"] == budget_warmup(recipe("tiny"), 120)
     before = _sha(os.path.join(out, "model.keras"))
     again = train(out, "tiny", minutes=0.5, **args)
     assert again == {"steps": 120, "stopped": "budget already spent"}
@@ -143,10 +144,10 @@ def test_time_budget_sizes_the_schedule_and_a_spent_budget_changes_nothing(tmp_p
     # A larger budget resumes the same schedule: the warm-up is not repeated, the decay is stretched.
     more = train(out, "tiny", minutes=0.8, **args)
     resumed = run_folder.read_state(out)
-    assert more["steps"] == resumed["steps"] == 192
-    assert resumed["schedule"]["warmup_steps"] == state["schedule"]["warmup_steps"]
-    assert resumed["schedule"]["total_steps"] == pytest.approx(192)
-    assert resumed["seconds"] == pytest.approx(48)
+    assert more["steps"] == resumed.steps == 192
+    assert resumed.schedule["warmup_steps"] == state.schedule["warmup_steps"]
+    assert resumed.schedule["total_steps"] == pytest.approx(192)
+    assert resumed.seconds == pytest.approx(48)
 
 
 def _sha(path):
@@ -158,13 +159,16 @@ def test_train_writes_everything_and_resumes(tmp_path, corpus_tsv):
     args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0, checkpoint_seconds=10**6)
     first = train(out, "tiny", steps=5, **args)
     assert first["steps"] == 5 and np.isfinite(first["loss"])
-    assert {"config.json", "tokenizer.model", "corpus.json", "model.keras", "logs"} <= set(os.listdir(out))
+    assert {"config.json", "recipe.json", "tokenizer.model", "corpus.json", "model.keras", "logs"} <= set(
+        os.listdir(out)
+    )
     assert glob.glob(os.path.join(out, "logs", "train", "events.out.tfevents*"))
     tokenizer_before = _sha(os.path.join(out, "tokenizer.model"))
     second = train(out, "tiny", steps=8, **args)  # same directory: continues from step 5
     assert second["steps"] == 8
     assert _sha(os.path.join(out, "tokenizer.model")) == tokenizer_before
-    model, config, tokenizer, _ = run_folder.load(out)
+    loaded = run_folder.load(out)
+    model, config, tokenizer = loaded.model, loaded.config, loaded.tokenizer
     assert config.vocab_size == tokenizer.get_piece_size() and model.config == config
     assert len(open(os.path.join(out, "logs", "history.csv")).read().strip().splitlines()) >= 3
 
@@ -186,7 +190,7 @@ def test_a_resume_restores_the_input_position_and_continues_the_same_batches(tmp
     args = dict(data=corpus_tsv, vocab_size=1200, xla=False, verbose=0, checkpoint_seconds=10**6)
     stopped, whole, replayed = (str(tmp_path / name) for name in ("stopped", "whole", "replayed"))
     train(stopped, "tiny", steps=5, **args)
-    assert run_folder.read_state(stopped)["input"] == "input-5"
+    assert run_folder.read_state(stopped).input == "input-5"
     assert sorted(n for n in os.listdir(stopped) if n.startswith("input-")) == [
         "input-5.data-00000-of-00001",
         "input-5.index",
@@ -208,7 +212,12 @@ def test_a_resume_restores_the_input_position_and_continues_the_same_batches(tmp
     assert not [line for line in restored if "rebuilding" in line]
     assert [line for line in lines.lines if "rebuilding the 5 batches" in line]
     os.makedirs(whole)
-    for name in (run_folder.CONFIG_FILE, run_folder.TOKENIZER_FILE, run_folder.CORPUS_FILE):
+    for name in (
+        run_folder.CONFIG_FILE,
+        run_folder.RECIPE_FILE,
+        run_folder.TOKENIZER_FILE,
+        run_folder.CORPUS_FILE,
+    ):
         shutil.copy(run_folder.path(stopped, name), whole)  # the same tokenizer and corpus
     shutil.copytree(
         run_folder.path(stopped, run_folder.DATA_DIR), run_folder.path(whole, run_folder.DATA_DIR)
@@ -258,7 +267,7 @@ def test_a_swapped_tokenizer_is_refused(tmp_path, trained_dir):
 
     out = str(tmp_path / "copy")
     shutil.copytree(trained_dir, out)
-    _, _, tokenizer, _ = run_folder.load(out)
+    tokenizer = run_folder.load(out).tokenizer
     with open(os.path.join(out, "tokenizer.model"), "wb") as f:
         f.write(same_size_other_tokenizer(tokenizer).serialized_model_proto())
     with pytest.raises(ValueError, match="not the tokenizer this model was trained with"):
@@ -270,7 +279,7 @@ def test_the_corpus_is_recorded_by_content_not_by_the_path_typed(tmp_path, corpu
     and evaluates on the splits it prepared whatever becomes of the corpus file."""
     import shutil
 
-    from kformer.data import corpus as corpus_lib
+    from kformer.data import prepare as prepare_lib
     from kformer.evaluate import split_references
 
     shutil.copy(corpus_tsv, tmp_path / "pairs.tsv")
@@ -285,7 +294,7 @@ def test_the_corpus_is_recorded_by_content_not_by_the_path_typed(tmp_path, corpu
     sources, _ = split_references(run, "test")
     with open(tmp_path / "pairs.tsv", encoding="utf-8") as f:  # the rule, applied here to the file
         pairs = [tuple(line.rstrip("\n").split("\t")) for line in f]
-    expected = list(dict.fromkeys(source for source, _ in corpus_lib.split_pairs(pairs)["test"]))
+    expected = list(dict.fromkeys(source for source, _ in prepare_lib.split_pairs(pairs)["test"]))
     assert sources == expected and expected
     with open(tmp_path / "pairs.tsv", "a", encoding="utf-8") as f:
         f.write("新的。\tNew.\n")
@@ -372,6 +381,7 @@ def test_time_budget_stops_and_saves(tmp_path, corpus_tsv):
 
 XLA_SCRIPT = r"""
 import json, sys
+from kformer.contracts.prepared import PreparedCorpus
 from kformer.data import batches as batches_lib
 from kformer.data import shards as shards_lib
 from kformer.data import prepare as prepare_lib
@@ -381,14 +391,15 @@ from kformer.train.options import TrainOptions
 from kformer.train.run_data import run_data
 out, corpus, dump = sys.argv[1:4]
 train(out, "tiny", data=corpus, vocab_size=1200, epochs=3, xla=True, verbose=0, checkpoint_seconds=10**6)
-config, tokenizer, folder, _ = run_data(out, TrainOptions("tiny", data=corpus))
-manifest = prepare_lib.load(folder)
-encoded = shards_lib.read_prepared(prepare_lib.shard_paths(folder, manifest), manifest["train"]["dtype"], config)
-train_shapes = {tuple(y.shape) for _, y in batches_lib.make_dataset(encoded, config, training=True).take(300)}
+config, recipe, tokenizer, folder, _ = run_data(out, TrainOptions("tiny", data=corpus))
+batching = batches_lib.Batching.of(config, recipe.micro_batch_tokens)
+manifest = PreparedCorpus.load(folder)
+encoded = shards_lib.read_prepared(manifest.shard_paths(folder), manifest.train.dtype, batching)
+train_shapes = {tuple(y.shape) for _, y in batches_lib.make_dataset(encoded, batching, training=True).take(300)}
 # Validation runs the same-named step on the dev split, whose last batch per bucket may be partial.
-dev = batches_lib.encode_pairs(tokenizer, prepare_lib.held_out(folder, "dev"), config)
-dev_shapes = {tuple(y.shape) for _, y in batches_lib.make_dataset(dev, config, training=False)}
-buckets = {(size, boundary - 1) for boundary, size in zip(*batches_lib.bucket_plan(config, pad_to_bucket=True))}
+dev = batches_lib.encode_pairs(tokenizer, prepare_lib.held_out(folder, "dev"), batching)
+dev_shapes = {tuple(y.shape) for _, y in batches_lib.make_dataset(dev, batching, training=False)}
+buckets = {(size, boundary - 1) for boundary, size in zip(*batches_lib.bucket_plan(batching, pad_to_bucket=True))}
 print(json.dumps({"compilations": bench.count_xla_compilations(dump), "train_shapes": len(train_shapes),
                   "dev_shapes": len(dev_shapes), "buckets": len(buckets),
                   "shapes_not_buckets": len((train_shapes | dev_shapes) - buckets)}))

@@ -1,8 +1,11 @@
 """Training: `train` (fit.py) runs model.fit in a run folder, resumable, within a budget.
 
-checkpoint.py is the run folder; callbacks.py the budget, signals and saves; losses.py,
-optimizer.py, schedules.py and precision.py what a step computes; distributed.py several
-devices or machines; keep_best.py the dev evaluations; init_from.py fine-tuning from a run.
+options.py is what a run is asked for; recipe.py how a preset trains (TrainingRecipe);
+run_data.py its config, corpus and tokenizer; inputs.py its batches; callbacks.py the budget,
+signals and saves; losses.py, optimizer.py, schedules.py, precision.py and precision_probe.py
+what a step computes; distributed.py several devices or machines; keep_best.py the dev
+evaluations; init_from.py fine-tuning from a run. The run folder's files are
+kformer.run_folder's.
 """
 
 

@@ -16,6 +16,7 @@ import keras
 from keras import ops
 
 from kformer import run_folder
+from kformer.contracts.run import TrainingState
 from kformer.train import distributed
 from kformer.train.distributed import Preempted
 from kformer.train.schedules import BudgetSchedule, budget_warmup
@@ -53,9 +54,12 @@ class Budget(keras.callbacks.Callback):
     STALL_FACTOR = 5
     RECENT = 50  # step times the median is taken over
 
-    def __init__(self, schedule, max_steps=None, minutes=None, spent_seconds=0.0, every=25, strategy=None):
+    def __init__(
+        self, schedule, max_steps=None, minutes=None, spent_seconds=0.0, every=25, strategy=None, recipe=None
+    ):
         super().__init__()
         self.schedule, self.max_steps, self.every, self.strategy = schedule, max_steps, every, strategy
+        self.recipe = recipe  # the TrainingRecipe whose rule sizes the warm-up
         self.seconds = None if minutes is None else minutes * 60.0
         self.spent_seconds = spent_seconds
         self.reason = None
@@ -116,8 +120,8 @@ class Budget(keras.callbacks.Callback):
         )
         warmup = schedule.steps()[0]
         first_estimate = step - self.first[0] == self.every
-        if first_estimate and step < warmup:  # size the warm-up too
-            warmup = budget_warmup(self.model.config, total)
+        if first_estimate and step < warmup and self.recipe is not None:  # size the warm-up too
+            warmup = budget_warmup(self.recipe, total)
         schedule.set(warmup, total)
         if first_estimate:
             log.info(
@@ -186,12 +190,12 @@ class Checkpoint(keras.callbacks.Callback):
     def save(self):
         if self.nan_guard is not None and self.nan_guard.failed_at is not None:
             return
-        state = {
-            "steps": steps_done(self.model),
-            "seconds": self.budget.elapsed(),
-            "schedule": self.budget.schedule.get_config(),
-            "replicas": self.model.distribute_strategy.num_replicas_in_sync,
-        }
+        state = TrainingState(
+            steps=steps_done(self.model),
+            seconds=self.budget.elapsed(),
+            schedule=self.budget.schedule.get_config(),
+            replicas=self.model.distribute_strategy.num_replicas_in_sync,
+        )
         iterator = None if self.position is None else self.position.iterator
         run_folder.save(self.model, self.path, state, input_iterator=iterator)
         self.last = time.monotonic()

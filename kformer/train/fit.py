@@ -13,12 +13,15 @@ import logging
 import math
 import os
 import shutil
+import typing
 
 import keras
 
 from kformer import locks, run_folder
+from kformer.contracts.run import CONFIG_FILE, LOGS_DIR, MODEL_FILE, CorpusRecord, TrainingState
 from kformer.data import batches as batches_lib
-from kformer.model.config import PRECISIONS, TransformerConfig
+from kformer.data.batches import Batching
+from kformer.model.config import ModelConfig
 from kformer.model.transformer import Transformer
 from kformer.train import distributed, inputs, precision_probe
 from kformer.train import init_from as init_from_lib
@@ -33,32 +36,35 @@ from kformer.train.callbacks import (
     batches_done,
     steps_done,
 )
-from kformer.train.keep_best import Evaluation, KeepBest
+from kformer.train.keep_best import KeepBest
 from kformer.train.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from kformer.train.optimizer import FusedAdam
 from kformer.train.options import TrainOptions
-from kformer.train.precision import choose_precision, onednn_state
+from kformer.train.precision import PRECISIONS, choose_precision, onednn_state
+from kformer.train.recipe import TrainingRecipe
 from kformer.train.run_data import DATA_PREFIX, run_data
 from kformer.train.schedules import BudgetSchedule, make_schedule
 
 log = logging.getLogger("kformer")
 
 
-def compile_model(model, config, xla=True, schedule=None, fused=True, steps_per_call=1):
-    """Adam(0.9, 0.98, 1e-9) on `schedule` (default: the config's, sized for 10 x warmup_steps),
-    label-smoothed loss, token accuracy; with `ema_momentum`, the optimizer keeps a moving average
-    of the weights (see kformer.run_folder). `fused=False`: Keras' own Adam (same arithmetic).
+def compile_model(model, config, recipe, xla=True, schedule=None, fused=True, steps_per_call=1):
+    """`model` (of a ModelConfig `config`) compiled as `recipe` (a TrainingRecipe) says:
+    Adam(0.9, 0.98, 1e-9) on `schedule` (default: the recipe's, sized for 10 x warmup_steps),
+    label-smoothed loss, token accuracy;
+    with `ema_momentum`, the optimizer keeps a moving average of the weights (kformer.run_folder).
+    `fused=False`: Keras' own Adam (same arithmetic).
     `steps_per_call`: Keras' steps_per_execution, the training steps one call of the train function
     runs (callbacks see every that many steps)."""
-    schedule = schedule or make_schedule(config, config.warmup_steps * 10)
-    options = dict(use_ema=True, ema_momentum=config.ema_momentum) if config.ema_momentum else {}
-    if config.accumulate_steps > 1:
-        options["gradient_accumulation_steps"] = config.accumulate_steps
+    schedule = schedule or make_schedule(recipe, config.d_model, recipe.warmup_steps * 10)
+    options = dict(use_ema=True, ema_momentum=recipe.ema_momentum) if recipe.ema_momentum else {}
+    if recipe.accumulate_steps > 1:
+        options["gradient_accumulation_steps"] = recipe.accumulate_steps
     adam = FusedAdam if fused else keras.optimizers.Adam
     optimizer = adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9, **options)
     model.compile(
         optimizer=optimizer,
-        loss=LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id),
+        loss=LabelSmoothedCrossEntropy(recipe.label_smoothing, config.pad_id),
         metrics=[MaskedAccuracy(config.pad_id)],
         jit_compile=xla,
         steps_per_execution=steps_per_call,
@@ -71,20 +77,21 @@ class Training:
     """A run ready to train: `model.fit(**fit_args)`, then `finish(history)`. `model` is None when
     there is nothing left to do (`done` says why)."""
 
-    model: object
-    config: TransformerConfig
-    tokenizer: object
+    model: keras.Model | None
+    config: ModelConfig
+    tokenizer: "sentencepiece.SentencePieceProcessor"  # noqa: F821
     fit_args: dict
-    done: str = None  # why there is nothing left to train, if so
+    done: str | None = None  # why there is nothing left to train, if so
     steps: int = 0  # steps trained before this run
-    budget: object = None
-    nan_guard: object = None
-    keep_best: object = None  # KeepBest, when the run evaluates a dev sample
-    interrupt: object = None  # StopOnInterrupt, in a single-process run
+    budget: Budget | None = None
+    nan_guard: StopOnNaN | None = None
+    keep_best: KeepBest | None = None  # when the run evaluates a dev sample
+    interrupt: StopOnInterrupt | None = None  # in a single-process run
     real_tokens_per_step: float = 0.0  # non-pad source + target tokens of an average batch
     writes: bool = True  # False on a worker other than the chief
     precision: str = "float32"  # compute precision (`choose_precision`); weights are float32
-    release: object = locks.nothing  # drops the run folder's lock (kformer.locks), held from `start`
+    # drops the run folder's lock (kformer.locks), held from `start`
+    release: typing.Callable[[], None] = locks.nothing
 
     def finish(self, history):
         """Raises if the loss went NaN; returns the summary (steps, minutes, last metrics, why it stopped)."""
@@ -111,7 +118,9 @@ class Training:
             **{k: float(v[-1]) for k, v in history.history.items()},
         }
         if best is not None and best.evaluations:
-            summary.update(best=best.best, evaluations=best.evaluations, evaluation_seconds=best.seconds)
+            summary.update(
+                best=best.best.to_dict(), evaluations=best.evaluations, evaluation_seconds=best.seconds
+            )
             _log_changes(summary, best.changes())
         log.info(
             "%s after %d steps (%s)",
@@ -144,30 +153,34 @@ def stop_if_interrupted(summary):
         )
 
 
-def train(out_dir, config_name=None, **options):
-    """Trains (or resumes) a model in `out_dir` (options: the fields of TrainOptions). Returns a
+def train(out_dir, config_name=None, **fields):
+    """Trains (or resumes) a model in `out_dir`: the Python API of `kformer train`, whose keywords
+    are the fields of TrainOptions. Returns `run`'s summary."""
+    return run(out_dir, TrainOptions(config_name=config_name, **fields))
+
+
+def run(out_dir, options):
+    """Trains (or resumes) a model in `out_dir` as `options` (a TrainOptions) say. Returns a
     summary dict (steps, minutes, loss, token accuracy, why it stopped)."""
-    run = start(out_dir, config_name, **options)
+    training = start(out_dir, options)
     try:
-        if run.done:
-            return {"steps": run.steps, "stopped": run.done}
+        if training.done:
+            return {"steps": training.steps, "stopped": training.done}
         with distributed.worker_failures():
-            history = run.model.fit(**run.fit_args)
-        return run.finish(history)
+            history = training.model.fit(**training.fit_args)
+        return training.finish(history)
     finally:
-        run.release()
+        training.release()
 
 
-def start(out_dir, config_name=None, **options):
-    """Prepares (or resumes) a run in `out_dir`: data, tokenizer, compiled model, callbacks
-    (options: the fields of TrainOptions).
+def start(out_dir, options):
+    """Prepares (or resumes) a run in `out_dir` as `options` (a TrainOptions) say: data,
+    tokenizer, compiled model, callbacks.
     The run folder is locked (kformer.locks) from here until the returned run's `release()`; a
     second process on it is refused. `release()` also hands back SIGINT and SIGTERM, which the
     run's callbacks hold while it trains: call it after `fit`, whether `fit` returned or raised."""
-    options = TrainOptions(config_name=config_name, **options)
     if isinstance(options.strategy, str):
         options = dataclasses.replace(options, strategy=distributed.make_strategy(options.strategy))
-    options = dataclasses.replace(options, evaluation=options.evaluation or Evaluation())
     chief = distributed.is_chief(options.strategy)
     release = locks.hold(out_dir, "train") if chief else locks.nothing
     try:
@@ -194,17 +207,18 @@ def _release(unlock, callbacks):
 class _Setup:
     """What a run's start settles before its model is built."""
 
-    config: TransformerConfig
-    tokenizer: object
-    corpus: dict  # the corpus record (run_folder.read_corpus)
+    config: ModelConfig
+    recipe: TrainingRecipe
+    tokenizer: "sentencepiece.SentencePieceProcessor"  # noqa: F821
+    corpus: CorpusRecord
     encoded: inputs.TrainingCorpus
-    source: object  # the run it starts from (init_from_lib.open_source), or None
-    initial: object  # the source's weights, for a run with none of its own yet; or None
+    source: init_from_lib.Source | None  # the run it starts from
+    initial: dict[str, "numpy.ndarray"] | None  # noqa: F821  (the source's weights, for a run with none of its own yet)
     per_epoch: int  # batches (not updates) a pass over the train split takes
     max_steps: int  # the run's total optimizer steps; None for a time budget
-    state: dict  # training.json as the run folder holds it
+    state: TrainingState
     xla: bool
-    precision: str = None  # compute precision (`_precision`); weights are float32
+    precision: str | None = None  # compute precision (`_precision`); weights are float32
 
 
 def _start(out_dir, options):
@@ -217,8 +231,9 @@ def _start(out_dir, options):
         keras.utils.set_random_seed(options.seed)
         setup = _set_up(out_dir, options, xla)
         if _budget_spent(out_dir, options.minutes, setup.state):
-            steps = setup.state.get("steps", 0)
-            return Training(None, setup.config, setup.tokenizer, {}, "budget already spent", steps)
+            return Training(
+                None, setup.config, setup.tokenizer, {}, "budget already spent", setup.state.steps
+            )
         precision, why = _precision(options, setup)
         setup = dataclasses.replace(setup, precision=precision)
         keras.utils.set_random_seed(options.seed)  # as if nothing was measured: the same weights
@@ -233,7 +248,7 @@ def _start(out_dir, options):
     if setup.max_steps is not None and done >= setup.max_steps:
         log.info("already trained %d steps (asked for %d); nothing to do", done, setup.max_steps)
         return Training(None, setup.config, setup.tokenizer, {}, "already done", done)
-    _log_schedule(schedule, setup.config, setup.max_steps)
+    _log_schedule(schedule, setup.recipe, setup.max_steps)
     return _training(out_dir, options, setup, model, schedule, state, chief, strategy)
 
 
@@ -244,11 +259,11 @@ def _precision(options, setup):
     if options.strategy:
         return choose_precision(options.precision)
     source, target, counts = setup.encoded.lengths
-    shape = precision_probe.mean_batch_shape(setup.config.micro_batches(), source, target, counts)
+    shape = precision_probe.mean_batch_shape(setup.recipe.micro_batch_tokens, source, target, counts)
 
     def compiled(precision):
         return compile_model(
-            Transformer(setup.config, dtype=PRECISIONS[precision]), setup.config, xla=setup.xla
+            Transformer(setup.config, dtype=PRECISIONS[precision]), setup.config, setup.recipe, xla=setup.xla
         )
 
     return choose_precision(
@@ -260,25 +275,28 @@ def _set_up(out_dir, options, xla):
     """The run's config, corpus and tokenizer, its source's weights, and its length in steps."""
     if options.mix_original is not None and not options.init_from:
         raise ValueError("--mix-original draws from the run fine-tuning starts from: give --init-from RUN")
-    config, tokenizer, folder, corpus = run_data(out_dir, options)
+    config, recipe, tokenizer, folder, corpus = run_data(out_dir, options)
+    batching = Batching.of(config, recipe.micro_batch_tokens)
     source = init_from_lib.open_source(options.init_from) if options.init_from else None
     fresh = not os.path.exists(run_folder.path(out_dir, run_folder.MODEL_FILE))  # no weights of its own
     try:
         initial = init_from_lib.trained_weights(source) if source is not None and fresh else None
-        encoded = inputs.encode(folder, tokenizer, config)
+        encoded = inputs.encode(folder, tokenizer, batching)
         if source is not None:
             original, share = init_from_lib.original_corpus(source, options.mix_original)
             init_from_lib.check_share(out_dir, share)
-            encoded = inputs.with_original(encoded, original, share, tokenizer, config)
+            encoded = inputs.with_original(encoded, original, share, tokenizer, batching)
         inputs.check_evaluation(options.evaluation, encoded, folder)
-        per_epoch = inputs.steps_per_epoch(encoded, config.micro_batches(), xla)  # batches, not updates
+        per_epoch = inputs.steps_per_epoch(encoded, batching, xla)  # batches, not updates
     except BaseException:
         if os.path.basename(folder).startswith(DATA_PREFIX):  # prepared for a start that failed
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    max_steps = _max_steps(options, per_epoch / config.accumulate_steps)
+    max_steps = _max_steps(options, per_epoch / recipe.accumulate_steps)
     state = run_folder.read_state(out_dir)
-    return _Setup(config, tokenizer, corpus, encoded, source, initial, per_epoch, max_steps, state, xla)
+    return _Setup(
+        config, recipe, tokenizer, corpus, encoded, source, initial, per_epoch, max_steps, state, xla
+    )
 
 
 def _create_run_folder(out_dir, setup):
@@ -286,7 +304,9 @@ def _create_run_folder(out_dir, setup):
     prepared corpus moved in; returns the setup with the corpus where it now is."""
     if setup.source is not None:
         init_from_lib.record(out_dir, setup.source, setup.encoded.original_share)
-    run_folder.create(out_dir, setup.config, setup.tokenizer, setup.corpus, setup.encoded.folder)
+    run_folder.create(
+        out_dir, setup.config, setup.recipe, setup.tokenizer, setup.corpus, setup.encoded.folder
+    )
     encoded = dataclasses.replace(setup.encoded, folder=run_folder.prepared_folder(out_dir))
     return dataclasses.replace(setup, encoded=encoded)
 
@@ -297,7 +317,12 @@ def _training(out_dir, options, setup, model, schedule, state, chief, strategy):
         options.strategy is None
     )  # fit's iterator is then a plain tf.data one, whose position can be saved
     budget = Budget(
-        schedule, setup.max_steps, options.minutes, float(state.get("seconds", 0.0)), strategy=strategy
+        schedule,
+        setup.max_steps,
+        options.minutes,
+        float(state.seconds),
+        strategy=strategy,
+        recipe=setup.recipe,
     )
     nan_guard = StopOnNaN()
     position, replay = _input_position(out_dir, state, batches_done(model), plain)
@@ -323,7 +348,7 @@ def _training(out_dir, options, setup, model, schedule, state, chief, strategy):
         nan_guard=nan_guard,
         keep_best=keep_best,
         interrupt=interrupt,
-        real_tokens_per_step=real / setup.per_epoch * setup.config.accumulate_steps,
+        real_tokens_per_step=real / setup.per_epoch * setup.recipe.accumulate_steps,
         writes=chief,
         precision=setup.precision,
     )
@@ -363,7 +388,7 @@ def default_xla(strategy, minutes=None):
 
 def _check_the_chief_started(out_dir, chief):
     """A worker other than the chief runs after the chief wrote the run's files (`chief_first`)."""
-    config_path = run_folder.path(out_dir, run_folder.CONFIG_FILE)
+    config_path = run_folder.path(out_dir, CONFIG_FILE)
     if not chief and not os.path.exists(config_path):
         raise ValueError(
             f"{config_path} not found after the chief started: the chief failed (see its log), or "
@@ -376,7 +401,7 @@ def _keep_best(out_dir, evaluation, setup, chief, strategy, nan_guard):
     dev_text = setup.encoded.dev_text
     if not (evaluation.on and dev_text):
         return None
-    language = setup.corpus["direction"].split("-")[-1]
+    language = setup.corpus.direction.target
     samples = {"dev": dev_text}
     if setup.encoded.original is not None and setup.encoded.original.dev_text:
         samples["original"] = setup.encoded.original.dev_text  # what fine-tuning may forget
@@ -394,7 +419,7 @@ def _max_steps(options, per_epoch):
 
 
 def _budget_spent(out_dir, minutes, state):
-    spent = float(state.get("seconds", 0.0))
+    spent = float(state.seconds)
     if minutes is None or spent < minutes * 60:
         return False
     log.info(
@@ -402,7 +427,7 @@ def _budget_spent(out_dir, minutes, state):
         out_dir,
         spent / 60,
         minutes,
-        state.get("steps", 0),
+        state.steps,
     )
     return True
 
@@ -410,12 +435,16 @@ def _budget_spent(out_dir, minutes, state):
 def _compiled_model(out_dir, setup, strategy):
     """The compiled model in the strategy's scope, with the checkpoint's weights and optimizer
     state where the run has one; and its learning-rate schedule."""
-    model_path = run_folder.path(out_dir, run_folder.MODEL_FILE)
-    config = setup.config
+    model_path = run_folder.path(out_dir, MODEL_FILE)
+    config, recipe = setup.config, setup.recipe
     with strategy.scope():
-        schedule = make_schedule(config, setup.max_steps or config.warmup_steps * 10)
+        schedule = make_schedule(recipe, config.d_model, setup.max_steps or recipe.warmup_steps * 10)
         model = compile_model(
-            Transformer(config, dtype=PRECISIONS[setup.precision]), config, xla=setup.xla, schedule=schedule
+            Transformer(config, dtype=PRECISIONS[setup.precision]),
+            config,
+            recipe,
+            xla=setup.xla,
+            schedule=schedule,
         )
         if os.path.exists(model_path):
             model.optimizer.build(model.trainable_variables)
@@ -428,25 +457,25 @@ def _resumed(model, schedule, out_dir, strategy, state, max_steps):
     restored the same step; a budget schedule continues as it was (no second warm-up)."""
     done = steps_done(model)
     if done:  # the state that belongs to the restored model (see run_folder.save)
-        state = {"seconds": state.get("seconds", 0.0), **run_folder.read_state(out_dir, steps=done)}
+        state = run_folder.read_state(out_dir, steps=done)
     if distributed.agree(strategy, done, "MEAN") != done:
         raise ValueError(
-            f"the workers restored different steps from {run_folder.path(out_dir, run_folder.MODEL_FILE)}; "
+            f"the workers restored different steps from {run_folder.path(out_dir, MODEL_FILE)}; "
             "it must be one file that every worker reads (shared storage)"
         )
     if not done:
         return done, state
-    model_path = run_folder.path(out_dir, run_folder.MODEL_FILE)
-    log.info("resuming %s from step %d (%.1f min trained)", model_path, done, float(state["seconds"]) / 60)
-    if state.get("replicas", 1) != strategy.num_replicas_in_sync:
+    model_path = run_folder.path(out_dir, MODEL_FILE)
+    log.info("resuming %s from step %d (%.1f min trained)", model_path, done, float(state.seconds) / 60)
+    if state.replicas != strategy.num_replicas_in_sync:
         log.info(
             "%d replicas now, %d before: the train split is divided among the workers anew, so the "
             "batches differ from those the interrupted run would have taken next",
             strategy.num_replicas_in_sync,
-            state.get("replicas", 1),
+            state.replicas,
         )
-    if isinstance(schedule, BudgetSchedule) and max_steps is None and state.get("schedule"):
-        schedule.set(state["schedule"]["warmup_steps"], state["schedule"]["total_steps"])
+    if isinstance(schedule, BudgetSchedule) and max_steps is None and state.schedule:
+        schedule.set(state.schedule["warmup_steps"], state.schedule["total_steps"])
     return done, state
 
 
@@ -462,19 +491,19 @@ def _input_position(out_dir, state, batches, plain):
     return (InputPosition(restore_from=saved) if plain else None), replay
 
 
-def _log_schedule(schedule, config, max_steps):
+def _log_schedule(schedule, recipe, max_steps):
     if isinstance(schedule, BudgetSchedule):
         sized = " for now: sized to the budget from the measured speed" if max_steps is None else ""
         log.info("learning rate: %s%s", schedule.describe(), sized)
     else:
-        log.info("learning rate: the paper's schedule, %d warm-up steps", config.warmup_steps)
+        log.info("learning rate: the paper's schedule, %d warm-up steps", recipe.warmup_steps)
 
 
 def _chief_callbacks(out_dir, budget, checkpoint_seconds, nan_guard, position):
     """The callbacks that write: checkpoints (with the input position; first), history.csv, TensorBoard."""
-    logs_dir = run_folder.path(out_dir, run_folder.LOGS_DIR)
+    logs_dir = run_folder.path(out_dir, LOGS_DIR)
     os.makedirs(logs_dir, exist_ok=True)
-    model_path = run_folder.path(out_dir, run_folder.MODEL_FILE)
+    model_path = run_folder.path(out_dir, MODEL_FILE)
     return [
         Checkpoint(model_path, budget, checkpoint_seconds, nan_guard, position),
         keras.callbacks.CSVLogger(os.path.join(logs_dir, "history.csv"), append=True),
@@ -487,16 +516,17 @@ def _fit_args(setup, options, done, callbacks, replay):
     own with a strategy), the dev split, and epochs counted from where the run stands (`done`
     batches; the config's micro-batches, `per_epoch` and the steps count batches, of which
     accumulation makes several an optimizer step)."""
-    config, xla, seed, strategy = setup.config.micro_batches(), setup.xla, options.seed, options.strategy
+    batching = Batching.of(setup.config, setup.recipe.micro_batch_tokens)
+    xla, seed, strategy = setup.xla, options.seed, options.strategy
     encoded, per_epoch = setup.encoded, setup.per_epoch
-    max_batches = None if setup.max_steps is None else setup.max_steps * setup.config.accumulate_steps
+    max_batches = None if setup.max_steps is None else setup.max_steps * setup.recipe.accumulate_steps
     if strategy is None:
-        train_ds = inputs.train_dataset(encoded, config, xla, seed)
+        train_ds = inputs.train_dataset(encoded, batching, xla, seed)
         train_ds = train_ds.skip(replay) if replay else train_ds
     else:
-        train_ds = inputs.worker_datasets(encoded, config, xla, seed, strategy, replay)
+        train_ds = inputs.worker_datasets(encoded, batching, xla, seed, strategy, replay)
     dev_ds = (
-        batches_lib.make_dataset(encoded.dev, config, training=False, pad_to_bucket=xla)
+        batches_lib.make_dataset(encoded.dev, batching, training=False, pad_to_bucket=xla)
         if len(encoded.dev)
         else None
     )

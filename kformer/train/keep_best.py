@@ -20,29 +20,13 @@ import keras
 
 from kformer import evaluate as evaluate_lib
 from kformer import run_folder
-from kformer.model.config import EVAL_MINUTES, EVAL_SENTENCES, read_json, write_json
+from kformer.contracts.run import BEST_FILE, BEST_WEIGHTS_FILE, LOGS_DIR, BestRecord
 from kformer.train import distributed
 from kformer.train.callbacks import steps_done
 
 log = logging.getLogger("kformer")
 
 EVALUATIONS_FILE = "evaluations.csv"  # in the run's logs/
-
-
-@dataclasses.dataclass(frozen=True)
-class Evaluation:
-    """When a run evaluates its dev sample: every `minutes` of training (0: never) or, if given,
-    every `steps` optimizer steps; on its first `sentences` dev sources; `early_stop`: stop after
-    that many evaluations without a gain (None: never)."""
-
-    minutes: float = EVAL_MINUTES
-    steps: int = None
-    sentences: int = EVAL_SENTENCES
-    early_stop: int = None
-
-    @property
-    def on(self):
-        return bool(self.steps or self.minutes)
 
 
 class KeepBest(keras.callbacks.Callback):
@@ -69,8 +53,8 @@ class KeepBest(keras.callbacks.Callback):
         self.every_seconds = None if evaluation.steps else evaluation.minutes * 60
         self.every_steps, self.patience = evaluation.steps, evaluation.early_stop
         self.reason, self.seconds, self.evaluations = None, 0.0, 0
-        best_path = run_folder.path(run_dir, run_folder.BEST_FILE)
-        self.best = read_json(best_path) if os.path.exists(best_path) else None  # a resumed run's
+        best_path = run_folder.path(run_dir, BEST_FILE)
+        self.best = BestRecord.load(best_path) if os.path.exists(best_path) else None  # a resumed run's
         self.translator, self.summaries = None, None  # built at the first evaluation
 
     def on_train_begin(self, logs=None):
@@ -102,18 +86,15 @@ class KeepBest(keras.callbacks.Callback):
         start = time.monotonic()
         translator = self._translator_of_current_weights()
         self.last_scores = {
-            name: evaluate_lib.score(translator.translate(sources, self.language), references, self.language)
+            name: evaluate_lib.score(translator.translate(sources), references, self.language)
             for name, (sources, references) in self.samples.items()
         }
         scores = next(iter(self.last_scores.values()))
-        gained = self.best is None or (scores["bleu"], scores["chrf"]) > (
-            self.best["bleu"],
-            self.best["chrf"],
-        )
-        since = 0 if gained else self.best.get("evaluations_since", 0) + 1
+        gained = self.best is None or (scores["bleu"], scores["chrf"]) > (self.best.bleu, self.best.chrf)
+        since = 0 if gained else self.best.evaluations_since + 1
         if gained:
-            self.best = {"step": step, "bleu": scores["bleu"], "chrf": scores["chrf"]}
-        self.best = {**self.best, "evaluations_since": since, "sentences": len(self.sources)}
+            self.best = BestRecord(step, scores["bleu"], scores["chrf"])
+        self.best = dataclasses.replace(self.best, evaluations_since=since, sentences=len(self.sources))
         seconds = time.monotonic() - start
         self.evaluations, self.seconds, self.evaluated_step = (
             self.evaluations + 1,
@@ -121,7 +102,7 @@ class KeepBest(keras.callbacks.Callback):
             step,
         )
         if self.writes:
-            self._write(step, gained, seconds, translator.model)
+            self._write(step, gained, seconds, translator.translator.model)
         others = "".join(f"; {name} BLEU {s['bleu']:.2f}" for name, s in list(self.last_scores.items())[1:])
         log.info(
             "step %d: dev sample BLEU %.2f chrF %.2f%s (%d sentences, %.1f s)%s",
@@ -133,7 +114,7 @@ class KeepBest(keras.callbacks.Callback):
             seconds,
             " - the best so far, kept"
             if gained
-            else f"; best: {self.best['bleu']:.2f} at step {self.best['step']}",
+            else f"; best: {self.best.bleu:.2f} at step {self.best.step}",
         )
         if self.patience and since >= self.patience:
             self.reason = f"no dev sample BLEU gain in {since} evaluations (--early-stop {self.patience})"
@@ -151,15 +132,18 @@ class KeepBest(keras.callbacks.Callback):
         }
 
     def _translator_of_current_weights(self):
-        """A greedy Translator on a float32 copy of the model holding the weights a reader would
+        """A greedy KerasRunner on a float32 copy of the model holding the weights a reader would
         load (the moving average, where the run keeps one): built once, refreshed each time."""
-        from kformer.decode.translator import Translator
+        from kformer.decode.options import SearchOptions
+        from kformer.decode.runner import RunnerSettings
+        from kformer.decode.translator import KerasRunner
         from kformer.model.transformer import Transformer
 
         if self.translator is None:
             copy = Transformer(self.model.config)  # float32 whatever the training precision
-            self.translator = Translator(copy, self.tokenizer, beam_size=1, batch_size=64)
-        copy = self.translator.model
+            greedy, settings = SearchOptions(beam_size=1), RunnerSettings(batch_size=64)
+            self.translator = KerasRunner(copy, self.tokenizer, greedy, settings, self.language)
+        copy = self.translator.translator.model
         run_folder.swap_average(self.model)
         try:
             run_folder.assign_weights(copy, {v.path: v.value for v in self.model.weights})
@@ -169,12 +153,12 @@ class KeepBest(keras.callbacks.Callback):
 
     def _write(self, step, gained, seconds, weights_model):
         if gained:
-            best_path = run_folder.path(self.run_dir, run_folder.BEST_WEIGHTS_FILE)
+            best_path = run_folder.path(self.run_dir, BEST_WEIGHTS_FILE)
             tmp = best_path[: -len(".weights.h5")] + ".tmp.weights.h5"
             weights_model.save_weights(tmp)
             os.replace(tmp, best_path)
-        write_json(run_folder.path(self.run_dir, run_folder.BEST_FILE), self.best)
-        logs = run_folder.path(self.run_dir, run_folder.LOGS_DIR)
+        self.best.save(run_folder.path(self.run_dir, BEST_FILE))
+        logs = run_folder.path(self.run_dir, LOGS_DIR)
         history = os.path.join(logs, EVALUATIONS_FILE)
         new = not os.path.exists(history)
         prefixes = ["", *(f"{name}_" for name in list(self.samples)[1:])]  # the kept-by sample's unprefixed

@@ -1,9 +1,35 @@
-"""What a training run is asked for: the options of `kformer train`, of `kformer.train.train` and
-of `kformer.train.fit.start`, in one frozen value."""
+"""What a training run is asked for: the options of `kformer train` and of `kformer.train.train`,
+in one frozen value, and when it evaluates its dev sample."""
 
 import dataclasses
+import typing
 
-from kformer.model.config import DEFAULT_CORPUS, TransformerConfig
+from kformer.data.corpus import DEFAULT_CORPUS
+from kformer.data.tokenizer import VOCAB_SIZE
+
+if typing.TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+# A dev sample of this many sources, translated greedily every this many minutes of training.
+EVAL_SENTENCES = 500
+EVAL_MINUTES = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """When a run evaluates its dev sample (kformer.train.keep_best): every `minutes` of training
+    (0: never) or, if given, every `steps` optimizer steps; on its first `sentences` dev sources;
+    `early_stop`: stop after that many evaluations without a gain (None: never)."""
+
+    minutes: float = EVAL_MINUTES
+    steps: int | None = None
+    sentences: int = EVAL_SENTENCES
+    early_stop: int | None = None
+
+    @property
+    def on(self):
+        return bool(self.steps or self.minutes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,38 +44,43 @@ class TrainOptions:
     xla: None for `fit.default_xla`. precision: "auto", "float32", "bfloat16" or "float16"
     (`kformer.train.precision.choose_precision`; weights stay float32).
     batch_tokens, accumulate (optimizer steps of batch_tokens tokens, each the average of the
-    gradients of `accumulate` batches), overrides: changes to the preset's config.
+    gradients of `accumulate` batches), average (the weights' moving average's momentum) and
+    recipe_changes: changes to the preset's TrainingRecipe (kformer.train.recipe).
     strategy: None, a tf.distribute strategy or its name (`distributed.make_strategy`).
-    evaluation: when the run translates a dev sample and keeps the best weights
-    (`kformer.train.keep_best.Evaluation`; None: its defaults).
+    evaluation: when the run translates a dev sample and keeps the best weights.
     init_from: a trained run to start from, with its tokenizer, direction and model sizes and the
     fine-tuning recipe (kformer.train.init_from); mix_original: the share of each batch's pairs
     drawn from that run's own corpus (None: init_from.MIX_ORIGINAL; 0: the new corpus alone).
     callbacks: extra Keras callbacks, run before kformer's own; verbose: model.fit's.
     """
 
-    config_name: str = None
-    data: object = DEFAULT_CORPUS
-    direction: str = None
-    minutes: float = None
-    steps: int = None
-    epochs: float = None
-    xla: bool = None
+    config_name: str | None = None
+    data: str | tuple[str, ...] = DEFAULT_CORPUS
+    direction: str | None = None
+    minutes: float | None = None
+    steps: int | None = None
+    epochs: float | None = None
+    xla: bool | None = None
     precision: str = "auto"
-    batch_tokens: int = None
-    accumulate: int = None
+    batch_tokens: int | None = None
+    accumulate: int | None = None
+    average: float | None = None
+    recipe_changes: dict[str, float | int | str] | None = None
     seed: int = 0
-    strategy: object = None
-    vocab_size: int = TransformerConfig.vocab_size
-    overrides: dict = None
+    strategy: "tf.distribute.Strategy | str | None" = None
+    vocab_size: int = VOCAB_SIZE
     checkpoint_seconds: float = 300
-    evaluation: object = None
-    init_from: str = None
-    mix_original: float = None
-    callbacks: tuple = ()
-    verbose: object = "auto"
+    evaluation: Evaluation = Evaluation()
+    init_from: str | None = None
+    mix_original: float | None = None
+    callbacks: "tuple[keras.callbacks.Callback, ...]" = ()
+    verbose: str | int = "auto"
 
-    def config_overrides(self):
-        """The changes to the preset's config: `overrides`, batch_tokens and accumulate."""
-        given = {"batch_tokens": self.batch_tokens, "accumulate_steps": self.accumulate}
-        return {**(self.overrides or {}), **{k: v for k, v in given.items() if v is not None}}
+    def recipe_overrides(self):
+        """The changes to the preset's recipe: `recipe_changes`, batch_tokens, accumulate, average."""
+        given = {
+            "batch_tokens": self.batch_tokens,
+            "accumulate_steps": self.accumulate,
+            "ema_momentum": self.average,
+        }
+        return {**(self.recipe_changes or {}), **{k: v for k, v in given.items() if v is not None}}

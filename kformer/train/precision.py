@@ -2,7 +2,8 @@
 
 import os
 
-from kformer.model.config import PRECISIONS
+# Compute precision of training -> Keras dtype policy (weights stay float32); "auto" picks (choose_precision).
+PRECISIONS = {"float32": None, "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 
 
 def onednn_state():

@@ -12,7 +12,7 @@ import os
 import statistics
 import time
 
-from kformer.model.config import write_json
+from kformer.contracts.json_records import write_json
 from kformer.train.precision import cpu_model, usable_cores
 
 log = logging.getLogger("kformer")
@@ -55,14 +55,14 @@ def measurement(config, shape, compiled):
     return measure
 
 
-def mean_batch_shape(config, source, target, counts):
+def mean_batch_shape(batch_tokens, source, target, counts):
     """(rows, source length, target length) of a batch of a corpus' mean lengths (`source`,
     `target`: the pairs' lengths, `counts`: pairs of each; the target gains its BOS or EOS), as
-    many rows as `config.batch_tokens` holds."""
+    many rows as `batch_tokens` holds."""
     pairs = counts.sum()
     source_length = max(1, round(float((source * counts).sum() / pairs)))
     target_length = round(float((target * counts).sum() / pairs)) + 1
-    return max(1, config.batch_tokens // max(source_length, target_length)), source_length, target_length
+    return max(1, batch_tokens // max(source_length, target_length)), source_length, target_length
 
 
 def faster_precision(candidates, compiled, batch, key, measure=None):

@@ -68,13 +68,16 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
-def make_schedule(config, total_steps):
-    if config.schedule == "noam":
-        return TransformerSchedule(config.d_model, config.warmup_steps)
+def make_schedule(recipe, d_model, total_steps):
+    """The learning-rate schedule of a TrainingRecipe, for a model of `d_model` trained
+    `total_steps` (an estimate under a time budget)."""
+    if recipe.schedule == "noam":
+        return TransformerSchedule(d_model, recipe.warmup_steps)
     return BudgetSchedule(
-        config.learning_rate, budget_warmup(config, total_steps), total_steps, config.decay_fraction
+        recipe.learning_rate, budget_warmup(recipe, total_steps), total_steps, recipe.decay_fraction
     )
 
 
-def budget_warmup(config, total_steps):
-    return max(1, min(config.warmup_steps, round(config.warmup_fraction * total_steps)))
+def budget_warmup(recipe, total_steps):
+    """The recipe's warm-up for a budget of `total_steps`: its fraction of them, at most warmup_steps."""
+    return max(1, min(recipe.warmup_steps, round(recipe.warmup_fraction * total_steps)))
