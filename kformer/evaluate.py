@@ -1,4 +1,5 @@
-"""BLEU and chrF (sacrebleu) of a trained model on a held-out split or on user files."""
+"""BLEU and chrF (sacrebleu) of any runner (kformer.decode.runner.Runner: the Keras model or an
+exported file) on a held-out split or on user files."""
 
 import collections
 import logging
@@ -7,17 +8,29 @@ import os
 import sacrebleu
 
 from kformer import run_folder
+from kformer.contracts.export import MANIFEST_FILE, ExportManifest
 from kformer.data import corpus as corpus_lib
 from kformer.data import prepare as prepare_lib
-from kformer.decode.translator import Translator
 
 log = logging.getLogger("kformer")
 
 
 def split_references(model_dir, split="test"):
-    """(sources, references) of a held-out split of the corpus the model was trained on, as it was
-    prepared (kformer.data.prepare): `group_references` of its pairs."""
+    """(sources, references) of a held-out split of the corpus a model was trained on, as it was
+    prepared (kformer.data.prepare): `group_references` of its pairs. `model_dir`: a training
+    directory, or an export folder (the run it was exported from)."""
+    if os.path.exists(os.path.join(model_dir, MANIFEST_FILE)):
+        model_dir = ExportManifest.load(model_dir).trained_in
     return group_references(prepare_lib.held_out(run_folder.prepared_folder(model_dir), split))
+
+
+def file_references(source_file, reference_file):
+    """(sources, references) of a source file and its reference file, one sentence a line."""
+    sources = corpus_lib.read_text_file(source_file)
+    references = [[r] for r in corpus_lib.read_text_file(reference_file)]
+    if len(sources) != len(references):
+        raise ValueError(f"{source_file} has {len(sources)} lines but {reference_file} has {len(references)}")
+    return sources, references
 
 
 def group_references(pairs):
@@ -48,7 +61,8 @@ def score(hypotheses, references, language="en"):
     }
 
 
-def _check_writable(file_path):
+def check_writable(file_path):
+    """A one-line error, before any translation work, for an output file that cannot be written."""
     folder = os.path.dirname(os.path.abspath(file_path))
     if os.path.isdir(file_path):
         raise ValueError(f"--output {file_path} is a folder; give a file name")
@@ -56,49 +70,25 @@ def _check_writable(file_path):
         raise ValueError(f"--output {file_path}: cannot write in {folder} (missing or not writable)")
 
 
-def evaluate(
-    model_dir,
-    split="test",
-    source_file=None,
-    reference_file=None,
-    output=None,
-    limit=None,
-    weights="best",
-    **options,
-):
-    """Translates a split (or a source file) and scores it against its references.
-    Writes the hypotheses, one per line, to `output` (default: MODEL/hypotheses.<split>.txt).
-    weights: "best" (best.weights.h5 where kept) or "last" (model.keras). options: the search's,
-    fields of kformer.decode.options.SearchOptions (beam_size, alpha, max_length, no_repeat_ngram)."""
-    if (source_file is None) != (reference_file is None):
-        raise ValueError("give both --source and --reference, or neither (to use --split)")
-    model, config, tokenizer, corpus = run_folder.load(model_dir, weights)
-    if source_file is not None:
-        sources = corpus_lib.read_text_file(source_file)
-        references = [[r] for r in corpus_lib.read_text_file(reference_file)]
-        if len(sources) != len(references):
-            raise ValueError(
-                f"{source_file} has {len(sources)} lines but {reference_file} has {len(references)}"
-            )
-        name = os.path.basename(source_file)
-    else:
-        sources, references = split_references(model_dir, split)
-        name = split
-    if limit:
-        sources, references = sources[:limit], references[:limit]
+def evaluate(runner, sources, references, output=None):
+    """Translates `sources` with `runner` (its own search options) and scores the translations
+    against `references` (a list of strings per source) in the runner's target language; writes
+    them, one per line, to `output` if given. Returns `score`'s dict with "beam_size",
+    "hypotheses_file" and "examples" (source, references, hypothesis)."""
     if not sources:
-        raise ValueError(f"nothing to evaluate: {name} is empty")
-    output = output or os.path.join(model_dir, f"hypotheses.{name}.txt")
-    _check_writable(output)  # before the translation work, which a bad path would otherwise lose
-    translator = Translator(model, tokenizer, **options)
-    beam_size = translator.beam_size
-    log.info("translating %d sentences of %s (beam %d)", len(sources), name, beam_size)
-    hypotheses = translator.translate(sources, corpus["direction"].split("-")[-1])
-    with open(output, "w", encoding="utf-8") as f:
-        f.writelines(h + "\n" for h in hypotheses)
-    result = score(hypotheses, references, corpus["direction"].split("-")[-1])
+        raise ValueError("nothing to evaluate: no sentences")
+    if output is not None:
+        check_writable(output)  # before the translation work, which a bad path would otherwise lose
+    log.info("translating %d sentences (beam %d)", len(sources), runner.options.beam_size)
+    hypotheses = runner.translate(sources)
+    if output is not None:
+        with open(output, "w", encoding="utf-8") as f:
+            f.writelines(h + "\n" for h in hypotheses)
+    result = score(hypotheses, references, runner.language)
     result.update(
-        hypotheses_file=output, beam_size=beam_size, examples=list(zip(sources, references, hypotheses))
+        hypotheses_file=output,
+        beam_size=runner.options.beam_size,
+        examples=list(zip(sources, references, hypotheses)),
     )
     return result
 
@@ -112,4 +102,5 @@ def print_scores(result):
     print(f"  {result['bleu_detail']}")
     print(f"  BLEU signature: {result['bleu_signature']}")
     print(f"  chrF signature: {result['chrf_signature']}")
-    print(f"  hypotheses: {result['hypotheses_file']}")
+    if result["hypotheses_file"]:
+        print(f"  hypotheses: {result['hypotheses_file']}")

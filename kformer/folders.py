@@ -38,3 +38,10 @@ def remove_abandoned(parent, prefix):
         pid = name[len(prefix) :].split("-")[0] if name.startswith(prefix) else ""
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}") and os.path.exists("/proc/self"):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def size(path):
+    """Bytes of a file, or of all the files of a folder (a SavedModel, a CTranslate2 model)."""
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+    return os.path.getsize(path)

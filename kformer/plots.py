@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import font_manager
 
-from kformer.model.config import BEAM_SIZE
+from kformer.decode.options import BEAM_SIZE
 
 CJK_FONTS = (
     "Noto Sans CJK SC",
@@ -80,25 +80,26 @@ def _needs_note(labels):
     return cjk_font() is None and any("U+" in label for label in labels)
 
 
-def alignment(translator, text, layer=-1, beam_size=None):
-    """Translates one sentence, then returns what the decoder looked at for each generated
+def alignment(runner, text, layer=-1, options=None):
+    """Translates one sentence with a KerasRunner (kformer.decode.translator; `options`: a
+    SearchOptions over its own), then returns what the decoder looked at for each generated
     token: {"source": pieces, "target": pieces (ending with </s> unless cut at the length limit),
     "decoder_input": <s> + target[:-1], "translation": text,
     "weights": (T, S) cross-attention of `layer` averaged over heads,
     "attention": every layer's weights (see `Transformer.attention_weights`)}."""
     from kformer.decode.text_batches import strip_special
 
-    config, tokenizer = translator.config, translator.tokenizer
-    (ids,) = translator.encode([text])
+    config, tokenizer = runner.config, runner.tokenizer
+    ids = _source_ids(runner, text)
     if not ids:
         raise ValueError("nothing to align: the text is blank or outside the model's vocabulary")
-    tokens, _ = translator.search(np.array([ids], np.int32), beam_size=beam_size)
+    tokens, _ = runner.search(np.array([ids], np.int32), options)
     best = (tokens[0] if tokens.ndim == 2 else tokens[0, 0]).tolist()  # the search's own output, EOS and all
     output = strip_special(best, config.eos_id, config.pad_id)
     generated = output + [config.eos_id] if config.eos_id in best else output  # EOS, or cut at the limit
     # Row t is the decoder position that produced generated[t]: its input is BOS + generated[:t].
     decoder_input = [config.bos_id] + generated[:-1]
-    attention = translator.model.attention_weights(
+    attention = runner.translator.model.attention_weights(
         np.array([ids], np.int32), np.array([decoder_input], np.int32)
     )
     weights = np.asarray(attention["cross"][layer])[0].mean(axis=0)  # (T, S)
@@ -115,12 +116,12 @@ def alignment(translator, text, layer=-1, beam_size=None):
 def save_alignment(model_dir, text, path, layer=-1, beam_size=BEAM_SIZE):
     """`kformer attention`: translates `text` with the model of a training folder and writes the
     picture of its encoder-decoder alignment (`layer`, mean of heads) to `path`. Returns the translation."""
-    from kformer import run_folder
-    from kformer.decode.translator import Translator
+    from kformer.decode.options import SearchOptions
+    from kformer.decode.translator import KerasRunner
 
-    model, config, tokenizer, _ = run_folder.load(model_dir)
-    result = alignment(Translator(model, tokenizer, beam_size=beam_size), text, layer=layer)
-    number = (layer if layer >= 0 else config.num_decoder_layers + layer) + 1
+    runner = KerasRunner.open(model_dir)
+    result = alignment(runner, text, layer, SearchOptions(beam_size=beam_size))
+    number = (layer if layer >= 0 else runner.config.num_decoder_layers + layer) + 1
     figure = alignment_figure(
         result["weights"],
         result["source"],
@@ -132,29 +133,21 @@ def save_alignment(model_dir, text, path, layer=-1, beam_size=BEAM_SIZE):
     return result["translation"]
 
 
-def beam_trace(translator, text):
-    """The beam search of one sentence step by step: a list with, per step, the K alive
-    hypotheses as (pieces, log-probability), best first (dead beams left out). It runs the real
-    search loop with trace buffers in its state (`search.OnePass(trace=True)`): a re-implementation
+def _source_ids(runner, text):
+    """The token ids of one sentence, the first max_source_length (what a picture shows)."""
+    return runner.tokenizer.encode(text.strip())[: runner.config.max_source_length]
+
+
+def beam_trace(runner, text):
+    """The beam search of one sentence by a KerasRunner, step by step: a list with, per step, the
+    K alive hypotheses as (pieces, log-probability), best first (dead beams left out). It runs the
+    real search loop with trace buffers in its state (`Translator.trace`): a re-implementation
     outside the loop could show a search that is not the one translating."""
-    import tensorflow as tf
+    from kformer.decode.search import NEG_INF
 
-    from kformer.decode import search
-
-    config, tokenizer, k = translator.config, translator.tokenizer, translator.beam_size
-    (ids,) = translator.encode([text])
-    lengths, cache, _ = translator.search_inputs(
-        tf.constant([ids or [config.pad_id]], tf.int32), translator.max_length, drop_done=False
-    )
-    _, _, trace = search.beam_search(
-        translator.model.decode_step,
-        cache,
-        lengths,
-        search.TokenIds(config.bos_id, config.eos_id, config.pad_id),
-        k,
-        search.BeamOptions(translator.options.alpha),
-        search.OnePass(trace=True),
-    )
+    config, tokenizer, k = runner.config, runner.tokenizer, runner.options.beam_size
+    ids = _source_ids(runner, text) or [config.pad_id]
+    trace = runner.translator.trace(np.array([ids], np.int32), runner.options)
     tokens, log_probs = trace["tokens"].numpy()[0], trace["log_probs"].numpy()[0]
     return [
         [
@@ -163,7 +156,7 @@ def beam_trace(translator, text):
                 float(log_probs[step, beam]),
             )
             for beam in range(k)
-            if log_probs[step, beam] > search.NEG_INF / 2
+            if log_probs[step, beam] > NEG_INF / 2
         ]
         for step in range(int(trace["steps"]))
     ]

@@ -23,7 +23,9 @@ import pytest  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 
 from kformer.data import corpus as corpus_lib
+from kformer.data import prepare as prepare_lib
 from kformer.data import tokenizer as tokenizer_lib  # noqa: E402
+from kformer.decode.options import SearchOptions  # noqa: E402
 from kformer.export.exporter import export  # noqa: E402
 from kformer.export.formats import FORMATS  # noqa: E402
 from kformer.model.config import preset  # noqa: E402
@@ -158,7 +160,7 @@ def write_random_model(out, tokenizer, direction="zh-en", seed=3):
     (out / "corpus.json").write_text(
         json.dumps({"data": "default", "direction": direction, "prepared": "data"})
     )
-    splits = corpus_lib.split_pairs(
+    splits = prepare_lib.split_pairs(
         corpus_lib.read_corpus()[0]
     )  # the held-out splits, as prepare writes them
     (out / "data").mkdir()
@@ -179,15 +181,8 @@ def model_dir(tmp_path_factory, tokenizer):
 def artifacts(model_dir, tmp_path_factory):
     """Every format and variant of `model_dir`, exported once for the export, bench and web tests."""
     out = str(tmp_path_factory.mktemp("export") / "art")
-    export(
-        model_dir,
-        out,
-        formats=tuple(FORMATS),
-        quantize=("fp16", "int8"),
-        beam_size=BEAM,
-        max_length=MAX_LENGTH,
-        progress=lambda *a, **k: None,
-    )
+    options = SearchOptions(beam_size=BEAM, max_length=MAX_LENGTH)
+    export(model_dir, out, tuple(FORMATS), ("fp16", "int8"), options, progress=lambda *a, **k: None)
     return out
 
 

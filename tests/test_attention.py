@@ -61,7 +61,7 @@ def test_cached_steps_equal_full_causal_pass():
             x[:, i : i + 1],
             attention_mask=masks.causal_mask(1, 8, offset=i),
             cache=cache,
-            write=FixedBuffers.step(buffer, i)[1],  # into slot i
+            write=FixedBuffers([cache]).step(i)[1],  # into slot i
         )
         cache = extras["cache"]
         np.testing.assert_allclose(np.asarray(step)[:, 0], full[:, i], atol=1e-5)
@@ -75,7 +75,7 @@ def test_appended_steps_equal_full_causal_pass():
     empty = np.zeros((2, HEADS, 0, HEAD_SIZE), "float32")  # the keys/values of no token yet
     cache = (empty, empty)
     for i in range(6):
-        step, extras = layer(x[:, i], cache=cache, write=Growing.step(empty, i)[1])  # a step's (B, M) query
+        step, extras = layer(x[:, i], cache=cache, write=Growing([cache]).step(i)[1])  # a step's (B, M) query
         cache = extras["cache"]
         assert cache[0].shape == (2, HEADS, i + 1, HEAD_SIZE)
         np.testing.assert_allclose(np.asarray(step), full[:, i], atol=1e-5)

@@ -52,22 +52,26 @@ def test_the_gpu_trains_with_xla_and_its_precision_through_fit(gpu_run):
 def test_greedy_translations_on_the_gpu_equal_the_cpus(gpu_run):
     import tensorflow as tf
 
+    from kformer.decode.options import SearchOptions
     from kformer.decode.translator import KerasRunner
     from kformer.evaluate import split_references
 
     out, _ = gpu_run
     sources = split_references(out, "dev")[0][:SENTENCES]
-    runner = KerasRunner(out)
+    runner = KerasRunner.open(out)
+    greedy = SearchOptions(beam_size=1)
     # float32 products on Ampere+ tensor cores default to TensorFloat-32 (10-bit mantissas), which
     # can flip a near-tie between two tokens; compared here: the same float32 arithmetic
     tf.config.experimental.enable_tensor_float_32_execution(False)
     try:
-        on_gpu = [runner.tokenizer.encode(t) for t in runner.translate(sources, beam_size=1)]
+        on_gpu = [runner.tokenizer.encode(t) for t in runner.translate(sources, greedy)]
     finally:
         tf.config.experimental.enable_tensor_float_32_execution(True)
     script = (
-        "import json, sys; from kformer.decode.translator import KerasRunner; r = KerasRunner(sys.argv[1]); "
-        "print(json.dumps([r.tokenizer.encode(t) for t in r.translate(json.loads(sys.argv[2]), beam_size=1)]))"
+        "import json, sys; from kformer.decode.options import SearchOptions; "
+        "from kformer.decode.translator import KerasRunner; r = KerasRunner.open(sys.argv[1]); "
+        "texts = r.translate(json.loads(sys.argv[2]), SearchOptions(beam_size=1)); "
+        "print(json.dumps([r.tokenizer.encode(t) for t in texts]))"
     )
     cpu_only = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     on_cpu = json.loads(python_lines(script, out, json.dumps(sources), env=cpu_only)[-1])
@@ -80,5 +84,5 @@ def test_a_gpu_trained_run_exports_and_passes_the_parity_checks(gpu_run, tmp_pat
 
     out, _ = gpu_run
     manifest = export(out, str(tmp_path / "export"), formats=("onnx",), progress=lambda *a, **k: None)
-    checks = {entry["file"]: entry["check"] for entry in manifest["artifacts"]}
-    assert checks and all(c["agreement"] == 1 for check in checks.values() for c in check.values()), checks
+    checks = {artifact.file: artifact.check for artifact in manifest.artifacts}
+    assert checks and all(c.agreement == 1 for check in checks.values() for c in check.values()), checks

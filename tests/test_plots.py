@@ -70,12 +70,14 @@ def test_beam_trace_history_and_bar_figures(tmp_path):
 def test_alignment_and_attention_command(trained_dir, tmp_path, capsys):
     from kformer import run_folder
     from kformer.cli import main
-    from kformer.decode.translator import Translator
+    from kformer.decode.options import SearchOptions
+    from kformer.decode.translator import KerasRunner
 
-    model, config, tokenizer, _ = run_folder.load(trained_dir)
+    run = run_folder.load(trained_dir)
+    model, config, tokenizer = run.model, run.config, run.tokenizer
     # Without the repeat guard, so that the search's output is the model's own argmax at every step.
-    translator = Translator(model, tokenizer, beam_size=2, no_repeat_ngram=0)
-    result = plots.alignment(translator, "我們試試看！", beam_size=1)
+    runner = KerasRunner(model, tokenizer, SearchOptions(beam_size=2, no_repeat_ngram=0))
+    result = plots.alignment(runner, "我們試試看！", options=SearchOptions(beam_size=1))
     assert result["weights"].shape == (len(result["target"]), len(result["source"]))
     np.testing.assert_allclose(result["weights"].sum(-1), 1, atol=1e-5)  # every row attends to the source
     # Row t must be the decoder position that produced target[t]: the full model, fed the same
@@ -96,10 +98,12 @@ def test_alignment_and_attention_command(trained_dir, tmp_path, capsys):
 
 def test_beam_trace_starts_from_the_models_own_top_first_tokens(trained_dir):
     from kformer import run_folder
-    from kformer.decode.translator import Translator
+    from kformer.decode.options import SearchOptions
+    from kformer.decode.translator import KerasRunner
 
-    model, config, tokenizer, _ = run_folder.load(trained_dir)
-    steps = plots.beam_trace(Translator(model, tokenizer, beam_size=3), "我們試試看！")
+    run = run_folder.load(trained_dir)
+    model, config, tokenizer = run.model, run.config, run.tokenizer
+    steps = plots.beam_trace(KerasRunner(model, tokenizer, SearchOptions(beam_size=3)), "我們試試看！")
     assert steps and all(len(pieces) == step + 1 for step, alive in enumerate(steps) for pieces, _ in alive)
     assert all(
         len(alive) <= 3 and [p for _, p in alive] == sorted((p for _, p in alive), reverse=True)

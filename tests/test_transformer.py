@@ -5,9 +5,11 @@ import numpy as np
 import pytest
 from conftest import python_lines, random_ids
 
+from kformer.model.cache import FixedBuffers, Growing
 from kformer.model.config import preset
 from kformer.model.transformer import Transformer
 from kformer.train.fit import compile_model
+from kformer.train.recipe import recipe
 
 VOCAB = 40
 
@@ -60,12 +62,12 @@ def test_attention_weights_per_layer_and_head():
     assert np.all(np.triu(np.asarray(maps["decoder"][0])[0, 0], k=1) == 0)  # causal
 
 
-@pytest.mark.parametrize("buffer_length", [9, None])  # fixed buffers, appended caches
+@pytest.mark.parametrize("mode, buffer_length", [(FixedBuffers, 9), (Growing, None)])
 @pytest.mark.parametrize("changes", [{}, dict(norm_position="pre", tie_embeddings=False)])
-def test_cached_decode_steps_equal_full_pass(changes, buffer_length):
+def test_cached_decode_steps_equal_full_pass(changes, mode, buffer_length):
     model, x = make(**changes), inputs(np.random.default_rng(4))
     full = np.asarray(model(x))
-    cache = model.init_cache(x["source_ids"], buffer_length=buffer_length)
+    cache = model.init_cache(x["source_ids"], mode, buffer_length)
     for i in range(6):
         logits, cache = model.decode_step(x["target_ids"][:, i], cache, i)
         real = x["target_ids"][:, i] != 0  # rows past their padding differ (by design)
@@ -91,7 +93,8 @@ print(json.dumps({{"diff": float(np.abs(np.asarray(out) - d["expected"]).max()),
 
 
 def test_one_fit_step_changes_weights():
-    model = compile_model(make(), preset("tiny", vocab_size=VOCAB), xla=False)
+    model = make()
+    model = compile_model(model, model.config, recipe("tiny"), xla=False)
     x = inputs(np.random.default_rng(6))
     before = [np.copy(w) for w in model.get_weights()]
     history = model.fit(x, x["target_ids"], epochs=1, verbose=0)
@@ -100,9 +103,9 @@ def test_one_fit_step_changes_weights():
 
 
 def test_tiny_model_overfits_a_small_batch():
-    config = preset("tiny", vocab_size=VOCAB, d_model=32, d_ff=64, warmup_steps=30)
+    config = preset("tiny", vocab_size=VOCAB, d_model=32, d_ff=64)
     keras.utils.set_random_seed(0)
-    model = compile_model(Transformer(config), config, xla=True)
+    model = compile_model(Transformer(config), config, recipe("tiny", warmup_steps=30), xla=True)
     rng = np.random.default_rng(7)
     source = random_ids(rng, 8, 6, VOCAB)
     labels = np.concatenate([source[:, ::-1], np.full((8, 1), config.eos_id, "int32")], 1)  # reverse + EOS

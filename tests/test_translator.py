@@ -7,6 +7,9 @@ import pytest
 import tensorflow as tf
 from conftest import random_ids
 
+from kformer.decode.options import SearchOptions
+from kformer.decode.recipe import RECIPES
+from kformer.decode.runner import RunnerSettings
 from kformer.decode.search import (
     DROP_DONE,
     ONE_PASS,
@@ -20,7 +23,8 @@ from kformer.decode.search import (
     output_limits,
 )
 from kformer.decode.text_batches import strip_special
-from kformer.decode.translator import Translator
+from kformer.decode.translator import KerasRunner, Translator
+from kformer.model.cache import FixedBuffers, Growing
 from kformer.model.config import preset
 from kformer.model.transformer import Transformer
 
@@ -45,17 +49,18 @@ def python_naive_greedy(model, source_row, limit):
     return output
 
 
-def run(translator, source, search, **options):
-    """The translator's graph of `search` on a batch, with its options and `options`."""
+def run(translator, source, search, options=None):
+    """The translator's graph of `search` on a batch, with `options` (a SearchOptions) over DEFAULTS."""
     beam_size = 1 if search == "greedy" else translator.beam_size
-    return translator.run(source, translator.options_for(beam_size=beam_size, **options))
+    options = SearchOptions(beam_size=beam_size).over(options or SearchOptions())
+    return translator.run(source, options.checked(translator.config.max_target_length))
 
 
 @pytest.mark.parametrize("batch, length", [(1, 1), (3, 5), (4, 9)])
 def test_greedy_equals_naive_prefix_rerun(random_model, batch, length):
     source = random_ids(np.random.default_rng(batch), batch, length, 40, pad_tail=min(2, length - 1))
-    translator = Translator(random_model, max_length=12, no_repeat_ngram=0)
-    tokens = run(translator, source, "greedy")["tokens"].numpy()
+    options = SearchOptions(max_length=12, no_repeat_ngram=0)
+    tokens = run(Translator(random_model), source, "greedy", options)["tokens"].numpy()
     limits, _ = output_limits(source, 0, 12)
     for row in range(batch):
         expected = python_naive_greedy(random_model, source[row][source[row] != 0], int(limits[row]))
@@ -68,13 +73,14 @@ def test_graph_naive_search_equals_cached_search(random_model):
     lengths = output_limits(source, 0, 16, buffer_cap=random_model.config.max_target_length)
     length, ids = lengths.buffer, TokenIds(2, 3)
     step = naive_step(lambda s, t: random_model({"source_ids": s, "target_ids": t}))
-    translator = Translator(random_model, beam_size=3, max_length=16, no_repeat_ngram=0)
+    translator = Translator(random_model, beam_size=3)
+    options = SearchOptions(max_length=16, no_repeat_ngram=0)
     naive_tokens, naive_scores = greedy_search(step, naive_cache(source, length), lengths, ids)
-    cached = run(translator, source, "greedy")
+    cached = run(translator, source, "greedy", options)
     np.testing.assert_array_equal(naive_tokens.numpy(), cached["tokens"].numpy())
     np.testing.assert_allclose(naive_scores.numpy(), cached["scores"].numpy(), rtol=1e-4)
     naive_tokens, naive_scores = beam_search(step, naive_cache(source, length), lengths, ids, 3)
-    cached = run(translator, source, "beam")
+    cached = run(translator, source, "beam", options)
     np.testing.assert_array_equal(naive_tokens.numpy(), cached["tokens"].numpy())
     np.testing.assert_allclose(naive_scores.numpy(), cached["scores"].numpy(), rtol=1e-4)
 
@@ -86,7 +92,7 @@ def test_appended_caches_search_as_fixed_buffers(random_model, beam_size):
     model, source = random_model, tf.constant(random_ids(np.random.default_rng(8), 5, 7, 40, pad_tail=3))
     lengths = output_limits(source, 0, 20, buffer_cap=model.config.max_target_length)
     results = []
-    for cache in (model.init_cache(source, 6), model.init_cache(source)):
+    for cache in (model.init_cache(source, FixedBuffers, 6), model.init_cache(source)):
         args = (model.decode_step, cache, lengths, TokenIds(2, 3))
         loop = TwoPasses(6, model.grow_cache)
         if beam_size == 1:
@@ -100,27 +106,27 @@ def test_appended_caches_search_as_fixed_buffers(random_model, beam_size):
 
 def test_caches_append_unless_fixed_buffers_or_xla_are_asked_for(random_model):
     source = tf.constant(random_ids(np.random.default_rng(9), 2, 5, 40))
-    kind = lambda translator: list(translator.search_inputs(source, 10)[1]["state"])  # noqa: E731
-    assert kind(Translator(random_model)) == ["appended"]
-    assert kind(Translator(random_model, fixed_buffers=True)) == ["self"]
-    assert kind(Translator(random_model, jit_compile=True)) == ["self"]
+    kind = lambda translator: type(translator.search_inputs(source, 10)[1]["state"])  # noqa: E731
+    assert kind(Translator(random_model)) is Growing
+    assert kind(Translator(random_model, recipe=RECIPES["tflite"])) is FixedBuffers
+    assert kind(Translator(random_model, recipe=RECIPES["xla"])) is FixedBuffers
 
 
 def test_done_rows_are_dropped_with_growing_caches_and_left_by_a_second_pass_with_fixed_buffers(random_model):
     source = tf.constant(random_ids(np.random.default_rng(9), 2, 5, 40))
     loop = lambda translator: translator.search_inputs(source, 10)[2]  # noqa: E731
     assert loop(Translator(random_model)) == DROP_DONE
-    assert isinstance(loop(Translator(random_model, fixed_buffers=True)), TwoPasses)
-    assert loop(Translator(random_model, fixed_buffers=True, drop_done=False)) == ONE_PASS
-    assert loop(Translator(random_model, jit_compile=True)) == ONE_PASS  # static shapes: one pass
+    assert isinstance(loop(Translator(random_model, recipe=RECIPES["tflite"])), TwoPasses)
+    assert loop(Translator(random_model, recipe=RECIPES["tflite-fixed"])) == ONE_PASS
+    assert loop(Translator(random_model, recipe=RECIPES["xla"])) == ONE_PASS  # static shapes: one pass
 
 
 def test_beam_of_one_equals_greedy_on_a_model(random_model):
     source = random_ids(np.random.default_rng(6), 4, 7, 40, pad_tail=3)
-    translator = Translator(random_model, beam_size=1, alpha=0.0, no_repeat_ngram=0)
+    translator = Translator(random_model, beam_size=1)
     np.testing.assert_array_equal(
         translator.beam(source, 0.0, random_model.config.max_target_length, 0, 1)["tokens"].numpy()[:, 0],
-        run(translator, source, "greedy")["tokens"].numpy(),
+        run(translator, source, "greedy", SearchOptions(alpha=0.0, no_repeat_ngram=0))["tokens"].numpy(),
     )
 
 
@@ -146,16 +152,18 @@ def test_rows_are_independent_of_batch_and_padding(random_model, search):
 
 
 def test_greedy_calls_take_fewer_long_sentences(random_model):
-    """The Translator batches as the runners do (batching.tokens_per_call): a greedy call of long
+    """The Keras runner batches as the runners do (batching.tokens_per_call): a greedy call of long
     sentences takes fewer of them, a beam call its batch_size."""
-    translator = Translator(random_model, beam_size=2, max_length=3, no_repeat_ngram=0, batch_size=4)
+    options = SearchOptions(beam_size=2, max_length=3, no_repeat_ngram=0)
+    runner = KerasRunner(random_model, None, options, RunnerSettings(batch_size=4))
+    translator = runner.translator
     run, shapes = translator.run, []
     translator.run = lambda batch, options: (
         shapes.append((options.search, batch.shape)) or run(batch, options)
     )
     long = [[5] * 40] * 4  # 4 x 40 tokens against greedy's 4 x TOKENS_PER_SENTENCE = 64: one a call
-    translator.translate_ids(long, beam_size=1)
-    translator.translate_ids(long)
+    runner.translate_ids(long, SearchOptions(beam_size=1))
+    runner.translate_ids(long)
     assert shapes == [("greedy", (1, 40))] * 4 + [("beam", (4, 40))]
 
 
@@ -163,8 +171,9 @@ def test_one_trace_per_signature(random_model):
     translator = Translator(random_model, beam_size=2)
     for shape, alpha, max_length, ngram in [((1, 3), 0.6, 5, 0), ((2, 7), 1.0, 9, 2), ((5, 2), 0.0, 24, 3)]:
         source = random_ids(np.random.default_rng(0), *shape, 40)
-        run(translator, source, "greedy", max_length=max_length, no_repeat_ngram=ngram)
-        run(translator, source, "beam", alpha=alpha, max_length=max_length, no_repeat_ngram=ngram)
+        options = SearchOptions(alpha=alpha, max_length=max_length, no_repeat_ngram=ngram)
+        run(translator, source, "greedy", options)  # greedy search takes no alpha
+        run(translator, source, "beam", options)
     assert translator.greedy.experimental_get_tracing_count() == 1
     assert translator.beam.experimental_get_tracing_count() == 1
 
@@ -190,9 +199,9 @@ def test_over_long_ids_are_truncated_in_the_graph(random_model):
 
 def test_translator_rejects_bad_settings(random_model):
     with pytest.raises(ValueError, match="beam size"):
-        Translator(random_model, beam_size=0)
+        KerasRunner(random_model, None, SearchOptions(beam_size=0))
     with pytest.raises(ValueError, match="max length"):
-        Translator(random_model, max_length=1000)
+        KerasRunner(random_model, None, SearchOptions(max_length=1000))
 
 
 def test_strip_special():
@@ -200,11 +209,19 @@ def test_strip_special():
     assert strip_special([5, 0, 0], eos_id=3) == [5]
 
 
+TEXT_OPTIONS = SearchOptions(beam_size=2, max_length=10)
+
+
 @pytest.fixture(scope="module")
 def text_translator(tokenizer):
     keras.utils.set_random_seed(1)
     model = Transformer(preset("tiny", vocab_size=tokenizer.get_piece_size(), max_source_length=12))
-    return Translator(model, tokenizer, beam_size=2, max_length=10)
+    return KerasRunner(model, tokenizer, TEXT_OPTIONS)
+
+
+def in_language(runner, language):
+    """The runner's model and options, joining sentences as `language` does."""
+    return KerasRunner(runner.translator.model, runner.tokenizer, TEXT_OPTIONS, language=language)
 
 
 def test_empty_and_blank_text_translate_to_empty(text_translator):
@@ -215,8 +232,8 @@ def test_empty_and_blank_text_translate_to_empty(text_translator):
 def test_a_paragraph_translates_as_its_sentences_joined(text_translator):
     sentences = ["我們試試看！", "他很高興。", "「你呢？」", "好"]
     alone = text_translator.translate(sentences)
-    assert text_translator.translate(["".join(sentences)], "en") == [" ".join(alone)]
-    assert text_translator.translate(["".join(sentences)], "zh") == ["".join(alone)]
+    assert in_language(text_translator, "en").translate(["".join(sentences)]) == [" ".join(alone)]
+    assert in_language(text_translator, "zh").translate(["".join(sentences)]) == ["".join(alone)]
     lines = sentences[0] + sentences[1] + "\n\n  " + sentences[2] + "\n"
     assert text_translator.translate([lines]) == [f"{alone[0]} {alone[1]}\n\n{alone[2]}"]
 
@@ -254,7 +271,7 @@ def test_a_clause_over_the_source_length_is_cut_with_a_warning(text_translator, 
 
 def test_translations_have_scores_and_alternatives_of_the_search(text_translator):
     texts = ["我們試試看！", "他很高興。"]
-    results = text_translator.translations(texts, nbest=2)
+    results = text_translator.translations(texts, SearchOptions(nbest=2))
     for text, result in zip(texts, results):
         tokens, scores = text_translator.search(np.array([text_translator.tokenizer.encode(text)], np.int32))
         assert [a.text for a in result.alternatives] == [
@@ -262,22 +279,22 @@ def test_translations_have_scores_and_alternatives_of_the_search(text_translator
         ]
         np.testing.assert_allclose([a.score for a in result.alternatives], scores[0], rtol=1e-6)
         assert (result.text, result.score) == (result.alternatives[0].text, result.alternatives[0].score)
-    (joined,) = text_translator.translations(["".join(texts)], nbest=2)
+    (joined,) = text_translator.translations(["".join(texts)], SearchOptions(nbest=2))
     assert joined.score == pytest.approx(results[0].score + results[1].score)
     assert joined.alternatives[1].text == " ".join(r.alternatives[1].text for r in results)
-    greedy = text_translator.translations(texts, beam_size=1)
+    greedy = text_translator.translations(texts, SearchOptions(beam_size=1))
     assert [len(r.alternatives) for r in greedy] == [1, 1]
 
 
 def test_options_change_the_search(text_translator):
     source = np.array([text_translator.tokenizer.encode("他很高興，因為他的朋友們都來參加了")[:12]], np.int32)
-    tokens, scores = text_translator.search(source, beam_size=1)
-    short, _ = text_translator.search(source, beam_size=1, max_length=3)
+    tokens, scores = text_translator.search(source, SearchOptions(beam_size=1))
+    short, _ = text_translator.search(source, SearchOptions(beam_size=1, max_length=3))
     assert (short[0] != 0).sum() <= 3 and list(short[0, :3]) == list(tokens[0, :3])
-    _, flat = text_translator.search(source, alpha=0.0)
-    _, penalized = text_translator.search(source, alpha=1.0)
+    _, flat = text_translator.search(source, SearchOptions(alpha=0.0))
+    _, penalized = text_translator.search(source, SearchOptions(alpha=1.0))
     assert not np.allclose(flat, penalized)
-    guarded, _ = text_translator.search(source, beam_size=1, no_repeat_ngram=1)
+    guarded, _ = text_translator.search(source, SearchOptions(beam_size=1, no_repeat_ngram=1))
     output = strip_special(guarded[0], 3)
     assert len(output) == len(set(output))  # no token twice
 
@@ -290,10 +307,12 @@ def test_bad_options_are_one_line_errors(text_translator):
         ({"max_length": 0}, "max length"),
         ({"max_length": 1000}, "max length must be in"),
         ({"no_repeat_ngram": -1}, "no_repeat_ngram"),
-        ({"beam_size": 3}, "beam size 2, not 3"),
     ]:
         with pytest.raises(ValueError, match=message):
-            text_translator.translate(["好"], **options)
+            text_translator.translate(["好"], SearchOptions(**options))
+    other_width = SearchOptions(beam_size=3).checked(text_translator.config.max_target_length)
+    with pytest.raises(ValueError, match="beam size 2, not 3"):  # the graph's width is fixed
+        text_translator.translator.run(np.array([[5, 6]], np.int32), other_width)
 
 
 def test_text_outside_the_vocabulary_is_output_as_it_is(text_translator, caplog):

@@ -11,6 +11,10 @@ import threading
 import time
 
 _END = object()  # after the last item of `gathered`'s input
+MAX_INPUT_CHARS = 100_000  # `kformer translate` refuses a longer input line (--max-chars)
+# How long `kformer translate` waits for more lines of a pipe after the first: a file's lines
+# then fill the first batch too, where a search call takes tens of ms at batch 1.
+WINDOW_SECONDS = 0.005
 
 
 def take_batch(queue, size, window, cost=None):
@@ -61,3 +65,18 @@ def gathered(items, size, window):
         if isinstance(batch[stop], _Failed):
             raise batch[stop].error
         return
+
+
+def checked_lines(batches, max_chars, where):
+    """The batches of lines (an iterable of lists) as they come, each line checked to have at most
+    `max_chars` characters (a one-line ValueError naming `where` and its number otherwise)."""
+    done = 0
+    for lines in batches:
+        for number, line in enumerate(lines, start=done + 1):
+            if len(line) > max_chars:
+                raise ValueError(
+                    f"{where} {number} has {len(line):,} characters, more than --max-chars {max_chars:,}; "
+                    "split it into lines or raise --max-chars"
+                )
+        done += len(lines)
+        yield lines

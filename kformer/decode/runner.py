@@ -5,22 +5,40 @@ the runners of exported files build on kformer.export.runner.ArtifactRunner."""
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 
 import numpy as np
 
 from kformer.decode import sentences, text_batches
+from kformer.decode.options import DEFAULTS, SearchOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerSettings:
+    """How a runner runs, whatever it translates: `batch_size` sentences a search call in
+    `translate` (see Runner.beam_shares_batch), the runtime's `threads` (default: all cores),
+    and `parallel` batches run at once by one `translate` call, each on threads // parallel of
+    the threads (> 1 only where `concurrent_searches`).
+
+    Why `parallel`: a decoding step of a batch is many small operations, which two threads share
+    badly; two batches at a time on a thread each keep both cores busy (`kformer bench runtimes
+    --parallel 2`). One sentence at a time runs on threads // parallel."""
+
+    batch_size: int = 32
+    threads: int | None = None
+    parallel: int = 1
 
 
 class Runner:
     """`translate(texts) -> list[str]`, `translations(texts) -> list[Translation]` (with scores and
     alternatives), `translate_ids(ids) -> (ids, scores)` and `search((B, S) int32) -> (tokens,
-    scores)`. Each takes search options (kformer.decode.options.SearchOptions fields: beam_size, alpha,
-    max_length, no_repeat_ngram, nbest) as keywords, over the runner's own.
+    scores)`. Each takes a SearchOptions (kformer.decode.options) applied over the runner's own
+    `options`: `runner.translations(texts, SearchOptions(nbest=3))`.
 
     Subclasses implement `_search(options, batch) -> (tokens, scores)` for an int32 (B, S) batch
-    and checked options (`options.search` is "greedy" or "beam"). `config` is the model's config
-    as a dict; `language` the target language (how sentences are joined).
+    and checked options (`options.search` is "greedy" or "beam"). `config` is the model's
+    ModelConfig; `language` the target language (how sentences are joined and scored).
     """
 
     # How beam search calls are sized (text_batches.tokens_per_call). Where beam_capped (onnxruntime's
@@ -41,9 +59,11 @@ class Runner:
     # concurrent_searches: onnx.OnnxRunner, ctranslate2.Ctranslate2Runner).
     PARALLEL_RUNTIMES = "--runtime ctranslate2, or onnx with an ids variant (fp32, int8)"
 
-    def __init__(self, config, tokenizer, options, batch_size=32, language=None):
-        self.config, self.tokenizer, self.batch_size = config, tokenizer, batch_size
+    def __init__(self, config, tokenizer, options, settings, language=None):
+        self.config, self.tokenizer, self.language = config, tokenizer, language
+        self.batch_size = settings.batch_size
         self.joiner = sentences.joiner(language)
+        self.options = DEFAULTS  # what `checked` applies `options` over
         self.options = self.checked(options)
 
     @contextlib.contextmanager
@@ -57,9 +77,10 @@ class Runner:
         with concurrent.futures.ThreadPoolExecutor(self.parallel, thread_name_prefix="kformer-batch") as pool:
             yield lambda search, batches: (pool.map if len(batches) > 1 else map)(search, batches)
 
-    def checked(self, options, **changes):
-        """`options` with the `changes` that are not None, checked for this model and runtime."""
-        return options.replace(**changes).checked(self.config["max_target_length"])
+    def checked(self, options=None):
+        """`options` (a SearchOptions, None for none) over the runner's own, checked for this model
+        and runtime."""
+        return (options or SearchOptions()).over(self.options).checked(self.config.max_target_length)
 
     def sentences_per_call(self, options):
         """How many sentences one search call takes, for checked options (see beam_shares_batch)."""
@@ -67,7 +88,7 @@ class Runner:
             return max(1, 2 * self.batch_size // options.beam_size)
         return self.batch_size
 
-    def search(self, batch, **options):
+    def search(self, batch, options=None):
         """(B, S) int32 source ids (pad 0) -> (tokens, scores) of the chosen search."""
         batch = np.asarray(batch)
         if batch.dtype != np.int32 or batch.ndim != 2:
@@ -75,7 +96,7 @@ class Runner:
                 f"source_ids must be an int32 array of shape (batch, length), "
                 f"got {batch.dtype} with shape {batch.shape}"
             )
-        return self._search(self.checked(self.options, **options), batch)
+        return self._search(self.checked(options), batch)
 
     def _search(self, options, batch):
         raise NotImplementedError
@@ -86,33 +107,31 @@ class Runner:
             self.sentences_per_call(options), options.search, self.beam_capped
         )
 
-    def translate_ids(self, ids, **options):
+    def translate_ids(self, ids, options=None):
         """Lists of source ids -> (lists of output ids, scores), best hypothesis only."""
-        options, c = self.checked(self.options, **options), self.config
+        options, c = self.checked(options), self.config
         search = lambda batch: self._search(options, batch)  # noqa: E731
         sentences, tokens = self.sentences_per_call(options), self.tokens_per_call(options)
         with self._batch_mapper() as map_batches:
-            return text_batches.translate_ids(
-                search, ids, sentences, c["eos_id"], c["pad_id"], tokens, map_batches
-            )
+            return text_batches.translate_ids(search, ids, sentences, c.eos_id, c.pad_id, tokens, map_batches)
 
-    def translations(self, texts, **options):
+    def translations(self, texts, options=None):
         """Texts -> `text_batches.Translation`s: sentences split and rejoined, scores, alternatives."""
-        options, c = self.checked(self.options, **options), self.config
+        options, c = self.checked(options), self.config
         with self._batch_mapper() as map_batches:
             search_ids = functools.partial(
                 text_batches.search_units,
                 lambda batch: self._search(options, batch),
                 batch_size=self.sentences_per_call(options),
-                eos_id=c["eos_id"],
-                pad_id=c["pad_id"],
+                eos_id=c.eos_id,
+                pad_id=c.pad_id,
                 max_tokens=self.tokens_per_call(options),
                 map_batches=map_batches,
             )
             return text_batches.translations(
-                self.tokenizer, texts, c["max_source_length"], search_ids, self.joiner, options.nbest
+                self.tokenizer, texts, c.max_source_length, search_ids, self.joiner, options.nbest
             )
 
-    def translate(self, texts, **options):
+    def translate(self, texts, options=None):
         """Texts -> their translations (strings)."""
-        return [t.text for t in self.translations(texts, **options)]
+        return [t.text for t in self.translations(texts, options)]

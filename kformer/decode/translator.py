@@ -1,17 +1,23 @@
-"""The graph-mode translator: a tf.Module whose searches are traced once per input signature.
+"""The graph-mode translator: a tf.Module whose searches are traced once per input signature,
+and the Keras runner around it.
 
-`Translator` is the one object later exported to SavedModel, TFLite and ONNX; its Python
-`translate` only tokenizes, batches and detokenizes around the graph.
+`Translator` is the one object exported to SavedModel, TFLite and ONNX; `KerasRunner` tokenizes,
+batches and detokenizes around its graphs as every runner does (kformer.decode.runner).
 """
-
-import functools
 
 import tensorflow as tf
 
 from kformer.decode import options as options_lib
-from kformer.decode import search, sentences, text_batches
-from kformer.decode.runner import Runner
-from kformer.model.config import FIRST_PASS_EXTRA_TOKENS
+from kformer.decode import recipe as recipe_lib
+from kformer.decode import search
+from kformer.decode.options import BEAM_SIZE, SearchOptions
+from kformer.decode.recipe import RECIPES
+from kformer.decode.runner import Runner, RunnerSettings
+
+# Two-pass searches run first with buffers of source length + this, then only the rows not done
+# by then, in buffers of the full length: most outputs end within a few tokens of their source's
+# length (kformer.decode.search.loops.TwoPasses).
+FIRST_PASS_EXTRA_TOKENS = 8
 
 SOURCE_SPEC = tf.TensorSpec([None, None], tf.int32, name="source_ids")
 # The searches' run-time options (kformer.decode.options): scalars, inputs of every exported graph.
@@ -23,25 +29,15 @@ BEAM_SPECS = [SOURCE_SPEC, *OPTION_SPECS.values()]
 
 
 class Translator(tf.Module):
-    """Greedy and beam-search translation with a key/value cache.
+    """Greedy and beam search over a model's `decode_step`, as graph functions: what every export
+    format is written from, and what the Keras runner calls.
 
     Args:
-        model: a trained `kformer.model.transformer.Transformer`.
-        tokenizer: its SentencePiece processor (only needed for text in/out).
-        options: the fields of `kformer.decode.options.SearchOptions`: beam_size, K of the `beam`
-            graph (the paper and default: 4; the buffers are shaped by it); alpha, max_length,
-            no_repeat_ngram, nbest: the defaults of the run-time options (max_length None: the
-            config's max_target_length).
-        batch_size: sentences per graph call in `translate`.
-        jit_compile: compile the searches with XLA (one program per input shape; not exported).
-        fixed_buffers: key/value buffers of a fixed length written one slot a step, instead of
-            caches that grow by a step each step (`Transformer.init_cache`); XLA's always are.
-            LiteRT, which re-plans a loop body whose shapes change, runs these faster.
-        drop_done: rows that are done stop taking steps (None: unless `jit_compile`, whose
-            static shapes cannot drop them): with growing caches, the loop drops them at every
-            step (`search.DropDone`); with fixed buffers, a second pass takes the rows left once
-            a quarter of them run on (`search.TwoPasses`).
-        whole_top_1: greedy search ranks a row's logits in one top_k (the ONNX files').
+        model: a `kformer.model.transformer.Transformer`.
+        beam_size: K of the `beam` graph (its buffers are shaped by it).
+        recipe: how the searches are built for the runtime that runs them (a
+            kformer.decode.recipe.DecodeRecipe: the cache's mode, the loop strategy, whole-row
+            top 1, XLA).
 
     Graph functions (options are scalar inputs: max_length is clipped to [1, max_target_length],
     no_repeat_ngram <= 0 is off):
@@ -55,55 +51,33 @@ class Translator(tf.Module):
     max_source_length are truncated inside the graph.
     """
 
-    def __init__(
-        self,
-        model,
-        tokenizer=None,
-        batch_size=32,
-        jit_compile=False,
-        fixed_buffers=False,
-        drop_done=None,
-        whole_top_1=False,
-        **options,
-    ):
+    def __init__(self, model, beam_size=BEAM_SIZE, recipe=RECIPES["tensorflow"]):
         super().__init__(name="translator")
-        config = model.config
-        self.options = options_lib.SearchOptions(**options).checked(config.max_target_length)
-        beam_size = self.options.beam_size
-        self.model, self.config, self.tokenizer = model, config, tokenizer
-        self.beam_size, self.max_length = beam_size, self.options.max_length
-        self.batch_size = batch_size
-        self.drop_done = not jit_compile if drop_done is None else drop_done
-        self.fixed_buffers = fixed_buffers or jit_compile
-        self.whole_top_1 = whole_top_1
-        self.greedy = tf.function(self._greedy, input_signature=GREEDY_SPECS, jit_compile=jit_compile)
-        self.beam = tf.function(self._beam, input_signature=BEAM_SPECS, jit_compile=jit_compile)
+        self.model, self.config, self.beam_size, self.recipe = model, model.config, beam_size, recipe
+        self.greedy = tf.function(self._greedy, input_signature=GREEDY_SPECS, jit_compile=recipe.jit)
+        self.beam = tf.function(self._beam, input_signature=BEAM_SPECS, jit_compile=recipe.jit)
 
-    def search_inputs(self, source_ids, max_length, drop_done=None):
+    def search_inputs(self, source_ids, max_length, loop=None):
         """(B, S) source ids and the max_length option -> (search.Lengths, decoder cache, loop) for
-        a search; loop: how done rows stop stepping (kformer.decode.search.loops; ONE_PASS when
-        they do not: `drop_done=False`; the default is the translator's). Ids beyond the
-        positional table would be out of range (an error in TF and ONNX, an unchecked read in
-        TFLite): the graph keeps the first max_source_length, in every runtime."""
-        c = self.config
+        a search; loop: how done rows stop stepping (kformer.decode.search.loops), the recipe's
+        unless given (a recipe loop name). Ids beyond the positional table would be out of range
+        (an error in TF and ONNX, an unchecked read in TFLite): the graph keeps the first
+        max_source_length, in every runtime."""
+        c, loop = self.config, loop or self.recipe.loop
         source_ids = source_ids[:, : c.max_source_length]
         cap = tf.clip_by_value(max_length, 1, c.max_target_length)
-        drop_done = self.drop_done if drop_done is None else drop_done
         # Buffers as long as the model's longest output whatever max_length is: their shapes then
         # follow from the input's shape alone, as XLA and LiteRT.js (the fixed file) need; a lower
         # max_length stops the loop earlier, in buffers a little longer than needed.
         lengths = search.output_limits(source_ids, c.pad_id, cap, buffer_cap=c.max_target_length)
-        if not self.fixed_buffers:  # key/value caches that grow by a step each step (Transformer.init_cache)
-            return (
-                lengths,
-                self.model.init_cache(source_ids),
-                search.DROP_DONE if drop_done else search.ONE_PASS,
-            )
-        if not drop_done:
-            return lengths, self.model.init_cache(source_ids, lengths.buffer), search.ONE_PASS
+        mode = self.recipe.cache
+        if loop == recipe_lib.DROP_DONE:
+            return lengths, self.model.init_cache(source_ids, mode), search.DROP_DONE
+        if loop == recipe_lib.ONE_PASS:
+            return lengths, self.model.init_cache(source_ids, mode, lengths.buffer), search.ONE_PASS
         first_length = tf.minimum(lengths.buffer, tf.shape(source_ids)[1] + FIRST_PASS_EXTRA_TOKENS)
-        loop = search.TwoPasses(first_length, self.model.grow_cache)
-        return lengths, self.model.init_cache(source_ids, first_length), loop
+        two_passes = search.TwoPasses(first_length, self.model.grow_cache)
+        return lengths, self.model.init_cache(source_ids, mode, first_length), two_passes
 
     def _greedy(self, source_ids, max_length, no_repeat_ngram):
         return self.search_prepared(self.search_inputs(source_ids, max_length), False, 0.0, no_repeat_ngram)
@@ -122,102 +96,60 @@ class Translator(tf.Module):
             tokens, scores = search.beam_search(step, cache, lengths, ids, self.beam_size, options, loop)
         else:
             tokens, scores = search.greedy_search(
-                step, cache, lengths, ids, loop, no_repeat_ngram=no_repeat_ngram, whole_top_1=self.whole_top_1
+                step,
+                cache,
+                lengths,
+                ids,
+                loop,
+                no_repeat_ngram=no_repeat_ngram,
+                whole_top_1=self.recipe.whole_top_1,
             )
         return {"tokens": tokens, "scores": scores}
 
-    def options_for(self, **changes):
-        """The translator's options with `changes` (those not None), checked."""
-        options = self.options.replace(**changes).checked(self.config.max_target_length)
+    def trace(self, batch, options):
+        """Beam search of (B, S) source ids with checked `options`, in one pass that keeps the
+        alive hypotheses of every step, for pictures (kformer.plots): {"tokens": (B, T, K, T),
+        "log_probs": (B, T, K), "steps": ()}. Eager; not part of any export."""
+        source_ids = tf.constant(batch, tf.int32)
+        lengths, cache, _ = self.search_inputs(source_ids, options.max_length, loop=recipe_lib.ONE_PASS)
+        c = self.config
+        ids = search.TokenIds(c.bos_id, c.eos_id, c.pad_id)
+        step, loop = self.model.decode_step, search.OnePass(trace=True)
+        beam_options = search.BeamOptions(options.alpha)
+        return search.beam_search(step, cache, lengths, ids, self.beam_size, beam_options, loop)[2]
+
+    def run(self, batch, options):
+        """(B, S) int32 source ids and checked options -> the graph's {"tokens", "scores"} (tensors)."""
         if options.beam_size not in (1, self.beam_size):
             raise ValueError(
                 f"this Translator's beam graph has beam size {self.beam_size}, not {options.beam_size}"
             )
-        return options
-
-    def run(self, batch, options):
-        """(B, S) int32 source ids and checked options -> the graph's {"tokens", "scores"} (tensors)."""
         graph = self.greedy if options.search == "greedy" else self.beam
         return graph(tf.constant(batch, tf.int32), **options.inputs())
 
-    # --- Python side: text <-> ids around the graph (shared with the device runners) ---
-
-    def encode(self, texts):
-        """Token ids of one-sentence texts, the first max_source_length (for tools that look at
-        one sentence: kformer.plots); `translations` splits and fits texts instead."""
-        return [self.tokenizer.encode(t.strip())[: self.config.max_source_length] for t in texts]
-
-    def search(self, batch, **options):
-        """(B, S) int32 source ids -> numpy (tokens, scores) of beam search, or greedy for beam 1."""
-        result = self.run(batch, self.options_for(**options))
-        return result["tokens"].numpy(), result["scores"].numpy()
-
-    def _searcher(self, options):
-        """`search(batch) -> numpy (tokens, scores)` of the graph for these checked options."""
-
-        def search_batch(batch):
-            result = self.run(batch, options)
-            return result["tokens"].numpy(), result["scores"].numpy()
-
-        return search_batch
-
-    def translate_ids(self, ids, **options):
-        """Lists of source ids -> (lists of output ids without EOS/pad, scores), in input order.
-        Sentences of similar length are batched together; each row is independent of its batch."""
-        options, c = self.options_for(**options), self.config
-        tokens = text_batches.tokens_per_call(self.batch_size, options.search)
-        return text_batches.translate_ids(
-            self._searcher(options), ids, self.batch_size, c.eos_id, c.pad_id, tokens
-        )
-
-    def translations(self, texts, language=None, **options):
-        """Texts -> `text_batches.Translation`s (kformer.decode.text_batches: sentences split and rejoined with
-        `language`'s spacing; blank texts give "", sentences with no character in the vocabulary
-        are output as they are)."""
-        if self.tokenizer is None:
-            raise ValueError("this Translator has no tokenizer; use translate_ids")
-        options, c = self.options_for(**options), self.config
-        search_ids = functools.partial(
-            text_batches.search_units,
-            self._searcher(options),
-            batch_size=self.batch_size,
-            eos_id=c.eos_id,
-            pad_id=c.pad_id,
-            max_tokens=text_batches.tokens_per_call(self.batch_size, options.search),
-        )
-        return text_batches.translations(
-            self.tokenizer, texts, c.max_source_length, search_ids, sentences.joiner(language), options.nbest
-        )
-
-    def translate(self, texts, language=None, **options):
-        """Translates a list of strings (see `translations`)."""
-        return [t.text for t in self.translations(texts, language, **options)]
-
 
 class KerasRunner(Runner):
-    """The training folder's Keras model behind the runners' interface: the reference runtime.
-    Options as `kformer.decode.options.SearchOptions` (beam_size sets the beam graph's width)."""
+    """A Keras model behind the runners' interface: the reference runtime. `options` (a
+    SearchOptions over DEFAULTS) set its beam graph's width and its defaults; `recipe`: how its
+    searches are built (kformer.decode.recipe)."""
 
-    def __init__(self, model_dir, batch_size=32, weights="best", **options):
+    def __init__(self, model, tokenizer, options=None, settings=None, language=None):
+        super().__init__(
+            model.config, tokenizer, options or SearchOptions(), settings or RunnerSettings(), language
+        )
+        self.translator = Translator(model, self.options.beam_size)
+
+    @classmethod
+    def open(cls, run_dir, weights="best", options=None, settings=None):
+        """The runner of a training directory's model, with the weights `weights` picks
+        (kformer.run_folder.weights_file)."""
         from kformer import run_folder
 
-        model, config, tokenizer, corpus = run_folder.load(model_dir, weights)
-        options = options_lib.SearchOptions().replace(**options)
-        language = (corpus or {}).get("direction", "").split("-")[-1] or None
-        super().__init__(config.to_dict(), tokenizer, options, batch_size, language)
-        self.translator = Translator(
-            model, tokenizer, beam_size=self.options.beam_size, batch_size=batch_size
-        )
+        run = run_folder.load(run_dir, weights)
+        return cls(run.model, run.tokenizer, options, settings, run.language)
 
     def _search(self, options, batch):
+        if options.beam_size not in (1, self.translator.beam_size):  # another width: another graph
+            self.translator = Translator(self.translator.model, options.beam_size)
         result = self.translator.run(batch, options)
         return result["tokens"].numpy(), result["scores"].numpy()
-
-    def checked(self, options, **changes):
-        options = super().checked(options, **changes)
-        translator = getattr(self, "translator", None)
-        if translator is not None and options.beam_size not in (1, translator.beam_size):
-            self.translator = Translator(
-                translator.model, self.tokenizer, beam_size=options.beam_size, batch_size=self.batch_size
-            )
-        return options

@@ -9,7 +9,7 @@ from keras import ops
 
 from kformer.model import cache as cache_lib
 from kformer.model import masks
-from kformer.model.config import TransformerConfig
+from kformer.model.config import ModelConfig
 from kformer.model.layers import DecoderBlock, EncoderBlock, PositionalEncoding, TokenEmbedding
 
 
@@ -49,7 +49,7 @@ class Transformer(keras.Model):
     target is the decoder input (BOS + target tokens). Output: (B, T, V) float32 logits.
 
     Args:
-        config: a `TransformerConfig` (or its dict).
+        config: a `ModelConfig` (or its dict).
 
     Beyond the functional call, the same layers serve step-wise decoding:
     `init_cache(source_ids)` encodes once and starts the key/value caches,
@@ -64,7 +64,7 @@ class Transformer(keras.Model):
 
     def __init__(self, config, **kwargs):
         if isinstance(config, dict):
-            config = TransformerConfig.from_dict(config)
+            config = ModelConfig.from_dict(config)
         c = config
         dtype = kwargs.pop("dtype", None)
 
@@ -184,53 +184,45 @@ class Transformer(keras.Model):
 
     # --- step-wise decoding with a key/value cache ---
 
-    def init_cache(self, source_ids, buffer_length=None):
+    def init_cache(self, source_ids, mode=cache_lib.Growing, buffer_length=None):
         """Encodes (B, S) source ids once; returns the decoder cache, split as the searches expect
         (`kformer.decode.search`): what stays fixed for a source sentence, and what each hypothesis
         extends.
 
         {"static": {"source_mask": (B, 1, S) bool,
                     "cross": L x (key, value) each (B, H, S, D), computed once per sentence},
-         "state":  {"appended": L x (key, value) each (B, H, 0, D)}: each step appends its token's}.
-
-        With a `buffer_length` Tmax, the state is {"self": L x (key, value) each (B, H, Tmax, D)}
-        instead: zeros, written one slot a step. Appended caches are what TensorFlow and
-        onnxruntime run: a step reads and copies only the keys so far, where fixed buffers cost
-        passes over whole buffers (slower, with higher peaks). Fixed buffers are what XLA (static
-        shapes) and the TFLite files run:
-        LiteRT re-plans a loop body whose shapes change, at every step (`Translator`).
+         "state":  a `mode` (kformer.model.cache): Growing, L x (key, value) each (B, H, 0, D)
+                   to which each step appends its token's; or FixedBuffers, L x (key, value)
+                   each (B, H, buffer_length, D) of zeros, written one slot a step}.
         """
         source_ids = ops.convert_to_tensor(source_ids, "int32")
         source_mask = masks.padding_mask(source_ids, self.config.pad_id)
         encoded, _ = self._encode(source_ids, source_mask, training=False)
-        mode = cache_lib.mode(buffer_length)
-        empty = mode.empty(
-            source_ids, self.config.num_heads, self.config.head_size, encoded.dtype, buffer_length
-        )
+        c = self.config
         return {
             "static": {
                 "source_mask": source_mask,
                 "cross": [block.cross_attention.key_value(encoded) for block in self.decoder_blocks],
             },
-            "state": {mode.KEY: [(empty, empty) for _ in self.decoder_blocks]},
+            "state": mode.empty(
+                source_ids, c.num_decoder_layers, c.num_heads, c.head_size, encoded.dtype, buffer_length
+            ),
         }
 
     def grow_cache(self, state, buffer_length):
         """The "state" part of a cache (`init_cache`) with its key/value buffers extended with zeros
-        to `buffer_length` steps (the second pass of a two-pass search); appended buffers, which
+        to `buffer_length` steps (the second pass of a two-pass search); growing buffers, which
         are as long as the output so far, as they are."""
-        mode, buffers = cache_lib.mode_of(state)
-        return {mode.KEY: mode.grown(buffers, buffer_length, self.config.num_heads, self.config.head_size)}
+        return state.grown(buffer_length, self.config.num_heads, self.config.head_size)
 
     def decode_step(self, tokens, cache, index):
         """Feeds (B,) tokens at position `index`; returns ((B, V) float32 logits, updated cache)."""
         static, state = cache["static"], cache["state"]
         x = self.target_embedding(tokens)  # (B, M): the step runs on rows, no length axis
         x = self.target_positions(x, start_index=index, training=False)
-        mode, buffers = cache_lib.mode_of(state)
-        self_mask, write = mode.step(buffers[0][0], index)  # the same for every layer
+        self_mask, write = state.step(index)  # the same for every layer
         new_self = []
-        for block, self_kv, cross_kv in zip(self.decoder_blocks, buffers, static["cross"]):
+        for block, self_kv, cross_kv in zip(self.decoder_blocks, state.layers, static["cross"]):
             x, attention = block(
                 x,
                 self_mask=self_mask,
@@ -241,7 +233,7 @@ class Transformer(keras.Model):
             )
             new_self.append(attention["self"]["cache"])
         logits = self._logits(x)  # (B, V)
-        return logits, {"static": static, "state": {mode.KEY: new_self}}
+        return logits, {"static": static, "state": type(state)(new_self)}
 
     def get_config(self):
         return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable}

@@ -12,11 +12,11 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from kformer.decode.options import LENGTH_PENALTY
 from kformer.decode.search import loops
 from kformer.decode.search.common import NEG_INF, Nest, StepFunction, TokenIds, length_penalty
 from kformer.decode.search.repeat_guard import RepeatGuard
 from kformer.model import portable
-from kformer.model.config import LENGTH_PENALTY
 
 
 class BeamOptions(NamedTuple):

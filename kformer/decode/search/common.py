@@ -10,7 +10,7 @@ from typing import NamedTuple, Union
 
 import tensorflow as tf
 
-from kformer.model.config import EXTRA_OUTPUT_TOKENS
+from kformer.decode.options import EXTRA_OUTPUT_TOKENS
 
 NEG_INF = -1.0e9  # finite: -inf would turn 0 * inf into NaN in the searches' blends
 
