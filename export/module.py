@@ -3,8 +3,9 @@
 import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
+from kformer.decode.options import BEAM_SIZE
+from kformer.decode.recipe import RECIPES
 from kformer.decode.translator import BEAM_SPECS, GREEDY_SPECS, SOURCE_SPEC, Translator
-from kformer.model.config import BEAM_SIZE
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 
@@ -26,7 +27,7 @@ class ExportModule(tf.Module):
         super().__init__(name="kformer_translator")
         import tensorflow_text as tf_text  # only the SavedModel text functions need it
 
-        self.translator = Translator(model, beam_size=beam_size)
+        self.translator = Translator(model, beam_size)
         self.config = model.config
         self.tokenizer_proto = tokenizer_proto  # for the formats that carry the tokenizer inside
         self.tokenizer = tf_text.FastSentencepieceTokenizer(tokenizer_proto)
@@ -54,26 +55,16 @@ class ExportModule(tf.Module):
         kept = tf.ragged.boolean_mask(tokens, before_eos & tf.not_equal(tokens, c.pad_id))
         return {"translation": self.tokenizer.detokenize(kept)}
 
-    def frozen(self, search, fixed_shape=False, fixed_buffers=False, whole_top_1=False):
-        """The ids function of `search` ("greedy" or "beam") with variables folded into
-        constants: what TFLite and tf2onnx need (an unfrozen loop converts, then fails at invoke
-        with READ_VARIABLE).
-        fixed_shape: input (1, max_source_length) instead of (batch, length), for runtimes that
-        cannot resize inputs (LiteRT.js).
-        fixed_buffers: the searches' key/value buffers of a fixed length (`Translator`).
-        whole_top_1: greedy search ranks a row's logits in one top_k (`Translator`)."""
+    def frozen(self, search, recipe, fixed_shape=False):
+        """The ids function of `search` ("greedy" or "beam"), built as the recipe of that name
+        (kformer.decode.recipe.RECIPES) says, with variables folded into constants: what
+        TFLite and tf2onnx need (an unfrozen loop converts, then fails at invoke with
+        READ_VARIABLE). fixed_shape: input (1, max_source_length) instead of (batch, length), for
+        runtimes that cannot resize inputs (LiteRT.js)."""
         # A translator of its own (not an attribute: the SavedModel keeps the module's searches
-        # only), whose functions are traced here with the caller's settings, not found already
-        # traced by the SavedModel's export. One row a call
-        # (fixed_shape) runs in one pass: a second pass would be loop bodies that never run, whose
-        # weights LiteRT's XNNPACK still packs.
-        translator = Translator(
-            self.translator.model,
-            beam_size=self.translator.beam_size,
-            fixed_buffers=fixed_buffers,
-            drop_done=not fixed_shape,
-            whole_top_1=whole_top_1,
-        )
+        # only), whose functions are traced here with this recipe, not found already traced by
+        # the SavedModel's export.
+        translator = Translator(self.translator.model, self.translator.beam_size, RECIPES[recipe])
         fn = getattr(translator, search)
         if fixed_shape:
             spec = tf.TensorSpec([1, self.config.max_source_length], tf.int32, name=SOURCE_SPEC.name)

@@ -19,8 +19,9 @@ import os
 
 import numpy as np
 
+from kformer.contracts.export import ExportManifest
 from kformer.decode import text_batches
-from kformer.export.format import SEARCHES, ExportError, Format, beside
+from kformer.export.artifact_format import SEARCHES, ExportError, Format, beside
 from kformer.export.runner import SearchFilesRunner
 
 OPSET = 17
@@ -40,12 +41,8 @@ class Onnx(Format):
     def runtime_variant(self, artifact_dir, variant):
         """int8 -> int8-ort where the export has it: onnxruntime's int8 kernels instead of fp32
         products of int8 weights restored at load."""
-        from kformer.export import manifest as manifest_lib
-
         own = f"{variant}-ort"
-        listed = {
-            e["variant"] for e in manifest_lib.load(artifact_dir)["artifacts"] if e["format"] == self.name
-        }
+        listed = {e.variant for e in ExportManifest.load(artifact_dir).artifacts if e.format == self.name}
         return own if own in listed else variant
 
     def files_per_search(self, variant):
@@ -132,7 +129,7 @@ def convert(module, search):
 
     from kformer.export import onnx_rewrite
 
-    frozen = module.frozen(search, whole_top_1=True)  # onnxruntime ranks one row's top 1 faster whole
+    frozen = module.frozen(search, "onnx")
     # Freezing flattens the {"tokens", "scores"} dict: tokens are the int32 output, scores float32.
     by_name = {("tokens" if t.dtype == tf.int32 else "scores"): t.name for t in frozen.outputs}
     logging.getLogger("tf2onnx").setLevel(logging.ERROR)  # it warns per loop variable at INFO/WARNING
@@ -288,16 +285,16 @@ class OnnxTextRunner(SearchFilesRunner):
     one_file_serves_both = False
     beam_capped = True
 
-    def __init__(self, artifact_dir, beam_size=None, variant="text", threads=None, batch_size=32, **options):
-        super().__init__(artifact_dir, beam_size, "text", threads, batch_size, **options)
+    def __init__(self, artifact_dir, variant="text", settings=None, options=None):
+        super().__init__(artifact_dir, "text", settings, options)
 
     def open_file(self, path):
         return _session(path, self.threads, custom_ops=True)
 
-    def translations(self, texts, **options):
+    def translations(self, texts, options=None):
         """As Runner's: the text split into units here, each unit's text tokenized in the graph;
         the best translation only (the file returns no alternatives or scores: nbest 1, score 0)."""
-        options = self.checked(self.options, **options)
+        options = self.checked(options)
         if options.nbest > 1:
             raise ValueError(
                 "the text ONNX file returns one translation per text; use --variant fp32 for --nbest"
@@ -315,7 +312,7 @@ class OnnxTextRunner(SearchFilesRunner):
 
         c = self.config
         return text_batches.translate_texts(
-            self.tokenizer, texts, c["max_source_length"], translate_units, self.joiner
+            self.tokenizer, texts, c.max_source_length, translate_units, self.joiner
         )
 
     def _search(self, options, batch):

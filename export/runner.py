@@ -3,48 +3,57 @@ search) as the manifest names and verifies it, then runs `_search` on it."""
 
 import os
 
+from kformer.contracts import digests
+from kformer.contracts.export import ArtifactError, ExportManifest
+from kformer.data import tokenizer as tokenizer_lib
 from kformer.decode.options import SearchOptions
-from kformer.decode.runner import Runner
-from kformer.export import manifest as manifest_lib
-from kformer.export.format import SEARCHES, search_file
+from kformer.decode.runner import Runner, RunnerSettings
+from kformer.export.artifact_format import SEARCHES, search_file
+from kformer.model.config import ModelConfig
+
+
+def verified_path(artifact_dir, entry):
+    """Absolute path of a manifest entry (a FileEntry), after checking that it exists and is intact."""
+    path = os.path.join(artifact_dir, entry.file)
+    if not os.path.exists(path):
+        raise ArtifactError(f"{path} is missing (listed in manifest.json)")
+    if digests.tree_sha256(path) != entry.sha256:
+        raise ArtifactError(f"{path} is corrupted or truncated: its sha256 differs from manifest.json")
+    return path
+
+
+def load_tokenizer(artifact_dir, manifest):
+    """The export's tokenizer, verified, and checked against the model's config."""
+    path = verified_path(artifact_dir, manifest.tokenizer)
+    tokenizer = tokenizer_lib.load_tokenizer(path)
+    try:
+        ModelConfig.from_dict(manifest.config, "manifest.json").check_tokenizer(tokenizer, path)
+    except ValueError as e:
+        raise ArtifactError(str(e)) from None
+    return tokenizer
 
 
 class ArtifactRunner(Runner):
     """A runner of one file of a `kformer export` folder: the manifest and the tokenizer are read
-    and verified first; `path` is the verified file of `fmt`'s `variant`.
-
-    Args: artifact_dir, beam_size (1 or the exported K; default K), variant, threads (default:
-    all cores), batch_size (sentences per call in `translate`; see beam_shares_batch), parallel
-    (batches that `translate` runs at once, each on threads // parallel of the threads; > 1 only
-    where `concurrent_searches`), and search options (alpha, max_length, no_repeat_ngram, nbest;
-    default: the manifest's).
-
-    Why `parallel`: a decoding step of a batch is many small operations, which two threads share
-    badly; two batches at a time on a thread each keep both cores busy (`kformer bench runtimes
-    --parallel 2`). One sentence at a time runs on threads // parallel."""
+    and verified first; `path` is the verified file of `fmt`'s `variant`. `settings`: a
+    RunnerSettings; `options`: a SearchOptions over the manifest's defaults (its beam size: 1 or
+    the exported K)."""
 
     fmt = None  # the format's name in the manifest
 
-    def __init__(
-        self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, parallel=1, **options
-    ):
-        self.artifact_dir, self.parallel = artifact_dir, self._checked_parallel(parallel, variant)
-        self.manifest = manifest_lib.load(artifact_dir)
-        tokenizer = manifest_lib.load_tokenizer(artifact_dir, self.manifest)
-        defaults = SearchOptions(
-            beam_size=self.manifest["beam_size"],
-            alpha=self.manifest["alpha"],
-            max_length=self.manifest["max_length"],
-            no_repeat_ngram=self.manifest["no_repeat_ngram"],
-        )
-        config, language = self.manifest["config"], manifest_lib.target_language(self.manifest)
-        super().__init__(
-            config, tokenizer, defaults.replace(beam_size=beam_size, **options), batch_size, language
-        )
+    def __init__(self, artifact_dir, variant="fp32", settings=None, options=None):
+        settings = settings or RunnerSettings()
+        self.artifact_dir, self.parallel = artifact_dir, self._checked_parallel(settings.parallel, variant)
+        self.manifest = ExportManifest.load(artifact_dir)
+        m = self.manifest
+        tokenizer = load_tokenizer(artifact_dir, m)
+        defaults = SearchOptions(m.beam_size, m.alpha, m.max_length, m.no_repeat_ngram)
+        language = None if m.pair is None else m.pair.target
+        config = ModelConfig.from_dict(m.config, "manifest.json")
+        super().__init__(config, tokenizer, (options or SearchOptions()).over(defaults), settings, language)
         self.variant = variant
-        self.threads = max(1, (threads or os.cpu_count() or 1) // parallel)  # each batch's
-        entry = manifest_lib.find_artifact(self.manifest, self.fmt, variant)
-        self.path = manifest_lib.verified_path(artifact_dir, self.manifest, entry)
+        self.threads = max(1, (settings.threads or os.cpu_count() or 1) // settings.parallel)  # each batch's
+        self.path = verified_path(artifact_dir, m.artifact(self.fmt, variant))
 
     def _checked_parallel(self, parallel, variant):
         if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
@@ -56,12 +65,12 @@ class ArtifactRunner(Runner):
             )
         return parallel
 
-    def checked(self, options, **changes):
+    def checked(self, options=None):
         """As Runner's, and the beam size is one the file has (its buffers are shaped by it)."""
-        options = super().checked(options, **changes)
-        exported = self.manifest["beam_size"]
+        options = super().checked(options)
+        exported = self.manifest.beam_size
         if options.beam_size not in (1, exported):
-            raise manifest_lib.ArtifactError(
+            raise ArtifactError(
                 f"this export has greedy search and beam size {exported}, not {options.beam_size}; "
                 f"re-export with --beam {options.beam_size}"
             )
@@ -78,8 +87,8 @@ class SearchFilesRunner(ArtifactRunner):
     extension = None  # of the format's files
     one_file_serves_both = True
 
-    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
-        super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
+    def __init__(self, artifact_dir, variant="fp32", settings=None, options=None):
+        super().__init__(artifact_dir, variant, settings, options)
         self.handles = {}  # search -> the runtime's handle of the file that runs it, once opened
         self.opened(self.options.search)
 
@@ -99,7 +108,7 @@ class SearchFilesRunner(ArtifactRunner):
             elif self.one_file_serves_both:
                 self.handles = dict.fromkeys(SEARCHES, self.open_file(self.path))
             else:
-                raise manifest_lib.ArtifactError(
+                raise ArtifactError(
                     f"{self.path} is one file of both searches, as kformer wrote {self.fmt} before its "
                     "files per search; export the model again"
                 )

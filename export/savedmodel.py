@@ -3,7 +3,7 @@
 Signatures greedy_ids / beam_ids (source_ids -> tokens, scores) and greedy_text / beam_text
 (text -> translation), one folder, the weights once."""
 
-from kformer.export.format import Format
+from kformer.export.artifact_format import Format
 from kformer.export.runner import ArtifactRunner
 
 
@@ -32,8 +32,8 @@ class SavedModelRunner(ArtifactRunner):
 
     fmt = SavedModel.name
 
-    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
-        super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
+    def __init__(self, artifact_dir, variant="fp32", settings=None, options=None):
+        super().__init__(artifact_dir, variant, settings, options)
         import tensorflow as tf
         import tensorflow_text  # noqa: F401  (registers the SentencePiece ops of the text signatures)
 
@@ -46,11 +46,11 @@ class SavedModelRunner(ArtifactRunner):
         result = self.loaded.signatures[f"{options.search}_ids"](source_ids=tf.constant(batch), **inputs)
         return result["tokens"].numpy(), result["scores"].numpy()
 
-    def translate_text(self, texts, **options):
+    def translate_text(self, texts, options=None):
         """The text-in/text-out signature (SentencePiece inside the graph), one sentence per text."""
         import tensorflow as tf
 
-        options = self.checked(self.options, **options)
+        options = self.checked(options)
         inputs = {name: tf.constant(value) for name, value in options.inputs().items()}
         fn = self.loaded.signatures[f"{options.search}_text"]
         translations = fn(text=tf.constant(texts, tf.string), **inputs)["translation"].numpy()

@@ -19,8 +19,9 @@ import threading
 
 import numpy as np
 
+from kformer.decode.options import SearchOptions
 from kformer.export import memory
-from kformer.export.format import SEARCHES, ExportError, Format
+from kformer.export.artifact_format import SEARCHES, ExportError, Format
 from kformer.export.runner import SearchFilesRunner
 
 FIXED = "fixed"  # the one variant that is one file of both searches
@@ -65,7 +66,8 @@ def _convert(module, path, variant, searches):
 
     # Fixed key/value buffers: LiteRT re-plans a loop body whose shapes change at every step,
     # which made greedy search slower with caches that grow.
-    functions = {name: module.frozen(name, variant == FIXED, fixed_buffers=True) for name in searches}
+    recipe = "tflite-fixed" if variant == FIXED else "tflite"
+    functions = {name: module.frozen(name, recipe, fixed_shape=variant == FIXED) for name in searches}
     # Through a SavedModel of the functions, as from_concrete_functions converts, but keeping the
     # name of a lone signature (from_concrete_functions calls it "serving_default").
     with tempfile.TemporaryDirectory() as saved:
@@ -195,8 +197,8 @@ class TfliteRunner(SearchFilesRunner):
     beam_shares_batch = True
     beam_capped = True
 
-    def __init__(self, artifact_dir, beam_size=None, variant="fp32", threads=None, batch_size=32, **options):
-        super().__init__(artifact_dir, beam_size, variant, threads, batch_size, **options)
+    def __init__(self, artifact_dir, variant="fp32", settings=None, options=None):
+        super().__init__(artifact_dir, variant, settings, options)
         self.signatures = {}  # search -> (its signature's runner, input length), once asked for
 
     def open_file(self, path):
@@ -232,10 +234,8 @@ class TfliteRunner(SearchFilesRunner):
         (test_fresh_tflite_interpreters_agree). kformer.decode.search's
         second pass is a loop of its own, packed by the first call that runs it; packing it here
         too (a call of 4 rows, all empty but one) left fp32 beam's peak higher."""
-        options = self.checked(
-            self.options, beam_size=1 if search == "greedy" else self.manifest["beam_size"]
-        )
-        one_token = np.full((1, 1 if length == -1 else length), self.config["eos_id"], np.int32)
+        options = self.checked(SearchOptions(beam_size=1 if search == "greedy" else self.manifest.beam_size))
+        one_token = np.full((1, 1 if length == -1 else length), self.config.eos_id, np.int32)
         self._invoke(runner, options, one_token)
         memory.drop_file_pages(self.file_of(search))
 

@@ -4,28 +4,30 @@ A converter that succeeds proves nothing. fp32 files must give Keras' tokens on 
 odd shapes and Keras' translations of the check sentences; quantized files, and CTranslate2's beam
 search (another length normalization), report how many they translate as Keras does."""
 
+import dataclasses
 import json
 import logging
 
 import numpy as np
 
-from kformer.export.format import ExportError
+from kformer.contracts.export import ExportManifest, SearchCheck
+from kformer.decode.options import SearchOptions
+from kformer.export.artifact_format import ExportError
 
 log = logging.getLogger("kformer")
 CHECK_SENTENCES = 100
 PROBE_TEXTS = ["我們試試看！", "", "Tom is here.", "   ", "他很高興，因為他的朋友們都來參加了他的生日聚會。"]
 
 
-def verify_export(artifact_dir, manifest, model_dir, model, config, tokenizer, progress=print):
-    """Checks every artifact of `manifest` (written in `artifact_dir`) on the check sentences of
-    the model's corpus; adds each entry's "check" and the manifest's "checked_on"."""
+def verify_export(artifact_dir, manifest, model_dir, run, progress=print):
+    """Checks every artifact of `manifest` (written in `artifact_dir`) against `run`'s model (a
+    kformer.run_folder.Run) on the check sentences of its corpus; returns the manifest with each
+    artifact's check and what it was checked on."""
     sources, references, checked_on = check_sentences(model_dir)
     progress(f"verifying on {checked_on}: fp32 must match Keras token for token; fp16/int8 report agreement")
-    language = manifest["corpus"]["direction"].split("-")[-1]
-    results = verify(artifact_dir, model, config, tokenizer, sources, references, language)
-    for entry in manifest["artifacts"]:
-        entry["check"] = results[entry["file"]]
-    manifest["checked_on"] = checked_on
+    results = verify(artifact_dir, run, sources, references)
+    artifacts = tuple(dataclasses.replace(entry, check=results[entry.file]) for entry in manifest.artifacts)
+    return manifest.replace(artifacts=artifacts, checked_on=checked_on)
 
 
 def probe_batches(config, rng_seed=0):
@@ -52,8 +54,10 @@ def check_sentences(model_dir):
 
 
 TEXT_RUNNER = (
-    "import json, sys; from kformer.export.onnx import OnnxTextRunner; "
-    "print(json.dumps(OnnxTextRunner(sys.argv[1], int(sys.argv[2])).translate(json.load(sys.stdin))))"
+    "import json, sys; from kformer.decode.options import SearchOptions; "
+    "from kformer.export.onnx import OnnxTextRunner; "
+    "runner = OnnxTextRunner(sys.argv[1], options=SearchOptions(beam_size=int(sys.argv[2]))); "
+    "print(json.dumps(runner.translate(json.load(sys.stdin))))"
 )
 
 
@@ -70,71 +74,71 @@ def _text_translations(artifact_dir, beam, texts):
     return json.loads(output.strip().splitlines()[-1])
 
 
-def verify(artifact_dir, model, config, tokenizer, sources, references=None, language="en"):
+def verify(artifact_dir, run, sources, references=None):
     """Runs every artifact of the manifest in `artifact_dir` on `sources` and compares it with
-    Keras (ExportError where an fp32 or text file differs). Returns {file: {search: {"agreement":
-    share of `sources` translated as Keras does, "bleu_delta": its BLEU minus Keras' against
-    `references` (None without references)}}}."""
-    from kformer.decode.translator import Translator
-    from kformer.evaluate import score
-    from kformer.export import manifest as manifest_lib
-    from kformer.export.formats import open_listed
+    `run`'s Keras model (ExportError where an fp32 or text file differs). Returns {file: {search:
+    SearchCheck}}: the share of `sources` translated as Keras does, and its BLEU minus Keras'
+    against `references` (None without references)."""
+    from kformer.decode.translator import KerasRunner
 
-    manifest = manifest_lib.load(artifact_dir)
-    beams = {"greedy": 1, "beam": manifest["beam_size"]}
+    manifest = ExportManifest.load(artifact_dir)
+    beams = {"greedy": 1, "beam": manifest.beam_size}
+    defaults = SearchOptions(None, manifest.alpha, manifest.max_length, manifest.no_repeat_ngram)
+    language = None if manifest.pair is None else manifest.pair.target
     keras = {
-        search: Translator(
-            model,
-            tokenizer,
-            beam_size=beam,
-            alpha=manifest["alpha"],
-            max_length=manifest["max_length"],
-            no_repeat_ngram=manifest["no_repeat_ngram"],
+        search: KerasRunner(
+            run.model, run.tokenizer, SearchOptions(beam_size=beam).over(defaults), language=language
         )
         for search, beam in beams.items()
     }
-    language = manifest_lib.target_language(manifest)
-    expected = {search: translator.translate(sources, language) for search, translator in keras.items()}
-    bleu = {
-        search: score(outputs, references, language)["bleu"] if references else None
-        for search, outputs in expected.items()
-    }
+    expected = {search: runner.translate(sources) for search, runner in keras.items()}
+    bleu = {search: _bleu(outputs, references, language) for search, outputs in expected.items()}
     results = {}
-    for entry in manifest["artifacts"]:
+    for entry in manifest.artifacts:
         for search in beams:
-            where = f"{entry['file']} ({search})"
-            if entry["variant"] == "text":
-                outputs = _text_translations(artifact_dir, beams[search], sources)
-            else:
-                runner = open_listed(artifact_dir, entry["format"], entry["variant"], beam_size=beams[search])
-                outputs = runner.translate(sources)
-                if must_match(entry, search) and entry["variant"] == "fp32":
-                    _check_tokens(runner, keras[search], search, config, where)
+            outputs = _artifact_translations(
+                artifact_dir, entry, search, beams[search], keras[search], sources
+            )
             same = sum(a == b for a, b in zip(outputs, expected[search]))
             if must_match(entry, search) and same != len(sources):
                 raise ExportError(
-                    f"{where} translates {len(sources) - same} of {len(sources)} "
+                    f"{entry.file} ({search}) translates {len(sources) - same} of {len(sources)} "
                     "check sentences differently from Keras"
                 )
-            delta = (
-                None if bleu[search] is None else score(outputs, references, language)["bleu"] - bleu[search]
-            )
-            results.setdefault(entry["file"], {})[search] = {
-                "agreement": same / len(sources),
-                "bleu_delta": delta,
-            }
+            delta = None if references is None else _bleu(outputs, references, language) - bleu[search]
+            results.setdefault(entry.file, {})[search] = SearchCheck(same / len(sources), delta)
     return results
+
+
+def _bleu(outputs, references, language):
+    """BLEU of `outputs` against `references`, None without references."""
+    from kformer.evaluate import score
+
+    return None if references is None else score(outputs, references, language)["bleu"]
+
+
+def _artifact_translations(artifact_dir, entry, search, beam, keras, sources):
+    """The translations of `sources` by the artifact `entry` with `search`; an fp32 file's tokens
+    are also checked against Keras' (`keras`: the KerasRunner of that search) on probe batches."""
+    from kformer.export.formats import open_listed
+
+    if entry.variant == "text":
+        return _text_translations(artifact_dir, beam, sources)
+    runner = open_listed(artifact_dir, entry.format, entry.variant, options=SearchOptions(beam_size=beam))
+    if must_match(entry, search) and entry.variant == "fp32":
+        _check_tokens(runner, keras, f"{entry.file} ({search})")
+    return runner.translate(sources)
 
 
 def must_match(entry, search):
     """Whether the file must translate as Keras does: fp32 and text files, except CTranslate2's
     beam search (its own length normalization)."""
-    return entry["variant"] in ("fp32", "text") and (entry["format"], search) != ("ctranslate2", "beam")
+    return entry.variant in ("fp32", "text") and (entry.format, search) != ("ctranslate2", "beam")
 
 
-def _check_tokens(runner, translator, search, config, where):
-    for batch in probe_batches(config):
-        expected, _ = translator.search(batch)
+def _check_tokens(runner, keras, where):
+    for batch in probe_batches(keras.config):
+        expected, _ = keras.search(batch)
         tokens, _ = runner.search(batch)
         if not np.array_equal(tokens, expected):
             raise ExportError(f"{where} gives tokens different from Keras on a probe batch {batch.shape}")

@@ -18,10 +18,12 @@ from conftest import output, python_lines
 from test_web import need
 
 from kformer.bench.argos import argos_python, argos_translations, bench_argos, offline_environment
+from kformer.contracts import TOKENIZER_FILE
+from kformer.contracts.export import ExportManifest
 from kformer.data import corpus as corpus_lib
+from kformer.data import prepare as prepare_lib
 from kformer.decode.sentences import split_sentences
 from kformer.export import argos
-from kformer.export import manifest as manifest_lib
 from kformer.export.exporter import export
 
 ARGOSTRANSLATE = "argostranslate"  # PyPI argostranslate==1.11.0
@@ -46,8 +48,8 @@ def exports(trained_dir, trained_en_zh_dir, tmp_path_factory):
 
 
 def package_path(export_dir):
-    (entry,) = manifest_lib.load(export_dir)["packages"]
-    return os.path.join(export_dir, entry["file"])
+    (entry,) = ExportManifest.load(export_dir).packages
+    return os.path.join(export_dir, entry.file)
 
 
 def test_package_holds_one_folder_with_the_exported_model(exports):
@@ -62,17 +64,16 @@ def test_package_holds_one_folder_with_the_exported_model(exports):
     assert {n.split("/", 1)[1] for n in names} >= {"minisbd/zh.onnx", "model/config.json"}
     assert (meta["from_code"], meta["to_code"], meta["type"]) == ("zh", "en", "translate")
     assert meta["package_version"] == argos.PACKAGE_VERSION
-    with open(os.path.join(export_dir, manifest_lib.TOKENIZER), "rb") as f:
+    with open(os.path.join(export_dir, TOKENIZER_FILE), "rb") as f:
         assert tokenizer == f.read()
-    bleu = manifest_lib.load(export_dir)["packages"][0]["test_bleu"]  # the model: test_argos_settings_...
+    bleu = ExportManifest.load(export_dir).packages[0].test_bleu  # the model: test_argos_settings_...
     assert isinstance(bleu, float) and f"{bleu:.2f}" in readme
 
 
 def test_export_refuses_a_model_without_a_language_pair(model_dir, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(model_dir, run)
-    corpus = json.loads((run / "corpus.json").read_text())
-    (run / "corpus.json").write_text(json.dumps({**corpus, "direction": "zh"}))
+    (run / "corpus.json").unlink()  # a run whose corpus record is gone: no language pair
     with pytest.raises(ValueError, match="--formats argos needs the model's language pair"):
         export(str(run), str(tmp_path / "out"), formats=("argos",), progress=lambda *a, **k: None)
     assert not (tmp_path / "out").exists()
@@ -104,7 +105,7 @@ def test_packaged_splitter_splits_as_kformer(exports, tmp_path):
     with zipfile.ZipFile(package_path(exports["zh-en"])) as archive:
         archive.extractall(tmp_path)
     splitter = tmp_path / "translate-zh_en-100_0" / "minisbd" / "zh.onnx"
-    test = corpus_lib.split_pairs(corpus_lib.read_corpus()[0])["test"]
+    test = prepare_lib.split_pairs(corpus_lib.read_corpus()[0])["test"]
     paragraphs = [" ".join(s for s, _ in test[i : i + 5]) for i in range(0, 200, 5)]
     paragraphs += [" ".join(t for _, t in test[i : i + 5]) for i in range(0, 200, 5)]
     texts = SPLIT_TEXTS + paragraphs
@@ -118,7 +119,7 @@ def test_packaged_splitter_splits_as_kformer(exports, tmp_path):
 def one_sentence_sources(direction):
     """The first SENTENCES sources of the test split (in the direction's source language) that
     kformer splits into one sentence, so that Argos's splitting cannot change them."""
-    test = corpus_lib.split_pairs(corpus_lib.read_corpus()[0])["test"]
+    test = prepare_lib.split_pairs(corpus_lib.read_corpus()[0])["test"]
     side = 0 if direction == "zh-en" else 1
     sources = [pair[side] for pair in test if len(split_sentences(pair[side])) == 1]
     return list(dict.fromkeys(sources))[:SENTENCES]
@@ -165,7 +166,8 @@ def keras_log_probs(run_dir, source, target, positions):
     from kformer import run_folder
     from kformer.model.transformer import Transformer
 
-    model, config, tokenizer, _ = run_folder.load(run_dir)
+    run = run_folder.load(run_dir)
+    model, config, tokenizer = run.model, run.config, run.tokenizer
     longer = Transformer(config.replace(max_source_length=positions, max_target_length=positions))
     longer.set_weights(model.get_weights())  # the tables are not weights: computed for the lengths
     source_ids = np.array([[tokenizer.piece_to_id(p) for p in source]], "int32")
@@ -183,7 +185,7 @@ def test_package_model_decodes_as_the_export_and_past_its_lengths(exports, train
     export_dir = exports["zh-en"]
     package = extracted_model(export_dir, tmp_path)
     texts = one_sentence_sources("zh-en")
-    cap = manifest_lib.load(export_dir)["config"]["max_target_length"] - 1  # within the export's table
+    cap = ExportManifest.load(export_dir).config["max_target_length"] - 1  # within the export's table
     exported = os.path.join(export_dir, "ctranslate2", "fp32")
     tokenizer = package / "sentencepiece.model"
     for compute_type in ("default", "auto"):  # LibreTranslate's, argostranslate's
@@ -209,17 +211,17 @@ def test_int8_export_packages_the_int8_weights_that_argos_runs(exports, trained_
 
     out = str(tmp_path / "int8")
     manifest = export(trained_dir, out, formats=("argos",), quantize=("int8",), progress=lambda *a, **k: None)
-    (entry,) = manifest["packages"]
-    assert (entry["variant"], entry["weights_of"]) == ("int8", "ctranslate2/int8")
+    (entry,) = manifest.packages
+    assert (entry.variant, entry.weights_of) == ("int8", "ctranslate2/int8")
     int8, fp32 = extracted_model(out, tmp_path / "a"), extracted_model(exports["zh-en"], tmp_path / "b")
     assert ctranslate2.Translator(str(int8 / "model")).compute_type.startswith("int8")
     assert ctranslate2.Translator(str(fp32 / "model")).compute_type == "float32"
     sizes = [(folder / "model" / "model.bin").stat().st_size for folder in (int8, fp32)]
     assert sizes[0] < 0.7 * sizes[1], sizes  # this tiny model's biases and norms weigh more than a real one's
     readme = (int8 / "README.md").read_text()
-    assert "Weights: int8" in readme and f"{entry['test_bleu']:.2f}" in readme
+    assert "Weights: int8" in readme and f"{entry.test_bleu:.2f}" in readme
     texts, tokenizer = one_sentence_sources("zh-en"), int8 / "sentencepiece.model"
-    cap = manifest["config"]["max_target_length"] - 1  # within the export's position table
+    cap = manifest.config["max_target_length"] - 1  # within the export's position table
     exported = os.path.join(out, "ctranslate2", "int8")
     packaged = argos_reference(int8 / "model", tokenizer, texts, "default", max_length=cap)
     assert packaged == argos_reference(exported, tokenizer, texts, "default", max_length=cap)
@@ -348,7 +350,7 @@ def test_bench_argos_scores_both_on_the_test_split(exports, capsys):
     results = bench_argos(exports["en-zh"], venv_python(ARGOSTRANSLATE), sentences=5)
     print_argos_table(results)
     sources, ours, theirs = zip(*results["examples"])
-    references = split_references(manifest_lib.load(exports["en-zh"])["trained_in"])[1][:5]
+    references = split_references(ExportManifest.load(exports["en-zh"]).trained_in)[1][:5]
     assert results["identical"] == sum(a == b for a, b in zip(ours, theirs)) / 5
     assert results["kformer"]["bleu"] == round(score(list(ours), references, "zh")["bleu"], 2)
     assert results["argos"]["bleu"] == round(score(list(theirs), references, "zh")["bleu"], 2)

@@ -2,6 +2,7 @@
 token equality across runtimes means something)."""
 
 import concurrent.futures
+import dataclasses
 import glob
 import json
 import os
@@ -16,33 +17,55 @@ import pytest
 from conftest import BEAM, MAX_LENGTH, python_lines
 from onnx import numpy_helper
 
+from kformer.contracts.digests import tree_sha256
+from kformer.contracts.export import ArtifactError, ExportManifest, FileEntry
+from kformer.decode.options import NO_REPEAT_NGRAM, SearchOptions
+from kformer.decode.runner import RunnerSettings
 from kformer.decode.text_batches import BEAM_TOKENS_PER_SENTENCE, NEG_INF_SCORE
 from kformer.decode.translator import KerasRunner
 from kformer.export import onnx, onnx_rewrite, tflite
+from kformer.export.artifact_format import SEARCHES, ExportError
 from kformer.export.ctranslate2 import Ctranslate2Runner
 from kformer.export.exporter import export
-from kformer.export.format import SEARCHES, ExportError
 from kformer.export.formats import open_runner
-from kformer.export.manifest import ArtifactError, load_tokenizer, sha256
-from kformer.export.manifest import load as load_manifest
 from kformer.export.onnx import SEARCH_LOOPS, OnnxRunner
+from kformer.export.runner import load_tokenizer
 from kformer.export.savedmodel import SavedModelRunner
 from kformer.export.tflite import TfliteRunner
-from kformer.model.config import NO_REPEAT_NGRAM
+
+
+def opened(runner_class, artifacts, beam=None, variant="fp32", **settings):
+    """`runner_class`'s runner of the export's `variant` with beam size `beam` (None: the
+    export's) and the RunnerSettings `settings`."""
+    return runner_class(artifacts, variant, RunnerSettings(**settings), SearchOptions(beam_size=beam))
+
+
+def keras_runner(model_dir, beam):
+    """The reference: the training folder's Keras model, as the exports' searches are set."""
+    return KerasRunner.open(model_dir, options=SearchOptions(beam_size=beam, max_length=MAX_LENGTH))
 
 
 def runners(artifacts, model_dir, beam):
     found = {
-        "keras": KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH),
-        "savedmodel": SavedModelRunner(artifacts, beam),
-        "tflite": TfliteRunner(artifacts, beam),
-        "tflite_fp16": TfliteRunner(artifacts, beam, variant="fp16"),
-        "tflite_fixed": TfliteRunner(artifacts, beam, variant="fixed"),  # one padded row at a time
-        "onnx": OnnxRunner(artifacts, beam),
+        "keras": keras_runner(model_dir, beam),
+        "savedmodel": opened(SavedModelRunner, artifacts, beam),
+        "tflite": opened(TfliteRunner, artifacts, beam),
+        "tflite_fp16": opened(TfliteRunner, artifacts, beam, variant="fp16"),
+        "tflite_fixed": opened(TfliteRunner, artifacts, beam, variant="fixed"),  # one padded row at a time
+        "onnx": opened(OnnxRunner, artifacts, beam),
     }
     if beam == 1:  # CTranslate2's beam normalizes length its own way: see test_ctranslate2_beam
-        found["ctranslate2"] = Ctranslate2Runner(artifacts, beam)
+        found["ctranslate2"] = opened(Ctranslate2Runner, artifacts, beam)
     return found
+
+
+def save_artifacts(folder, manifest, artifacts):
+    """Writes `manifest` with `artifacts` (Artifact entries) in place of its own to `folder`."""
+    manifest.replace(artifacts=tuple(artifacts)).save(folder)
+
+
+def vocab_size(artifacts):
+    return ExportManifest.load(artifacts).config["vocab_size"]
 
 
 def batches(vocab):
@@ -86,7 +109,8 @@ def uncached_search(
         output_limits,
     )
 
-    model, config = run_folder.load(model_dir)[:2]
+    run = run_folder.load(model_dir)
+    model, config = run.model, run.config
     source = tf.constant(batch[:, : config.max_source_length])
     lengths = output_limits(source, config.pad_id, max_length, extra, config.max_target_length)
     step = naive_step(lambda s, t: model({"source_ids": s, "target_ids": t}, training=False))
@@ -121,10 +145,10 @@ def test_all_runtimes_give_identical_tokens(artifacts, model_dir, beam, options)
     if options != {"no_repeat_ngram": 0}:  # fp16 weights are other weights: on this random model's
         del all_runners["tflite_fp16"]  # near-ties, the repeat guard's renormalization tipped one
     hit_limit, waited = False, "nbest" not in options
-    for name, batch in batches(all_runners["keras"].config["vocab_size"]).items():
+    for name, batch in batches(all_runners["keras"].config.vocab_size).items():
         expected_tokens, expected_scores = uncached_search(model_dir, batch, beam, **options)
         for runtime, runner in all_runners.items():
-            tokens, scores = runner.search(batch, **options)
+            tokens, scores = runner.search(batch, SearchOptions(**options))
             np.testing.assert_array_equal(tokens, expected_tokens, err_msg=f"{runtime} on {name}")
             np.testing.assert_allclose(  # an empty slot: NEG_INF, float16's lowest in an fp16 file
                 np.maximum(scores, NEG_INF_SCORE),
@@ -146,34 +170,34 @@ def test_quantized_files_report_agreement_and_bleu_delta_from_their_translations
     from kformer.evaluate import score
     from kformer.export.verify import check_sentences, must_match, verify
 
-    manifest = load_manifest(artifacts)
-    assert manifest["checked_on"] == "100 dev sentences"
-    for entry in manifest["artifacts"]:  # fp32 and text files were checked to translate as Keras does
-        assert sorted(entry["check"]) == ["beam", "greedy"]  # each file serves both searches
-        assert all(c["agreement"] == 1 for search, c in entry["check"].items() if must_match(entry, search))
+    manifest = ExportManifest.load(artifacts)
+    assert manifest.checked_on == "100 dev sentences"
+    for entry in manifest.artifacts:  # fp32 and text files were checked to translate as Keras does
+        assert sorted(entry.check) == ["beam", "greedy"]  # each file serves both searches
+        assert all(c.agreement == 1 for search, c in entry.check.items() if must_match(entry, search))
     # Recompute the figures of the quantized files from their translations, with references that
     # make BLEU move: Keras' own beam translations (Keras scores 100 on them).
     sources = check_sentences(model_dir)[0][:24]
-    model, config, tokenizer, _ = run_folder.load(model_dir)
-    keras = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(sources)
-    results = verify(artifacts, model, config, tokenizer, sources, [[k] for k in keras])
+    run = run_folder.load(model_dir)
+    keras = keras_runner(model_dir, BEAM).translate(sources)
+    results = verify(artifacts, run, sources, [[k] for k in keras])
     agreements = []
     for file, runner in [
-        ("tflite/int8", TfliteRunner(artifacts, BEAM, "int8")),
-        ("onnx/int8", OnnxRunner(artifacts, BEAM, "int8")),
-        ("tflite/fp16", TfliteRunner(artifacts, BEAM, "fp16")),
+        ("tflite/int8", opened(TfliteRunner, artifacts, BEAM, "int8")),
+        ("onnx/int8", opened(OnnxRunner, artifacts, BEAM, "int8")),
+        ("tflite/fp16", opened(TfliteRunner, artifacts, BEAM, "fp16")),
     ]:
         outputs = runner.translate(sources)
         agreement = np.mean([a == b for a, b in zip(outputs, keras)])
         bleu = score(outputs, [[k] for k in keras])["bleu"]
-        assert results[file]["beam"] == pytest.approx({"agreement": agreement, "bleu_delta": bleu - 100}), (
-            file
-        )
+        assert results[file]["beam"].to_dict() == pytest.approx(
+            {"agreement": agreement, "bleu_delta": bleu - 100}
+        ), file
         agreements.append(agreement)
     assert (
         min(agreements) < 1
     )  # int8 changes some translations of this random model: the figures are not constant
-    assert results["onnx/fp32"]["beam"] == {"agreement": 1.0, "bleu_delta": pytest.approx(0)}
+    assert results["onnx/fp32"]["beam"].to_dict() == {"agreement": 1.0, "bleu_delta": pytest.approx(0)}
 
 
 @pytest.mark.parametrize("beam", [1, BEAM])
@@ -181,12 +205,12 @@ def test_quantized_translations_do_not_depend_on_the_rest_of_the_batch(artifacts
     # Each row of a batch, searched alone at the same padded width: the same tokens and scores.
     # (onnxruntime's dynamic int8 quantization failed this: it scales activations by their
     # batch-wide range.)
-    batch = batches(load_manifest(artifacts)["config"]["vocab_size"])["mixed"]
+    batch = batches(vocab_size(artifacts))["mixed"]
     for name, runner in [
-        ("onnx int8", OnnxRunner(artifacts, beam, "int8")),
-        ("onnx int8-ort", OnnxRunner(artifacts, beam, "int8-ort")),
-        ("tflite int8", TfliteRunner(artifacts, beam, "int8")),
-        ("tflite fp16", TfliteRunner(artifacts, beam, "fp16")),
+        ("onnx int8", opened(OnnxRunner, artifacts, beam, "int8")),
+        ("onnx int8-ort", opened(OnnxRunner, artifacts, beam, "int8-ort")),
+        ("tflite int8", opened(TfliteRunner, artifacts, beam, "int8")),
+        ("tflite fp16", opened(TfliteRunner, artifacts, beam, "fp16")),
     ]:
         tokens, scores = runner.search(batch)
         for row in range(len(batch)):
@@ -200,11 +224,12 @@ def test_quantized_translations_do_not_depend_on_the_rest_of_the_batch(artifacts
 FRESH_INTERPRETERS = r"""
 import json, sys
 import numpy as np
+from kformer.decode.options import SearchOptions
 from kformer.export.tflite import TfliteRunner
 art, variant, beam = sys.argv[1], sys.argv[2], int(sys.argv[3])
 batch = np.array(json.loads(sys.argv[4]), np.int32)
 for attempt in range(40):
-    runner = TfliteRunner(art, beam, variant)
+    runner = TfliteRunner(art, variant, options=SearchOptions(beam_size=beam))
     tokens, scores = runner.search(batch)
     del runner  # freed before the next is made, which reuses its memory
     print(json.dumps([tokens.tolist(), scores.tolist()]))
@@ -218,7 +243,7 @@ def test_fresh_tflite_interpreters_agree(artifacts, variant, beam):
     other scores or tokens on its first call (see TfliteRunner); key/value buffers shifted by a
     slice and a concatenation, 28 beam-search calls in 160. In a process of its own, as on a
     device: this test's process, after exporting, did not show it."""
-    batch = batches(load_manifest(artifacts)["config"]["vocab_size"])["mixed"]
+    batch = batches(vocab_size(artifacts))["mixed"]
     lines = python_lines(FRESH_INTERPRETERS, artifacts, variant, str(beam), json.dumps(batch.tolist()))
     (first_tokens, first_scores), *others = [json.loads(line) for line in lines]
     assert len(others) == 39
@@ -232,18 +257,18 @@ def test_a_runner_opens_the_file_of_a_search_when_it_first_runs(artifacts, runne
     """LiteRT's XNNPACK packs the weights of every loop of a file at its first call, onnxruntime
     when it loads a file (export/tflite.py, export/onnx.py): a process that only runs greedy search
     holds the greedy file's weights alone."""
-    batch = batches(load_manifest(artifacts)["config"]["vocab_size"])["mixed"]
-    runner = runner_class(artifacts, 1)  # its default search, greedy, ready
+    batch = batches(vocab_size(artifacts))["mixed"]
+    runner = opened(runner_class, artifacts, 1)  # its default search, greedy, ready
     assert sorted(runner.handles) == ["greedy"]
     greedy = runner.search(batch)
     assert sorted(runner.handles) == ["greedy"]
-    runner.search(batch, beam_size=BEAM)
+    runner.search(batch, SearchOptions(beam_size=BEAM))
     assert (
         sorted(runner.handles) == ["beam", "greedy"]
         and runner.handles["beam"] is not runner.handles["greedy"]
     )
     np.testing.assert_array_equal(runner.search(batch)[0], greedy[0])
-    assert sorted(runner_class(artifacts, BEAM).handles) == ["beam"]
+    assert sorted(opened(runner_class, artifacts, BEAM).handles) == ["beam"]
 
 
 def test_every_product_of_an_fp16_loop_body_has_float16_constant_weights(artifacts):
@@ -279,7 +304,7 @@ def test_every_product_of_an_fp16_loop_body_has_float16_constant_weights(artifac
 
 
 def test_the_fixed_tflite_file_serves_both_searches(artifacts):
-    fixed = TfliteRunner(artifacts, BEAM, "fixed")  # one file of both searches, for the page
+    fixed = opened(TfliteRunner, artifacts, BEAM, "fixed")  # one file of both searches, for the page
     assert sorted(fixed.handles) == ["beam", "greedy"] and fixed.handles["beam"] is fixed.handles["greedy"]
 
 
@@ -291,21 +316,21 @@ def test_an_export_with_one_tflite_file_of_both_searches_still_runs(artifacts, m
 
     older = str(tmp_path / "older")
     shutil.copytree(artifacts, older)
-    model = run_folder.load(model_dir)[0]
+    model = run_folder.load(model_dir).model
     with open(os.path.join(model_dir, "tokenizer.model"), "rb") as f:
         module = ExportModule(model, f.read(), beam_size=BEAM)
-    manifest = load_manifest(older)
-    entry = next(a for a in manifest["artifacts"] if (a["format"], a["variant"]) == ("tflite", "fp32"))
-    shutil.rmtree(os.path.join(older, entry["file"]))
-    entry["file"] = "tflite/fp32.tflite"
-    tflite._convert(module, os.path.join(older, entry["file"]), "fp32", SEARCHES)
-    entry["sha256"] = sha256(os.path.join(older, entry["file"]))
-    with open(os.path.join(older, "manifest.json"), "w") as f:
-        json.dump(manifest, f)
-    batch = batches(manifest["config"]["vocab_size"])["mixed"]
-    runner, files = TfliteRunner(older, BEAM), TfliteRunner(artifacts, BEAM)
+    manifest = ExportManifest.load(older)
+    entry = manifest.artifact("tflite", "fp32")
+    shutil.rmtree(os.path.join(older, entry.file))
+    file = "tflite/fp32.tflite"
+    tflite._convert(module, os.path.join(older, file), "fp32", SEARCHES)
+    one_file = dataclasses.replace(entry, file=file, sha256=tree_sha256(os.path.join(older, file)))
+    save_artifacts(older, manifest, [one_file if a is entry else a for a in manifest.artifacts])
+    batch = batches(manifest.config["vocab_size"])["mixed"]
+    runner, files = opened(TfliteRunner, older, BEAM), opened(TfliteRunner, artifacts, BEAM)
     for beam in (1, BEAM):
-        for ours, theirs in zip(runner.search(batch, beam_size=beam), files.search(batch, beam_size=beam)):
+        search = SearchOptions(beam_size=beam)
+        for ours, theirs in zip(runner.search(batch, search), files.search(batch, search)):
             np.testing.assert_array_equal(ours, theirs)
     assert sorted(runner.handles) == ["beam", "greedy"]
 
@@ -313,28 +338,27 @@ def test_an_export_with_one_tflite_file_of_both_searches_still_runs(artifacts, m
 def test_an_export_with_one_onnx_file_of_both_searches_is_refused_in_one_line(damaged):
     """ONNX exports written before the files per search have one file with a `beam` input: the
     runner asks for a new export rather than failing on a missing input."""
-    manifest = load_manifest(damaged)
-    entry = next(a for a in manifest["artifacts"] if (a["format"], a["variant"]) == ("onnx", "fp32"))
-    shutil.move(os.path.join(damaged, entry["file"], "beam.onnx"), os.path.join(damaged, "onnx", "fp32.onnx"))
-    shutil.rmtree(os.path.join(damaged, entry["file"]))
-    entry["file"] = "onnx/fp32.onnx"
-    entry["sha256"] = sha256(os.path.join(damaged, entry["file"]))
-    with open(os.path.join(damaged, "manifest.json"), "w") as f:
-        json.dump(manifest, f)
+    manifest = ExportManifest.load(damaged)
+    entry = manifest.artifact("onnx", "fp32")
+    shutil.move(os.path.join(damaged, entry.file, "beam.onnx"), os.path.join(damaged, "onnx", "fp32.onnx"))
+    shutil.rmtree(os.path.join(damaged, entry.file))
+    file = "onnx/fp32.onnx"
+    one_file = dataclasses.replace(entry, file=file, sha256=tree_sha256(os.path.join(damaged, file)))
+    save_artifacts(damaged, manifest, [one_file if a is entry else a for a in manifest.artifacts])
     with pytest.raises(
         ArtifactError, match="onnx/fp32.onnx is one file of both searches.*export the model again"
     ):
-        OnnxRunner(damaged, BEAM)
+        opened(OnnxRunner, damaged, BEAM)
 
 
 def test_ctranslate2_beam_is_reported_not_required_to_match(artifacts, model_dir):
     """CTranslate2 divides by length^alpha, not GNMT's ((5 + length) / 6)^alpha: its beam outputs
     are a translation of their own, checked for form here and reported by the export check."""
-    entry = next(e for e in load_manifest(artifacts)["artifacts"] if e["file"] == "ctranslate2/fp32")
-    assert entry["check"]["greedy"]["agreement"] == 1 and 0 <= entry["check"]["beam"]["agreement"] <= 1
-    runner = Ctranslate2Runner(artifacts, BEAM)
-    reference = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH)
-    for name, batch in batches(runner.config["vocab_size"]).items():
+    entry = next(e for e in ExportManifest.load(artifacts).artifacts if e.file == "ctranslate2/fp32")
+    assert entry.check["greedy"].agreement == 1 and 0 <= entry.check["beam"].agreement <= 1
+    runner = opened(Ctranslate2Runner, artifacts, BEAM)
+    reference = keras_runner(model_dir, BEAM)
+    for name, batch in batches(runner.config.vocab_size).items():
         tokens, scores = runner.search(batch)
         expected = reference.search(batch)[0]
         assert tokens.shape == expected.shape and scores.shape == expected.shape[:2], name  # (B, K, T) n-best
@@ -355,10 +379,8 @@ def test_ctranslate2_keeps_each_rows_output_limit(artifacts, model_dir, monkeypa
     from kformer.export import ctranslate2
 
     monkeypatch.setattr(ctranslate2, "EXTRA_OUTPUT_TOKENS", 2)
-    batch = batches(load_manifest(artifacts)["config"]["vocab_size"])[
-        "mixed"
-    ]  # sources of 10, 3, 7, 1 tokens
-    tokens, scores = Ctranslate2Runner(artifacts, 1).search(batch)
+    batch = batches(vocab_size(artifacts))["mixed"]  # sources of 10, 3, 7, 1 tokens
+    tokens, scores = opened(Ctranslate2Runner, artifacts, 1).search(batch)
     expected_tokens, expected_scores = uncached_search(model_dir, batch, 1, extra=2)
     assert (
         len({int(np.sum(row != 0)) for row in expected_tokens}) > 1
@@ -373,14 +395,14 @@ def test_beam_calls_are_sized_per_runtime(artifacts):
     BEAM_TOKENS_PER_SENTENCE tokens each; CTranslate2 batch_size; greedy calls batch_size (fewer
     long ones) in all. The translations do not depend on it."""
     texts = [f"他{'很' * (i % 4)}高興。我們試試看{i}！" for i in range(14)]  # 28 sentences
-    expected = OnnxRunner(artifacts, BEAM, batch_size=64).translate(texts)  # one call
+    expected = opened(OnnxRunner, artifacts, BEAM, batch_size=64).translate(texts)  # one call
     long = [[5] * 20] * 7  # 20 tokens: 5 a beam call in onnxruntime (9 x 12 tokens), 3 in TFLite (6 x 12)
     for runner_class, beam_rows, long_beam_calls in (
         (OnnxRunner, 9, [5, 2]),
         (TfliteRunner, 2 * 9 // BEAM, [3, 3, 1]),
         (Ctranslate2Runner, 9, [7]),
     ):
-        runner = runner_class(artifacts, BEAM, batch_size=9)
+        runner = opened(runner_class, artifacts, BEAM, batch_size=9)
         sizes, search = [], runner._search
         runner._search = lambda options, batch, search=search, sizes=sizes: (
             sizes.append(len(batch)) or search(options, batch)
@@ -393,10 +415,10 @@ def test_beam_calls_are_sized_per_runtime(artifacts):
         runner.translate_ids(long)
         assert sizes == long_beam_calls, runner_class
         sizes.clear()
-        runner.translate(texts, beam_size=1)
+        runner.translate(texts, SearchOptions(beam_size=1))
         assert max(sizes) == 9 and sum(sizes) == 28, runner_class
         sizes.clear()  # greedy calls of long sentences take fewer (batching.tokens_per_call): 9 x 16
-        runner.translate_ids([[5] * 40] * 5, beam_size=1)  # tokens a call, 3 of 40 tokens
+        runner.translate_ids([[5] * 40] * 5, SearchOptions(beam_size=1))  # tokens a call, 3 of 40 tokens
         assert sizes == [3, 2], runner_class
 
 
@@ -408,13 +430,13 @@ def test_text_in_text_out(artifacts, model_dir):
         "   ",
         "他很高興，因為他的朋友們都來參加了他的生日聚會。" * 2,  # two sentences, each over 16 tokens
     ]
-    expected = KerasRunner(model_dir, beam_size=BEAM, max_length=MAX_LENGTH).translate(texts)
+    expected = keras_runner(model_dir, BEAM).translate(texts)
     assert expected[1] == expected[3] == ""
-    saved = SavedModelRunner(artifacts, BEAM)
+    saved = opened(SavedModelRunner, artifacts, BEAM)
     assert saved.translate_text(texts[:4]) == expected[:4]  # its signature takes one sentence per text
     assert saved.translate(texts) == expected
-    assert OnnxRunner(artifacts, BEAM).translate(texts) == expected
-    assert TfliteRunner(artifacts, BEAM).translate(texts) == expected
+    assert opened(OnnxRunner, artifacts, BEAM).translate(texts) == expected
+    assert opened(TfliteRunner, artifacts, BEAM).translate(texts) == expected
 
 
 # The most nodes each loop body of the tiny model's fp32 files may have (beam search, then greedy:
@@ -445,20 +467,21 @@ def _within(counts, budget):
 def test_manifest_and_operator_lists(artifacts, model_dir):
     from kformer import run_folder
 
-    weight_bytes = 4 * run_folder.load(model_dir)[0].count_params()  # float32, the tied embedding once
-    manifest = load_manifest(artifacts)
-    assert manifest["beam_size"] == BEAM and manifest["max_length"] == MAX_LENGTH
-    assert manifest["inputs"]["source_ids"]["dtype"] == "int32"
-    assert manifest["versions"]["tensorflow"] and manifest["onnx_opset"] == onnx.OPSET
-    for entry in manifest["artifacts"]:
-        path = os.path.join(artifacts, entry["file"])
-        assert len(entry["sha256"]) == 64 and entry["bytes"] > 0
-        if entry["format"] == "tflite":
-            _check_tflite_files(path, entry["variant"], weight_bytes)
-        if entry["format"] == "onnx":
+    weight_bytes = 4 * run_folder.load(model_dir).model.count_params()  # float32, the tied embedding once
+    manifest = ExportManifest.load(artifacts)
+    assert manifest.beam_size == BEAM and manifest.max_length == MAX_LENGTH
+    with open(os.path.join(artifacts, "manifest.json")) as f:  # the interface, for its readers
+        assert json.load(f)["inputs"]["source_ids"]["dtype"] == "int32"
+    assert manifest.versions["tensorflow"] and manifest.onnx_opset == onnx.OPSET
+    for entry in manifest.artifacts:
+        path = os.path.join(artifacts, entry.file)
+        assert len(entry.sha256) == 64 and entry.bytes > 0
+        if entry.format == "tflite":
+            _check_tflite_files(path, entry.variant, weight_bytes)
+        if entry.format == "onnx":
             assert sorted(os.listdir(path)) == ["beam.onnx", "greedy.onnx", onnx.WEIGHTS]
-            assert entry["files"] == {
-                name: {"file": f"{entry['file']}/{file}", "sha256": sha256(os.path.join(path, file))}
+            assert entry.files == {
+                name: FileEntry(f"{entry.file}/{file}", tree_sha256(os.path.join(path, file)))
                 for name, file in [
                     ("greedy", "greedy.onnx"),
                     ("beam", "beam.onnx"),
@@ -469,15 +492,15 @@ def test_manifest_and_operator_lists(artifacts, model_dir):
             stored = set()  # (offset, length) of each tensor either file reads from weights.bin
             for search in SEARCHES:
                 graph = onnx_lib.load(onnx.FORMAT.search_file(path, search), load_external_data=False).graph
-                assert not [t.name for t in graph.initializer if len(t.raw_data) >= 1024], entry["file"]
+                assert not [t.name for t in graph.initializer if len(t.raw_data) >= 1024], entry.file
                 external = [{e.key: e.value for e in t.external_data} for t in graph.initializer]
                 stored |= {(int(e["offset"]), int(e["length"])) for e in external if e}
-            if entry["variant"] == "fp32":
+            if entry.variant == "fp32":
                 assert sum(length for _, length in stored) < 1.1 * weight_bytes
             checks = {"fp32": _check_onnx_file, "text": _check_onnx_text_file}  # int8-ort: its own test
-            for search in SEARCHES if entry["variant"] in checks else ():
-                checks[entry["variant"]](
-                    onnx.FORMAT.search_file(path, search), search, manifest["config"], weight_bytes
+            for search in SEARCHES if entry.variant in checks else ():
+                checks[entry.variant](
+                    onnx.FORMAT.search_file(path, search), search, manifest.config, weight_bytes
                 )
 
 
@@ -567,7 +590,7 @@ def test_onnxruntime_runs_its_own_int8_file_for_int8(artifacts):
     assert open_runner(artifacts, "onnx", "int8").path.endswith("onnx/int8-ort")
     assert open_listed(artifacts, "onnx", "int8").path.endswith("onnx/int8")
     assert open_runner(artifacts, "onnx", "fp32").path.endswith("onnx/fp32")
-    config = load_manifest(artifacts)["config"]
+    config = ExportManifest.load(artifacts).config
     # In each Loop body: per decoder layer the self-attention's 2 (queries-keys-values, output),
     # the cross-attention's 2, the feed-forward's 2; and the output projection.
     step = 6 * config["num_decoder_layers"] + 1
@@ -590,10 +613,8 @@ def test_onnxruntime_runs_its_own_int8_file_for_int8(artifacts):
 
     without = str(artifacts) + "-without-int8-ort"
     shutil.copytree(artifacts, without)
-    manifest = load_manifest(without)
-    manifest["artifacts"] = [a for a in manifest["artifacts"] if a["variant"] != "int8-ort"]
-    with open(os.path.join(without, "manifest.json"), "w") as f:
-        json.dump(manifest, f)
+    manifest = ExportManifest.load(without)
+    save_artifacts(without, manifest, [a for a in manifest.artifacts if a.variant != "int8-ort"])
     assert open_runner(without, "onnx", "int8").path.endswith("onnx/int8")
 
 
@@ -768,7 +789,7 @@ def damaged(artifacts, tmp_path):
 def test_missing_file(damaged):
     shutil.rmtree(os.path.join(damaged, "onnx", "fp32"))
     with pytest.raises(ArtifactError, match="onnx/fp32 is missing"):
-        OnnxRunner(damaged, BEAM)
+        opened(OnnxRunner, damaged, BEAM)
 
 
 def test_truncated_file(damaged):
@@ -776,7 +797,7 @@ def test_truncated_file(damaged):
     with open(path, "r+b") as f:
         f.truncate(100)
     with pytest.raises(ArtifactError, match="corrupted or truncated"):
-        TfliteRunner(damaged, 1)
+        opened(TfliteRunner, damaged, 1)
 
 
 def test_tokenizer_that_does_not_match(damaged):
@@ -786,20 +807,19 @@ def test_tokenizer_that_does_not_match(damaged):
         f.write(
             train_tokenizer(["a b c d e f g", "h i j k l m n"] * 20, vocab_size=40).serialized_model_proto()
         )
-    manifest = load_manifest(damaged)
-    manifest["tokenizer"]["sha256"] = sha256(os.path.join(damaged, "tokenizer.model"))  # intact, but wrong
-    with open(os.path.join(damaged, "manifest.json"), "w") as f:
-        json.dump(manifest, f)
+    manifest = ExportManifest.load(damaged)
+    intact = tree_sha256(os.path.join(damaged, "tokenizer.model"))  # intact, but wrong
+    manifest.replace(tokenizer=dataclasses.replace(manifest.tokenizer, sha256=intact)).save(damaged)
     with pytest.raises(ArtifactError, match="does not match the model"):
-        OnnxRunner(damaged, BEAM)
+        opened(OnnxRunner, damaged, BEAM)
 
 
 def test_wrong_input_dtype_and_beam_size(artifacts):
-    runner = OnnxRunner(artifacts, 1)
+    runner = opened(OnnxRunner, artifacts, 1)
     with pytest.raises(TypeError, match="int32"):
         runner.search(np.ones((1, 3), np.int64))
     with pytest.raises(ArtifactError, match="re-export with --beam 5"):
-        TfliteRunner(artifacts, 5)
+        opened(TfliteRunner, artifacts, 5)
 
 
 class InFlight:
@@ -822,12 +842,13 @@ class InFlight:
 @pytest.mark.parametrize("beam", [1, BEAM])
 def test_parallel_batches_run_at_once_and_translate_as_one_at_a_time(artifacts, runner_class, beam):
     texts = ["我們試試看！", "他很高興。你呢？", "", "好", "汤姆本可以报警的。这是书。", "走了"]
-    alone = runner_class(artifacts, beam, batch_size=2, threads=2)
-    together = runner_class(artifacts, beam, batch_size=2, threads=2, parallel=2)
+    alone = opened(runner_class, artifacts, beam, batch_size=2, threads=2)
+    together = opened(runner_class, artifacts, beam, batch_size=2, threads=2, parallel=2)
     calls = InFlight(together)
-    nbest = 1 if runner_class is Ctranslate2Runner else min(2, beam)  # CT2: its own beam scores
-    expected = [t.to_dict() for t in alone.translations(texts, nbest=nbest)]
-    assert [t.to_dict() for t in together.translations(texts, nbest=nbest)] == expected
+    # CT2: its own beam scores
+    nbest = SearchOptions(nbest=1 if runner_class is Ctranslate2Runner else min(2, beam))
+    expected = [t.to_dict() for t in alone.translations(texts, nbest)]
+    assert [t.to_dict() for t in together.translations(texts, nbest)] == expected
     assert len(calls.batches) >= 3 and together.threads == 1 and alone.threads == 2  # each batch's
     assert together.translate_ids([[5, 6, 7], [8], [9, 10]]) == alone.translate_ids([[5, 6, 7], [8], [9, 10]])
     assert (
@@ -856,21 +877,21 @@ def test_litert_runs_one_call_at_a_time_in_a_process(artifacts, monkeypatch):
 
     monkeypatch.setattr(TfliteRunner, "_search_alone", timed)
     texts = ["我們試試看！", "他很高興。", "好", "走了", "这是书。", ""]
-    runners = [TfliteRunner(artifacts, 1, batch_size=1) for _ in range(2)]
+    runners = [opened(TfliteRunner, artifacts, 1, batch_size=1) for _ in range(2)]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         outputs = list(pool.map(lambda runner: runner.translate(texts), runners))
     assert max(most) == 1 and len(most) == 2 * 5  # 5 non-empty texts, a call each, per runner
-    assert outputs == [TfliteRunner(artifacts, 1).translate(texts)] * 2
+    assert outputs == [opened(TfliteRunner, artifacts, 1).translate(texts)] * 2
 
 
 @pytest.mark.parametrize(
     "open_it",
     [
-        lambda artifacts, model_dir: TfliteRunner(artifacts, parallel=2),
-        lambda artifacts, model_dir: SavedModelRunner(artifacts, parallel=2),
-        lambda artifacts, model_dir: onnx.OnnxTextRunner(artifacts, parallel=2),
-        lambda artifacts, model_dir: open_runner(model_dir, "keras", parallel=2),
-        lambda artifacts, model_dir: OnnxRunner(artifacts, parallel=0),
+        lambda artifacts, model_dir: TfliteRunner(artifacts, settings=RunnerSettings(parallel=2)),
+        lambda artifacts, model_dir: SavedModelRunner(artifacts, settings=RunnerSettings(parallel=2)),
+        lambda artifacts, model_dir: onnx.OnnxTextRunner(artifacts, settings=RunnerSettings(parallel=2)),
+        lambda artifacts, model_dir: open_runner(model_dir, "keras", settings=RunnerSettings(parallel=2)),
+        lambda artifacts, model_dir: OnnxRunner(artifacts, settings=RunnerSettings(parallel=0)),
     ],
 )
 def test_parallel_needs_a_runtime_that_runs_batches_at_once(artifacts, model_dir, open_it):
@@ -898,15 +919,18 @@ class Block:
         if name.split(".")[0] in ("tensorflow", "keras", "tensorflow_text"):
             raise ImportError(f"{name} is not on this device")
 sys.meta_path.insert(0, Block())
+from kformer.decode.options import SearchOptions
+from kformer.decode.runner import RunnerSettings
 from kformer.export.onnx import OnnxRunner, OnnxTextRunner
 from kformer.export.tflite import TfliteRunner
 from kformer.export.ctranslate2 import Ctranslate2Runner
-art, beam, texts = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
-out = {"onnx": OnnxRunner(art, beam).translate(texts), "tflite": TfliteRunner(art, beam).translate(texts),
-       "onnx_text": OnnxTextRunner(art, beam).translate(texts),
-       "ctranslate2": Ctranslate2Runner(art, beam).translate(texts),
+art, beam, texts = sys.argv[1], SearchOptions(beam_size=int(sys.argv[2])), json.loads(sys.argv[3])
+out = {"onnx": OnnxRunner(art, options=beam).translate(texts),
+       "tflite": TfliteRunner(art, options=beam).translate(texts),
+       "onnx_text": OnnxTextRunner(art, options=beam).translate(texts),
+       "ctranslate2": Ctranslate2Runner(art, options=beam).translate(texts),
        "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras"))}
-small, calls = OnnxTextRunner(art, beam, batch_size=2), []
+small, calls = OnnxTextRunner(art, settings=RunnerSettings(batch_size=2), options=beam), []
 class Spy:  # records the texts of each call
     def __init__(self, session): self.session = session
     def run(self, names, feed): calls.append(feed["text"].tolist()); return self.session.run(names, feed)
@@ -928,12 +952,12 @@ def test_device_runners_need_no_tensorflow(artifacts, model_dir, beam):
         "我們試試看！他很高興。你呢？好。我不知道。",  # a paragraph: five sentences
     ]
     out = json.loads(python_lines(NO_TENSORFLOW, artifacts, str(beam), json.dumps(texts))[-1])
-    expected = KerasRunner(model_dir, beam_size=beam, max_length=MAX_LENGTH).translate(texts)
+    expected = keras_runner(model_dir, beam).translate(texts)
     assert out["onnx"] == out["tflite"] == out["onnx_text"] == expected and out["loaded"] == []
     # The text file's calls take its sentences in length-sorted batches, as the id files' runners do
     # (batch_size 2 a call, a beam call of long ones fewer: Runner.beam_capped).
     assert out["onnx_text_small_batches"] == expected
-    tokenizer = load_tokenizer(artifacts, load_manifest(artifacts))
+    tokenizer = load_tokenizer(artifacts, ExportManifest.load(artifacts))
     lengths = [len(tokenizer.encode(text)) for call in out["text_calls"] for text in call]
     assert lengths == sorted(lengths) and len(lengths) > 5 and max(map(len, out["text_calls"])) == 2
     if beam > 1:
@@ -952,13 +976,15 @@ def test_a_paragraph_translates_as_its_sentences_joined_in_every_runtime(artifac
     own translations of the five, joined (a space between English sentences); the n-best lists
     join too. The text ONNX file runs in test_device_runners_need_no_tensorflow's process."""
     from kformer.data import corpus as corpus_lib
+    from kformer.data import prepare as prepare_lib
 
     pairs, _ = corpus_lib.read_corpus()
-    sentences = [source for source, _ in corpus_lib.split_pairs(pairs)["test"][:5]]
+    sentences = [source for source, _ in prepare_lib.split_pairs(pairs)["test"][:5]]
     assert all(s[-1] in "。！？" for s in sentences)
+    nbest = SearchOptions(nbest=beam)
     for runtime, runner in runners(artifacts, model_dir, beam).items():
-        alone = runner.translations(sentences, nbest=beam)
-        (together,) = runner.translations(["".join(sentences)], nbest=beam)
+        alone = runner.translations(sentences, nbest)
+        (together,) = runner.translations(["".join(sentences)], nbest)
         assert together.text == " ".join(t.text for t in alone), runtime
         assert together.score == pytest.approx(sum(t.score for t in alone), rel=1e-4), runtime
         second = " ".join(t.alternatives[min(1, len(t.alternatives) - 1)].text for t in alone)
@@ -979,13 +1005,13 @@ def test_a_killed_exports_work_folder_is_removed_by_the_next_export(tmp_path):
 def test_the_export_summary_lists_every_file_and_search(artifacts, capsys):
     from kformer.export.exporter import print_summary
 
-    manifest = load_manifest(artifacts)
+    manifest = ExportManifest.load(artifacts)
     print_summary(manifest, artifacts)
     lines = capsys.readouterr().out.splitlines()
     rows = [tuple(line.split()[i] for i in (0, 3, 4)) for line in lines[2:-1]]  # file, search, same
     assert rows == [
-        (a["file"], search, f"{check['agreement']:.0%}")
-        for a in manifest["artifacts"]
-        for search, check in a["check"].items()
+        (a.file, search, f"{check.agreement:.0%}")
+        for a in manifest.artifacts
+        for search, check in a.check.items()
     ]
     assert lines[-1] == f"wrote {artifacts} (manifest.json, tokenizer.model and the files above)"

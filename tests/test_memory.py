@@ -52,6 +52,7 @@ def test_a_tflite_file_is_packed_and_its_pages_dropped_before_its_first_real_cal
     once."""
     script = """
 import os, sys
+from kformer.decode.options import SearchOptions
 from kformer.export import memory, tflite
 events, drop, invoke = [], memory.drop_file_pages, tflite.TfliteRunner._invoke
 def dropping(path):
@@ -61,10 +62,11 @@ def invoking(signature, options, batch):
     events.append(f"call:{options.search}:{batch.shape[0]}x{batch.shape[1]}")
     return invoke(signature, options, batch)
 memory.drop_file_pages, tflite.TfliteRunner._invoke = dropping, staticmethod(invoking)
-runner, texts = tflite.TfliteRunner(sys.argv[1], int(sys.argv[2])), ["我們試試看！", "他很高興。"]
-for beam_size in (1, int(sys.argv[2])):
-    first = runner.translate(texts, beam_size=beam_size)
-    print(" ".join(events), runner.translate(texts, beam_size=beam_size) == first)  # pages read again
+options = SearchOptions(beam_size=int(sys.argv[2]))
+runner, texts = tflite.TfliteRunner(sys.argv[1], options=options), ["我們試試看！", "他很高興。"]
+for search in (SearchOptions(beam_size=1), options):
+    first = runner.translate(texts, search)
+    print(" ".join(events), runner.translate(texts, search) == first)  # pages read again
     events.clear()
 """
     greedy, beam = python_lines(RESIDENT + script, artifacts, str(BEAM))[-2:]

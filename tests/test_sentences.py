@@ -9,7 +9,7 @@ from conftest import output
 from test_web import NODE, need, split_sentences
 
 from kformer.decode import sentences
-from kformer.export import web
+from kformer.export import page
 
 CASES = {
     "我們試試看！他很高興。你呢？": ["我們試試看！", "他很高興。", "你呢？"],
@@ -70,7 +70,7 @@ def test_the_page_splits_as_python_does(tmp_path):
     job.write_text(json.dumps(texts), encoding="utf-8")
     script = (
         "import { readFileSync } from 'node:fs';"
-        f"import {{ splitSentences, splitClauses }} from {json.dumps(os.path.join(web.WEB_DIR, 'sentences.js'))};"
+        f"import {{ splitSentences, splitClauses }} from {json.dumps(os.path.join(page.WEB_DIR, 'sentences.js'))};"
         "const texts = JSON.parse(readFileSync(process.argv[1], 'utf8'));"
         "console.log(JSON.stringify(texts.map((t) => [splitSentences(t), splitClauses(t)])));"
     )

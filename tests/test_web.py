@@ -14,7 +14,9 @@ import pytest
 from conftest import BEAM, MAX_LENGTH, run_process
 
 from kformer.data import corpus as corpus_lib
-from kformer.export import web
+from kformer.data import prepare as prepare_lib
+from kformer.decode.options import SearchOptions
+from kformer.export import page as web
 from kformer.export.formats import open_listed, open_runner
 from kformer.serve.app import create_app
 from kformer.serve.server import serving, serving_page
@@ -32,7 +34,7 @@ def need(available, reason):
 
 def split_sentences():
     pairs, _ = corpus_lib.read_corpus()
-    return corpus_lib.split_pairs(pairs)["test"]
+    return prepare_lib.split_pairs(pairs)["test"]
 
 
 def node_tokenize(model_path, texts, ids, tmp_path):
@@ -133,9 +135,8 @@ def two_pairs(artifacts, tokenizer, tmp_path_factory):
 
     model = write_random_model(tmp_path_factory.mktemp("en_zh_model"), tokenizer, "en-zh", seed=4)
     out = str(tmp_path_factory.mktemp("en_zh") / "art")
-    export(
-        model, out, formats=("onnx",), beam_size=BEAM, max_length=MAX_LENGTH, progress=lambda *a, **k: None
-    )
+    options = SearchOptions(beam_size=BEAM, max_length=MAX_LENGTH)
+    export(model, out, ("onnx",), options=options, progress=lambda *a, **k: None)
     return {"zh-en": open_runner(artifacts, "onnx"), "en-zh": open_runner(out, "onnx")}
 
 
@@ -213,8 +214,9 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
             page.evaluate("fetch('/model/manifest.json').then(() => 'online', () => 'offline')") == "offline"
         )
         for beam, options in [(1, {}), (BEAM, {}), (1, {"max_length": 5}), (BEAM, OPTIONS)]:
-            runner = open_listed(artifacts, web.PAGE_RUNTIMES[runtime][0], variant, beam_size=beam)
-            expected = [t.to_dict() for t in runner.translations(lines, **options)]
+            search = SearchOptions(beam_size=beam)
+            runner = open_listed(artifacts, web.PAGE_RUNTIMES[runtime][0], variant, options=search)
+            expected = [t.to_dict() for t in runner.translations(lines, SearchOptions(**options))]
             page_options = {"beam": beam, **{CAMEL.get(k, k): v for k, v in options.items()}}
             got = page.evaluate(
                 "([lines, o]) => window.kformer.translations(lines, o)", [lines, page_options]
@@ -265,8 +267,9 @@ def test_page_offers_each_served_pair_and_runs_the_chosen_one(browser, two_pairs
         )
         for beam in (1, BEAM):
             got = page.evaluate("([lines, beam]) => window.kformer.translate(lines, {beam})", [english, beam])
-            assert got == two_pairs["en-zh"].translate(english, beam_size=beam), beam
-            assert got != two_pairs["zh-en"].translate(english, beam_size=beam), beam
+            search = SearchOptions(beam_size=beam)
+            assert got == two_pairs["en-zh"].translate(english, search), beam
+            assert got != two_pairs["zh-en"].translate(english, search), beam
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ response carries the cross-origin isolation headers that WASM threads need (kfor
 import contextlib
 import os
 
-from kformer.export.manifest import find_artifact, load
+from kformer.contracts.export import ExportManifest
 
 WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
 NODE_MODULES = os.path.join(WEB_DIR, "node_modules")
@@ -48,8 +48,8 @@ def check(artifact_dir, runtime="onnx", variant="fp32"):
             f"{missing[0]} not found: install the page's packages with `npm ci --prefix {WEB_DIR}` "
             "(the README's commands do it)"
         )
-    manifest = load(artifact_dir)
-    find_artifact(manifest, fmt, variant)  # the page loads its files itself, checking each
+    manifest = ExportManifest.load(artifact_dir)
+    manifest.artifact(fmt, variant)  # the page loads its files itself, checking each
     return manifest
 
 

@@ -25,7 +25,7 @@ class Format:
         variants: its variants, in the order they are written (the first, fp32, before those
             made from it); those in QUANTIZATIONS only when asked for.
     and implement `write(module, path, variant)` (module: a `kformer.export.module.ExportModule`)
-    and `runner_class(variant)`: the runner `open(artifact_dir, variant, **settings)` makes.
+    and `runner_class(variant)`: the runner `open(artifact_dir, variant, settings, options)` makes.
     """
 
     name = None
@@ -71,9 +71,9 @@ class Format:
         """The kformer.export.runner.ArtifactRunner subclass that runs `variant`'s files."""
         raise NotImplementedError
 
-    def open(self, artifact_dir, variant="fp32", **settings):
-        """The runner of `variant` (kformer.export.formats.open_runner says what the settings are)."""
-        return self.runner_class(variant)(artifact_dir, variant=variant, **settings)
+    def open(self, artifact_dir, variant="fp32", settings=None, options=None):
+        """The runner of `variant`: a RunnerSettings and SearchOptions as open_runner's."""
+        return self.runner_class(variant)(artifact_dir, variant, settings, options)
 
 
 def search_file(folder, search, extension):
