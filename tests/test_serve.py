@@ -19,6 +19,8 @@ import urllib.request
 import pytest
 from conftest import BEAM, KFORMER, run_kformer
 
+from kformer.decode.options import SearchOptions
+from kformer.decode.runner import RunnerSettings
 from kformer.export.formats import open_runner
 from kformer.serve import app as app_lib
 from kformer.serve.app import create_app
@@ -57,7 +59,7 @@ def request(url, body=None, content_type="application/json", method=None, header
 def test_kformer_api_answers_as_the_runner_does(runner, url):
     for options in ({}, {"nbest": 2}, {"beam_size": 1, "max_length": 5, "no_repeat_ngram": 0}):
         status, _, answer = request(url + "v1/translate", {"texts": TEXTS, **options})
-        expected = [t.to_dict() for t in runner.translations(TEXTS, **options)]
+        expected = [t.to_dict() for t in runner.translations(TEXTS, SearchOptions(**options))]
         assert status == 200 and answer == {"translations": expected}, options
     status, _, health = request(url + "health")
     assert status == 200 and health["status"] == "ready" and health["direction"] == "zh-en"
@@ -122,7 +124,7 @@ def test_libretranslate_api_shapes(runner, url):
     status, _, answer = request(
         url + "translate", {"q": TEXTS[:2], "source": "auto", "target": "en", "alternatives": 2}
     )
-    best = runner.translations(TEXTS[:2], nbest=3)
+    best = runner.translations(TEXTS[:2], SearchOptions(nbest=3))
     assert status == 200 and answer["translatedText"] == [t.text for t in best]
     assert answer["alternatives"] == [[h.text for h in t.alternatives[1:3]] for t in best]
     assert [d["language"] for d in answer["detectedLanguage"]] == ["zh", "zh"]
@@ -201,10 +203,10 @@ class Gated:
     def __getattr__(self, name):
         return getattr(self.runner, name)
 
-    def translations(self, texts, **options):
+    def translations(self, texts, options=None):
         self.calls.append(list(texts))
         assert self.gate.wait(60)
-        return self.runner.translations(texts, **options)
+        return self.runner.translations(texts, options)
 
 
 def hold_the_runner(pool, url, gated):
@@ -259,14 +261,14 @@ def test_a_runner_of_parallel_batches_serves_that_many_at_once(artifacts):
     """With a runner opened with parallel=2, two requests' batches run at the same time (each waits
     for the other at a barrier, which a lone batcher thread would never pass) and both are
     answered; closing the server stops both batcher threads."""
-    parallel = open_runner(artifacts, "onnx", "fp32", threads=2, parallel=2)
+    parallel = open_runner(artifacts, "onnx", "fp32", RunnerSettings(threads=2, parallel=2))
     barrier = threading.Barrier(2, timeout=30)
 
     class Together(Gated):
-        def translations(self, texts, **options):
+        def translations(self, texts, options=None):
             self.calls.append(list(texts))
             barrier.wait()
-            return self.runner.translations(texts, **options)
+            return self.runner.translations(texts, options)
 
     def batchers():  # the batcher threads started by this test
         return [t for t in threading.enumerate() if t not in before and t.name.startswith("kformer-batcher")]

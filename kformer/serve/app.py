@@ -31,9 +31,10 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from kformer.contracts.pair import language_name
+from kformer.decode.options import SearchOptions
 from kformer.decode.text_batches import Hypothesis, Translation
-from kformer.export import manifest as manifest_lib
-from kformer.export import web
+from kformer.export import page
 from kformer.serve import detect, html, kformer_api, libretranslate
 from kformer.serve.batcher import Batcher, QueueFull
 from kformer.serve.limits import RateLimiter, TooManyRequests
@@ -54,8 +55,8 @@ class Model:
 
     def __init__(self, runner, settings, observe_batch, resident_bytes=None):
         self.runner, self.resident_bytes = runner, resident_bytes
-        self.source = manifest_lib.source_language(runner.manifest) or "und"
-        self.target = manifest_lib.target_language(runner.manifest)
+        pair = runner.manifest.pair
+        self.source, self.target = ("und", None) if pair is None else (pair.source, pair.target)
         self.pair = f"{self.source}-{self.target}"
         self.batcher = Batcher(
             runner, settings.batch_size, settings.window, settings.max_queue_chars, observe_batch
@@ -63,7 +64,7 @@ class Model:
 
     def describe(self):
         return {"direction": self.pair, "runtime": self.runner.fmt, "variant": self.runner.variant,
-                "beam_size": self.runner.manifest["beam_size"]}  # fmt: skip
+                "beam_size": self.runner.manifest.beam_size}  # fmt: skip
 
 
 class Service:
@@ -143,8 +144,8 @@ class Service:
             "filesTranslation": False,
             "supportedFilesFormat": [],
             "language": {
-                "source": {"code": first.source, "name": manifest_lib.language_name(first.source)},
-                "target": {"code": first.target, "name": manifest_lib.language_name(first.target)},
+                "source": {"code": first.source, "name": language_name(first.source)},
+                "target": {"code": first.target, "name": language_name(first.target)},
             },
         }
 
@@ -159,7 +160,7 @@ class Service:
                 413,
             )
         try:
-            options = model.runner.checked(model.runner.options, **changes)
+            options = model.runner.checked(SearchOptions(**changes))
         except ValueError as e:  # names the option
             raise BadRequest(str(e)) from None
         return await _unless_disconnected(request, model.batcher.submit(texts, options))
@@ -214,7 +215,7 @@ class Service:
         self.admit(request, values)
         parsed = libretranslate.parse(values)
         model = self.model(parsed.source, parsed.target, parsed.texts)
-        libretranslate.check_alternatives(parsed, model.runner.manifest["beam_size"])
+        libretranslate.check_alternatives(parsed, model.runner.manifest.beam_size)
         translate = self.pages if parsed.html else self.translations
         results = await translate(request, model, parsed.texts, {"nbest": parsed.alternatives + 1})
         sources = self.sources(parsed.target)
@@ -292,7 +293,7 @@ class _PageHeaders:
     """ASGI middleware: the cross-origin isolation headers that the page's WASM threads need, on
     the page's files only (an API answer with them could not be read by other sites' pages)."""
 
-    PREFIXES = ("/model/", "/models/", *web.ROUTES)
+    PREFIXES = ("/model/", "/models/", *page.ROUTES)
     HEADERS = [(b"cross-origin-opener-policy", b"same-origin"), (b"cross-origin-embedder-policy", b"require-corp"),
                (b"cross-origin-resource-policy", b"same-origin"), (b"cache-control", b"no-cache")]  # fmt: skip
 
@@ -302,7 +303,7 @@ class _PageHeaders:
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
         if scope["type"] != "http" or not (
-            path.lstrip("/") in ("", *web.PAGE_FILES) or path.startswith(self.PREFIXES)
+            path.lstrip("/") in ("", *page.PAGE_FILES) or path.startswith(self.PREFIXES)
         ):
             return await self.app(scope, receive, send)
 
@@ -317,18 +318,20 @@ class _PageHeaders:
 def _page_routes(artifact_dir, pairs=None):
     """The page's routes, when its JavaScript packages are installed (else none, with a note):
     /model/ serves `artifact_dir`, /models/<pair>/ each folder of `pairs` ({"zh-en": folder})."""
-    missing = [folder for folder in web.ROUTES.values() if not os.path.isdir(folder)]
+    missing = [folder for folder in page.ROUTES.values() if not os.path.isdir(folder)]
     if missing:
         log.warning(
-            "%s not found: the page is not served (`npm ci --prefix %s` installs it)", missing[0], web.WEB_DIR
+            "%s not found: the page is not served (`npm ci --prefix %s` installs it)",
+            missing[0],
+            page.WEB_DIR,
         )
         return []
     files = [
-        Route("/" + ("" if name == "index.html" else name), _file(os.path.join(web.WEB_DIR, name)))
-        for name in web.PAGE_FILES
+        Route("/" + ("" if name == "index.html" else name), _file(os.path.join(page.WEB_DIR, name)))
+        for name in page.PAGE_FILES
     ]
     mounts = [
-        Mount(prefix.rstrip("/"), StaticFiles(directory=folder)) for prefix, folder in web.ROUTES.items()
+        Mount(prefix.rstrip("/"), StaticFiles(directory=folder)) for prefix, folder in page.ROUTES.items()
     ]
     exports = [
         Mount(f"/models/{pair}", StaticFiles(directory=folder)) for pair, folder in (pairs or {}).items()

@@ -16,6 +16,7 @@ import threading
 import time
 
 from kformer.decode import gather
+from kformer.decode.options import SearchOptions
 
 
 class QueueFull(Exception):
@@ -27,7 +28,7 @@ class QueueFull(Exception):
 @dataclasses.dataclass
 class _Request:
     texts: list
-    options: object  # checked kformer.decode.options.SearchOptions: equal ones run together
+    options: SearchOptions  # checked: equal ones run together
     future: concurrent.futures.Future
     chars: int
 
@@ -104,7 +105,7 @@ class Batcher:
         texts = [text for r in requests for text in r.texts]
         start = time.perf_counter()
         try:
-            results = self.runner.translations(texts, **dataclasses.asdict(options))
+            results = self.runner.translations(texts, options)
         except Exception as e:  # noqa: BLE001 -- each request gets the error; the server goes on
             for r in requests:
                 r.future.set_exception(e)

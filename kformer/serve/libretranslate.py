@@ -9,7 +9,7 @@ format "html" translates a web page's text and keeps its markup (kformer.serve.h
 
 import dataclasses
 
-from kformer.export.manifest import language_name
+from kformer.contracts.pair import language_name
 from kformer.serve.requests import BadRequest
 
 ALIASES = {"zh-Hans": "zh", "zh-CN": "zh"}  # LibreTranslate 1.9's name of Chinese, and a common one

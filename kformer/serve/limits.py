@@ -6,6 +6,7 @@ last minute leaves the window."""
 
 import collections
 import math
+import os
 import threading
 import time
 
@@ -39,6 +40,16 @@ def read_api_keys(path):
     if not keys:
         raise ValueError(f"{path}: no API keys in it")
     return keys
+
+
+def api_keys(api_key, keys_file):
+    """(the one key every request needs, {key: requests per minute}) of --api-key (or
+    $KFORMER_API_KEY) and --api-keys FILE: at most one of them, None for the other."""
+    api_key = api_key or os.environ.get("KFORMER_API_KEY") or None
+    keys = read_api_keys(keys_file) if keys_file else None
+    if api_key and keys:
+        raise ValueError("--api-key and --api-keys: give one key every request needs, or a file of keys")
+    return api_key, keys
 
 
 class RateLimiter:

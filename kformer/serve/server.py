@@ -13,8 +13,8 @@ import threading
 
 import uvicorn
 
-from kformer.export import manifest as manifest_lib
-from kformer.export import web
+from kformer.contracts.export import MANIFEST_FILE, ExportManifest
+from kformer.export import page
 from kformer.export.formats import open_runner
 from kformer.serve.app import create_app, page_app
 from kformer.serve.settings import Settings
@@ -25,12 +25,13 @@ MAX_CONNECTIONS = 1024  # beyond these uvicorn answers 503 at once; the queue bo
 PROBE = "你好。"
 
 
-def load(model, runtime="onnx", variant="fp32", threads=None, parallel=1, **options):
-    """The runner of an export folder, checked by translating a probe sentence; `parallel`: batches
-    the server runs at once (kformer.serve.batcher)."""
+def load(model, runtime="onnx", variant="fp32", settings=None, options=None):
+    """The runner of an export folder (a RunnerSettings and SearchOptions as open_runner's;
+    `settings.parallel`: batches the server runs at once, kformer.serve.batcher), checked by
+    translating a probe sentence."""
     if runtime not in ("onnx", "tflite", "ctranslate2"):
         raise ValueError(f"--runtime {runtime}: the server runs an export with onnx, tflite or ctranslate2")
-    runner = open_runner(model, runtime, variant, threads=threads, parallel=parallel, **options)
+    runner = open_runner(model, runtime, variant, settings, options)
     runner.translations([PROBE])
     return runner
 
@@ -41,16 +42,14 @@ def export_folders(paths):
     folders = []
     for path in paths:
         inside = sorted(os.path.join(path, name) for name in os.listdir(path)) if os.path.isdir(path) else []
-        exports = [f for f in inside if os.path.exists(os.path.join(f, manifest_lib.MANIFEST))]
-        has_own = os.path.exists(os.path.join(path, manifest_lib.MANIFEST))
+        exports = [f for f in inside if os.path.exists(os.path.join(f, MANIFEST_FILE))]
+        has_own = os.path.exists(os.path.join(path, MANIFEST_FILE))
         folders += [path] if has_own or not exports else exports
     served = {}
     for folder in folders:
-        manifest = manifest_lib.load(folder)  # a one-line ArtifactError for what is not an export
-        source, target = manifest_lib.source_language(manifest), manifest_lib.target_language(manifest)
-        if not source or not target:
+        pair = ExportManifest.load(folder).pair  # a one-line ArtifactError for what is not an export
+        if pair is None:
             raise ValueError(f"--model {folder}: its manifest records no language pair")
-        pair = f"{source}-{target}"
         if pair in served:
             raise ValueError(
                 f"--model {folder} translates {pair}, as --model {served[pair]} does: one model a pair"
@@ -59,14 +58,14 @@ def export_folders(paths):
     return folders
 
 
-def load_models(paths, runtime="onnx", variant="fp32", **settings):
+def load_models(paths, runtime="onnx", variant="fp32", settings=None, options=None):
     """(runners, the resident bytes each one's loading and probe added) of the exports of
-    `paths` (`export_folders`); settings: `load`'s. A model that fails to load names itself."""
+    `paths` (`export_folders`), each loaded as `load` does. A model that fails to load names itself."""
     runners, sizes = [], []
     for folder in export_folders(paths):
         before = _resident_bytes()
         try:
-            runners.append(load(folder, runtime, variant, **settings))
+            runners.append(load(folder, runtime, variant, settings, options))
         except (ValueError, OSError) as e:
             raise ValueError(f"--model {folder}: {e}") from None
         after = _resident_bytes()
@@ -156,11 +155,11 @@ def serving(app):
 
 @contextlib.contextmanager
 def serving_page(artifact_dir, runtime="onnx", variant=None):
-    """The page of kformer.export.web and the export folder as `kformer serve` serves them (no model loaded: the page
+    """The page of kformer.export.page and the export folder as `kformer serve` serves them (no model loaded: the page
     checks the files itself), on a free loopback port, in a thread, for as long as the block runs;
     yields the page's URL for `runtime` and `variant` (default fp32 for onnx, fixed for litert)."""
-    if variant is None and runtime in web.PAGE_RUNTIMES:
-        variant = web.PAGE_RUNTIMES[runtime][1][0]
-    web.check(artifact_dir, runtime, variant)
+    if variant is None and runtime in page.PAGE_RUNTIMES:
+        variant = page.PAGE_RUNTIMES[runtime][1][0]
+    page.check(artifact_dir, runtime, variant)
     with serving(page_app(os.path.abspath(artifact_dir))) as url:
         yield f"{url}?runtime={runtime}&variant={variant}"
