@@ -3,7 +3,7 @@ subcommands, kformer.bench)."""
 
 import argparse
 
-from kformer.model.config import PRECISIONS
+from kformer.train.precision import PRECISIONS
 
 
 def positive(kind, zero_allowed=False):
@@ -36,3 +36,100 @@ def add_precision_option(p):
 
 def add_rounds_option(p, default=3):
     p.add_argument("--rounds", type=positive(int), default=default, help="interleaved rounds")
+
+
+def add_search_options(p, defaults, where):
+    """--alpha, --max-len and --no-repeat-ngram (kformer.decode.options), with their defaults unless
+    `defaults` is False (then the runner's own apply)."""
+    from kformer.decode.options import LENGTH_PENALTY, NO_REPEAT_NGRAM
+
+    def default(value):
+        return value if defaults else None
+
+    where = f"; {where}" if where else ""
+    p.add_argument(
+        "--alpha",
+        type=positive(float, zero_allowed=True),
+        default=default(LENGTH_PENALTY),
+        help=f"length penalty exponent of beam search (default {LENGTH_PENALTY}{where})",
+    )
+    p.add_argument(
+        "--max-len", type=positive(int), help=f"maximum output tokens (default: the model's maximum{where})"
+    )
+    p.add_argument(
+        "--no-repeat-ngram",
+        type=positive(int, zero_allowed=True),
+        default=default(NO_REPEAT_NGRAM),
+        metavar="N",
+        help=f"never output an n-gram of N tokens twice; 0 = off (default {NO_REPEAT_NGRAM}{where})",
+    )
+
+
+def search_options(args):
+    """The SearchOptions of a command's arguments (those it has; None: the runner's own)."""
+    from kformer.decode.options import SearchOptions
+
+    return SearchOptions(
+        beam_size=getattr(args, "beam", None),
+        alpha=args.alpha,
+        max_length=args.max_len,
+        no_repeat_ngram=args.no_repeat_ngram,
+        nbest=getattr(args, "nbest", None),
+    )
+
+
+def add_runner_options(p, what_parallel_does, batch_size_help=None):
+    """--threads, --parallel and --batch-size (kformer.decode.runner.RunnerSettings) of a command
+    that runs a model."""
+    p.add_argument("--threads", type=positive(int), help="the runtime's threads (default: all cores)")
+    p.add_argument(
+        "--parallel",
+        type=positive(int),
+        default=1,
+        metavar="N",
+        help=f"batches run at once, each on threads / N threads: {what_parallel_does} "
+        "(onnx ids variants and ctranslate2; default 1)",
+    )
+    if batch_size_help:
+        p.add_argument("--batch-size", type=positive(int), default=32, help=batch_size_help)
+
+
+def runner_settings(args):
+    """The RunnerSettings of a command's arguments."""
+    from kformer.decode.runner import RunnerSettings
+
+    return RunnerSettings(getattr(args, "batch_size", 32), args.threads, args.parallel)
+
+
+def add_weights_option(p):
+    from kformer.contracts.run import WEIGHTS
+
+    p.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        default="best",
+        help="best: best.weights.h5 where training kept one (else model.keras); last: model.keras",
+    )
+
+
+def add_model_options(p, model_help):
+    """--model, --runtime and --variant of a command that opens a model (kformer.export.formats)."""
+    from kformer.export.formats import RUNTIMES, VARIANTS
+
+    p.add_argument("--model", required=True, help=model_help)
+    p.add_argument("--runtime", default="keras", choices=RUNTIMES)
+    p.add_argument(
+        "--variant",
+        default="fp32",
+        choices=sorted({v for vs in VARIANTS.values() for v in vs}),
+        help="tflite: fp32/fp16/int8, or fixed (input shape fixed, for LiteRT.js); "
+        "onnx: fp32/int8 (int8: the export's int8-ort file, onnxruntime's own int8 kernels, where it "
+        "has one; the portable int8 file is the page's), or text (SentencePiece inside the graph)",
+    )
+
+
+def data_spec(values):
+    """--data's paths: "default", one path, or (source path, target path)."""
+    if values is None or values == ["default"]:
+        return "default"
+    return values[0] if len(values) == 1 else tuple(values)

@@ -5,8 +5,8 @@ import sys
 import pytest
 from conftest import run_process
 
-from kformer import run_folder
 from kformer.cli import main
+from kformer.train.recipe import TrainingRecipe
 
 
 def run(argv, capsys, stdin=None, monkeypatch=None):
@@ -42,9 +42,10 @@ def test_train_command_writes_a_training_directory(tmp_path, corpus_tsv, capsys)
         capsys,
     )
     assert code == 0 and '"steps": 2' in stdout
-    assert {"config.json", "tokenizer.model", "model.keras", "best.weights.h5"} <= set(os.listdir(out))
-    config = run_folder.load(out).config
-    assert (config.accumulate_steps, config.ema_momentum) == (2, 0.5)
+    written = {"config.json", "recipe.json", "tokenizer.model", "model.keras", "best.weights.h5"}
+    assert written <= set(os.listdir(out))
+    recipe = TrainingRecipe.of_run(out)
+    assert (recipe.accumulate_steps, recipe.ema_momentum) == (2, 0.5)
 
 
 def test_train_precision_option():
@@ -63,10 +64,10 @@ def test_train_saves_every_save_minutes(monkeypatch, capsys):
     import kformer.train.fit
 
     calls = []
-    monkeypatch.setattr(kformer.train.fit, "train", lambda *args, **options: calls.append(options) or {})
+    monkeypatch.setattr(kformer.train.fit, "run", lambda out_dir, options: calls.append(options) or {})
     main(["train", "--out", "X", "--steps", "3"])
     main(["train", "--out", "X", "--steps", "3", "--save-minutes", "0.5"])
-    assert [c["checkpoint_seconds"] for c in calls] == [300, 30]
+    assert [c.checkpoint_seconds for c in calls] == [300, 30]
 
 
 def test_train_command_with_aligned_files(tmp_path, corpus_pairs, capsys):
@@ -116,12 +117,12 @@ def test_translate_from_stdin_gives_each_call_parallel_batches(capsys, monkeypat
     calls, opened = [], {}
 
     class Recorder:
-        def translations(self, lines):
+        def translations(self, lines, options=None):
             calls.append(len(lines))
             return [Translation(line.upper(), 0.0, ()) for line in lines]
 
-    def open_runner(*args, **kwargs):
-        opened.update(kwargs)
+    def open_runner(path, runtime="keras", variant="fp32", settings=None, options=None, weights="best"):
+        opened["settings"] = settings
         return Recorder()
 
     monkeypatch.setattr(formats, "open_runner", open_runner)
@@ -129,7 +130,7 @@ def test_translate_from_stdin_gives_each_call_parallel_batches(capsys, monkeypat
     argv = ["translate", "--model", "X", "--batch-size", "2", "--parallel", "2", "--runtime", "onnx"]
     code, stdout, _ = run(argv, capsys, stdin=lines.encode(), monkeypatch=monkeypatch)
     assert code == 0 and stdout.split("\n")[:-1] == [f"LINE {i}" for i in range(10)]
-    assert calls == [4, 4, 2] and opened["parallel"] == 2
+    assert calls == [4, 4, 2] and opened["settings"].parallel == 2
 
 
 def test_translate_nbest_in_jsonl_and_text(trained_dir, capsys, monkeypatch):

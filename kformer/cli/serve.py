@@ -1,0 +1,112 @@
+"""`kformer serve`: the HTTP translation server on exports (kformer's and LibreTranslate's APIs, the page)."""
+
+from kformer.arguments import (
+    add_runner_options,
+    add_search_options,
+    positive,
+    search_options,
+)
+from kformer.decode.runner import RunnerSettings
+from kformer.export.formats import VARIANTS
+from kformer.serve.settings import Settings
+
+HELP = "HTTP translation server on an export (kformer's and LibreTranslate's APIs, the page)"
+
+
+def add_arguments(p):
+    p.add_argument(
+        "--model",
+        required=True,
+        action="append",
+        help="export folder, or a folder of them; repeat for more language pairs (one model a pair)",
+    )
+    p.add_argument("--runtime", default="onnx", choices=["onnx", "tflite", "ctranslate2"])
+    p.add_argument(
+        "--variant", default="fp32", choices=sorted({v for names in VARIANTS.values() for v in names})
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--port", type=positive(int, zero_allowed=True), default=8000, help="0: any free port")
+    _access_options(p)
+    add_runner_options(p, "more sentences a second under load, a lone request slower")
+    _batching_options(p, Settings())
+    add_search_options(p, defaults=False, where="the export's; a request may choose its own")
+
+
+def _access_options(p):
+    p.add_argument(
+        "--api-key",
+        help="require this key (LibreTranslate's api_key field or Authorization: "
+        "Bearer); default $KFORMER_API_KEY, else none",
+    )
+    p.add_argument(
+        "--api-keys",
+        metavar="FILE",
+        help="API keys, one a line, each optionally with its own requests per minute ('KEY 120'); "
+        "requests without a key get --req-limit",
+    )
+    p.add_argument(
+        "--req-limit",
+        type=positive(int),
+        help="requests per minute per client (its key, else its address); 429 above (default: none)",
+    )
+
+
+def _batching_options(p, defaults):
+    p.add_argument(
+        "--batch-size",
+        type=positive(int),
+        default=defaults.batch_size,
+        help=f"texts gathered into one runner call, a request whole (default {defaults.batch_size})",
+    )
+    p.add_argument(
+        "--batch-window-ms",
+        type=positive(float, zero_allowed=True),
+        default=defaults.window * 1000,
+        help=f"how long a batch waits for more requests (default {defaults.window * 1000:g})",
+    )
+    p.add_argument(
+        "--max-queue-chars",
+        type=positive(int),
+        default=defaults.max_queue_chars,
+        help=f"characters waiting beyond which requests get 503 (default {defaults.max_queue_chars:,})",
+    )
+    p.add_argument(
+        "--max-chars",
+        "--char-limit",
+        type=positive(int),
+        default=defaults.max_chars,
+        help=f"most characters in one request (413 above; default {defaults.max_chars:,})",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=positive(int),
+        default=defaults.max_body_bytes,
+        help=f"largest request body (413 above; default {defaults.max_body_bytes:,})",
+    )
+
+
+def main(args):
+    from kformer.serve.limits import api_keys
+    from kformer.serve.server import load_models, serve
+
+    api_key, keys = api_keys(args.api_key, args.api_keys)
+    settings = Settings(
+        batch_size=args.batch_size,
+        window=args.batch_window_ms / 1000,
+        max_queue_chars=args.max_queue_chars,
+        max_body_bytes=args.max_body_bytes,
+        max_chars=args.max_chars,
+        api_key=api_key,
+        req_limit=args.req_limit,
+        api_keys=keys,
+    )
+    print(f"loading {', '.join(args.model)} ({args.runtime} {args.variant})", flush=True)
+    runner = RunnerSettings(threads=args.threads, parallel=args.parallel)  # --batch-size is the batcher's
+    runners, sizes = load_models(args.model, args.runtime, args.variant, runner, search_options(args))
+
+    def ready(url):
+        pairs = ", ".join(str(r.manifest.pair) for r in runners)
+        print(f"serving {pairs} at {url} (POST /translate, /v1/translate; GET /health, /metrics)", flush=True)
+        print(f"page: {url}?runtime=onnx&variant=fp32 (litert: ?runtime=litert); Ctrl-C stops", flush=True)
+
+    serve(runners, args.host, args.port, settings, ready, sizes)
