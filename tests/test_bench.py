@@ -13,6 +13,8 @@ from conftest import BEAM, python_lines
 from kformer.bench.decode import bench_decode, print_decode_table
 from kformer.bench.runtimes import worker
 from kformer.bench.train import print_train_table
+from kformer.contracts.export import ExportManifest
+from kformer.decode.options import SearchOptions
 
 
 def test_bench_decode_times_the_same_work_in_every_variant(model_dir, capsys):  # noqa: F811
@@ -39,7 +41,7 @@ def test_runtime_worker_measures_the_runtime_it_names(artifacts, tmp_path):  # n
     assert row["batch_size"] == 2 * BEAM  # the runner's --batch-size, as the job asks
     assert row["file_sentences_per_s"] == pytest.approx(len(sources) / row["file_s"])
     assert 0 < row["imported_mb"] < row["loaded_mb"] <= row["peak_rss_mb"]
-    onnx = OnnxRunner(artifacts, BEAM)  # another runtime, which must give the same translations
+    onnx = OnnxRunner(artifacts)  # another runtime (the export's beam), which must give the same translations
     assert row["hypotheses"] == onnx.translate(sources)  # the whole file, the two-sentence line included
     singles = [onnx.translate([s])[0] for s in sources[:3]]  # the batch-1 sentences: the first three
     assert row["batch1_output_tokens"] == pytest.approx(sum(map(len, onnx.tokenizer.encode(singles))) / 3)
@@ -53,9 +55,10 @@ def test_reference_model_trains_one_step():
     from kformer.bench.train import reference_model
     from kformer.model.config import preset
     from kformer.train.fit import compile_model
+    from kformer.train.recipe import recipe
 
     config = preset("tiny", vocab_size=50)
-    model = compile_model(reference_model(config), config, xla=False)
+    model = compile_model(reference_model(config), config, recipe("tiny"), xla=False)
     before = [np.array(w) for w in model.trainable_weights]
     rng = np.random.default_rng(0)
     x = {
@@ -72,7 +75,9 @@ def test_bench_train_compares_same_size_models_on_the_same_pairs(capsys):
     from kformer.bench.train import bench_train
     from kformer.model import flops
 
-    results = bench_train("tiny", steps=3, rounds=1, precision="bfloat16", overrides={"batch_tokens": 128})
+    results = bench_train(
+        "tiny", steps=3, rounds=1, precision="bfloat16", recipe_changes={"batch_tokens": 128}
+    )
     assert results["variants"] == [
         "kformer",
         "kformer_xla",
@@ -125,7 +130,9 @@ def _tiny_bench_train(**changes):
     """bench_train on the tiny model: 2 float32 steps, one round, no keras-hub reference."""
     from kformer.bench import train as bench
 
-    settings = dict(steps=2, rounds=1, precision="float32", reference=False, overrides={"batch_tokens": 128})
+    settings = dict(
+        steps=2, rounds=1, precision="float32", reference=False, recipe_changes={"batch_tokens": 128}
+    )
     return bench.bench_train("tiny", **{**settings, **changes})
 
 
@@ -202,7 +209,7 @@ def test_bench_train_divides_by_the_faster_of_two_peak_measurements(monkeypatch)
 def test_bench_train_on_one_shape_compiles_once_and_pads_nothing():
     from kformer.bench import train as bench
 
-    results = _tiny_bench_train(length=10, overrides={"batch_tokens": 120})
+    results = _tiny_bench_train(length=10, recipe_changes={"batch_tokens": 120})
     assert results["distinct_bucket_shapes"] == 1 and results["pairs_per_step"] == 12, results
     assert results["batches"] == "one shape, 10 tokens a side"
     plain, xla = results["kformer"], results["kformer_xla"]
@@ -233,11 +240,8 @@ def test_bench_runtimes_takes_a_folder_relative_to_where_it_is_run(
     from kformer.bench import runtimes
 
     shutil.copytree(artifacts, tmp_path / "ART")
-    with open(tmp_path / "ART" / "manifest.json", encoding="utf-8") as f:
-        manifest = json.load(f)
-    manifest["trained_in"] = trained_dir  # the model's test split is read for BLEU
-    with open(tmp_path / "ART" / "manifest.json", "w", encoding="utf-8") as f:
-        json.dump(manifest, f)
+    manifest = ExportManifest.load(tmp_path / "ART").replace(trained_in=trained_dir)
+    manifest.save(tmp_path / "ART")  # the model's test split is read for BLEU
     started = []
 
     def start(argv, cwd, **kwargs):  # records the measurement's process instead of starting it
@@ -345,11 +349,8 @@ def test_bench_runtimes_measures_ctranslate2_in_each_setting(
     from kformer.bench import runtimes
 
     shutil.copytree(artifacts, tmp_path / "ART")
-    with open(tmp_path / "ART" / "manifest.json", encoding="utf-8") as f:
-        manifest = json.load(f)
-    manifest["trained_in"] = trained_dir
-    with open(tmp_path / "ART" / "manifest.json", "w", encoding="utf-8") as f:
-        json.dump(manifest, f)
+    manifest = ExportManifest.load(tmp_path / "ART").replace(trained_in=trained_dir)
+    manifest.save(tmp_path / "ART")
     monkeypatch.setattr("platform.machine", lambda: "x86_64")
     monkeypatch.delenv("CT2_USE_MKL", raising=False)
     started = []
@@ -374,7 +375,7 @@ def test_bench_runtimes_measures_ctranslate2_in_each_setting(
         parallel=parallel,
         progress=print,
     )
-    variants = sorted({a["variant"] for a in manifest["artifacts"] if a["format"] == "ctranslate2"})
+    variants = sorted({a.variant for a in manifest.artifacts if a.format == "ctranslate2"})
     threads = ["", "1"] if parallel == 1 else [""]  # "": the bench's
     assert sorted({(v, setting) for r, v, _, setting in started if r == "ctranslate2"}) == [
         (v, (mkl, t)) for v in variants for mkl in ("0", "1") for t in threads
@@ -412,17 +413,17 @@ def test_runtime_rounds_are_reduced_to_medians_and_the_highest_memory():
 
 def test_bench_runtimes_measures_the_runtimes_asked_for():
     from kformer.bench.runtimes import _jobs
+    from kformer.contracts.export import Artifact, TokenizerEntry
 
-    manifest = {
-        "artifacts": [
-            {"format": "onnx", "variant": "fp32"},
-            {"format": "onnx", "variant": "text"},
-            {"format": "onnx", "variant": "int8"},
-            {"format": "ctranslate2", "variant": "fp32"},
-            {"format": "savedmodel", "variant": "fp32"},
-            {"format": "tokenizer", "variant": "sentencepiece"},
-        ]
-    }
+    listed = [
+        ("onnx", "fp32"),
+        ("onnx", "text"),
+        ("onnx", "int8"),
+        ("ctranslate2", "fp32"),
+        ("savedmodel", "fp32"),
+    ]
+    artifacts = tuple(Artifact(f"{f}/{v}", format=f, variant=v) for f, v in listed)
+    manifest = ExportManifest({}, 4, 0.6, 32, 4, TokenizerEntry(), artifacts)
     assert _jobs(manifest, None) == [
         ("keras", "fp32"),
         ("ctranslate2", "fp32"),
@@ -462,7 +463,9 @@ def test_runtime_worker_runs_the_jobs_batches_at_once(artifacts, tmp_path, monke
     sources = ["我們試試看！", "他很高興。", "好"]
     job.write_text(json.dumps({"sources": sources, "batch1_sentences": 1, "batch_size": 1, "parallel": 2}))
     row = worker(artifacts, "onnx", "fp32", 1, str(job), threads=2)
-    assert opened == [1] and row["hypotheses"] == onnx.OnnxRunner(artifacts, 1).translate(sources)
+    assert opened == [1]  # before the runner below opens its own session
+    greedy = onnx.OnnxRunner(artifacts, options=SearchOptions(beam_size=1))
+    assert row["hypotheses"] == greedy.translate(sources)
 
 
 def test_xla_dump_folder_is_removed_at_exit():
@@ -558,10 +561,9 @@ def test_bench_train_ratios_carry_the_range_of_the_rounds_ratios():
 
 def test_bench_alternatives_runs_every_file_and_compares_it_with_keras(artifacts, capsys):
     from kformer.bench.alternatives import EVERYDAY, bench_alternatives, print_alternatives_table
-    from kformer.export.manifest import load
 
     results = bench_alternatives(artifacts, alternatives=BEAM - 1)
-    listed = [(e["format"], e["variant"]) for e in load(artifacts)["artifacts"]]
+    listed = [(e.format, e.variant) for e in ExportManifest.load(artifacts).artifacts]
     expected = [("keras", "fp32"), *(f for f in listed if f != ("onnx", "text"))]  # text: one translation
     assert list(results["runtimes"]) == [f"{runtime} {variant}" for runtime, variant in expected]
     assert results["sentences"] == len(EVERYDAY["zh"])

@@ -10,6 +10,8 @@ import os
 
 from kformer.arguments import positive
 from kformer.bench.harness import Stopwatch, print_table, report
+from kformer.contracts.export import ExportManifest
+from kformer.decode.options import SearchOptions
 
 HELP = "distinct alternatives per sentence in every runtime of an export (LibreTranslate's alternatives=N)"
 
@@ -88,24 +90,21 @@ def runtimes(manifest):
     translation per text, and the Argos package is CTranslate2's file again."""
     from kformer.export.formats import FORMATS
 
-    found = [("keras", "fp32")] if os.path.isdir(manifest["trained_in"]) else []
-    for entry in manifest["artifacts"]:
-        if entry["format"] in FORMATS and (entry["format"], entry["variant"]) != ("onnx", "text"):
-            found.append((entry["format"], entry["variant"]))
-    return found
+    files = [(a.format, a.variant) for a in manifest.artifacts if a.format in FORMATS]
+    keras = [("keras", "fp32")] if os.path.isdir(manifest.trained_in or "") else []
+    return keras + [file for file in files if file != ("onnx", "text")]
 
 
 def bench_alternatives(export_dir, alternatives=3, sentences=None):
     """Each runtime's alternatives for the `sentences` (default: EVERYDAY in the export's source
     language); a JSON-friendly dict."""
     from kformer.bench.runtimes import export_runner
-    from kformer.export.manifest import load
 
-    manifest = load(export_dir)
-    beam, nbest = manifest["beam_size"], alternatives + 1
+    manifest = ExportManifest.load(export_dir)
+    beam, nbest = manifest.beam_size, alternatives + 1
     if nbest > beam:
         raise ValueError(f"--alternatives {alternatives} needs a beam of {nbest}; this export's is {beam}")
-    source = manifest["corpus"]["direction"].split("-")[0]
+    source = manifest.pair.source
     if sentences is None:
         if source not in EVERYDAY:
             raise ValueError(f"no everyday sentences in {source!r}: give --sentences FILE")
@@ -114,7 +113,7 @@ def bench_alternatives(export_dir, alternatives=3, sentences=None):
     for runtime, variant in runtimes(manifest):
         runner = export_runner(runtime, export_dir, beam, variant)
         with Stopwatch() as watch:
-            results = runner.translations(sentences, nbest=nbest)
+            results = runner.translations(sentences, SearchOptions(nbest=nbest))
         texts = [[a.text for a in t.alternatives] for t in results]
         reference = texts if reference is None else reference
         found[f"{runtime} {variant}"] = {

@@ -16,6 +16,7 @@ import tempfile
 
 from kformer.arguments import positive
 from kformer.bench.harness import Stopwatch, print_table, report, scores
+from kformer.contracts.export import ExportManifest
 
 HELP = "Argos Translate against kformer's CTranslate2 runner on an export's Argos package"
 ARGOSTRANSLATE = "argostranslate"  # the venv of PyPI argostranslate==1.11.0, inside kformer's
@@ -65,41 +66,38 @@ def argos_translations(python, packages, job, home):
 
 def bench_argos(export_dir, python, sentences=None):
     """Both on the first `sentences` test sources (all by default); a JSON-friendly dict."""
-    from kformer.evaluate import split_references
+    from kformer.evaluate import evaluate, split_references
     from kformer.export.formats import open_listed
-    from kformer.export.manifest import load
 
-    manifest = load(export_dir)
-    if not manifest.get("packages"):
+    manifest = ExportManifest.load(export_dir)
+    if not manifest.packages:
         raise ValueError(f"{export_dir} holds no Argos package: export it with --formats argos")
     if not os.path.exists(python):
         raise ValueError(f"{python} not found: `make test` installs argostranslate in a venv of its own")
-    direction = manifest["corpus"]["direction"]
-    sources, references = split_references(manifest["trained_in"], "test")
+    direction, package = str(manifest.pair), manifest.packages[0]
+    sources, references = split_references(manifest.trained_in, "test")
     sources, references = sources[:sentences], references[:sentences]
-    variant = manifest["packages"][0].get("variant", "fp32")  # packages before int8 ones were fp32
-    runner = open_listed(export_dir, "ctranslate2", variant, beam_size=manifest["beam_size"])
+    runner = open_listed(export_dir, "ctranslate2", package.variant)  # the export's beam and alpha
     with Stopwatch() as ours_watch:
-        ours = runner.translate(sources)
-    package = os.path.join(export_dir, manifest["packages"][0]["file"])
+        ours = evaluate(runner, sources, references)
     with Stopwatch() as theirs_watch, tempfile.TemporaryDirectory() as home:
-        theirs = argos_translations(python, [package], {direction: sources}, home)[direction]
-    language = direction.split("-")[-1]
-    same = sum(a == b for a, b in zip(ours, theirs))
+        theirs = argos_translations(
+            python, [os.path.join(export_dir, package.file)], {direction: sources}, home
+        )[direction]
+    translations = [hypothesis for _, _, hypothesis in ours["examples"]]
     return {
         "export": os.path.abspath(export_dir),
         "direction": direction,
         "sentences": len(sources),
-        "kformer": _scored(ours, references, language, ours_watch.seconds),
+        "kformer": _scored(ours, ours_watch.seconds),
         # with Argos's start and the package's install
-        "argos": _scored(theirs, references, language, theirs_watch.seconds),
-        "identical": same / len(sources),
-        "examples": [list(row) for row in zip(sources, ours, theirs)][:5],
+        "argos": _scored(scores(theirs, references, runner.language), theirs_watch.seconds),
+        "identical": sum(a == b for a, b in zip(translations, theirs)) / len(sources),
+        "examples": [list(row) for row in zip(sources, translations, theirs)][:5],
     }
 
 
-def _scored(translations, references, language, seconds):
-    found = scores(translations, references, language)
+def _scored(found, seconds):
     return {"bleu": round(found["bleu"], 2), "chrf": round(found["chrf"], 2), "seconds": round(seconds, 1)}
 
 

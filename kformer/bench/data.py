@@ -21,7 +21,9 @@ import numpy as np
 
 from kformer.arguments import positive
 from kformer.bench.harness import Stopwatch, print_table, report, waited
-from kformer.model.config import DEFAULT_DIRECTION, DEFAULT_PRESET, PRESETS
+from kformer.contracts.prepared import PreparedCorpus
+from kformer.data.corpus import DEFAULT_DIRECTION
+from kformer.model.config import DEFAULT_PRESET, PRESETS
 
 log = logging.getLogger("kformer")
 
@@ -35,6 +37,7 @@ import json, sys, time
 started = time.monotonic()
 import keras
 from kformer.train.fit import start
+from kformer.train.options import TrainOptions
 out, data, config_name, steps, pipeline_batches = sys.argv[1:6]
 
 class Clock(keras.callbacks.Callback):
@@ -44,7 +47,7 @@ class Clock(keras.callbacks.Callback):
         self.ends.append(time.monotonic())
 
 clock = Clock()
-run = start(out, config_name, data=data, steps=int(steps), callbacks=[clock], verbose=0)
+run = start(out, TrainOptions(config_name, data=data, steps=int(steps), callbacks=(clock,), verbose=0))
 try:
     run.finish(run.model.fit(**run.fit_args))
 finally:
@@ -72,9 +75,9 @@ def synthetic_corpus(path, pairs, base=None, seed=0, direction=DEFAULT_DIRECTION
     `base` (default: the default corpus's) to a gzipped TSV at `path`."""
     from kformer.data import corpus as corpus_lib
 
-    base = base or corpus_lib.read_corpus(direction=direction)[0]
+    pair, base = corpus_lib.parse_pair(direction), base or corpus_lib.read_corpus(direction=direction)[0]
     rng = np.random.default_rng(seed)
-    source_joiner, target_joiner = ("" if side == "zh" else " " for side in direction.split("-"))
+    source_joiner, target_joiner = ("" if side == "zh" else " " for side in (pair.source, pair.target))
     started, written = time.monotonic(), 0
     with gzip.open(path, "wt", encoding="utf-8", compresslevel=1) as f:
         for source, target in base[:pairs]:
@@ -177,16 +180,15 @@ def bench_size(pairs, work=None, config="small", many_steps=2000, pipeline_batch
         log.info("bench data: kformer prepare, %d pairs", pairs)
         seconds, peak, _ = measured(_cli("prepare", "--data", corpus, "--out", prepared))
         os.remove(corpus)
-        with open(os.path.join(prepared, "prepared.json")) as f:
-            manifest = json.load(f)
+        manifest = PreparedCorpus.load(prepared)
         result = {
             "pairs": pairs,
             "corpus_gz_mb": corpus_mb,
-            "distinct": manifest["read"]["pairs"],
-            "train_pairs": manifest["pairs"]["train"],
+            "distinct": manifest.read["pairs"],
+            "train_pairs": manifest.pairs["train"],
             "prepare_s": seconds,
             "prepare_peak_mb": peak,
-            "bytes_per_pair": manifest["bytes_per_pair"],
+            "bytes_per_pair": manifest.bytes_per_pair,
         }
         log.info("bench data: kformer train (%s) on the prepared corpus", config)
         result["train"] = _probe(os.path.join(folder, "run"), prepared, config, 20, pipeline_batches)

@@ -8,7 +8,7 @@ import numpy as np
 
 from kformer.bench.harness import Stopwatch, interleave, print_table, report
 from kformer.decode import text_batches
-from kformer.model.config import search_label
+from kformer.decode.options import search_label
 
 log = logging.getLogger("kformer")
 
@@ -32,6 +32,7 @@ def _search_function(model, beam_size, naive, jit_compile, output_tokens, eager=
 
     from kformer.decode import search
     from kformer.decode.translator import SOURCE_SPEC
+    from kformer.model.cache import FixedBuffers, Growing
 
     c = model.config
 
@@ -42,8 +43,11 @@ def _search_function(model, beam_size, naive, jit_compile, output_tokens, eager=
             step = search.naive_step(lambda s, t: model({"source_ids": s, "target_ids": t}, training=False))
             cache = search.naive_cache(source_ids, length, c.pad_id)
         else:
-            # As the translator: caches that grow, fixed buffers under XLA (Transformer.init_cache).
-            step, cache = model.decode_step, model.init_cache(source_ids, length if jit_compile else None)
+            # As the translator: caches that grow, fixed buffers under XLA (kformer.decode.recipe).
+            step, cache = (
+                model.decode_step,
+                model.init_cache(source_ids, FixedBuffers if jit_compile else Growing, length),
+            )
         step = _without_eos(step, c.eos_id)
         if beam_size > 1:
             return search.beam_search(step, cache, lengths, ids, beam_size)[0]
@@ -73,20 +77,20 @@ def bench_decode(model_dir, batch_sizes=(1, 32), output_tokens=30, repeats=5):
     from kformer import run_folder
     from kformer.evaluate import split_references
 
-    model, config, tokenizer, _ = run_folder.load(model_dir)
-    output_tokens = min(output_tokens, config.max_target_length)
+    run = run_folder.load(model_dir)
+    output_tokens = min(output_tokens, run.config.max_target_length)
     sources, _ = split_references(model_dir, "test")
-    ids = [row[: config.max_source_length] for row in tokenizer.encode(sources) if len(row) >= 8]
+    ids = [row[: run.config.max_source_length] for row in run.tokenizer.encode(sources) if len(row) >= 8]
     ids.sort(key=lambda row: abs(len(row) - 20))  # sentences of about 20 tokens
     rows = []
     for batch_size in batch_sizes:
         _, batch = next(text_batches.length_sorted_batches(ids[:batch_size], batch_size))
         for beam_size in (1, 4):
             functions = {
-                name: _search_function(model, beam_size, naive, jit, output_tokens, eager)
+                name: _search_function(run.model, beam_size, naive, jit, output_tokens, eager)
                 for name, (naive, jit, eager) in VARIANTS.items()
             }
-            rows += _decode_rows(functions, batch, beam_size, config.pad_id, repeats)
+            rows += _decode_rows(functions, batch, beam_size, run.config.pad_id, repeats)
     return {"model": model_dir, "output_tokens": output_tokens, "source_tokens": "~20", "rows": rows}
 
 

@@ -22,8 +22,10 @@ from kformer.bench.harness import (
     scores,
     spread,
 )
-from kformer.export.format import quantization
-from kformer.model.config import search_label
+from kformer.contracts.export import ExportManifest
+from kformer.decode.options import SearchOptions, search_label
+from kformer.decode.runner import Runner, RunnerSettings
+from kformer.export.artifact_format import quantization
 
 TIMINGS = ("file_s", "batch1_ms")  # the two cells each ratio to CTranslate2 is taken in
 
@@ -42,7 +44,7 @@ class RuntimesBench:
     sentences: int = 500
     rounds: int = 3
     batch1_sentences: int = 100
-    runtimes: list = None
+    runtimes: list[str] | None = None
     batch_size: int = 32
     parallel: int = 1
 
@@ -66,32 +68,20 @@ class WorkerRun:
         return f"{self.runtime} {variant} beam {self.beam}"
 
 
-def export_runner(runtime, artifact_dir, beam, variant, threads=None, batch_size=32, parallel=1):
+def export_runner(runtime, artifact_dir, beam, variant, settings=None):
     """The runner of an export's file, or for "keras" of the training folder it came from, with
-    the export's search settings."""
+    the export's search settings; `settings`: a RunnerSettings."""
     from kformer.export.formats import open_listed, open_runner
-    from kformer.export.manifest import load as load_manifest
 
     if runtime == "keras":  # the training folder the export came from, with the export's settings
-        manifest = load_manifest(artifact_dir)
+        m = ExportManifest.load(artifact_dir)
         return open_runner(
-            manifest["trained_in"],
+            m.trained_in,
             "keras",
-            beam_size=beam,
-            alpha=manifest["alpha"],
-            max_length=manifest["max_length"],
-            no_repeat_ngram=manifest["no_repeat_ngram"],
-            batch_size=batch_size,
+            settings=settings,
+            options=SearchOptions(beam, m.alpha, m.max_length, m.no_repeat_ngram),
         )
-    return open_listed(
-        artifact_dir,
-        runtime,
-        variant,
-        beam_size=beam,
-        batch_size=batch_size,
-        threads=threads,
-        parallel=parallel,
-    )
+    return open_listed(artifact_dir, runtime, variant, settings, SearchOptions(beam_size=beam))
 
 
 def _import_runtime(runtime):
@@ -120,7 +110,11 @@ def worker(artifact_dir, runtime, variant, beam, sentences_file, threads=None):
     imported_mb = memory_mb("VmRSS")
     with Stopwatch() as load:
         runner = export_runner(
-            runtime, artifact_dir, beam, variant, threads, job["batch_size"], job.get("parallel", 1)
+            runtime,
+            artifact_dir,
+            beam,
+            variant,
+            RunnerSettings(job["batch_size"], threads, job.get("parallel", 1)),
         )
     loaded_mb = memory_mb("VmRSS")
     sources, singles = job["sources"], job["sources"][: job["batch1_sentences"]]
@@ -157,7 +151,7 @@ def _jobs(manifest, runtimes, parallel=1):
     > 1, those whose runners take it only."""
     formats = ("savedmodel", "tflite", "onnx", "ctranslate2")
     jobs = [("keras", "fp32")] + sorted(
-        {(a["format"], a["variant"]) for a in manifest["artifacts"] if a["format"] in formats}
+        {(a.format, a.variant) for a in manifest.artifacts if a.format in formats}
     )
     if runtimes:
         unknown = set(runtimes) - {runtime for runtime, _ in jobs}
@@ -168,7 +162,6 @@ def _jobs(manifest, runtimes, parallel=1):
             )
         jobs = [(runtime, variant) for runtime, variant in jobs if runtime in runtimes]
     if parallel > 1:
-        from kformer.decode.runner import Runner
         from kformer.export.formats import runs_batches_at_once
 
         jobs = [(runtime, variant) for runtime, variant in jobs if runs_batches_at_once(runtime, variant)]
@@ -208,16 +201,15 @@ def bench_runtimes(artifact_dir, progress=print, **settings):
     runner's translate runs at once (`--parallel`); runtimes that run one at a time are left out.
     `runtimes`: those measured (default: all, `_jobs`). `settings`: RuntimesBench's fields."""
     from kformer.evaluate import split_references
-    from kformer.export.manifest import load as load_manifest
 
     bench = RuntimesBench(**settings)
     artifact_dir = os.path.abspath(artifact_dir)  # the workers run in another folder
-    manifest = load_manifest(artifact_dir)
-    sources, references = split_references(manifest["trained_in"], "test")
+    manifest = ExportManifest.load(artifact_dir)
+    sources, references = split_references(manifest.trained_in, "test")
     sources, references = sources[: bench.sentences], references[: bench.sentences]
-    language = (manifest.get("corpus") or {}).get("direction", "x-en").split("-")[-1]
+    language = manifest.pair.target if manifest.pair else "en"
     # The bytes of a variant's file or folder, for both searches (TFLite, ONNX: a file of each)
-    sizes = {(a["format"], a["variant"]): a["bytes"] for a in manifest["artifacts"]}
+    sizes = {(a.format, a.variant): a.bytes for a in manifest.artifacts}
     batch1 = min(bench.batch1_sentences, len(sources))
     runs = {run.label: run for run in _worker_runs(manifest, bench)}
     with tempfile.TemporaryDirectory() as work:
@@ -259,7 +251,7 @@ def _worker_runs(manifest, bench):
         WorkerRun(runtime, variant, backend, environment, threads, beam)
         for runtime, variant in _jobs(manifest, bench.runtimes, bench.parallel)
         for backend, (environment, threads) in _settings(runtime, bench.parallel).items()
-        for beam in (1, manifest["beam_size"])
+        for beam in (1, manifest.beam_size)
     ]
 
 

@@ -174,7 +174,7 @@ class ServeBench:
     rounds: int = 2
     seconds: float = 10.0
     requests: int = 10_000
-    threads: int = None
+    threads: int | None = None
     parallel: int = 1
 
 
@@ -201,14 +201,14 @@ def bench_serve(artifact_dir, progress=print, **settings):
     """`kformer serve` under load against its runner alone (onnxruntime fp32, batches of 32 and of
     1, one at a time), at several numbers of clients, in interleaved rounds; a mixed good/bad
     check; overload. `settings`: ServeBench's fields (`parallel`: the server's `--parallel`)."""
+    from kformer.decode.runner import RunnerSettings
     from kformer.evaluate import split_references
     from kformer.export.formats import open_runner
-    from kformer.export.manifest import load as load_manifest
 
     bench = ServeBench(**settings)
     artifact_dir = os.path.abspath(artifact_dir)
-    sources = split_references(load_manifest(artifact_dir)["trained_in"], "test")[0][: bench.sentences]
-    runner = open_runner(artifact_dir, "onnx", "fp32", threads=bench.threads)
+    sources = split_references(artifact_dir, "test")[0][: bench.sentences]  # the run's test split
+    runner = open_runner(artifact_dir, "onnx", "fp32", RunnerSettings(threads=bench.threads))
     server = Server(artifact_dir, bench.threads, "--parallel", str(bench.parallel))
     try:
         found = _rounds(server, runner, sources, bench, progress)

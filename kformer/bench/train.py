@@ -15,7 +15,8 @@ import tempfile
 from kformer import extras
 from kformer.arguments import add_precision_option, add_rounds_option, positive
 from kformer.bench.harness import Stopwatch, interleave, memory_mb, print_table, report, spread
-from kformer.model.config import DEFAULT_PRESET, PRECISIONS, PRESETS
+from kformer.model.config import DEFAULT_PRESET, PRESETS
+from kformer.train.precision import PRECISIONS
 
 log = logging.getLogger("kformer")
 
@@ -42,34 +43,31 @@ def count_xla_compilations(directory, function="one_step_on_data"):
     return len(glob.glob(os.path.join(directory, f"*{function}*before_optimizations.txt")))
 
 
-def _fixed_batches(config_name, count, seed, overrides=None):
-    """`count` training batches of the default corpus (all bucket shapes mixed), twice: as training
-    without XLA batches them (grouped by both lengths, padded to the longest row) and with XLA
-    (padded to the bucket)."""
+def _fixed_batches(config_name, count, seed, batch_tokens):
+    """`count` training batches of `batch_tokens` of the default corpus (all bucket shapes mixed),
+    twice: as training without XLA batches them (grouped by both lengths, padded to the longest
+    row) and with XLA (padded to the bucket)."""
+    from kformer.contracts.prepared import PreparedCorpus
     from kformer.data import batches as batches_lib
-    from kformer.data import prepare as prepare_lib
     from kformer.data import shards as shards_lib
     from kformer.train.options import TrainOptions
     from kformer.train.run_data import run_data
 
     with tempfile.TemporaryDirectory() as work:  # the corpus is prepared beside the run folder, in here
-        options = TrainOptions(config_name, overrides=overrides)
-        config, _, folder, _ = run_data(os.path.join(work, "run"), options)
-        manifest = prepare_lib.load(folder)
-        encoded = shards_lib.read_prepared(
-            prepare_lib.shard_paths(folder, manifest), manifest["train"]["dtype"], config
-        )
+        config, _, _, folder, _ = run_data(os.path.join(work, "run"), TrainOptions(config_name))
+        batching, manifest = batches_lib.Batching.of(config, batch_tokens), PreparedCorpus.load(folder)
+        encoded = shards_lib.read_prepared(manifest.shard_paths(folder), manifest.train.dtype, batching)
 
     def batches(pad_to_bucket):
         dataset = batches_lib.make_dataset(
-            encoded, config, training=True, seed=seed, pad_to_bucket=pad_to_bucket
+            encoded, batching, training=True, seed=seed, pad_to_bucket=pad_to_bucket
         )
         return [(dict((k, v.numpy()) for k, v in x.items()), y.numpy()) for x, y in dataset.take(count)]
 
     return config, batches(False), batches(True)
 
 
-def _one_shape_batches(config_name, count, seed, length, overrides=None):
+def _one_shape_batches(config_name, count, seed, length, batch_tokens):
     """`count` batches of one shape, `length` tokens a side and the rows that `batch_tokens` holds,
     of random ids, no padding: a step's speed with a single compilation per variant (a GPU's XLA
     compiles each bucket shape for ~100 s with `base`)."""
@@ -78,14 +76,13 @@ def _one_shape_batches(config_name, count, seed, length, overrides=None):
     from kformer.data.batches import random_batch
     from kformer.model.config import preset
 
-    config = preset(config_name, **(overrides or {}))
+    config = preset(config_name)
     longest = min(config.max_source_length, config.max_target_length)
     if not 0 < length <= longest:
         raise ValueError(f"--length {length}: choose 1..{longest}")
     rng = np.random.default_rng(seed)
     batches = [
-        random_batch(config, (max(1, config.batch_tokens // length), length, length), rng)
-        for _ in range(count)
+        random_batch(config, (max(1, batch_tokens // length), length, length), rng) for _ in range(count)
     ]
     return config, batches, batches
 
@@ -131,7 +128,8 @@ def reference_model(config, dtype=None):
             decoder_padding_mask=ops.not_equal(inputs["target_ids"], config.pad_id),
             encoder_padding_mask=source_mask,
         )
-    return keras.Model(inputs, embedding(y, reverse=True), name="keras_hub_reference")
+    model = keras.Model(inputs, embedding(y, reverse=True), name="keras_hub_reference")
+    return model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,12 +141,12 @@ class TrainBench:
     seed: int = 0
     precision: str = "auto"
     rounds: int = 5
-    overrides: dict = None
+    recipe_changes: dict | None = None  # changes to the preset's TrainingRecipe (kformer.train.recipe)
     reference: bool = True
-    length: int = None
-    profile: str = None
+    length: int | None = None
+    profile: str | None = None
     steps_per_call: int = 1
-    variants: list = None
+    variants: list[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,23 +187,25 @@ def bench_train(config_name=DEFAULT_PRESET, **options):
     variants then take turns every N steps. `variants`: the names of those to run (default: all).
     """
     from kformer.train.precision import choose_precision
+    from kformer.train.recipe import recipe
 
     bench = TrainBench(config_name, **options)
     if bench.reference:
         extras.require("keras_hub", "kformer bench train")  # its reference model; before any work
     precision, why = choose_precision(bench.precision)
     runs = _chosen(_runs(bench, precision), bench.variants)  # chosen before any work
+    training = recipe(bench.config_name, **(bench.recipe_changes or {}))
     if bench.length:
         config, dynamic, bucketed = _one_shape_batches(
-            bench.config_name, bench.steps, bench.seed, bench.length, bench.overrides
+            bench.config_name, bench.steps, bench.seed, bench.length, training.batch_tokens
         )
     else:
         config, dynamic, bucketed = _fixed_batches(
-            bench.config_name, bench.steps, bench.seed, bench.overrides
+            bench.config_name, bench.steps, bench.seed, training.batch_tokens
         )
     chunk = -(-CHUNK // bench.steps_per_call) * bench.steps_per_call  # whole calls of every variant
     variants = {
-        name: _compiled(config, bench.seed, chunk, run, bucketed if run.padded else dynamic)
+        name: _compiled(config, training, bench.seed, chunk, run, bucketed if run.padded else dynamic)
         for name, run in runs.items()
     }
     peaks = _timed_between_peaks(variants, bench.rounds, config, precision, dynamic)
@@ -337,10 +337,11 @@ def _peak_memory_mb():
     return memory_mb("VmHWM")
 
 
-def _compiled(config, seed, chunk, run, batches):
-    """A compiled model of `run` (a Variant), trained through `fit` once on every distinct batch
-    shape of `batches` (the warm-up: tracing and compiling), with its batches as datasets of `chunk`
-    batches each, and their token and FLOP counts."""
+def _compiled(config, training, seed, chunk, run, batches):
+    """A compiled model of `run` (a Variant), of `config`, to train as `training` (a TrainingRecipe)
+    says, trained through `fit` once on every distinct batch shape of `batches` (the warm-up:
+    tracing and compiling), with its batches as datasets of `chunk` batches each, and their token
+    and FLOP counts."""
     import keras
 
     from kformer.model import flops
@@ -351,7 +352,9 @@ def _compiled(config, seed, chunk, run, batches):
     dtype = PRECISIONS[run.precision]
     model = Transformer(config, dtype=dtype) if run.kind == "kformer" else reference_model(config, dtype)
     fused = run.kind == "kformer"
-    model = compile_model(model, config, xla=run.xla, fused=fused, steps_per_call=run.steps_per_call)
+    model = compile_model(
+        model, config, training, xla=run.xla, fused=fused, steps_per_call=run.steps_per_call
+    )
     with Stopwatch() as warmup:
         shapes = {(x["source_ids"].shape, y.shape): (x, y) for x, y in batches}
         model.fit(_dataset(list(shapes.values())), shuffle=False, verbose=0)

@@ -7,7 +7,9 @@ import statistics
 
 from kformer.arguments import add_rounds_option, positive
 from kformer.bench.harness import Stopwatch, interleave, print_table, report
-from kformer.model.config import search_label
+from kformer.contracts.export import ExportManifest
+from kformer.decode.options import SearchOptions, search_label
+from kformer.decode.runner import RunnerSettings
 
 # `kformer bench web`: the page of export/web/ against onnxruntime in Python, same export, same sentences.
 TIME_EACH_SENTENCE_JS = """async ([lines, beam]) => {
@@ -30,22 +32,21 @@ def bench_web(artifact_dir, sentences=50, rounds=2, screenshot=None, browser=Non
     `sentences` test sentences, interleaved over `rounds`; page load time and bytes per variant.
     `browser`: a Playwright browser to use (default: start web.chromium())."""
     from kformer.evaluate import split_references
-    from kformer.export import web
-    from kformer.export.manifest import load as load_manifest
+    from kformer.export.page import PAGE_RUNTIMES, chromium
 
-    manifest = load_manifest(artifact_dir)
-    sources = split_references(manifest["trained_in"], "test")[0][:sentences]
-    present = {(a["format"], a["variant"]) for a in manifest["artifacts"]}
+    manifest = ExportManifest.load(artifact_dir)
+    sources = split_references(manifest.trained_in, "test")[0][:sentences]
+    present = {(a.format, a.variant) for a in manifest.artifacts}
     jobs = {
         f"{runtime} {variant}, {threads} thread(s)": (runtime, variant, threads)
-        for runtime, (fmt, names) in web.PAGE_RUNTIMES.items()
+        for runtime, (fmt, names) in PAGE_RUNTIMES.items()
         for variant in names
         if (fmt, variant) in present
         for threads in sorted({1, os.cpu_count() or 1})
     }
-    beams = (1, manifest["beam_size"])
+    beams = (1, manifest.beam_size)
     shot = next((job for job in jobs.values() if job[2] > 1), None)  # the first variant, all cores
-    with contextlib.nullcontext(browser) if browser else web.chromium() as browser:
+    with contextlib.nullcontext(browser) if browser else chromium() as browser:
 
         def measure(job, number):
             picture = screenshot if number == 0 and job == shot else None
@@ -64,8 +65,8 @@ def _time_page(browser, artifact_dir, job, sources, beams, screenshot=None):
     """One round of one (runtime, variant, threads): the page's first load, then each sentence in
     the page and in Python, alternately per search: {"load_s", "bytes", (beam, "page" or
     "python"): ms of each sentence}."""
-    from kformer.export import web
     from kformer.export.formats import open_listed
+    from kformer.export.page import PAGE_RUNTIMES
     from kformer.serve.server import serving_page
 
     runtime, variant, threads = job
@@ -77,7 +78,11 @@ def _time_page(browser, artifact_dir, job, sources, beams, screenshot=None):
         found["bytes"] = page.evaluate(PAGE_BYTES_JS)
         for beam in beams:
             runner = open_listed(
-                artifact_dir, web.PAGE_RUNTIMES[runtime][0], variant, beam_size=beam, threads=threads
+                artifact_dir,
+                PAGE_RUNTIMES[runtime][0],
+                variant,
+                RunnerSettings(threads=threads),
+                SearchOptions(beam_size=beam),
             )
             runner.translate(sources[:1])  # warm-up, as the page's first call below
             page.evaluate(TIME_EACH_SENTENCE_JS, [sources[:1], beam])
