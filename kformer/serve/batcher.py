@@ -6,7 +6,8 @@ Retry-After) instead of letting a backlog grow. A thread takes what has queued (
 requests up to batch_size texts, the last one whole), runs each group of texts that share search
 options in one `runner.translations` call, and hands each request its results; a runner opened
 with `parallel` N (kformer.decode.runner) has N such threads, each batch on threads / N threads. A
-request whose client left before its turn is skipped.
+request whose client left before its turn is skipped. A request whose texts fail the runner
+fails alone (`Batcher._run`): its batch-mates are answered.
 """
 
 import concurrent.futures
@@ -17,6 +18,7 @@ import time
 
 from kformer.decode import gather
 from kformer.decode.options import SearchOptions
+from kformer.serve.requests import BadRequest
 
 
 class QueueFull(Exception):
@@ -102,13 +104,21 @@ class Batcher:
                     return
 
     def _run(self, requests, options):
+        """Runs the requests' texts in one runner call. Where the call fails, each half of the
+        requests runs again on its own, down to single requests: a text that fails (one the
+        tokenizer cannot encode, say) fails its own request, and the others get their
+        translations at the cost of a few more calls."""
         texts = [text for r in requests for text in r.texts]
         start = time.perf_counter()
         try:
             results = self.runner.translations(texts, options)
-        except Exception as e:  # noqa: BLE001 -- each request gets the error; the server goes on
-            for r in requests:
-                r.future.set_exception(e)
+        except Exception as e:  # noqa: BLE001 -- the failure goes to the request that caused it
+            if len(requests) == 1:
+                requests[0].future.set_exception(_own_failure(e))
+                return
+            middle = len(requests) // 2
+            self._run(requests[:middle], options)
+            self._run(requests[middle:], options)
             return
         seconds = time.perf_counter() - start
         chars = sum(r.chars for r in requests)
@@ -120,3 +130,11 @@ class Batcher:
         for r in requests:
             r.future.set_result(results[: len(r.texts)])
             results = results[len(r.texts) :]
+
+
+def _own_failure(error):
+    """What a request alone failed with: a 400 where the runner refused its input (the errors
+    Python raises for a wrong value: the texts cannot be encoded or decoded), else the error."""
+    if isinstance(error, (ValueError, TypeError)):
+        return BadRequest(f"Cannot translate text: {error}")
+    return error
