@@ -3,12 +3,83 @@ is bounded by what it is charged, and every malformed field is a 4xx; then a rea
 on loopback under a bounded hostile client (docs/guide.md, "What bad input gets")."""
 
 import concurrent.futures
+import contextlib
+import logging
+import re
+import socket
+import time
 
 import pytest
+from conftest import BEAM, MAX_LENGTH
+from test_serve import request
 
+from kformer.decode.options import SearchOptions
 from kformer.decode.text_batches import Hypothesis, Translation
+from kformer.export.exporter import export
+from kformer.export.formats import open_runner
+from kformer.serve.app import create_app
 from kformer.serve.batcher import Batcher
 from kformer.serve.requests import BadRequest
+from kformer.serve.server import serving
+
+
+@pytest.fixture(scope="module")
+def export_dir(model_dir, tmp_path_factory):
+    """The ONNX files of the random tiny model (what the server runs here)."""
+    out = str(tmp_path_factory.mktemp("hostile") / "export")
+    options = SearchOptions(beam_size=BEAM, max_length=MAX_LENGTH)
+    export(model_dir, out, ("onnx",), (), options, progress=lambda *a, **k: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runner(export_dir):
+    return open_runner(export_dir, "onnx")
+
+
+@pytest.fixture(scope="module")
+def url(runner):
+    with serving(create_app(runner)) as url:
+        yield url
+
+
+class Tracebacks(logging.Handler):
+    """Collects the log records that carry a traceback."""
+
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def emit(self, record):
+        if record.exc_info:
+            self.records.append(self.format(record))
+
+
+@contextlib.contextmanager
+def tracebacks_logged():
+    """The tracebacks the app (logger kformer) and uvicorn (uvicorn.error) log in the block."""
+    handler = Tracebacks()
+    loggers = [logging.getLogger(name) for name in ("kformer", "uvicorn.error")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield handler.records
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def host_port(url):
+    host, port = url.split("//")[1].rstrip("/").split(":")
+    return host, int(port)
+
+
+def metric(url, route, code):
+    """The count of requests to `route` answered `code`, on /metrics."""
+    found = re.search(
+        rf'kformer_requests_total\{{code="{code}",route="{route}"\}} ([0-9.]+)', request(url + "metrics")[2]
+    )
+    return float(found.group(1)) if found else 0.0
 
 
 class Echo:
@@ -48,5 +119,69 @@ def test_a_request_that_fails_in_a_batch_fails_alone():
             assert [t.text for t in future.result()] == [submitted[0][::-1]]
 
 
-if __name__ == "__main__":
-    pytest.main([__file__])
+DEEP = b"[" * 100_000 + b"]" * 100_000
+LT = b'"source": "zh", "target": "en"'
+
+
+@pytest.mark.parametrize(
+    "route, body, field, words",
+    [
+        ("translate", b'{"q": ' + DEEP + b", " + LT + b"}", None, "nested"),
+        ("v1/translate", b'{"texts": ["x"], "alpha": ' + DEEP + b"}", None, "nested"),
+        ("translate", b'{"q": "x", "alternatives": 1e999, ' + LT + b"}", "alternatives", "whole number"),
+        ("translate", b'{"q": "x", "alternatives": true, ' + LT + b"}", "alternatives", "got true"),
+        ("translate", b'{"q": "x", "alternatives": -1e400, ' + LT + b"}", "alternatives", "whole number"),
+        ("v1/translate", b'{"texts": ["x"], "no_repeat_ngram": 1e10}', "no_repeat_ngram", "whole number"),
+        (
+            "v1/translate",
+            b'{"texts": ["x"], "no_repeat_ngram": 10000000000}',
+            "no_repeat_ngram",
+            "2147483647",
+        ),
+        ("v1/translate", b'{"texts": ["x"], "max_length": 1e999}', "max_length", "max length"),
+        ("v1/translate", b'{"texts": ["x"], "alpha": 1e999}', "alpha", "alpha"),
+        ("v1/translate", b'{"texts": ["x"], "nbest": 99999999999999999999}', "nbest", "nbest"),
+        ("translate", b'{"q": "\\ud800", ' + LT + b"}", "q", "lone surrogate"),
+        ("translate", b'{"q": ["a", "\\udfffb"], ' + LT + b"}", "q", "lone surrogate"),
+        ("translate", b'{"q": "x", "source": "\\ud800", "target": "en"}', "source", "lone surrogate"),
+        ("v1/translate", b'{"texts": ["x \\ud800"]}', "texts", "lone surrogate"),
+        ("v1/translate", b'{"texts": ["x"], "\\ud800": 1}', None, "lone surrogate"),
+        ("detect", b'{"q": "\\ud800"}', "q", "lone surrogate"),
+    ],
+)
+def test_every_malformed_field_is_a_400_without_a_traceback(url, route, body, field, words):
+    with tracebacks_logged() as logged:
+        status, _, answer = request(url + route, body)
+    assert status == 400 and words in answer["error"], answer
+    assert route != "v1/translate" or answer.get("field") == field, answer
+    assert logged == []
+
+
+def test_a_request_with_a_text_no_tokenizer_encodes_fails_alone(url, runner):
+    """Innocent requests sent with one that holds a lone surrogate, at once: all answered."""
+    bad = b'{"q": "\\ud800", ' + LT + b"}"
+    texts = [f"{i}。好" for i in range(12)]
+    with concurrent.futures.ThreadPoolExecutor(13) as pool:
+        sent = [
+            pool.submit(request, url + "translate", {"q": t, "source": "zh", "target": "en"}) for t in texts
+        ]
+        refused = pool.submit(request, url + "translate", bad)
+        answers = [f.result() for f in sent]
+    assert refused.result()[0] == 400
+    assert [a[2]["translatedText"] for a in answers] == runner.translate(texts)
+
+
+def test_a_client_that_leaves_mid_body_is_a_499_not_a_500(url):
+    before = metric(url, "/v1/translate", 499)
+    with tracebacks_logged() as logged:
+        with socket.create_connection(host_port(url)) as leaving:
+            leaving.sendall(
+                b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"texts": ["'
+            )
+            time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while metric(url, "/v1/translate", 499) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert metric(url, "/v1/translate", 499) == before + 1
+    assert metric(url, "/v1/translate", 500) == 0 and logged == []

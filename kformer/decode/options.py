@@ -21,6 +21,7 @@ EXTRA_OUTPUT_TOKENS = 50  # maximum output length = source length + 50 (the pape
 # and finds one hypothesis: nbest is beam search's (how many finished ones a row waits for).
 INPUTS = {"alpha": np.float32, "max_length": np.int32, "no_repeat_ngram": np.int32, "nbest": np.int32}
 GREEDY_INPUTS = ("max_length", "no_repeat_ngram")
+LARGEST_WHOLE = np.iinfo(np.int32).max  # the whole-number inputs are int32 scalars
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,5 +90,9 @@ def search_label(beam_size):
 
 
 def _whole(name, value, smallest):
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < smallest:
-        raise ValueError(f"{name} must be a whole number >= {smallest}, got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | np.integer)
+        or not smallest <= value <= LARGEST_WHOLE
+    ):
+        raise ValueError(f"{name} must be a whole number in [{smallest}, {LARGEST_WHOLE}], got {value!r}")

@@ -39,14 +39,10 @@ from kformer.serve import detect, html, kformer_api, libretranslate
 from kformer.serve.batcher import Batcher, QueueFull
 from kformer.serve.limits import RateLimiter, TooManyRequests
 from kformer.serve.metrics import Metrics
-from kformer.serve.requests import BadRequest, fields, read_body
+from kformer.serve.requests import BadRequest, ClientGone, fields, read_body
 from kformer.serve.settings import Settings
 
 log = logging.getLogger("kformer")
-
-
-class ClientGone(Exception):
-    """The client disconnected before its translation was ready."""
 
 
 class Model:
@@ -159,10 +155,7 @@ class Service:
                 f"{self.settings.max_chars:,} of a request",
                 413,
             )
-        try:
-            options = model.runner.checked(SearchOptions(**changes))
-        except ValueError as e:  # names the option
-            raise BadRequest(str(e)) from None
+        options = _checked_options(model.runner, changes)
         return await _unless_disconnected(request, model.batcher.submit(texts, options))
 
     async def pages(self, request, model, pages, changes):
@@ -240,6 +233,22 @@ class Service:
     async def metrics_text(self, request):
         body, media_type = self.metrics.text()
         return Response(body, media_type=media_type)
+
+
+def _checked_options(runner, changes):
+    """The runner's options with a request's changes, checked; a 400 naming the first option
+    refused on its own (else nbest, which can only be refused against the beam size)."""
+    try:
+        return runner.checked(SearchOptions(**changes))
+    except ValueError as e:  # the message names the option
+        field = "nbest"
+        for name, value in changes.items():
+            try:
+                runner.checked(SearchOptions(**{name: value}))
+            except ValueError:
+                field = name
+                break
+        raise BadRequest(str(e), field=field) from None
 
 
 async def _disconnect(receive):

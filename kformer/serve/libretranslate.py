@@ -8,6 +8,7 @@ format "html" translates a web page's text and keeps its markup (kformer.serve.h
 """
 
 import dataclasses
+import json
 
 from kformer.contracts.pair import language_name
 from kformer.serve.requests import BadRequest
@@ -35,14 +36,17 @@ def languages(pairs):
 
 
 def _whole(value, name):
-    if isinstance(value, bool):
-        value = None
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = -1
-    if number < 0 or (isinstance(value, float) and not value.is_integer()):
-        raise BadRequest(f"Invalid request: {name} must be a whole number >= 0, got {value!r}", field=name)
+    """A whole number >= 0 given as a number or its digits (a form's fields are text); anything
+    else, however large or odd (true, 1e999), is a 400 naming the field and what it got."""
+    number = -1
+    if not isinstance(value, bool) and (not isinstance(value, float) or value.is_integer()):
+        try:
+            number = int(value)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    if number < 0:
+        shown = json.dumps(value)[:40] if isinstance(value, bool | float) else repr(value)[:40]
+        raise BadRequest(f"Invalid request: {name} must be a whole number >= 0, got {shown}", field=name)
     return number
 
 

@@ -1,14 +1,21 @@
 """Reading request bodies strictly: a size limit, JSON or a URL-encoded form (or the query string),
-valid UTF-8. Every failure is a `BadRequest` with the status and a message naming what is wrong."""
+valid UTF-8, text that is text. Every failure is a `BadRequest` with the status and a message
+naming what is wrong; a client that leaves before its body is in is `ClientGone`."""
 
 import json
 import urllib.parse
+
+from starlette.requests import ClientDisconnect
 
 
 class BadRequest(Exception):
     def __init__(self, message, status=400, field=None):
         super().__init__(message)
         self.status, self.field = status, field
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready (counted as 499, nginx's code)."""
 
 
 async def read_body(request, max_bytes):
@@ -19,11 +26,14 @@ async def read_body(request, max_bytes):
             f"the request body is {int(declared):,} bytes, more than the limit {max_bytes:,}", 413
         )
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise BadRequest(f"the request body is over the limit of {max_bytes:,} bytes", 413)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise BadRequest(f"the request body is over the limit of {max_bytes:,} bytes", 413)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone from None
     return b"".join(chunks)
 
 
@@ -42,9 +52,30 @@ def json_object(body):
         raise BadRequest(f"the request body is not valid UTF-8 (at byte {e.start})") from None
     except ValueError as e:
         raise BadRequest(f"the request body is not valid JSON ({e})") from None
+    except RecursionError:  # the parser's stack, not the server's fault: no request nests this deep
+        raise BadRequest("the request body is nested too deeply to be a request") from None
     if not isinstance(value, dict):
         raise BadRequest(f"the request body must be a JSON object, not {type(value).__name__}")
+    for key, item in value.items():
+        check_text(key, None)
+        for text in item if isinstance(item, list) else [item]:
+            if isinstance(text, str):
+                check_text(text, key)
     return value
+
+
+def check_text(text, field):
+    """Refuses a string that is not text: JSON's escapes can spell a lone surrogate ("\\ud800"),
+    which is no character, and which no tokenizer, parser or answer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        where = f"field {field!r}" if field else "a field's name"
+        raise BadRequest(
+            f"Invalid request: {where} holds a lone surrogate (U+{ord(text[e.start]):04X} at {e.start}), "
+            "which is not text",
+            field=field,
+        ) from None
 
 
 def fields(request, body):
