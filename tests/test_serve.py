@@ -645,14 +645,14 @@ def test_per_client_limits_answer_429_and_413_and_the_server_stays_healthy(runne
         assert status == 413 and "limit 20" in answer["error"]
         page = {
             **body,
-            "q": "<p>" + "好" * 9 + "<b>好</b>" + "好" * 9 + "</p>",
+            "q": "<p>" + "好" * 10 + "<b>" + "好" * 10 + "</b></p>",
             "format": "html",
             "api_key": "pages",
         }
-        assert request(url + "translate", page)[0] == 200  # 19 characters, though asked whole and by node
+        assert request(url + "translate", page)[0] == 200  # 20 characters, though asked whole and by node
         page["q"] = page["q"].replace("<b>", "<b>好好")
         status, _, answer = request(url + "translate", page)
-        assert status == 413 and "21 characters, more than the limit 20" in answer["error"]
+        assert status == 413 and "22 characters, more than the limit 20" in answer["error"]
         assert request(url + "health")[0] == 200
         status, _, front = request(url + "frontend/settings")
         assert status == 200 and front["charLimit"] == 20 and front["apiKeys"] is True

@@ -185,3 +185,26 @@ def test_a_client_that_leaves_mid_body_is_a_499_not_a_500(url):
             time.sleep(0.05)
     assert metric(url, "/v1/translate", 499) == before + 1
     assert metric(url, "/v1/translate", 500) == 0 and logged == []
+
+
+def test_a_request_is_charged_for_its_sentences_not_only_its_characters(url, runner):
+    """Each text and each sentence counts at least SENTENCE_FLOOR characters against --max-chars:
+    2,000 one-character texts, or one text of 2,000 one-character sentences, cost many times what
+    one text of 2,000 characters does, and are refused; that one text is not, nor a paragraph."""
+    lt = {"source": "zh", "target": "en"}
+    for q in (["好"] * 2000, "好。" * 2000):
+        status, _, answer = request(url + "translate", {"q": q, **lt})
+        assert status == 413 and "more than the limit 10,000" in answer["error"], answer
+    status, _, answer = request(url + "v1/translate", {"texts": ["好"] * 2000})
+    assert status == 413
+    assert request(url + "translate", {"q": "好" * 2000, **lt})[0] == 200
+    paragraph = "我們試試看！他很高興。你呢？" * 100
+    status, _, answer = request(url + "translate", {"q": paragraph, **lt})
+    assert status == 200 and answer["translatedText"] == runner.translate([paragraph])[0]
+
+    from kformer.serve.cost import SENTENCE_FLOOR, request_cost
+
+    assert request_cost(["好"] * 3, 10**6) == 3 * SENTENCE_FLOOR
+    six_and_five = "我們試試看！他很高興。"  # two sentences, of 6 and 5 characters
+    assert request_cost(["", six_and_five], 10**6) == SENTENCE_FLOOR + 11 + (10 - 6) + (10 - 5)
+    assert request_cost(["a" * 100] * 10**6, 1000) <= 1100  # counted no further than the limit

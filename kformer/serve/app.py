@@ -35,7 +35,7 @@ from kformer.contracts.pair import language_name
 from kformer.decode.options import SearchOptions
 from kformer.decode.text_batches import Hypothesis, Translation
 from kformer.export import page
-from kformer.serve import detect, html, kformer_api, libretranslate
+from kformer.serve import cost, detect, html, kformer_api, libretranslate
 from kformer.serve.batcher import Batcher, QueueFull
 from kformer.serve.limits import RateLimiter, TooManyRequests
 from kformer.serve.metrics import Metrics
@@ -145,18 +145,20 @@ class Service:
             },
         }
 
-    async def translations(self, request, model, texts, changes, chars=None):
+    async def translations(self, request, model, texts, changes, charged=None):
         """Translations of texts (a list of str) by `model` with search option changes, through
-        its batcher; `chars`: what the request's limit counts (default: the texts' characters)."""
-        chars = sum(map(len, texts)) if chars is None else chars
-        if chars > self.settings.max_chars:
+        its batcher; `charged`: what the request counts against its limit and the queue's
+        (default: kformer.serve.cost's charge of the texts)."""
+        limit = self.settings.max_chars
+        charged = cost.request_cost(texts, limit) if charged is None else charged
+        if charged > limit:
             raise BadRequest(
-                f"Invalid request: the texts have {chars:,} characters, more than the limit "
-                f"{self.settings.max_chars:,} of a request",
+                f"Invalid request: the texts count as {charged:,} characters, more than the limit "
+                f"{limit:,} of a request (a sentence counts as at least {cost.SENTENCE_FLOOR})",
                 413,
             )
         options = _checked_options(model.runner, changes)
-        return await _unless_disconnected(request, model.batcher.submit(texts, options))
+        return await _unless_disconnected(request, model.batcher.submit(texts, options, charged))
 
     async def pages(self, request, model, pages, changes):
         """format html: the texts of all `pages` (kformer.serve.html: sentences with their marked
@@ -168,9 +170,9 @@ class Service:
             )
         parsed = [html.parse(page) for page in pages]
         texts = [html.texts(pieces) for _, pieces in parsed]
-        chars = sum(html.characters(pieces) for _, pieces in parsed)
+        charged = sum(html.charged(pieces) for _, pieces in parsed)
         done = iter(
-            await self.translations(request, model, [t for page in texts for t in page], changes, chars)
+            await self.translations(request, model, [t for page in texts for t in page], changes, charged)
         )
         results = []
         for (tree, pieces), page_texts in zip(parsed, texts):

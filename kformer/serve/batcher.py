@@ -1,7 +1,7 @@
 """Batching across requests: texts of concurrent requests run on the runner together.
 
-Requests wait in a queue bounded by the characters it holds (characters are what a translation
-costs); a full queue refuses work at once (`QueueFull`, which the server answers with 503 and
+Requests wait in a queue bounded by the characters it holds, as kformer.serve.cost charges them
+(what a translation costs); a full queue refuses work at once (`QueueFull`, which the server answers with 503 and
 Retry-After) instead of letting a backlog grow. A thread takes what has queued (kformer.decode.gather:
 requests up to batch_size texts, the last one whole), runs each group of texts that share search
 options in one `runner.translations` call, and hands each request its results; a runner opened
@@ -12,12 +12,14 @@ fails alone (`Batcher._run`): its batch-mates are answered.
 
 import concurrent.futures
 import dataclasses
+import math
 import queue as queue_lib
 import threading
 import time
 
 from kformer.decode import gather
 from kformer.decode.options import SearchOptions
+from kformer.serve import cost
 from kformer.serve.requests import BadRequest
 
 
@@ -61,10 +63,11 @@ class Batcher:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, texts, options):
-        """Queues the texts; raises QueueFull when they would take the queue over its bound (a
-        request alone over it is still taken into an empty queue, so every size can be served)."""
-        chars = sum(map(len, texts)) + len(texts)  # an empty text still costs a step
+    def submit(self, texts, options, charged=None):
+        """Queues the texts, `charged` characters (default: kformer.serve.cost's charge); raises
+        QueueFull when they would take the queue over its bound (a request alone over it is
+        still taken into an empty queue, so every size can be served)."""
+        chars = cost.request_cost(texts, math.inf) if charged is None else charged
         with self._lock:
             if self.queued_requests and self.queued_chars + chars > self.max_queue_chars:
                 raise QueueFull(self._retry_after())

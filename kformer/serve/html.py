@@ -18,6 +18,8 @@ import unicodedata
 from bs4 import BeautifulSoup, Comment, Declaration, Doctype, NavigableString, ProcessingInstruction, Tag
 from bs4.formatter import HTMLFormatter
 
+from kformer.serve import cost
+
 SKIPPED = frozenset(
     {"script", "style", "code", "pre", "kbd", "samp", "var", "textarea", "noscript", "template"}
 )
@@ -105,10 +107,18 @@ def texts(pieces):
     return found
 
 
-def characters(pieces):
-    """The characters of the pieces' text, each counted once (what a request's limit counts:
-    `texts` asks a sentence with marked words twice, whole and node by node)."""
-    return sum(len((piece.get_text() if isinstance(piece, Tag) else piece).strip()) for piece in pieces)
+def charged(pieces):
+    """What the pieces' texts are charged against a request's limit (kformer.serve.cost): each
+    piece's text once, though `texts` asks a sentence with marked words twice (whole and node by
+    node), and what each of those nodes, a row of its own, lacks of a sentence's floor."""
+    total = 0
+    for piece in pieces:
+        if isinstance(piece, Tag):
+            total += cost.text_cost(piece.get_text().strip())
+            total += sum(max(0, cost.SENTENCE_FLOOR - len(node.strip())) for node in _nodes(piece))
+        else:
+            total += cost.text_cost(piece.strip())
+    return total
 
 
 def rebuilt(tree, pieces, translations):
