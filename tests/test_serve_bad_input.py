@@ -208,3 +208,63 @@ def test_a_request_is_charged_for_its_sentences_not_only_its_characters(url, run
     six_and_five = "我們試試看！他很高興。"  # two sentences, of 6 and 5 characters
     assert request_cost(["", six_and_five], 10**6) == SENTENCE_FLOOR + 11 + (10 - 6) + (10 - 5)
     assert request_cost(["a" * 100] * 10**6, 1000) <= 1100  # counted no further than the limit
+
+
+HOSTILE_PAGES = {  # pages that made a parser, or the walk over its tree, quadratic
+    "unclosed comments": lambda n: "<!--" * n,
+    "unclosed attributes": lambda n: "<a b='" * n,
+    "unclosed tags": lambda n: "<a " * n,
+    "nested marks": lambda n: "<b>好" * n,
+    "marks in one sentence": lambda n: "<p>" + "好<b>好</b>" * n + "</p>",
+    "text nodes side by side": lambda n: "<div>" + "好<br>" * n + "</div>",
+    "links not found": lambda n: "<p>" + '好<a href="x">嗎</a>' * n + "</p>",
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_PAGES)
+def test_a_page_takes_time_linear_in_its_size(name):
+    """Parsing, charging and rebuilding a page: four times the page, at most twice four times the
+    time (a quadratic step takes sixteen). This thread's CPU time, the best of three: what other
+    processes on the machine do does not count."""
+    from kformer.serve import html
+
+    def seconds(n):
+        best = float("inf")
+        for _ in range(3):
+            start = time.thread_time()
+            tree, pieces = html.parse(HOSTILE_PAGES[name](n))
+            html.charged(pieces)
+            html.rebuilt(tree, pieces, html.texts(pieces))  # each text its own translation
+            best = min(best, time.thread_time() - start)
+        return best
+
+    small, large = seconds(1500), seconds(6000)
+    assert large < 8 * small + 0.05, (small, large)
+
+
+@pytest.mark.parametrize(
+    "page",
+    ["<p>a<![ b", "<p>好<b>嗎</p></i><", "<<<", "<p", "<![CDATA[好]]>", "<?xml?><p>好</p>", "&#0;&#xD800;好"],
+)
+def test_a_malformed_page_gets_a_defined_result(url, page):
+    status, _, answer = request(
+        url + "translate", {"q": page, "source": "zh", "target": "en", "format": "html"}
+    )
+    assert status == 200 and isinstance(answer["translatedText"], str), answer
+
+
+def test_the_server_answers_while_it_reads_the_worst_page(url):
+    """A page is read off the event loop: /health answers within a second meanwhile; a page too
+    long to be read is refused before it is."""
+    lt = {"source": "zh", "target": "en", "format": "html"}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(request, url + "translate", {"q": "<b>好" * 10_000, **lt})
+        while not sent.done():
+            start = time.monotonic()
+            assert request(url + "health")[0] == 200
+            assert time.monotonic() - start < 1.0
+        status, _, answer = sent.result()
+    assert status == 413 and "more than the limit" in answer["error"]
+    start = time.monotonic()
+    status, _, answer = request(url + "translate", {"q": "<!--" * 60_000, **lt})
+    assert status == 413 and "before it is read" in answer["error"] and time.monotonic() - start < 1.0

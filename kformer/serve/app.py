@@ -18,6 +18,7 @@ translation routes need it (LibreTranslate's api_key field, or `Authorization: B
 """
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hmac
 import logging
@@ -70,6 +71,9 @@ class Service:
         self.settings = settings
         self.metrics = Metrics(self.queued)
         self.limiter = RateLimiter()
+        # One thread reads and writes web pages: parsing holds the interpreter, and more threads
+        # at it would only take more of it from the event loop.
+        self.page_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kformer-html")
         self.models = {}
         for runner, size in zip(runners, resident_bytes or [None] * len(runners)):
             model = Model(runner, settings, self.metrics.observe_batch, size)
@@ -90,6 +94,7 @@ class Service:
     def close(self):
         for model in self.models.values():
             model.batcher.close()
+        self.page_thread.shutdown()
 
     def sources(self, target=None):
         """The served source languages (into `target`, if given), in the order served."""
@@ -163,26 +168,29 @@ class Service:
     async def pages(self, request, model, pages, changes):
         """format html: the texts of all `pages` (kformer.serve.html: sentences with their marked
         words, lone text nodes) through `model`'s batcher as one request, each page rebuilt around
-        its translations; a Translation a page, scored by the sum of its texts' scores."""
+        its translations; a Translation a page, scored by the sum of its texts' scores. Pages are
+        read and written in a thread of their own, never on the event loop, and one too long to
+        be read at the request's limit is refused before it is."""
         if changes.get("nbest", 1) > 1:
             raise BadRequest(
                 "Invalid request: alternatives are not given for format html", field="alternatives"
             )
-        parsed = [html.parse(page) for page in pages]
-        texts = [html.texts(pieces) for _, pieces in parsed]
-        charged = sum(html.charged(pieces) for _, pieces in parsed)
-        done = iter(
-            await self.translations(request, model, [t for page in texts for t in page], changes, charged)
-        )
-        results = []
-        for (tree, pieces), page_texts in zip(parsed, texts):
-            translated = [next(done) for _ in page_texts]
-            page, score = (
-                html.rebuilt(tree, pieces, [t.text for t in translated]),
-                sum(t.score for t in translated),
+        longest, size = html.MARKUP_ALLOWANCE * self.settings.max_chars, sum(map(len, pages))
+        if size > longest:
+            raise BadRequest(
+                f"Invalid request: the pages have {size:,} characters with their markup, more than "
+                f"{longest:,} ({html.MARKUP_ALLOWANCE} times the limit of a request); refused before it is read",
+                413,
             )
-            results.append(Translation(page, score, (Hypothesis(page, score),)))
-        return results
+        loop = asyncio.get_running_loop()
+        read = await loop.run_in_executor(self.page_thread, html.read, pages)
+        translations = await self.translations(request, model, read.texts, changes, read.charged)
+        texts = [t.text for t in translations]
+        written = await loop.run_in_executor(self.page_thread, html.written, read, texts)
+        scores, done = [], iter(translations)
+        for count in read.counts:
+            scores.append(sum(next(done).score for _ in range(count)))
+        return [Translation(page, score, (Hypothesis(page, score),)) for page, score in zip(written, scores)]
 
     async def kformer_translate(self, request):
         body = await read_body(request, self.settings.max_body_bytes)
