@@ -6,17 +6,18 @@ import argparse
 from kformer.train.precision import PRECISIONS
 
 
-def positive(kind, zero_allowed=False):
-    """An argparse type: a finite number > 0 (>= 0 with `zero_allowed`) of `kind`, else argparse's
-    one-line error naming the option."""
-    bound = ">= 0" if zero_allowed else "> 0"
+def positive(kind, zero_allowed=False, largest=None):
+    """An argparse type: a finite number > 0 (>= 0 with `zero_allowed`; <= `largest` if given) of
+    `kind`, else argparse's one-line error naming the option."""
+    bound = (">= 0" if zero_allowed else "> 0") + ("" if largest is None else f" and <= {largest}")
 
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             value = float("nan")
-        if not (0 <= value if zero_allowed else 0 < value) or value == float("inf"):
+        in_range = (0 <= value if zero_allowed else 0 < value) and value <= (largest or float("inf"))
+        if not in_range or value == float("inf"):
             raise argparse.ArgumentTypeError(f"must be a finite {kind.__name__} {bound}, got {text!r}")
         return value
 

@@ -397,6 +397,11 @@ def test_serve_command_errors_are_one_line(artifacts, tmp_path):
             (["--model", artifacts, "--api-keys", str(tmp_path / "nokeys.txt")], "nokeys.txt"),
             (["--model", artifacts, "--runtime", "tflite", "--parallel", "2"], "runs one batch at a time"),
             (["--model", artifacts, "--port", port], "choose another --host or --port"),
+            (
+                ["--model", artifacts, "--port", "99999"],
+                "argument --port: must be a finite int >= 0 and <= 65535",
+            ),
+            (["--model", artifacts, "--timeout-headers", "0"], "argument --timeout-headers"),
         ]:
             # A case that loads after all serves until killed: fail it, do not hang.
             result = run_kformer("serve", *case, timeout=120)

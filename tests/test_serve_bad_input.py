@@ -21,6 +21,7 @@ from kformer.serve.app import create_app
 from kformer.serve.batcher import Batcher
 from kformer.serve.requests import BadRequest
 from kformer.serve.server import serving
+from kformer.serve.settings import Settings
 
 
 @pytest.fixture(scope="module")
@@ -268,3 +269,59 @@ def test_the_server_answers_while_it_reads_the_worst_page(url):
     start = time.monotonic()
     status, _, answer = request(url + "translate", {"q": "<!--" * 60_000, **lt})
     assert status == 413 and "before it is read" in answer["error"] and time.monotonic() - start < 1.0
+
+
+def closed_after(connection, limit):
+    """Seconds until the server closes `connection` (reading what it sends), at most `limit`."""
+    start, answer = time.monotonic(), b""
+    connection.settimeout(limit)
+    try:
+        while chunk := connection.recv(4096):
+            answer += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return time.monotonic() - start, answer
+
+
+def test_slow_and_idle_connections_are_closed_in_their_time(runner):
+    """A connection that sends nothing, or its headers a byte at a time, is closed once its
+    headers are --timeout-headers late; a body that trickles gets a 408 at --timeout-body; an idle
+    kept-alive connection closes at --timeout-keep-alive (uvicorn's)."""
+    settings = Settings(timeout_headers=1.0, timeout_body=1.0, timeout_keep_alive=1.0)
+    with serving(create_app(runner, settings)) as url:
+        silent = socket.create_connection(host_port(url))
+        seconds, answer = closed_after(silent, 10)
+        assert 0.9 < seconds < 4 and (answer == b"" or answer.startswith(b"HTTP/1.1 408 ")), answer
+        slow = socket.create_connection(host_port(url))
+        start = time.monotonic()
+        for byte in b"GET /health HTTP/1.1\r\nHost: x\r\n":
+            try:
+                slow.sendall(bytes([byte]))
+            except OSError:  # closed by the server
+                break
+            time.sleep(0.2)
+        assert time.monotonic() - start < 4
+        trickle = socket.create_connection(host_port(url))
+        trickle.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        seconds, answer = closed_after(trickle, 10)
+        assert seconds < 4 and answer.startswith(b"HTTP/1.1 408 "), answer
+        kept = socket.create_connection(host_port(url))
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        seconds, answer = closed_after(kept, 10)
+        assert 0.9 < seconds < 4 and answer.startswith(b"HTTP/1.1 200 "), answer
+        assert request(url + "health")[0] == 200
+        metrics = request(url + "metrics")[2]
+    assert 'code="408",route="/v1/translate"' in metrics and 'code="499"' not in metrics
+
+
+def test_the_connection_cap_is_the_operators(runner):
+    """Past --limit-concurrency connections, requests get 503 at once; once the idle ones are
+    closed (--timeout-headers), the server answers again."""
+    settings = Settings(limit_concurrency=4, timeout_headers=1.0)
+    with serving(create_app(runner, settings)) as url:
+        idle = [socket.create_connection(host_port(url)) for _ in range(4)]
+        assert request(url + "health")[0] == 503
+        time.sleep(1.5)
+        assert request(url + "health")[0] == 200
+        for connection in idle:
+            connection.close()

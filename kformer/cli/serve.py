@@ -25,14 +25,17 @@ def add_arguments(p):
         "--variant", default="fp32", choices=sorted({v for names in VARIANTS.values() for v in names})
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    p.add_argument("--port", type=positive(int, zero_allowed=True), default=8000, help="0: any free port")
-    _access_options(p)
+    p.add_argument(
+        "--port", type=positive(int, zero_allowed=True, largest=65535), default=8000, help="0: any free port"
+    )
+    _access_options(p, Settings())
+    _connection_options(p, Settings())
     add_runner_options(p, "more sentences a second under load, a lone request slower")
     _batching_options(p, Settings())
     add_search_options(p, defaults=False, where="the export's; a request may choose its own")
 
 
-def _access_options(p):
+def _access_options(p, defaults):
     p.add_argument(
         "--api-key",
         help="require this key (LibreTranslate's api_key field or Authorization: "
@@ -48,6 +51,28 @@ def _access_options(p):
         "--req-limit",
         type=positive(int),
         help="requests per minute per client (its key, else its address); 429 above (default: none)",
+    )
+
+
+def _connection_options(p, defaults):
+    seconds = positive(float)
+    for name, what in (
+        ("timeout_headers", "seconds a request's line and headers may take to arrive; 408 after"),
+        ("timeout_body", "seconds a request's body may take to arrive after its headers; 408 after"),
+        ("timeout_keep_alive", "seconds a connection may stay idle between requests (uvicorn's)"),
+    ):
+        default = getattr(defaults, name)
+        option = "--" + name.replace("_", "-")
+        p.add_argument(
+            option, type=seconds, default=default, metavar="SECONDS", help=f"{what} (default {default:g})"
+        )
+    p.add_argument(
+        "--limit-concurrency",
+        type=positive(int),
+        metavar="N",
+        default=defaults.limit_concurrency,
+        help=f"connections and requests at once; more get 503 at once (uvicorn's; default "
+        f"{defaults.limit_concurrency:,})",
     )
 
 
@@ -99,6 +124,10 @@ def main(args):
         api_key=api_key,
         req_limit=args.req_limit,
         api_keys=keys,
+        timeout_headers=args.timeout_headers,
+        timeout_body=args.timeout_body,
+        timeout_keep_alive=args.timeout_keep_alive,
+        limit_concurrency=args.limit_concurrency,
     )
     print(f"loading {', '.join(args.model)} ({args.runtime} {args.variant})", flush=True)
     runner = RunnerSettings(threads=args.threads, parallel=args.parallel)  # --batch-size is the batcher's

@@ -36,7 +36,7 @@ from kformer.contracts.pair import language_name
 from kformer.decode.options import SearchOptions
 from kformer.decode.text_batches import Hypothesis, Translation
 from kformer.export import page
-from kformer.serve import cost, detect, html, kformer_api, libretranslate
+from kformer.serve import connections, cost, detect, html, kformer_api, libretranslate
 from kformer.serve.batcher import Batcher, QueueFull
 from kformer.serve.limits import RateLimiter, TooManyRequests
 from kformer.serve.metrics import Metrics
@@ -297,8 +297,8 @@ def _route(service, name, handler, methods):
             response = JSONResponse({"error": str(e)}, 429, headers={"Retry-After": str(e.retry_after)})
         except QueueFull as e:
             response = JSONResponse({"error": str(e)}, 503, headers={"Retry-After": str(e.retry_after)})
-        except ClientGone:
-            response = Response(status_code=499)  # nginx's code; nobody reads it
+        except ClientGone:  # nginx's code (nobody reads it), or 408 where its body came too late
+            response = Response(status_code=408 if request.scope.get(connections.TIMED_OUT) else 499)
         except Exception as e:  # noqa: BLE001 -- one request fails, the server goes on
             log.exception("%s failed", name)
             response = JSONResponse({"error": f"Cannot translate text: {e}"}, 500)
@@ -371,7 +371,9 @@ PAGE_MIDDLEWARE = [Middleware(_PageHeaders)]
 def page_app(artifact_dir):
     """The page and an export folder alone, with no model loaded: the page checks the files itself
     (the browser tests, `kformer bench web`)."""
-    return Starlette(routes=_page_routes(artifact_dir), middleware=PAGE_MIDDLEWARE)
+    app = Starlette(routes=_page_routes(artifact_dir), middleware=PAGE_MIDDLEWARE)
+    app.state.settings = Settings()
+    return app
 
 
 def create_app(runners, settings=None, resident_bytes=None):
@@ -392,8 +394,8 @@ def create_app(runners, settings=None, resident_bytes=None):
             runners[0].artifact_dir, {m.pair: m.runner.artifact_dir for m in service.models.values()}
         ),
     ]
-    middleware = [Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET", "POST"], allow_headers=["*"]),
-                  *PAGE_MIDDLEWARE]  # fmt: skip
+    cors = Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET", "POST"], allow_headers=["*"])
+    middleware = [cors, *PAGE_MIDDLEWARE]
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -401,5 +403,5 @@ def create_app(runners, settings=None, resident_bytes=None):
         await asyncio.to_thread(service.close)
 
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
-    app.state.service = service
+    app.state.service, app.state.settings = service, service.settings
     return app

@@ -16,12 +16,12 @@ import uvicorn
 from kformer.contracts.export import MANIFEST_FILE, ExportManifest
 from kformer.export import page
 from kformer.export.formats import open_runner
+from kformer.serve import connections
 from kformer.serve.app import create_app, page_app
 from kformer.serve.settings import Settings
 
 log = logging.getLogger("kformer")
 GRACEFUL_SECONDS = 30
-MAX_CONNECTIONS = 1024  # beyond these uvicorn answers 503 at once; the queue bounds the work
 PROBE = "你好。"
 
 
@@ -108,12 +108,16 @@ def is_loopback(host):
 
 
 def _server(app, sock):
+    """uvicorn serving `app` with its connection settings (app.state.settings, a Settings)."""
+    settings = app.state.settings
     config = uvicorn.Config(
         app,
+        http=connections.protocol(settings.timeout_headers, settings.timeout_body),
         log_level="warning",
         access_log=False,
+        timeout_keep_alive=settings.timeout_keep_alive,
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
-        limit_concurrency=MAX_CONNECTIONS,
+        limit_concurrency=settings.limit_concurrency,
         lifespan="on",
     )
     return uvicorn.Server(config)

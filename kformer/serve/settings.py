@@ -10,7 +10,11 @@ class Settings:
     waiting beyond which requests are refused (503); max_body_bytes (413); max_chars: characters of
     one request's texts (413); api_key: one key every translation needs, None for none;
     req_limit: requests per minute per client (429 above; None: no limit); api_keys: {key: its
-    requests per minute or None for req_limit} (kformer.serve.limits.read_api_keys), None for none."""
+    requests per minute or None for req_limit} (kformer.serve.limits.read_api_keys), None for none;
+    timeout_headers, timeout_body: seconds a request's headers, then its body, may take to arrive
+    (408 after; kformer.serve.connections); timeout_keep_alive: seconds a connection may idle
+    between requests (uvicorn's); limit_concurrency: connections and requests at once, beyond
+    which uvicorn answers 503."""
 
     batch_size: int = 32
     # 0: what has queued while the runner was busy is the batch. Waiting for more delays a lone
@@ -22,3 +26,7 @@ class Settings:
     api_key: str | None = None
     req_limit: int | None = None
     api_keys: dict | None = None
+    timeout_headers: float = 10.0  # a request's line and headers are a few hundred bytes
+    timeout_body: float = 30.0  # max_body_bytes at about 300 kbit/s
+    timeout_keep_alive: float = 5.0  # uvicorn's default
+    limit_concurrency: int = 1024  # each idle connection is cheap; the queue bounds the work
