@@ -37,6 +37,13 @@ def add_arguments(p):
 
 def _access_options(p, defaults):
     p.add_argument(
+        "--cors-origins",
+        default=",".join(defaults.cors_origins),
+        metavar="ORIGINS",
+        help="the sites (scheme://host[:port], comma-separated) whose pages may call the API from a "
+        "browser; '' for none (default: *, any site, as LibreTranslate allows)",
+    )
+    p.add_argument(
         "--api-key",
         help="require this key (LibreTranslate's api_key field or Authorization: "
         "Bearer); default $KFORMER_API_KEY, else none",
@@ -128,6 +135,7 @@ def main(args):
         timeout_body=args.timeout_body,
         timeout_keep_alive=args.timeout_keep_alive,
         limit_concurrency=args.limit_concurrency,
+        cors_origins=tuple(origin.strip() for origin in args.cors_origins.split(",") if origin.strip()),
     )
     print(f"loading {', '.join(args.model)} ({args.runtime} {args.variant})", flush=True)
     runner = RunnerSettings(threads=args.threads, parallel=args.parallel)  # --batch-size is the batcher's

@@ -394,7 +394,8 @@ def create_app(runners, settings=None, resident_bytes=None):
             runners[0].artifact_dir, {m.pair: m.runner.artifact_dir for m in service.models.values()}
         ),
     ]
-    cors = Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET", "POST"], allow_headers=["*"])
+    cors = Middleware(CORSMiddleware, allow_origins=list(service.settings.cors_origins),
+                      allow_methods=["GET", "POST"], allow_headers=["*"])  # fmt: skip
     middleware = [cors, *PAGE_MIDDLEWARE]
 
     @contextlib.asynccontextmanager

@@ -14,7 +14,7 @@ class Settings:
     timeout_headers, timeout_body: seconds a request's headers, then its body, may take to arrive
     (408 after; kformer.serve.connections); timeout_keep_alive: seconds a connection may idle
     between requests (uvicorn's); limit_concurrency: connections and requests at once, beyond
-    which uvicorn answers 503."""
+    which uvicorn answers 503; cors_origins: the origins whose pages may call the API ("*": any)."""
 
     batch_size: int = 32
     # 0: what has queued while the runner was busy is the batch. Waiting for more delays a lone
@@ -30,3 +30,6 @@ class Settings:
     timeout_body: float = 30.0  # max_body_bytes at about 300 kbit/s
     timeout_keep_alive: float = 5.0  # uvicorn's default
     limit_concurrency: int = 1024  # each idle connection is cheap; the queue bounds the work
+    # Any site's page may call the API, as LibreTranslate's servers allow (and what it answers is
+    # no more than what a request from anywhere gets); an operator may name the sites.
+    cors_origins: tuple[str, ...] = ("*",)
