@@ -8,6 +8,7 @@ import logging
 import re
 import socket
 import time
+import urllib.parse
 
 import pytest
 from conftest import BEAM, MAX_LENGTH
@@ -325,3 +326,41 @@ def test_the_connection_cap_is_the_operators(runner):
         assert request(url + "health")[0] == 200
         for connection in idle:
             connection.close()
+
+
+def test_cors_origins_are_the_operators(runner):
+    """Any site's page may call the API by default (LibreTranslate's servers allow it); with
+    --cors-origins, only those sites' pages."""
+    origin = {"Origin": "https://a.example"}
+    with serving(create_app(runner)) as url:
+        _, headers, _ = request(url + "languages", headers=origin)
+        assert headers["access-control-allow-origin"] == "*"
+    with serving(create_app(runner, Settings(cors_origins=("https://a.example",)))) as url:
+        _, headers, _ = request(url + "languages", headers=origin)
+        assert headers["access-control-allow-origin"] == "https://a.example"
+        _, headers, _ = request(url + "languages", headers={"Origin": "https://b.example"})
+        assert "access-control-allow-origin" not in headers
+    with serving(create_app(runner, Settings(cors_origins=()))) as url:
+        _, headers, _ = request(url + "languages", headers=origin)
+        assert "access-control-allow-origin" not in headers
+
+
+def raw_request(url, head, body=b""):
+    """(status, body) of a request written by hand (`head`: its line and headers, as bytes)."""
+    with socket.create_connection(host_port(url)) as connection:
+        connection.sendall(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+        _, answer = closed_after(connection, 30)
+    status, _, rest = answer.partition(b"\r\n")
+    return int(status.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+@pytest.mark.parametrize("key, sent", [("ключ", "utf-8"), ("clé", "utf-8"), ("clé", "latin-1")])
+def test_a_key_that_is_not_ascii_works_as_a_bearer_header(runner, key, sent):
+    body = b'{"q": "\xe5\xa5\xbd", "source": "zh", "target": "en"}'
+    with serving(create_app(runner, Settings(api_key=key))) as url:
+        head = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        bearer = b"Authorization: Bearer " + key.encode(sent) + b"\r\n"
+        assert raw_request(url, head + bearer, body)[0] == 200
+        assert raw_request(url, head + b"Authorization: Bearer other\r\n", body)[0] == 403
+        form = f"q=%E5%A5%BD&source=zh&target=en&api_key={urllib.parse.quote(key)}".encode()
+        assert request(url + "translate", form, "application/x-www-form-urlencoded")[0] == 200

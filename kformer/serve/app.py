@@ -118,7 +118,7 @@ class Service:
         """Checks the API key where one is needed (403) and counts the request against its
         client's limit (429): the client is its key where the keys file lists it, else its address."""
         given = (values or {}).get("api_key") or ""
-        bearer = request.headers.get("authorization", "")
+        bearer = _header_text(request.headers.get("authorization", ""))
         if bearer.lower().startswith("bearer "):
             given = given or bearer[7:].strip()
         if not isinstance(given, str):
@@ -243,6 +243,15 @@ class Service:
     async def metrics_text(self, request):
         body, media_type = self.metrics.text()
         return Response(body, media_type=media_type)
+
+
+def _header_text(value):
+    """A header's value as its client wrote it: Starlette reads a header's bytes as latin-1, and
+    clients send text that is not ASCII (an API key) as UTF-8, or as latin-1 where they must."""
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeDecodeError:
+        return value
 
 
 def _checked_options(runner, changes):
