@@ -2,7 +2,8 @@
 
 The page runs the exported search graphs with onnxruntime-web (ONNX files) or LiteRT.js (the
 fixed-shape TFLite file), both WASM; see export/web/kformer.js. Its routes: / (the page), /ort/ and
-/litert/, /litert-utils/ (the runtimes' files from npm), /model/ (the export folder); each
+/litert/, /litert-utils/ (the runtimes' files from npm), /model/ (the export folder's manifest
+and the files it lists, `served_files`); each
 response carries the cross-origin isolation headers that WASM threads need (kformer.serve.app)."""
 
 import contextlib
@@ -51,6 +52,24 @@ def check(artifact_dir, runtime="onnx", variant="fp32"):
     manifest = ExportManifest.load(artifact_dir)
     manifest.artifact(fmt, variant)  # the page loads its files itself, checking each
     return manifest
+
+
+def served_files(artifact_dir, manifest):
+    """{path in the folder: its path here} of the files an export's `manifest` (ExportManifest)
+    lists, the files inside a listed folder included: what the server serves of the folder, and
+    all it serves besides the manifest (never another file put there, nor a link)."""
+    found = {}
+    for entry in manifest.entries():
+        path = os.path.join(artifact_dir, entry.file)
+        inside = (
+            [path]
+            if os.path.isfile(path)
+            else [os.path.join(d, f) for d, _, files in os.walk(path) for f in files]
+        )
+        for file in inside:
+            if os.path.isfile(file) and not os.path.islink(file):
+                found[os.path.relpath(file, artifact_dir).replace(os.sep, "/")] = file
+    return found
 
 
 @contextlib.contextmanager

@@ -13,10 +13,18 @@ from kformer.model.config import ModelConfig
 
 
 def verified_path(artifact_dir, entry):
-    """Absolute path of a manifest entry (a FileEntry), after checking that it exists and is intact."""
+    """Absolute path of a manifest entry (a FileEntry), after checking that it exists, is in the
+    export folder (no link out of it: the manifest's paths are inside it) and is intact."""
     path = os.path.join(artifact_dir, entry.file)
     if not os.path.exists(path):
         raise ArtifactError(f"{path} is missing (listed in manifest.json)")
+    folder = os.path.realpath(artifact_dir)
+    inside = [path, *(os.path.join(d, f) for d, _, names in os.walk(path) for f in names)]
+    for found in inside:
+        if os.path.commonpath([os.path.realpath(found), folder]) != folder:
+            raise ArtifactError(
+                f"{found} is outside the export folder (a link out of it); export the model again"
+            )
     if digests.tree_sha256(path) != entry.sha256:
         raise ArtifactError(f"{path} is corrupted or truncated: its sha256 differs from manifest.json")
     return path

@@ -4,11 +4,15 @@ on loopback under a bounded hostile client (docs/guide.md, "What bad input gets"
 
 import concurrent.futures
 import contextlib
+import json
 import logging
+import os
 import re
+import shutil
 import socket
 import time
 import urllib.parse
+import urllib.request
 
 import pytest
 from conftest import BEAM, MAX_LENGTH
@@ -364,3 +368,73 @@ def test_a_key_that_is_not_ascii_works_as_a_bearer_header(runner, key, sent):
         assert raw_request(url, head + b"Authorization: Bearer other\r\n", body)[0] == 403
         form = f"q=%E5%A5%BD&source=zh&target=en&api_key={urllib.parse.quote(key)}".encode()
         assert request(url + "translate", form, "application/x-www-form-urlencoded")[0] == 200
+
+
+def manifest_edited(folder, edit):
+    """Rewrites an export folder's manifest.json with `edit(manifest dict)`."""
+    path = os.path.join(folder, "manifest.json")
+    with open(path) as f:
+        manifest = json.load(f)
+    edit(manifest)
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+
+
+def onnx_files(manifest):
+    return next(a for a in manifest["artifacts"] if a["format"] == "onnx")["files"]
+
+
+def test_a_manifest_names_files_inside_its_folder_only(export_dir, tmp_path):
+    """An absolute path, a path out through "..", or a symlink out of the folder is refused
+    (whatever its sha256), naming the entry."""
+    from kformer.contracts.export import ArtifactError
+
+    outside = tmp_path / "outside"
+    shutil.copytree(export_dir, outside)
+    cases = {
+        "absolute": lambda m: m["tokenizer"].update(file=str(outside / "tokenizer.model")),
+        "dot-dot": lambda m: onnx_files(m)["greedy"].update(file="../outside/onnx/fp32/greedy.onnx"),
+        "dot-dot inside": lambda m: m["tokenizer"].update(file="onnx/../../outside/tokenizer.model"),
+    }
+    for name, edit in cases.items():
+        folder = tmp_path / name
+        shutil.copytree(export_dir, folder)
+        manifest_edited(folder, edit)
+        with pytest.raises(ArtifactError, match="not a path inside the export folder"):
+            open_runner(str(folder), "onnx", options=SearchOptions(beam_size=1))
+    linked = tmp_path / "linked"
+    shutil.copytree(export_dir, linked)
+    os.remove(linked / "tokenizer.model")
+    os.symlink(outside / "tokenizer.model", linked / "tokenizer.model")
+    with pytest.raises(ArtifactError, match="outside the export folder"):
+        open_runner(str(linked), "onnx")
+
+
+def test_the_server_serves_an_exports_listed_files_and_no_path_of_the_machine(export_dir, tmp_path):
+    """/model/ serves manifest.json (without the machine's paths: the training folder, the
+    corpus) and the files it lists; other files in the folder are not served."""
+    from kformer.export import page
+
+    if not all(os.path.isdir(folder) for folder in page.ROUTES.values()):
+        pytest.skip("the page's JavaScript packages are not installed (npm ci --prefix export/web)")
+    folder = tmp_path / "export"
+    shutil.copytree(export_dir, folder)
+    (folder / "secret.txt").write_text("not for the web")
+    (folder / "onnx" / "notes.txt").write_text("nor this")
+    with serving(create_app(open_runner(str(folder), "onnx"))) as url:
+        for prefix in ("model/", "models/zh-en/"):
+            status, _, manifest = request(url + prefix + "manifest.json")
+            assert status == 200 and manifest["artifacts"] and manifest["tokenizer"]
+            shown = json.dumps(manifest)
+            assert str(tmp_path) not in shown and export_dir not in shown and '"/' not in shown, shown
+            for entry in [manifest["tokenizer"], *onnx_files(manifest).values()]:
+                with urllib.request.urlopen(url + prefix + entry["file"]) as response:
+                    assert response.read() == (folder / entry["file"]).read_bytes()
+            for hidden in (
+                "secret.txt",
+                "onnx/notes.txt",
+                "onnx",
+                "../export/secret.txt",
+                "%2e%2e/secret.txt",
+            ):
+                assert request(url + prefix + hidden)[0] == 404, hidden

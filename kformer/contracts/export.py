@@ -2,14 +2,16 @@
 verified by every runner (with the standard library: a device has no TensorFlow).
 
 Beside manifest.json and tokenizer.model, a folder holds a file or folder per format and variant
-(`Artifact`), each with its sha256, and the packages made from them (Argos)."""
+(`Artifact`), each with its sha256, and the packages made from them (Argos). Every file a
+manifest names is a path inside its folder: one absolute, or out through "..", is refused as the
+manifest is read, whatever its sha256."""
 
 import dataclasses
 import os
 
 from kformer.contracts import TOKENIZER_FILE
 from kformer.contracts.json_records import Record, read_json
-from kformer.contracts.run import CorpusRecord
+from kformer.contracts.run import DATA_DIR, CorpusRecord
 
 MANIFEST_FILE = "manifest.json"
 VERSION = 3  # 2: the searches take alpha, max_length and no_repeat_ngram as inputs; 3: beam, nbest
@@ -144,7 +146,11 @@ class ExportManifest(Record):
                 f"{path}: written by another kformer (export format {found}, this kformer reads "
                 f"{VERSION}); export the model again"
             )
-        return cls.from_dict(values, where=path)
+        manifest = cls.from_dict(values, where=path)
+        for entry in manifest.entries():
+            if not is_inside(entry.file):
+                raise ArtifactError(f"{path}: {entry.file!r} is not a path inside the export folder")
+        return manifest
 
     def save(self, folder):
         super().save(os.path.join(folder, MANIFEST_FILE))
@@ -170,3 +176,35 @@ class ExportManifest(Record):
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
+
+    def entries(self):
+        """Every FileEntry it names: each artifact and each of its files, the tokenizer, each package."""
+        for artifact in self.artifacts:
+            yield artifact
+            yield from (artifact.files or {}).values()
+        yield self.tokenizer
+        yield from self.packages
+
+    def without_paths(self):
+        """The manifest for others to read (the server's /model/manifest.json): the folder it was
+        trained in and the corpus' files by their names alone, not this machine's paths."""
+        corpus = self.corpus
+        if corpus is not None:
+            data = corpus.data if corpus.data == "default" else _names(corpus.data)
+            prepared = corpus.prepared if corpus.prepared == DATA_DIR else _names(corpus.prepared)
+            corpus = dataclasses.replace(corpus, data=data, prepared=prepared)
+        return self.replace(corpus=corpus, trained_in=self.trained_in and _names(self.trained_in))
+
+
+def is_inside(file):
+    """Whether `file` is a relative path that stays inside its folder ("onnx/fp32"; not "/etc",
+    "../x", "onnx/../../x" or the folder itself)."""
+    normal = os.path.normpath(file) if file and "\0" not in file else ""
+    return bool(normal) and not os.path.isabs(normal) and normal.split(os.sep)[0] not in ("..", ".")
+
+
+def _names(paths):
+    """A path's last name ("runs/zh-en/" -> "zh-en"), or each of a tuple's."""
+    if isinstance(paths, tuple):
+        return tuple(map(_names, paths))
+    return os.path.basename(os.path.normpath(paths))

@@ -28,10 +28,11 @@ import time
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from kformer.contracts.export import MANIFEST_FILE, ExportManifest
 from kformer.contracts.pair import language_name
 from kformer.decode.options import SearchOptions
 from kformer.decode.text_batches import Hypothesis, Translation
@@ -361,10 +362,25 @@ def _page_routes(artifact_dir, pairs=None):
     mounts = [
         Mount(prefix.rstrip("/"), StaticFiles(directory=folder)) for prefix, folder in page.ROUTES.items()
     ]
-    exports = [
-        Mount(f"/models/{pair}", StaticFiles(directory=folder)) for pair, folder in (pairs or {}).items()
-    ]
-    return [*files, *mounts, *exports, Mount("/model", StaticFiles(directory=artifact_dir))]
+    exports = [_export_route(f"/models/{pair}", folder) for pair, folder in (pairs or {}).items()]
+    return [*files, *mounts, *exports, _export_route("/model", artifact_dir)]
+
+
+def _export_route(prefix, artifact_dir):
+    """prefix/manifest.json (without this machine's paths) and the files the manifest lists
+    (kformer.export.page.served_files); nothing else of the folder."""
+    manifest = ExportManifest.load(artifact_dir)
+    shown, files = manifest.without_paths().to_dict(), page.served_files(artifact_dir, manifest)
+
+    async def endpoint(request):
+        name = request.path_params["name"]
+        if name == MANIFEST_FILE:
+            return JSONResponse(shown)
+        if name in files:
+            return FileResponse(files[name])
+        return PlainTextResponse("Not Found", 404)
+
+    return Route(prefix + "/{name:path}", endpoint, methods=["GET"])
 
 
 def _file(path):
