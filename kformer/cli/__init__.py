@@ -45,7 +45,12 @@ def build_parser():
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    not_utf8 = _not_utf8(argv)
+    if not_utf8:
+        print(f"kformer {args.command}: error: {not_utf8}", file=sys.stderr)
+        return 2
     _start_tensorflow(args)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("kformer: %(message)s"))
@@ -61,6 +66,24 @@ def main(argv=None):
         log.removeHandler(handler)
         log.setLevel(level)
         log.propagate = propagate
+
+
+def _not_utf8(argv):
+    """What is wrong with the first argument that is not UTF-8, or None. Python reads such a byte
+    as a lone surrogate, which no tokenizer, file name or JSON record can take."""
+    for number, argument in enumerate(argv, start=1):
+        try:
+            raw = argument.encode("utf-8", "surrogateescape")
+            raw.decode("utf-8")
+        except UnicodeEncodeError as e:  # a surrogate no byte gives: an argument made in Python
+            return f"argument {number} holds a lone surrogate at {e.start}, which is not text"
+        except UnicodeDecodeError as e:
+            shown = raw.decode("utf-8", "backslashreplace")
+            return (
+                f"argument {number} ({shown}) is not valid UTF-8 (byte 0x{raw[e.start]:02x} at {e.start}); "
+                "kformer reads its arguments as UTF-8"
+            )
+    return None
 
 
 def _run(args):
