@@ -152,9 +152,38 @@ def _remove_inputs(run_dir, keep):
 
 
 def saved_input(run_dir, state):
-    """The path of the input position saved with the checkpoint whose `state` is given, or None."""
+    """The path of the input position saved with the checkpoint whose `state` is given, or None:
+    none was saved, or it cannot be read (cut short, corrupted; a warning names it). The
+    checkpoint's weights do not depend on it: without it, the run rebuilds its batch stream."""
     name = state.input
-    return path(run_dir, name) if name and os.path.exists(path(run_dir, name + ".index")) else None
+    if not name or not os.path.exists(path(run_dir, name + ".index")):
+        return None
+    problem = _unreadable(path(run_dir, name))
+    if problem is not None:
+        log.warning(
+            "%s cannot be read (%s); resuming from %s without it", path(run_dir, name), problem, MODEL_FILE
+        )
+        return None
+    return path(run_dir, name)
+
+
+def _unreadable(checkpoint):
+    """What keeps a tf.train checkpoint (its path prefix) from being read whole, or None: every
+    tensor is read, so that a file cut short fails here, not inside model.fit."""
+    import tensorflow as tf
+
+    try:
+        dtypes = tf.train.load_checkpoint(checkpoint).get_variable_to_dtype_map()
+        names = sorted(dtypes)
+        tf.raw_ops.RestoreV2(
+            prefix=checkpoint,
+            tensor_names=names,
+            shape_and_slices=[""] * len(names),
+            dtypes=[dtypes[n] for n in names],
+        )
+    except (tf.errors.OpError, ValueError, IndexError) as e:
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'unreadable'}"
+    return None
 
 
 def restore_input(iterator, input_path):
@@ -182,9 +211,18 @@ def read_state(run_dir, steps=None):
     optimizer step restored from model.keras), the state of a save killed between its two renames
     is used if it is the one that belongs to those steps."""
     file_path, pending = path(run_dir, STATE_FILE), path(run_dir, PENDING_STATE_FILE)
-    state = TrainingState.load(file_path) if os.path.exists(file_path) else TrainingState()
+    try:
+        state = TrainingState.load(file_path) if os.path.exists(file_path) else TrainingState()
+    except RunError as e:
+        raise RunError(
+            f"{e}; it records where training stands: remove it to resume from {MODEL_FILE}'s step "
+            "(the batch stream is then rebuilt, and the time spent so far not counted)"
+        ) from None
     if steps is not None and state.steps != steps and os.path.exists(pending):
-        candidate = TrainingState.load(pending)
+        try:
+            candidate = TrainingState.load(pending)
+        except RunError:  # a save killed while writing it: the state in place stands
+            return state
         if candidate.steps == steps:
             return candidate
     return state

@@ -3,7 +3,7 @@ import os
 import sys
 
 import pytest
-from conftest import run_process
+from conftest import KFORMER, run_process
 
 from kformer.cli import main
 from kformer.train.recipe import TrainingRecipe
@@ -388,3 +388,37 @@ def test_each_benchmark_is_a_subcommand_with_its_own_options(capsys, monkeypatch
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_an_argument_that_is_not_utf8_is_one_line_naming_it(trained_dir):
+    """A byte that is not UTF-8 in argv (Python reads it as a lone surrogate) is refused in one line
+    naming the argument, before any work."""
+    ran = run_process([*KFORMER, "translate", "--model", trained_dir, b"\xe5\xa5\xbd\xff"])
+    assert ran.status == 2 and "Traceback" not in ran.stderr, ran.stderr
+    assert ran.stderr.strip().splitlines()[-1] == (
+        "kformer translate: error: argument 4 (好\\xff) is not valid UTF-8 (byte 0xff at 3); "
+        "kformer reads its arguments as UTF-8"
+    )
+
+
+def test_a_truncated_training_position_is_recovered_or_refused_naming_the_file(tmp_path, corpus_tsv, capsys):
+    """A run whose batch-stream position (input-STEPS.*) was cut short resumes from its checkpoint,
+    rebuilding the batches already trained on, and says so; a cut training.json is refused in one
+    line naming the file to remove."""
+    out = str(tmp_path / "run")
+    argv = ["train", "--config", "tiny", "--data", corpus_tsv, "--out", out, "--vocab-size", "1200"]
+    assert run([*argv, "--steps", "3"], capsys)[0] == 0
+    position = os.path.join(out, "input-3.data-00000-of-00001")
+    with open(position, "r+b") as f:
+        f.truncate(10)
+    code, stdout, err = run([*argv, "--steps", "5"], capsys)
+    assert code == 0 and '"steps": 5' in stdout and "Traceback" not in err, err
+    assert "input-3 cannot be read" in err and "rebuilding the 3 batches" in err, err
+    with open(os.path.join(out, "training.json"), "r+b") as f:
+        f.truncate(20)
+    code, _, err = run([*argv, "--steps", "6"], capsys)
+    line = err.strip().splitlines()[-1]
+    assert code == 2 and "training.json: not valid JSON" in line and "remove it" in line, err
+    os.remove(os.path.join(out, "training.json"))
+    code, stdout, err = run([*argv, "--steps", "6"], capsys)
+    assert code == 0 and '"steps": 6' in stdout, err
