@@ -42,6 +42,7 @@ def export(
     from kformer.export import verify
     from kformer.export.module import ExportModule
 
+    out_dir = os.path.realpath(out_dir)  # a link to a folder: that folder is checked, and written
     _check_request(formats, quantize, out_dir)
     package = argos.NAME in formats  # built from the ctranslate2 model, which is then written too
     formats = [name for name in formats if name != argos.NAME] + (["ctranslate2"] if package else [])

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 
+from kformer import folders
 from kformer.contracts import TOKENIZER_FILE
 from kformer.contracts.run import (
     BEST_FILE,
@@ -68,6 +69,7 @@ def create(run_dir, config, recipe, tokenizer, corpus, prepared=None):
     if RunFolder(run_dir).exists():
         return
     if prepared is not None and corpus.prepared == DATA_DIR:
+        folders.release(prepared)
         os.replace(prepared, path(run_dir, DATA_DIR))
     tmp = path(run_dir, TOKENIZER_FILE + ".tmp")
     with open(tmp, "wb") as f:

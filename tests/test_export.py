@@ -14,7 +14,7 @@ import time
 import numpy as np
 import onnx as onnx_lib
 import pytest
-from conftest import BEAM, MAX_LENGTH, python_lines
+from conftest import BEAM, MAX_LENGTH, python_lines, run_process
 from onnx import numpy_helper
 
 from kformer.contracts.digests import tree_sha256
@@ -991,15 +991,46 @@ def test_a_paragraph_translates_as_its_sentences_joined_in_every_runtime(artifac
         assert beam == 1 or together.alternatives[1].text == second, runtime
 
 
-def test_a_killed_exports_work_folder_is_removed_by_the_next_export(tmp_path):
+def test_leftovers_are_removed_only_where_made_on_this_host_and_stale(tmp_path):
+    """A killed export's work folder is removed by the next one; one whose owner record names
+    another host (shared storage: another machine's export in progress), one without a record
+    (nothing says whose it is), and one of a running process are left alone."""
     from kformer.export.exporter import WORK_PREFIX
-    from kformer.folders import remove_abandoned
+    from kformer.folders import remove_abandoned, work_folder
 
-    dead, alive = tmp_path / f"{WORK_PREFIX}999999999-x", tmp_path / f"{WORK_PREFIX}{os.getpid()}-y"
-    for folder in (dead, alive):
-        (folder / "onnx").mkdir(parents=True)
-    remove_abandoned(str(tmp_path), WORK_PREFIX)
-    assert not dead.exists() and alive.exists()
+    script = (
+        "import os, sys\nfrom kformer import folders\n"
+        "with folders.work_folder(sys.argv[1], sys.argv[2]) as work:\n    print(work, flush=True)\n    os._exit(9)"
+    )
+    killed = run_process([sys.executable, "-c", script, str(tmp_path / "out"), WORK_PREFIX]).stdout.strip()
+    assert os.path.isdir(killed) and os.path.basename(killed).startswith(WORK_PREFIX)
+    elsewhere, unknown = f"{killed}-elsewhere", f"{killed}-unknown"
+    shutil.copytree(killed, elsewhere)
+    shutil.copytree(killed, unknown)
+    record = os.path.join(elsewhere, ".kformer-owner.json")
+    owner = json.load(open(record)) if os.path.exists(record) else {"pid": int(killed.split("-")[-2])}
+    with open(record, "w") as f:
+        json.dump({**owner, "host": "another-machine"}, f)
+    if os.path.exists(os.path.join(unknown, ".kformer-owner.json")):
+        os.remove(os.path.join(unknown, ".kformer-owner.json"))
+    with work_folder(str(tmp_path / "mine"), WORK_PREFIX) as running:
+        remove_abandoned(str(tmp_path), WORK_PREFIX)
+        assert not os.path.exists(killed)
+        assert os.path.isdir(elsewhere) and os.path.isdir(unknown) and os.path.isdir(running)
+    assert sorted(os.listdir(tmp_path / "mine")) == []  # the record is not left in the result
+
+
+def test_an_out_that_is_a_link_is_resolved_before_any_work(model_dir, tmp_path):
+    """--out a symlink to an empty folder: the export is written there (the link stays); one to a
+    folder with files is refused before any work, like that folder."""
+    target, link = tmp_path / "target", tmp_path / "link"
+    target.mkdir()
+    os.symlink(target, link)
+    export(model_dir, str(link), ("onnx",), options=SearchOptions(beam_size=1), progress=lambda *a, **k: None)
+    assert os.path.islink(link) and os.path.exists(target / "manifest.json")
+    assert sorted(os.listdir(tmp_path)) == ["link", "target"]  # nothing left beside them
+    with pytest.raises(ValueError, match="is not an empty folder"):
+        export(model_dir, str(link), ("onnx",), progress=lambda *a, **k: None)
 
 
 def test_the_export_summary_lists_every_file_and_search(artifacts, capsys):
@@ -1015,3 +1046,69 @@ def test_the_export_summary_lists_every_file_and_search(artifacts, capsys):
         for search, check in a.check.items()
     ]
     assert lines[-1] == f"wrote {artifacts} (manifest.json, tokenizer.model and the files above)"
+
+
+def with_digests(folder):
+    """Rewrites the folder's manifest with the sha256 of its files as they now are: a file that is
+    intact by its manifest, however wrong it is."""
+    path = os.path.join(folder, "manifest.json")
+    with open(path) as f:
+        manifest = json.load(f)
+    for entry in [manifest["tokenizer"], *manifest["artifacts"]]:
+        entry["sha256"] = tree_sha256(os.path.join(folder, entry["file"]))
+        for file in (entry.get("files") or {}).values():
+            file["sha256"] = tree_sha256(os.path.join(folder, file["file"]))
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+
+
+def one_line_error(argv, capsys):
+    from kformer.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+def test_a_file_its_runtime_or_sentencepiece_refuses_is_one_line(damaged, capsys):
+    """An ONNX file onnxruntime cannot load, or a tokenizer that is not SentencePiece's, each intact
+    by its manifest: one line naming the file."""
+    translate = ["translate", "--model", damaged, "--runtime", "onnx", "--beam", "1", "好"]
+    with open(os.path.join(damaged, "onnx", "fp32", "greedy.onnx"), "wb") as f:
+        f.write(b"not an ONNX model")
+    with_digests(damaged)
+    line = one_line_error(translate, capsys)
+    assert "onnx/fp32/greedy.onnx" in line and "onnxruntime cannot load it" in line, line
+    with open(os.path.join(damaged, "tokenizer.json"), "w") as f:
+        json.dump({"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0}}}, f)  # Hugging Face's
+    manifest = ExportManifest.load(damaged)
+    manifest.replace(tokenizer=dataclasses.replace(manifest.tokenizer, file="tokenizer.json")).save(damaged)
+    with_digests(damaged)
+    line = one_line_error(translate, capsys)
+    assert "tokenizer.json: not a valid SentencePiece model" in line, line
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.pop("artifacts"), "no onnx fp32 artifact"),
+        (lambda m: m.update(tokenizer=None), "tokenizer: expected a JSON object"),
+        (lambda m: m.update(artifacts={"onnx": "fp32"}), "artifacts must be list"),
+        (lambda m: m.update(config=[]), "config must be dict"),
+        (lambda m: m.update(trained_in=None), "records no training folder"),
+    ],
+)
+def test_a_manifest_of_the_wrong_shape_is_one_line(damaged, capsys, edit, message):
+    path = os.path.join(damaged, "manifest.json")
+    with open(path) as f:
+        manifest = json.load(f)
+    edit(manifest)
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+    for argv in (
+        ["translate", "--model", damaged, "--runtime", "onnx", "好"],
+        ["evaluate", "--model", damaged, "--runtime", "onnx", "--limit", "2"],
+    ):
+        if message != "records no training folder" or argv[0] == "evaluate":
+            assert message in one_line_error(argv, capsys)

@@ -81,6 +81,7 @@ def prepare(data, out_dir, options=PrepareOptions(), lock=True):
     `out_dir` as `options` (a PrepareOptions) say. Returns its PreparedCorpus. A killed or failed
     prepare leaves no `out_dir` behind.
     lock=False: the caller holds a lock that covers `out_dir` (kformer train, for a run's corpus)."""
+    out_dir = os.path.realpath(out_dir)  # a link to a folder: that folder is checked, and written
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise ValueError(f"--out {out_dir} exists and is not an empty folder; choose a new --out")
     start = time.monotonic()

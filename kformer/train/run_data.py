@@ -145,4 +145,5 @@ def _prepare_beside(out_dir, data, direction, vocab_size, tokenizer=None):
     shutil.rmtree(folder, ignore_errors=True)
     options = prepare_lib.PrepareOptions(direction, vocab_size, tokenizer=tokenizer)
     prepare_lib.prepare(data, folder, options, lock=False)  # under the run's lock
+    folders.claim(folder)  # a killed start's is then removed by the next (run_folder.create releases it)
     return folder
