@@ -13,7 +13,7 @@ import numpy as np
 from kformer.decode.options import EXTRA_OUTPUT_TOKENS
 from kformer.decode.text_batches import NEG_INF_SCORE
 from kformer.export.artifact_format import Format
-from kformer.export.runner import ArtifactRunner
+from kformer.export.runner import ArtifactRunner, refused_as_artifact
 
 NEG_INF = 2 * NEG_INF_SCORE  # a hypothesis slot CTranslate2 did not fill
 
@@ -130,8 +130,12 @@ class Ctranslate2Runner(ArtifactRunner):
         import ctranslate2
 
         super().__init__(artifact_dir, variant, settings, options)
-        self.translator = ctranslate2.Translator(
-            self.path, device="cpu", intra_threads=self.threads, inter_threads=self.parallel
+        self.translator = refused_as_artifact(
+            lambda path: ctranslate2.Translator(
+                path, device="cpu", intra_threads=self.threads, inter_threads=self.parallel
+            ),
+            self.path,
+            self.fmt,
         )
 
     def _search(self, options, batch):

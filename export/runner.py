@@ -41,6 +41,27 @@ def load_tokenizer(artifact_dir, manifest):
     return tokenizer
 
 
+def refused_as_artifact(open_file, path, fmt):
+    """open_file(path), where the runtime's refusal of a file (intact by its sha256, yet not one
+    it can load) is an ArtifactError naming the file. Runtimes raise their own kinds (onnxruntime's
+    derive from Exception alone), so every error of the opening counts."""
+    try:
+        return open_file(path)
+    except Exception as e:  # noqa: BLE001 -- see above
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ArtifactError(
+            f"{path}: {RUNTIME_NAMES.get(fmt, fmt)} cannot load it ({first}); export the model again"
+        ) from None
+
+
+RUNTIME_NAMES = {
+    "onnx": "onnxruntime",
+    "tflite": "LiteRT",
+    "ctranslate2": "CTranslate2",
+    "savedmodel": "TensorFlow",
+}
+
+
 class ArtifactRunner(Runner):
     """A runner of one file of a `kformer export` folder: the manifest and the tokenizer are read
     and verified first; `path` is the verified file of `fmt`'s `variant`. `settings`: a
@@ -112,9 +133,11 @@ class SearchFilesRunner(ArtifactRunner):
         """The handle of the file that runs `search`, opening it the first time it is asked for."""
         if search not in self.handles:
             if not os.path.isfile(self.path):
-                self.handles[search] = self.open_file(self.file_of(search))
+                self.handles[search] = refused_as_artifact(self.open_file, self.file_of(search), self.fmt)
             elif self.one_file_serves_both:
-                self.handles = dict.fromkeys(SEARCHES, self.open_file(self.path))
+                self.handles = dict.fromkeys(
+                    SEARCHES, refused_as_artifact(self.open_file, self.path, self.fmt)
+                )
             else:
                 raise ArtifactError(
                     f"{self.path} is one file of both searches, as kformer wrote {self.fmt} before its "

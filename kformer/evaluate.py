@@ -20,7 +20,13 @@ def split_references(model_dir, split="test"):
     prepared (kformer.data.prepare): `group_references` of its pairs. `model_dir`: a training
     directory, or an export folder (the run it was exported from)."""
     if os.path.exists(os.path.join(model_dir, MANIFEST_FILE)):
-        model_dir = ExportManifest.load(model_dir).trained_in
+        trained_in = ExportManifest.load(model_dir).trained_in
+        if trained_in is None:
+            raise ValueError(
+                f"{os.path.join(model_dir, MANIFEST_FILE)} records no training folder (trained_in) to "
+                "take the split from; give --source and --reference"
+            )
+        model_dir = trained_in
     return group_references(prepare_lib.held_out(run_folder.prepared_folder(model_dir), split))
 
 
