@@ -10,12 +10,13 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import time
 import urllib.parse
 import urllib.request
 
 import pytest
-from conftest import BEAM, MAX_LENGTH
+from conftest import BEAM, KFORMER, MAX_LENGTH
 from test_serve import request
 
 from kformer.decode.options import SearchOptions
@@ -438,3 +439,96 @@ def test_the_server_serves_an_exports_listed_files_and_no_path_of_the_machine(ex
                 "%2e%2e/secret.txt",
             ):
                 assert request(url + prefix + hidden)[0] == 404, hidden
+
+
+def resident_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1]) / 1024
+
+
+def timed(send, *args, **kwargs):
+    """(seconds, send's result)."""
+    start = time.monotonic()
+    result = send(*args, **kwargs)
+    return time.monotonic() - start, result
+
+
+LT = {"source": "zh", "target": "en"}
+INNOCENT = [f"{i}。他很高興。" for i in range(30)]
+
+
+def burst(url):
+    """One round of hostile requests against a server (run with 2 s deadlines); each check's
+    figures, for the test's report."""
+    seen = {}
+    with concurrent.futures.ThreadPoolExecutor(31) as pool:  # the surrogate batch
+        innocent = [pool.submit(request, url + "translate", {"q": q, **LT}) for q in INNOCENT]
+        bad = pool.submit(request, url + "translate", b'{"q": "\\ud800 x", "source": "zh", "target": "en"}')
+        seen["innocent"] = sorted({f.result()[0] for f in innocent})
+        seen["surrogate"] = bad.result()[0]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # /health while the worst pages are read
+        seen["health_s"] = 0.0
+        for page in ("<b>好" * 10_000, "<!--" * 30_000, "<a " * 60_000):
+            sent = pool.submit(request, url + "translate", {"q": page, "format": "html", **LT})
+            while not sent.done():
+                seconds, (status, _, _) = timed(request, url + "health")
+                assert status == 200
+                seen["health_s"] = max(seen["health_s"], seconds)
+            seen.setdefault("pages", []).append(sent.result()[0])
+    seen["deep_and_absurd"] = [
+        request(url + route, body)[0]
+        for route, body in (
+            ("translate", b'{"q": ' + DEEP + b', "source": "zh", "target": "en"}'),
+            ("translate", b'{"q": "x", "alternatives": 1e999, "source": "zh", "target": "en"}'),
+            ("v1/translate", b'{"texts": ["x"], "no_repeat_ngram": 10000000000}'),
+            ("translate", b'{"q": "x", "alternatives": true, "source": "zh", "target": "en"}'),
+        )
+    ]
+    idle = socket.create_connection(host_port(url))
+    seen["idle_closed_s"], _ = closed_after(idle, 30)
+    seen["tiny_s"], (seen["tiny"], _, _) = timed(request, url + "translate", {"q": ["好"] * 5000, **LT})
+    seen["one_text_s"], (seen["one_text"], _, _) = timed(request, url + "translate", {"q": "好" * 5000, **LT})
+    return seen
+
+
+def test_a_hostile_client_cannot_take_down_a_real_server(export_dir, tmp_path):
+    """`kformer serve` on loopback with 2 s deadlines, four rounds of `burst`: the innocent
+    requests batched with a lone surrogate are answered; /health answers within a second while the
+    worst pages are read; deep JSON and absurd numbers get 400; an idle connection is closed at its
+    deadline; 5,000 one-character texts are refused, sooner than one text of 5,000 characters is
+    translated. Then the server is healthy, has logged no traceback, and its memory is within 20% of
+    what it was after the first round (which loads what the server keeps: the files of both
+    searches, the runtime's buffers for the largest batch)."""
+    log = tmp_path / "server.log"
+    deadlines = ["--timeout-headers", "2", "--timeout-body", "2", "--timeout-keep-alive", "2"]
+    with open(log, "w") as stderr:
+        server = subprocess.Popen(
+            [*KFORMER, "serve", "--model", export_dir, "--port", "0", *deadlines],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    try:
+        lines = [server.stdout.readline() for _ in range(2)]
+        url = re.search(r"http://\S+/", lines[1]).group()
+        rounds = [burst(url)]  # every path once: what it loads and keeps is there before the measure
+        before = resident_mb(server.pid)
+        rounds += [burst(url) for _ in range(3)]
+        after = resident_mb(server.pid)
+        assert request(url + "health")[0] == 200
+        assert request(url + "translate", {"q": INNOCENT[:4], **LT})[0] == 200
+        metrics = request(url + "metrics")[2]
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    print(f"\nhostile client: before {before:.0f} MB, after {after:.0f} MB; rounds {rounds}")
+    for seen in rounds:
+        assert seen["innocent"] == [200] and seen["surrogate"] == 400, seen
+        assert seen["health_s"] < 1.0 and seen["pages"] == [413, 200, 200], seen
+        assert seen["deep_and_absurd"] == [400] * 4, seen
+        assert 1.9 < seen["idle_closed_s"] < 5, seen
+        assert seen["tiny"] == 413 and seen["one_text"] == 200 and seen["tiny_s"] < seen["one_text_s"] + 1, (
+            seen
+        )
+    assert after < 1.2 * before, (before, after)
+    assert 'code="500"' not in metrics and "Traceback" not in log.read_text(), log.read_text()[-3000:]
