@@ -154,6 +154,8 @@ LT = b'"source": "zh", "target": "en"'
         ("v1/translate", b'{"texts": ["x \\ud800"]}', "texts", "lone surrogate"),
         ("v1/translate", b'{"texts": ["x"], "\\ud800": 1}', None, "lone surrogate"),
         ("detect", b'{"q": "\\ud800"}', "q", "lone surrogate"),
+        ("v1/translate", b'{"texts": ["<p>a</p>"], "format": "html", "nbest": "x"}', "nbest", "nbest"),
+        ("v1/translate", b'{"texts": ["<p>a</p>"], "format": "html", "alpha": 1e999}', "alpha", "alpha"),
     ],
 )
 def test_every_malformed_field_is_a_400_without_a_traceback(url, route, body, field, words):
@@ -274,7 +276,7 @@ def test_the_server_answers_while_it_reads_the_worst_page(url):
     assert status == 413 and "more than the limit" in answer["error"]
     start = time.monotonic()
     status, _, answer = request(url + "translate", {"q": "<!--" * 60_000, **lt})
-    assert status == 413 and "before it is read" in answer["error"] and time.monotonic() - start < 1.0
+    assert status == 413 and "before they are read" in answer["error"] and time.monotonic() - start < 1.0
 
 
 def closed_after(connection, limit):
@@ -453,7 +455,7 @@ def timed(send, *args, **kwargs):
     return time.monotonic() - start, result
 
 
-LT = {"source": "zh", "target": "en"}
+PAIR = {"source": "zh", "target": "en"}
 INNOCENT = [f"{i}。他很高興。" for i in range(30)]
 
 
@@ -462,14 +464,14 @@ def burst(url):
     figures, for the test's report."""
     seen = {}
     with concurrent.futures.ThreadPoolExecutor(31) as pool:  # the surrogate batch
-        innocent = [pool.submit(request, url + "translate", {"q": q, **LT}) for q in INNOCENT]
+        innocent = [pool.submit(request, url + "translate", {"q": q, **PAIR}) for q in INNOCENT]
         bad = pool.submit(request, url + "translate", b'{"q": "\\ud800 x", "source": "zh", "target": "en"}')
         seen["innocent"] = sorted({f.result()[0] for f in innocent})
         seen["surrogate"] = bad.result()[0]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:  # /health while the worst pages are read
         seen["health_s"] = 0.0
         for page in ("<b>好" * 10_000, "<!--" * 30_000, "<a " * 60_000):
-            sent = pool.submit(request, url + "translate", {"q": page, "format": "html", **LT})
+            sent = pool.submit(request, url + "translate", {"q": page, "format": "html", **PAIR})
             while not sent.done():
                 seconds, (status, _, _) = timed(request, url + "health")
                 assert status == 200
@@ -486,8 +488,10 @@ def burst(url):
     ]
     idle = socket.create_connection(host_port(url))
     seen["idle_closed_s"], _ = closed_after(idle, 30)
-    seen["tiny_s"], (seen["tiny"], _, _) = timed(request, url + "translate", {"q": ["好"] * 5000, **LT})
-    seen["one_text_s"], (seen["one_text"], _, _) = timed(request, url + "translate", {"q": "好" * 5000, **LT})
+    seen["tiny_s"], (seen["tiny"], _, _) = timed(request, url + "translate", {"q": ["好"] * 5000, **PAIR})
+    seen["one_text_s"], (seen["one_text"], _, _) = timed(
+        request, url + "translate", {"q": "好" * 5000, **PAIR}
+    )
     return seen
 
 
@@ -516,7 +520,7 @@ def test_a_hostile_client_cannot_take_down_a_real_server(export_dir, tmp_path):
         rounds += [burst(url) for _ in range(3)]
         after = resident_mb(server.pid)
         assert request(url + "health")[0] == 200
-        assert request(url + "translate", {"q": INNOCENT[:4], **LT})[0] == 200
+        assert request(url + "translate", {"q": INNOCENT[:4], **PAIR})[0] == 200
         metrics = request(url + "metrics")[2]
     finally:
         server.terminate()
@@ -532,3 +536,20 @@ def test_a_hostile_client_cannot_take_down_a_real_server(export_dir, tmp_path):
         )
     assert after < 1.2 * before, (before, after)
     assert 'code="500"' not in metrics and "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def test_many_empty_pages_are_refused_before_they_are_read(url):
+    """A page is a text: each counts at least SENTENCE_FLOOR characters, checked before any is read."""
+    start = time.monotonic()
+    status, _, answer = request(url + "v1/translate", {"texts": [""] * 5000, "format": "html"})
+    assert status == 413 and "before they are read" in answer["error"] and time.monotonic() - start < 1.0
+    assert request(url + "v1/translate", {"texts": [""] * 3, "format": "html"})[0] == 200
+
+
+def test_the_language_of_a_long_text_is_judged_by_its_first_characters(url):
+    """/detect (and source "auto") read a text's first SAMPLE_CHARACTERS: a megabyte of them held
+    the event loop, and every other request, for half a second."""
+    from kformer.serve.detect import SAMPLE_CHARACTERS
+
+    status, _, answer = request(url + "detect", {"q": "a" * SAMPLE_CHARACTERS + "好" * 1000})
+    assert status == 200 and answer == [{"language": "zh", "confidence": 0.0}], answer  # zh alone is served

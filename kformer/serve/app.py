@@ -172,15 +172,17 @@ class Service:
         its translations; a Translation a page, scored by the sum of its texts' scores. Pages are
         read and written in a thread of their own, never on the event loop, and one too long to
         be read at the request's limit is refused before it is."""
-        if changes.get("nbest", 1) > 1:
+        if _checked_options(model.runner, changes).nbest > 1:
             raise BadRequest(
                 "Invalid request: alternatives are not given for format html", field="alternatives"
             )
-        longest, size = html.MARKUP_ALLOWANCE * self.settings.max_chars, sum(map(len, pages))
-        if size > longest:
+        limit = self.settings.max_chars
+        longest, size = html.MARKUP_ALLOWANCE * limit, sum(map(len, pages))
+        if size > longest or len(pages) * cost.SENTENCE_FLOOR > limit:  # a page is a text, at least
             raise BadRequest(
-                f"Invalid request: the pages have {size:,} characters with their markup, more than "
-                f"{longest:,} ({html.MARKUP_ALLOWANCE} times the limit of a request); refused before it is read",
+                f"Invalid request: {len(pages):,} pages of {size:,} characters with their markup, more "
+                f"than {longest:,} ({html.MARKUP_ALLOWANCE} times the limit of a request) or than "
+                f"{limit // cost.SENTENCE_FLOOR:,} pages; refused before they are read",
                 413,
             )
         loop = asyncio.get_running_loop()

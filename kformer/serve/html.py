@@ -176,7 +176,7 @@ def read(pages):
         parsed,
         [text for page in texts_of for text in page],
         [len(page) for page in texts_of],
-        sum(charged(pieces) for _, pieces in parsed),
+        sum(max(cost.SENTENCE_FLOOR, charged(pieces)) for _, pieces in parsed),  # a page is a text
     )
 
 
