@@ -548,7 +548,7 @@ def test_many_empty_pages_are_refused_before_they_are_read(url):
 
 def test_the_language_of_a_long_text_is_judged_by_its_first_characters(url):
     """/detect (and source "auto") read a text's first SAMPLE_CHARACTERS: a megabyte of them held
-    the event loop, and every other request, for half a second."""
+    the event loop, and every other request with it."""
     from kformer.serve.detect import SAMPLE_CHARACTERS
 
     status, _, answer = request(url + "detect", {"q": "a" * SAMPLE_CHARACTERS + "好" * 1000})
