@@ -313,6 +313,10 @@ def test_slow_and_idle_connections_are_closed_in_their_time(runner):
         trickle.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         seconds, answer = closed_after(trickle, 10)
         assert seconds < 4 and answer.startswith(b"HTTP/1.1 408 "), answer
+        early = socket.create_connection(host_port(url))  # answered 413 on its length: one answer
+        early.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Length: 9999999\r\n\r\n{")
+        seconds, answer = closed_after(early, 10)
+        assert answer.startswith(b"HTTP/1.1 413 ") and answer.count(b"HTTP/1.1 ") == 1, answer
         kept = socket.create_connection(host_port(url))
         kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         seconds, answer = closed_after(kept, 10)

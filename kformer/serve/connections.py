@@ -64,10 +64,11 @@ class DeadlineProtocol(H11Protocol):
         what, self.deadline = self.waiting_for, None
         if self.transport.is_closing() or self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
             return
-        answering = self.cycle is not None and not self.cycle.response_complete
         if what == "body" and self.scope is not None:
             self.scope[TIMED_OUT] = True
-        if not (answering and self.cycle.response_started):
+        # a body comes late after its request was answered early (a 413 on its length): one answer
+        answered = what == "body" and self.cycle is not None and self.cycle.response_started
+        if not answered:
             seconds = self.HEADERS if what == "headers" else self.BODY
             body = f'{{"error": "the request\'s {what} did not arrive within {seconds:g} s"}}'.encode()
             self.transport.write(
