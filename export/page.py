@@ -58,7 +58,7 @@ def served_files(artifact_dir, manifest):
     """{path in the folder: its path here} of the files an export's `manifest` (ExportManifest)
     lists, the files inside a listed folder included: what the server serves of the folder, and
     all it serves besides the manifest (never another file put there, nor a link)."""
-    found = {}
+    found, folder = {}, os.path.realpath(artifact_dir)
     for entry in manifest.entries():
         path = os.path.join(artifact_dir, entry.file)
         inside = (
@@ -67,7 +67,8 @@ def served_files(artifact_dir, manifest):
             else [os.path.join(d, f) for d, _, files in os.walk(path) for f in files]
         )
         for file in inside:
-            if os.path.isfile(file) and not os.path.islink(file):
+            real = os.path.realpath(file)  # a listed folder may itself be a link out of the export
+            if os.path.isfile(file) and os.path.commonpath([real, folder]) == folder:
                 found[os.path.relpath(file, artifact_dir).replace(os.sep, "/")] = file
     return found
 

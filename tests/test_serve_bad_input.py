@@ -447,6 +447,27 @@ def test_the_server_serves_an_exports_listed_files_and_no_path_of_the_machine(ex
                 assert request(url + prefix + hidden)[0] == 404, hidden
 
 
+def test_a_listed_folder_that_links_out_of_the_export_is_not_served(export_dir, tmp_path):
+    """A listed folder replaced by a link to one outside the export folder (once its runner is
+    open): neither the files listed in it nor what else the outside folder holds are served."""
+    from kformer.export import page
+
+    if not all(os.path.isdir(folder) for folder in page.ROUTES.values()):
+        pytest.skip("the page's JavaScript packages are not installed (npm ci --prefix export/web)")
+    folder = tmp_path / "export"
+    shutil.copytree(export_dir, folder)
+    runner = open_runner(str(folder), "onnx")
+    listed = json.loads((folder / "manifest.json").read_text())["artifacts"][0]["file"]
+    outside = tmp_path / "outside"
+    shutil.move(folder / listed, outside)
+    (outside / "key.txt").write_text("not for the web")
+    os.symlink(outside, folder / listed)
+    with serving(create_app(runner)) as url:
+        for name in ["key.txt", *os.listdir(outside)]:
+            assert request(f"{url}model/{listed}/{name}")[0] == 404, name
+        assert request(url + "model/manifest.json")[0] == 200
+
+
 def resident_mb(pid):
     with open(f"/proc/{pid}/status") as f:
         return int(next(line for line in f if line.startswith("VmRSS:")).split()[1]) / 1024
