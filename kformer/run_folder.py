@@ -223,7 +223,8 @@ def read_state(run_dir, steps=None):
     if steps is not None and state.steps != steps and os.path.exists(pending):
         try:
             candidate = TrainingState.load(pending)
-        except RunError:  # a save killed while writing it: the state in place stands
+        except RunError as e:  # a save killed while writing it: the state in place stands
+            log.warning("%s; resuming from %s", e, file_path)
             return state
         if candidate.steps == steps:
             return candidate

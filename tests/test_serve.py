@@ -402,6 +402,7 @@ def test_serve_command_errors_are_one_line(artifacts, tmp_path):
                 "argument --port: must be a finite int >= 0 and <= 65535",
             ),
             (["--model", artifacts, "--timeout-headers", "0"], "argument --timeout-headers"),
+            (["--model", artifacts, "--cors-origins", "a.example"], "'a.example' is not an origin"),
         ]:
             # A case that loads after all serves until killed: fail it, do not hang.
             result = run_kformer("serve", *case, timeout=120)

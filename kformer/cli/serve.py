@@ -1,5 +1,9 @@
 """`kformer serve`: the HTTP translation server on exports (kformer's and LibreTranslate's APIs, the page)."""
 
+import argparse
+import re
+
+from kformer import extras
 from kformer.arguments import (
     add_runner_options,
     add_search_options,
@@ -38,6 +42,7 @@ def add_arguments(p):
 def _access_options(p, defaults):
     p.add_argument(
         "--cors-origins",
+        type=origins,
         default=",".join(defaults.cors_origins),
         metavar="ORIGINS",
         help="the sites (scheme://host[:port], comma-separated) whose pages may call the API from a "
@@ -117,6 +122,16 @@ def _batching_options(p, defaults):
     )
 
 
+def origins(text):
+    """The origins of --cors-origins ("https://a.example,http://b:8080"; "*"; "" for none): a
+    browser sends scheme://host[:port], so anything else would silently match nothing."""
+    found = tuple(origin.strip() for origin in text.split(",") if origin.strip())
+    for origin in found:
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise argparse.ArgumentTypeError(f"{origin!r} is not an origin (scheme://host[:port], or *)")
+    return found
+
+
 def main(args):
     from kformer.serve.limits import api_keys
     from kformer.serve.server import load_models, serve
@@ -135,8 +150,9 @@ def main(args):
         timeout_body=args.timeout_body,
         timeout_keep_alive=args.timeout_keep_alive,
         limit_concurrency=args.limit_concurrency,
-        cors_origins=tuple(origin.strip() for origin in args.cors_origins.split(",") if origin.strip()),
+        cors_origins=args.cors_origins,
     )
+    extras.require("lxml", "kformer serve's format=html")  # bs4 would find it missing per request
     print(f"loading {', '.join(args.model)} ({args.runtime} {args.variant})", flush=True)
     runner = RunnerSettings(threads=args.threads, parallel=args.parallel)  # --batch-size is the batcher's
     runners, sizes = load_models(args.model, args.runtime, args.variant, runner, search_options(args))
