@@ -11,6 +11,7 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -277,6 +278,27 @@ def test_the_server_answers_while_it_reads_the_worst_page(url):
     start = time.monotonic()
     status, _, answer = request(url + "translate", {"q": "<!--" * 60_000, **lt})
     assert status == 413 and "before they are read" in answer["error"] and time.monotonic() - start < 1.0
+
+
+def test_pages_waiting_to_be_read_are_bounded_as_the_queue_is(runner):
+    """While the page thread is busy, pages wait for it up to the queue's bound in markup
+    (html.MARKUP_ALLOWANCE times --max-queue-chars); past it a page request gets 503."""
+    from kformer.serve import html
+
+    settings = Settings(max_queue_chars=1000)
+    app = create_app(runner, settings)
+    markup = "a" * (html.MARKUP_ALLOWANCE * 1000 * 3 // 4)  # two pages of it are over the bound
+    page = {"q": f'<p title="{markup}">好</p>', "source": "zh", "target": "en", "format": "html"}
+    busy = threading.Event()
+    app.state.service.page_thread.submit(busy.wait, 60)
+    with serving(app) as url, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(request, url + "translate", page)
+        time.sleep(0.5)
+        status, headers, _ = request(url + "translate", page)
+        assert status == 503 and headers["Retry-After"], status
+        busy.set()
+        assert waiting.result()[0] == 200
+        assert request(url + "translate", page)[0] == 200  # the thread is free again
 
 
 def closed_after(connection, limit):

@@ -75,6 +75,7 @@ class Service:
         # One thread reads and writes web pages: parsing holds the interpreter, and more threads
         # at it would only take more of it from the event loop.
         self.page_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kformer-html")
+        self.page_chars = 0  # characters of markup in or waiting for the page thread (the loop's)
         self.models = {}
         for runner, size in zip(runners, resident_bytes or [None] * len(runners)):
             model = Model(runner, settings, self.metrics.observe_batch, size)
@@ -185,15 +186,26 @@ class Service:
                 f"{limit // cost.SENTENCE_FLOOR:,} pages; refused before they are read",
                 413,
             )
-        loop = asyncio.get_running_loop()
-        read = await loop.run_in_executor(self.page_thread, html.read, pages)
+        read = await self._in_page_thread(size, html.read, pages)
         translations = await self.translations(request, model, read.texts, changes, read.charged)
-        texts = [t.text for t in translations]
-        written = await loop.run_in_executor(self.page_thread, html.written, read, texts)
+        written = await self._in_page_thread(size, html.written, read, [t.text for t in translations])
         scores, done = [], iter(translations)
         for count in read.counts:
             scores.append(sum(next(done).score for _ in range(count)))
         return [Translation(page, score, (Hypothesis(page, score),)) for page, score in zip(written, scores)]
+
+    async def _in_page_thread(self, size, work, *args):
+        """work(*args) in the page thread, for pages of `size` characters with their markup; its
+        queue is bounded as the translation queue is (QueueFull: 503), so a flood of pages,
+        each under the limit of a request, cannot pile up behind it."""
+        bound = html.MARKUP_ALLOWANCE * self.settings.max_queue_chars
+        if self.page_chars and self.page_chars + size > bound:
+            raise QueueFull(1)
+        self.page_chars += size
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.page_thread, work, *args)
+        finally:
+            self.page_chars -= size
 
     async def kformer_translate(self, request):
         body = await read_body(request, self.settings.max_body_bytes)
