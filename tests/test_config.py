@@ -117,3 +117,32 @@ def test_the_recipe_is_saved_apart_from_the_model(tmp_path):
     recipe("small").save(path)
     assert TrainingRecipe.load(path) == recipe("small")
     assert set(json.loads(open(path).read())).isdisjoint(preset("small").to_dict())
+
+
+def test_a_decoder_may_start_from_its_pad_token_and_its_first_key_is_attended():
+    """Marian's decoder starts from the pad token: bos_id may be pad_id (never unk or eos), and
+    the training masks then let every target position attend to position 0."""
+    import numpy as np
+
+    from kformer.model.transformer import AttentionMasks
+
+    config = preset("tiny", bos_id=0)
+    assert config.starts_with_pad
+    with pytest.raises(ValueError, match="special ids"):
+        preset("tiny", bos_id=3)  # eos
+    target = np.array([[0, 5, 6, 0]])  # start (pad), two tokens, padding
+    masks = AttentionMasks(0, starts_with_pad=True)(np.array([[4, 5]]), target)
+    decoder = np.asarray(masks["decoder"])[0]
+    assert decoder[:, 0].all() and not decoder[:, 3].any() and decoder[2, :3].all()
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(positions="spiral"), "positions must be one of"),
+        (dict(layer_norm_epsilon=0.0), "layer_norm_epsilon"),
+    ],
+)
+def test_the_family_fields_are_checked(changes, message):
+    with pytest.raises(ValueError, match=message):
+        preset("tiny", **changes)

@@ -74,3 +74,36 @@ def test_post_ln_output_is_normalized():
     out = np.asarray(EncoderBlock(d_model=8, num_heads=2, d_ff=16, dropout=0.0)(x)[0])
     np.testing.assert_allclose(out.mean(-1), 0, atol=1e-4)
     np.testing.assert_allclose(out.std(-1), 1, atol=1e-2)
+
+
+def test_the_halves_table_is_marians():
+    """Marian's (and fairseq's) layout: the sine of every angle, then every cosine, written here
+    as transformers' MarianSinusoidalPositionalEmbedding computes it."""
+    length, dim = 30, 12
+    angles = np.array(
+        [[pos / np.power(10000, 2 * (j // 2) / dim) for j in range(dim)] for pos in range(length)]
+    )
+    marian = np.concatenate([np.sin(angles[:, 0::2]), np.cos(angles[:, 1::2])], axis=1)
+    np.testing.assert_allclose(sinusoidal_table(length, dim, "halves"), marian, atol=1e-6)
+    x = np.zeros((1, 4, dim), "float32")
+    layer = PositionalEncoding(max_length=length, layout="halves")
+    np.testing.assert_allclose(np.asarray(layer(x, start_index=2))[0], marian[2:6], atol=1e-6)
+
+
+def test_unscaled_embeddings_and_a_logits_bias():
+    layer = TokenEmbedding(5, 4, scale=False, output_bias=True)
+    ids = np.array([[1, 3]])
+    out = np.asarray(layer(ids))
+    np.testing.assert_allclose(out[0], np.asarray(layer.embeddings)[[1, 3]], atol=1e-6)
+    layer.logits_bias.assign(np.arange(5, dtype="float32"))
+    states = np.ones((1, 1, 4), "float32")
+    expected = states[0, 0] @ np.asarray(layer.embeddings).T + np.arange(5)
+    np.testing.assert_allclose(np.asarray(layer(states, reverse=True))[0, 0], expected, rtol=1e-5)
+
+
+def test_swish_is_x_times_its_sigmoid():
+    from kformer.model import portable
+
+    x = np.linspace(-6, 6, 25).astype("float32")
+    np.testing.assert_allclose(np.asarray(portable.activation("swish", x)), x / (1 + np.exp(-x)), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(portable.activation("relu", x)), np.maximum(x, 0), rtol=1e-6)

@@ -13,7 +13,9 @@ from kformer.data.tokenizer import SPECIAL_IDS, VOCAB_SIZE
 
 DEFAULT_PRESET = "small"
 NORM_POSITIONS = ("post", "pre")
-ACTIVATIONS = ("relu", "gelu")
+ACTIVATIONS = ("relu", "gelu", "swish")  # the paper's; BERT's and OpenNMT's; Marian's (SiLU)
+# The sinusoid's layout: the paper's sin and cos interleaved, or Marian's and fairseq's [sin | cos].
+POSITIONS = ("interleaved", "halves")
 # The training recipe's fields, which config.json held before the recipe had its own file
 # (recipe.json): read from such a file, they are left to kformer.train.recipe.
 LEGACY_RECIPE_KEYS = frozenset(
@@ -31,9 +33,13 @@ POSITIVE = (
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(Record):
     """The encoder-decoder Transformer's shape: sizes, dropout, the longest source and output,
-    the activation, where LayerNorm goes ("post" is the paper's LayerNorm(x + Sublayer(x))),
-    shared embeddings, the special ids, and the sha256 of the SentencePiece model it reads
-    ("" = not bound to one: another run's tokenizer of the same size would translate garbage)."""
+    the activation, where LayerNorm goes ("post" is the paper's LayerNorm(x + Sublayer(x))) and
+    its epsilon, the positions' layout, whether embeddings are scaled by sqrt(d_model), shared
+    embeddings, a bias on the logits, the special ids (bos_id, the decoder's first token, may be
+    the pad id, as Marian starts), and the sha256 of the SentencePiece model it reads ("" = not
+    bound to one: another run's tokenizer of the same size would translate garbage).
+
+    The defaults are the paper's; imported models (kformer.importers) set what their family does."""
 
     vocab_size: int = VOCAB_SIZE
     d_model: int = 512
@@ -46,7 +52,11 @@ class ModelConfig(Record):
     max_target_length: int = 128
     activation: str = "relu"
     norm_position: str = "post"
+    layer_norm_epsilon: float = 1e-6
+    positions: str = "interleaved"
+    scale_embedding: bool = True
     tie_embeddings: bool = True  # shared source/target embedding and output projection
+    output_bias: bool = False
     pad_id: int = SPECIAL_IDS["pad_id"]
     unk_id: int = SPECIAL_IDS["unk_id"]
     bos_id: int = SPECIAL_IDS["bos_id"]
@@ -66,13 +76,35 @@ class ModelConfig(Record):
             errors.append(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.norm_position not in NORM_POSITIONS:
             errors.append(f"norm_position must be one of {NORM_POSITIONS}, got {self.norm_position!r}")
-        special = [self.pad_id, self.unk_id, self.bos_id, self.eos_id]
-        if self.pad_id != 0:
-            errors.append(f"pad_id must be 0 (the mask convention relies on it), got {self.pad_id}")
-        if len(set(special)) != 4 or not all(0 <= i < self.vocab_size for i in special):
-            errors.append(f"special ids {special} must be distinct and below vocab_size {self.vocab_size}")
+        if self.positions not in POSITIONS:
+            errors.append(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        if not 0.0 < self.layer_norm_epsilon < 1.0:
+            errors.append(f"layer_norm_epsilon must be in (0, 1), got {self.layer_norm_epsilon}")
+        errors += self._special_id_errors()
         if errors:
             raise ValueError("Invalid ModelConfig: " + "; ".join(errors))
+
+    def _special_id_errors(self):
+        """pad 0 (the mask convention relies on it); pad, unk and eos distinct; bos distinct from
+        unk and eos (it may be pad: the decoder's first token); all below vocab_size."""
+        special = [self.pad_id, self.unk_id, self.bos_id, self.eos_id]
+        errors = (
+            []
+            if self.pad_id == 0
+            else [f"pad_id must be 0 (the mask convention relies on it), got {self.pad_id}"]
+        )
+        distinct = len({self.pad_id, self.unk_id, self.eos_id}) == 3 and self.bos_id not in (
+            self.unk_id,
+            self.eos_id,
+        )
+        if not distinct or not all(0 <= i < self.vocab_size for i in special):
+            errors.append(f"special ids {special} must be distinct and below vocab_size {self.vocab_size}")
+        return errors
+
+    @property
+    def starts_with_pad(self):
+        """Whether the decoder's first token is the pad token (Marian's decoder_start_token_id)."""
+        return self.bos_id == self.pad_id
 
     def check_tokenizer(self, tokenizer, path="tokenizer"):
         """The tokenizer must be the model's: same vocabulary, special ids and, when bound, digest."""

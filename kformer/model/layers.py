@@ -12,15 +12,18 @@ from kformer.model.attention import MultiHeadAttention
 # Shape letters: B batch, S source length, T target length, M model width (d_model), V vocabulary.
 
 
-def sinusoidal_table(length, d_model):
-    """(length, d_model) positional encoding, interleaved as the paper writes it:
-    PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))."""
+def sinusoidal_table(length, d_model, layout="interleaved"):
+    """(length, d_model) positional encoding of angles pos / 10000^(2i/d_model): "interleaved" as
+    the paper writes it, PE(pos, 2i) = sin, PE(pos, 2i+1) = cos; "halves", the sines of every
+    angle then the cosines (Marian, fairseq)."""
     positions = np.arange(length, dtype=np.float64)[:, None]
     rates = 1.0 / np.power(10000.0, np.arange(0, d_model, 2, dtype=np.float64) / d_model)
     angles = positions * rates  # (length, ceil(d_model/2))
+    sines, cosines = np.sin(angles), np.cos(angles[:, : d_model // 2])
+    if layout == "halves":
+        return np.concatenate([sines, cosines], axis=1).astype(np.float32)
     table = np.zeros((length, d_model), dtype=np.float64)
-    table[:, 0::2] = np.sin(angles)
-    table[:, 1::2] = np.cos(angles[:, : d_model // 2])
+    table[:, 0::2], table[:, 1::2] = sines, cosines
     return table.astype(np.float32)
 
 
@@ -34,15 +37,19 @@ class TokenEmbedding(keras.layers.Layer):
     Args:
         vocab_size: V.
         d_model: M, the model width.
+        scale: multiply embeddings by sqrt(M) (the paper; False: as they are).
+        output_bias: a (V,) bias added to the logits of `reverse=True` (Marian's final_logits_bias).
 
     Call args:
         inputs: int ids (B, L) -> (B, L, M); or with `reverse=True`, states (B, L, M) -> logits (B, L, V).
     """
 
-    def __init__(self, vocab_size, d_model, **kwargs):
+    def __init__(self, vocab_size, d_model, scale=True, output_bias=False, **kwargs):
         super().__init__(**kwargs)
         self.vocab_size = vocab_size
         self.d_model = d_model
+        self.scale = scale
+        self.output_bias = output_bias
 
     def build(self, input_shape=None):
         # N(0, M^-0.5) so that E * sqrt(M) starts at unit scale and E^T gives unit-scale logits.
@@ -51,17 +58,26 @@ class TokenEmbedding(keras.layers.Layer):
             shape=(self.vocab_size, self.d_model),
             initializer=keras.initializers.RandomNormal(stddev=self.d_model**-0.5),
         )
+        self.logits_bias = (
+            self.add_weight(name="logits_bias", shape=(self.vocab_size,), initializer="zeros")
+            if self.output_bias
+            else None
+        )
 
     def call(self, inputs, reverse=False):
         if reverse:
-            return portable.contract(inputs, ops.transpose(ops.cast(self.embeddings, inputs.dtype)))
-        return portable.lookup(self.embeddings, inputs) * ops.cast(
-            math.sqrt(self.d_model), self.compute_dtype
-        )
+            bias = None if self.logits_bias is None else ops.cast(self.logits_bias, inputs.dtype)
+            return portable.contract(
+                inputs, ops.transpose(ops.cast(self.embeddings, inputs.dtype)), bias=bias
+            )
+        embedded = portable.lookup(self.embeddings, inputs)
+        return embedded * ops.cast(math.sqrt(self.d_model), self.compute_dtype) if self.scale else embedded
 
     def get_config(self):
         config = super().get_config()
-        config.update(vocab_size=self.vocab_size, d_model=self.d_model)
+        config.update(
+            vocab_size=self.vocab_size, d_model=self.d_model, scale=self.scale, output_bias=self.output_bias
+        )
         return config
 
 
@@ -72,20 +88,22 @@ class PositionalEncoding(keras.layers.Layer):
     Args:
         max_length: longest position that can be encoded.
         dropout: rate applied to the sum (section 5.4).
+        layout: the table's, "interleaved" (the paper) or "halves" (`sinusoidal_table`).
 
     Call args:
         inputs: (B, L, M) embeddings, or (B, M): one decoding step's, at position `start_index`.
         start_index: position of the first row; a cached decode step passes its step index.
     """
 
-    def __init__(self, max_length, dropout=0.0, **kwargs):
+    def __init__(self, max_length, dropout=0.0, layout="interleaved", **kwargs):
         super().__init__(**kwargs)
         self.max_length = max_length
         self.dropout = dropout
+        self.layout = layout
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy, name="dropout")
 
     def build(self, input_shape):
-        self.table = ops.convert_to_tensor(sinusoidal_table(self.max_length, input_shape[-1]))
+        self.table = ops.convert_to_tensor(sinusoidal_table(self.max_length, input_shape[-1], self.layout))
 
     def call(self, inputs, start_index=0, training=None):
         if len(inputs.shape) == 2:  # one decoding step's rows (B, M), at position start_index
@@ -97,7 +115,7 @@ class PositionalEncoding(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(max_length=self.max_length, dropout=self.dropout)
+        config.update(max_length=self.max_length, dropout=self.dropout, layout=self.layout)
         return config
 
 
@@ -108,7 +126,7 @@ class FeedForward(keras.layers.Layer):
     Args:
         d_model: output size M.
         d_ff: inner size.
-        activation: "relu" (the paper) or "gelu".
+        activation: "relu" (the paper), "gelu" or "swish" (SiLU).
     """
 
     def __init__(self, d_model, d_ff, activation="relu", **kwargs):
@@ -116,7 +134,7 @@ class FeedForward(keras.layers.Layer):
         self.d_model = d_model
         self.d_ff = d_ff
         self.activation = activation
-        self.inner = keras.layers.Dense(d_ff, activation=activation, dtype=self.dtype_policy, name="inner")
+        self.inner = keras.layers.Dense(d_ff, dtype=self.dtype_policy, name="inner")
         self.outer = keras.layers.Dense(d_model, dtype=self.dtype_policy, name="outer")
 
     def build(self, input_shape):
@@ -125,7 +143,9 @@ class FeedForward(keras.layers.Layer):
 
     def call(self, inputs):
         # The Dense layers' weights through `portable.contract`: what Dense does, in fewer exported ops.
-        hidden = self.inner.activation(portable.contract(inputs, self.inner.kernel, bias=self.inner.bias))
+        hidden = portable.activation(
+            self.activation, portable.contract(inputs, self.inner.kernel, bias=self.inner.bias)
+        )
         return portable.contract(hidden, self.outer.kernel, bias=self.outer.bias)
 
     def get_config(self):
@@ -142,9 +162,18 @@ class _ResidualBlock(keras.layers.Layer):
     """
 
     def __init__(
-        self, d_model, num_heads, d_ff, dropout=0.1, activation="relu", norm_position="post", **kwargs
+        self,
+        d_model,
+        num_heads,
+        d_ff,
+        dropout=0.1,
+        activation="relu",
+        norm_position="post",
+        epsilon=1e-6,
+        **kwargs,
     ):
         super().__init__(**kwargs)
+        self.epsilon = epsilon
         self.d_model = d_model
         self.num_heads = num_heads
         self.d_ff = d_ff
@@ -164,7 +193,7 @@ class _ResidualBlock(keras.layers.Layer):
         )
 
     def _norm(self, name):
-        return keras.layers.LayerNormalization(epsilon=1e-6, dtype=self.dtype_policy, name=name)
+        return keras.layers.LayerNormalization(epsilon=self.epsilon, dtype=self.dtype_policy, name=name)
 
     def _residual(self, x, norm, sublayer, training):
         """Applies `sublayer(x) -> (output, extras)` with its residual connection and norm;
@@ -187,6 +216,7 @@ class _ResidualBlock(keras.layers.Layer):
             dropout=self.dropout,
             activation=self.activation,
             norm_position=self.norm_position,
+            epsilon=self.epsilon,
         )
         return config
 

@@ -12,6 +12,7 @@ Shape letters: B batch (or rows), H heads, T buffer length, D head size, K beams
 
 import math
 
+import keras
 import tensorflow as tf
 from keras import ops
 
@@ -186,3 +187,12 @@ def repeat_rows(tree, times):
     batch = tf.shape(tf.nest.flatten(tree)[0])[0]
     rows = tf.range(batch * times) // times  # (B * times,)
     return tf.nest.map_structure(lambda t: tf.gather(t, rows), tree)
+
+
+def activation(name, x):
+    """The feed-forward's activation: "relu", "gelu" (exact, with erf) or "swish" (x sigmoid(x)).
+    Swish spelled out, not keras' silu: TensorFlow's silu carries a custom gradient that a frozen
+    graph cannot save (the TFLite and ONNX converters fail on it)."""
+    if name == "swish":
+        return x * ops.sigmoid(x)
+    return keras.activations.get(name)(x)

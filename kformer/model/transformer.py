@@ -17,6 +17,11 @@ from kformer.model.layers import DecoderBlock, EncoderBlock, PositionalEncoding,
 class AttentionMasks(keras.layers.Layer):
     """Builds every attention mask once, from token ids (the one convention: True = may attend).
 
+    Args:
+        pad_id: the padding token's id.
+        starts_with_pad: the decoder's first token is the pad token (Marian's start): the first
+            target position is a key to attend to, not padding.
+
     Call args:
         source_ids: (B, S) int. target_ids: (B, T) int.
 
@@ -24,20 +29,22 @@ class AttentionMasks(keras.layers.Layer):
     "cross": (B, 1, S) the *source* padding mask}.
     """
 
-    def __init__(self, pad_id=0, **kwargs):
+    def __init__(self, pad_id=0, starts_with_pad=False, **kwargs):
         super().__init__(**kwargs)
         self.pad_id = pad_id
+        self.starts_with_pad = starts_with_pad
 
     def call(self, source_ids, target_ids):
         source = masks.padding_mask(source_ids, self.pad_id)
-        decoder = masks.combine(
-            masks.causal_mask(ops.shape(target_ids)[1]), masks.padding_mask(target_ids, self.pad_id)
-        )
+        target = masks.padding_mask(target_ids, self.pad_id)  # (B, 1, T)
+        if self.starts_with_pad:
+            target = ops.logical_or(target, ops.equal(ops.arange(ops.shape(target_ids)[1]), 0))
+        decoder = masks.combine(masks.causal_mask(ops.shape(target_ids)[1]), target)
         return {"encoder": source, "decoder": decoder, "cross": source}
 
     def get_config(self):
         config = super().get_config()
-        config.update(pad_id=self.pad_id)
+        config.update(pad_id=self.pad_id, starts_with_pad=self.starts_with_pad)
         return config
 
 
@@ -83,23 +90,25 @@ class Transformer(keras.Model):
 
     def _make_layers(self, c, dtype):
         """The model's layers, as attributes (before the functional graph is built from them)."""
-        self.masks = AttentionMasks(c.pad_id, dtype=dtype, name="attention_masks")
+        self.masks = AttentionMasks(c.pad_id, c.starts_with_pad, dtype=dtype, name="attention_masks")
+        embedding = dict(scale=c.scale_embedding, dtype=dtype)
         self.source_embedding = TokenEmbedding(
             c.vocab_size,
             c.d_model,
-            dtype=dtype,
+            output_bias=c.output_bias and c.tie_embeddings,
             name="shared_embedding" if c.tie_embeddings else "source_embedding",
+            **embedding,
         )
         self.target_embedding = (
             self.source_embedding
             if c.tie_embeddings
-            else TokenEmbedding(c.vocab_size, c.d_model, dtype=dtype, name="target_embedding")
+            else TokenEmbedding(c.vocab_size, c.d_model, name="target_embedding", **embedding)
         )
         self.source_positions = PositionalEncoding(
-            c.max_source_length, c.dropout, dtype=dtype, name="source_positions"
+            c.max_source_length, c.dropout, c.positions, dtype=dtype, name="source_positions"
         )
         self.target_positions = PositionalEncoding(
-            c.max_target_length, c.dropout, dtype=dtype, name="target_positions"
+            c.max_target_length, c.dropout, c.positions, dtype=dtype, name="target_positions"
         )
         block_args = dict(
             d_model=c.d_model,
@@ -108,6 +117,7 @@ class Transformer(keras.Model):
             dropout=c.dropout,
             activation=c.activation,
             norm_position=c.norm_position,
+            epsilon=c.layer_norm_epsilon,
             dtype=dtype,
         )
         self.encoder_blocks = [
@@ -118,7 +128,7 @@ class Transformer(keras.Model):
         ]
         # Pre-LN needs a final norm on each stack; post-LN (the paper) already ends normalized.
         pre = c.norm_position == "pre"
-        norm = dict(epsilon=1e-6, dtype=dtype)
+        norm = dict(epsilon=c.layer_norm_epsilon, dtype=dtype)
         self.encoder_norm = keras.layers.LayerNormalization(**norm, name="encoder_norm") if pre else None
         self.decoder_norm = keras.layers.LayerNormalization(**norm, name="decoder_norm") if pre else None
         self.output_projection = (
