@@ -41,6 +41,17 @@ def languages(manifest):
     return pair.source, pair.target
 
 
+def check_tokenizer(tokenizer):
+    """Refuses a model whose tokenizer is not one SentencePiece model, which a package holds."""
+    from kformer.data.vocabulary import VocabularyTokenizer
+
+    if isinstance(tokenizer, VocabularyTokenizer):
+        raise ValueError(
+            "--formats argos: an Argos package holds one SentencePiece model; this model's tokenizer "
+            "is a vocabulary over a source and a target model (an imported model's)"
+        )
+
+
 def model_variant(quantize):
     """The ctranslate2 variant a package holds: int8 where the export writes int8 (a smaller
     download; Argos runs an fp32 model as int8 anyway where the CPU has int8 products), else fp32."""

@@ -53,10 +53,18 @@ class Format:
         variant of files per search."""
         return {search: f"{self.file(variant)}/{search}{self.extension}" for search in SEARCHES}
 
-    def planned(self, quantize=()):
-        """The variants to write: every one that is not a quantization, and those asked for."""
+    # Variants with the joint SentencePiece model inside their graph, which a vocabulary tokenizer
+    # (an imported model's, kformer.data.vocabulary) is not: they are not written for one.
+    sentencepiece_only = ()
+
+    def planned(self, quantize=(), vocabulary=False):
+        """The variants to write: every one that is not a quantization, and those asked for;
+        with a vocabulary tokenizer, none of `sentencepiece_only`."""
         return [
-            v for v in self.variants if quantization(v) not in QUANTIZATIONS or quantization(v) in quantize
+            v
+            for v in self.variants
+            if (quantization(v) not in QUANTIZATIONS or quantization(v) in quantize)
+            and not (vocabulary and v in self.sentencepiece_only)
         ]
 
     def runtime_variant(self, artifact_dir, variant):

@@ -27,11 +27,11 @@ class Ctranslate2(Format):
         sinusoid table, epsilon 1e-6, the tied output projection, the SentencePiece pieces as
         vocabulary. `positions`: rows of the sinusoid tables where a caller decodes past the
         model's max lengths (CTranslate2 refuses a position its table lacks); default: as trained."""
-        import sentencepiece as spm
         from ctranslate2.specs import common_spec, transformer_spec
 
         model, c = module.translator.model, module.config
-        activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[c.activation]
+        activation = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}[c.activation]
+        activation = getattr(common_spec.Activation, activation)
         spec = transformer_spec.TransformerSpec.from_config(
             (c.num_encoder_layers, c.num_decoder_layers),
             c.num_heads,
@@ -39,14 +39,15 @@ class Ctranslate2(Format):
             activation=activation,
         )
         _fill_spec(spec, model, positions)
-        tokenizer = spm.SentencePieceProcessor(model_proto=module.tokenizer_proto)
+        tokenizer = module.tokenizer
         pieces = [tokenizer.id_to_piece(i) for i in range(c.vocab_size)]
         spec.register_source_vocabulary(pieces)
         spec.register_target_vocabulary(pieces)
         for name in ("unk", "bos", "eos"):  # spec.config.unk_token = the piece of config.unk_id, ...
             setattr(spec.config, f"{name}_token", tokenizer.id_to_piece(getattr(c, f"{name}_id")))
         spec.config.decoder_start_token = spec.config.bos_token
-        spec.config.layer_norm_epsilon = 1e-6
+        spec.config.layer_norm_epsilon = c.layer_norm_epsilon
+        spec.encoder.scale_embeddings = spec.decoder.scale_embeddings = c.scale_embedding
         spec.validate()
         spec.optimize(quantization=None if variant == "fp32" else "int8")
         os.makedirs(path)
@@ -102,10 +103,12 @@ def _fill_spec(spec, model, positions=None):
     for stack, layer in ((spec.encoder, model.source_positions), (spec.decoder, model.target_positions)):
         table = np.asarray(layer.table)
         stack.position_encodings.encodings = (
-            table if positions is None else sinusoidal_table(positions, table.shape[1])
+            table if positions is None else sinusoidal_table(positions, table.shape[1], layer.layout)
         )
     if model.output_projection is None:
         spec.decoder.projection.weight = target_embedding  # tied: logits = x E^T
+        if model.target_embedding.logits_bias is not None:
+            spec.decoder.projection.bias = np.asarray(model.target_embedding.logits_bias)
     else:
         _linear(spec.decoder.projection, *_weights(model.output_projection))
     for stack, norm in ((spec.encoder, model.encoder_norm), (spec.decoder, model.decoder_norm)):

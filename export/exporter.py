@@ -9,6 +9,7 @@ from importlib import metadata
 from kformer import extras, folders
 from kformer.contracts import TOKENIZER_FILE, digests
 from kformer.contracts.export import Artifact, ExportManifest, FileEntry, TokenizerEntry
+from kformer.data import vocabulary as vocabulary_lib
 from kformer.decode.options import SearchOptions
 from kformer.export import argos
 from kformer.export.artifact_format import QUANTIZATIONS
@@ -48,16 +49,15 @@ def export(
     formats = [name for name in formats if name != argos.NAME] + (["ctranslate2"] if package else [])
     run = run_folder.load(model_dir, weights)
     options = (options or SearchOptions()).checked(run.config.max_target_length)
-    tokenizer_file = os.path.join(model_dir, TOKENIZER_FILE)
-    with open(tokenizer_file, "rb") as f:
-        module = ExportModule(run.model, f.read(), beam_size=options.beam_size)
+    module = ExportModule(run.model, run.tokenizer, beam_size=options.beam_size)
     manifest = describe(run, options, model_dir, weights)
     if package:
         argos.languages(manifest)  # refuses a model without a language pair before any work
+        argos.check_tokenizer(run.tokenizer)
     with folders.work_folder(out_dir, WORK_PREFIX) as work:
-        shutil.copy(tokenizer_file, os.path.join(work, TOKENIZER_FILE))
-        tokenizer = dataclasses.replace(manifest.tokenizer, sha256=digests.tree_sha256(tokenizer_file))
-        artifacts = _write_formats(module, work, formats, quantize, progress)
+        tokenizer = _copy_tokenizer(model_dir, work, manifest.tokenizer)
+        vocabulary = tokenizer.file != TOKENIZER_FILE
+        artifacts = _write_formats(module, work, formats, quantize, progress, vocabulary)
         manifest = manifest.replace(tokenizer=tokenizer, artifacts=tuple(artifacts))
         manifest.save(work)  # the runners read it during the check
         manifest = verify.verify_export(work, manifest, model_dir, run, progress)
@@ -86,6 +86,7 @@ def describe(run, options, model_dir, weights):
         no_repeat_ngram=options.no_repeat_ngram,
         tokenizer=TokenizerEntry(vocab_size=run.config.vocab_size),
         corpus=run.corpus,
+        direction=run.pair,
         trained_in=os.path.abspath(model_dir),
         weights=run_folder.describe_weights(model_dir, run_folder.weights_file(model_dir, weights)),
         onnx_opset=OPSET,
@@ -123,10 +124,25 @@ def _check_request(formats, quantize, out_dir):
         raise ValueError(f"--out {out_dir}: cannot write in {parent}")
 
 
-def _write_formats(module, work, formats, quantize, progress):
+def _copy_tokenizer(model_dir, work, entry):
+    """Copies the run's tokenizer files into the export folder `work`; returns the manifest's
+    TokenizerEntry: tokenizer.model, or the tokenizer.json of a vocabulary tokenizer (which holds
+    its files' sha256)."""
+    names = vocabulary_lib.tokenizer_files(model_dir)
+    for name in names:
+        shutil.copy(os.path.join(model_dir, name), os.path.join(work, name))
+    return dataclasses.replace(entry, file=names[0], sha256=digests.tree_sha256(os.path.join(work, names[0])))
+
+
+def _write_formats(module, work, formats, quantize, progress, vocabulary=False):
     """Writes every variant planned (in the registry's order of formats) into `work`; returns
-    their Artifacts."""
-    steps = [(fmt, v) for name, fmt in FORMATS.items() if name in formats for v in fmt.planned(quantize)]
+    their Artifacts. `vocabulary`: the tokenizer is a vocabulary one (`Format.planned`)."""
+    steps = [
+        (fmt, v)
+        for name, fmt in FORMATS.items()
+        if name in formats
+        for v in fmt.planned(quantize, vocabulary)
+    ]
     artifacts = []
     for number, (fmt, variant) in enumerate(steps, start=1):
         file = fmt.file(variant)
@@ -169,4 +185,4 @@ def print_summary(manifest, out_dir):
             )
     for package in manifest.packages:
         print(f"{package.file}: {package.bytes / 1e6:.2f} MB, test BLEU {package.test_bleu}")
-    print(f"wrote {out_dir} (manifest.json, tokenizer.model and the files above)")
+    print(f"wrote {out_dir} (manifest.json, {manifest.tokenizer.file} and the files above)")

@@ -12,8 +12,8 @@ TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 
 class ExportModule(tf.Module):
     """Token-id searches of `kformer.decode.translator.Translator` plus text-in/text-out functions with
-    the SentencePiece model inside the graph (tensorflow-text's FastSentencepieceTokenizer: one
-    tokenizer object, used by both text functions).
+    the SentencePiece models inside the graph (tensorflow-text's FastSentencepieceTokenizer), and
+    for a vocabulary tokenizer (kformer.data.vocabulary) its id tables.
 
     Functions (all batched, dynamic batch and length; options as in Translator, scalar inputs):
         greedy_ids(source_ids, max_length, no_repeat_ngram) / beam_ids(source_ids, alpha,
@@ -23,14 +23,20 @@ class ExportModule(tf.Module):
     TFLite and ONNX are written from `frozen(search)`.
     """
 
-    def __init__(self, model, tokenizer_proto, beam_size=BEAM_SIZE):
+    def __init__(self, model, tokenizer, beam_size=BEAM_SIZE):
         super().__init__(name="kformer_translator")
         import tensorflow_text as tf_text  # only the SavedModel text functions need it
 
+        from kformer.data.vocabulary import graph_tables
+
         self.translator = Translator(model, beam_size)
         self.config = model.config
-        self.tokenizer_proto = tokenizer_proto  # for the formats that carry the tokenizer inside
-        self.tokenizer = tf_text.FastSentencepieceTokenizer(tokenizer_proto)
+        self.tokenizer = tokenizer  # the Python one, for the formats that carry the tokenizer inside
+        source, target, source_map, target_map, self.append_eos = graph_tables(tokenizer)
+        self.source_tokenizer = tf_text.FastSentencepieceTokenizer(source)
+        self.target_tokenizer = tf_text.FastSentencepieceTokenizer(target)
+        self.source_map = None if source_map is None else tf.constant(source_map, tf.int32)
+        self.target_map = None if target_map is None else tf.constant(target_map, tf.int32)
         self.greedy_ids = self.translator.greedy
         self.beam_ids = self.translator.beam
         self.greedy_text = tf.function(
@@ -42,18 +48,29 @@ class ExportModule(tf.Module):
             input_signature=[TEXT_SPEC, *BEAM_SPECS[1:]],
         )
 
+    def _source_ids(self, text):
+        """(B,) text -> (B, S) int32 source ids, pad after: SentencePiece's ids, looked up in the
+        model's vocabulary and ended with EOS where the tokenizer does so."""
+        c = self.config
+        ids = tf.cast(self.source_tokenizer.tokenize(text), tf.int32)  # ragged (B, None)
+        if self.source_map is not None:
+            ids = tf.ragged.map_flat_values(tf.gather, self.source_map, ids)
+        if self.append_eos:
+            ids = tf.concat([ids, tf.fill([tf.shape(text)[0], 1], c.eos_id)], axis=1)
+        return ids.to_tensor(default_value=c.pad_id, shape=[None, None])
+
     def _text(self, search, text, options):
         c = self.config
-        ids = self.tokenizer.tokenize(text)  # ragged (B, None); `search` keeps the first max_source_length
-        source = ids.to_tensor(default_value=c.pad_id, shape=[None, None])
-        source = tf.cast(source, tf.int32)
-        tokens = search(source, *options)["tokens"]
+        tokens = search(self._source_ids(text), *options)["tokens"]  # `search` keeps max_source_length
         if tokens.shape.rank == 3:
             tokens = tokens[:, 0]  # best beam
         # Keep the tokens before the first EOS, without padding.
         before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(tokens, c.eos_id), tf.int32), axis=1), 0)
         kept = tf.ragged.boolean_mask(tokens, before_eos & tf.not_equal(tokens, c.pad_id))
-        return {"translation": self.tokenizer.detokenize(kept)}
+        if self.target_map is not None:  # the target SentencePiece's ids, special tokens (-1) left out
+            kept = tf.ragged.map_flat_values(tf.gather, self.target_map, kept)
+            kept = tf.ragged.boolean_mask(kept, kept >= 0)
+        return {"translation": self.target_tokenizer.detokenize(kept)}
 
     def frozen(self, search, recipe, fixed_shape=False):
         """The ids function of `search` ("greedy" or "beam"), built as the recipe of that name

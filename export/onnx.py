@@ -36,6 +36,7 @@ SEARCH_LOOPS = 1
 class Onnx(Format):
     name = "onnx"
     variants = ("fp32", "text", "int8", "int8-ort")  # fp32 first: the others are made from it
+    sentencepiece_only = ("text",)  # onnxruntime-extensions' SentencePiece ops in the graph
     extension = ".onnx"
 
     def runtime_variant(self, artifact_dir, variant):
@@ -84,7 +85,9 @@ def _search_model(module, path, variant, search, fp32):
         from kformer.export.onnx_text import build_text_model
 
         core = onnx.load(fp32)
-        proto = build_text_model(core, module.tokenizer_proto, module.config.to_dict(), OPSET)
+        proto = build_text_model(
+            core, module.tokenizer.serialized_model_proto(), module.config.to_dict(), OPSET
+        )
         domains = ("ai.onnx.contrib",)  # its SentencePiece ops
     # The text graph adds a Loop of its own: SentencepieceDecoder row by row.
     check(proto, path, domains, SEARCH_LOOPS + (variant == "text"))

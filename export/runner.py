@@ -5,7 +5,7 @@ import os
 
 from kformer.contracts import digests
 from kformer.contracts.export import ArtifactError, ExportManifest
-from kformer.data import tokenizer as tokenizer_lib
+from kformer.data import vocabulary
 from kformer.decode.options import SearchOptions
 from kformer.decode.runner import Runner, RunnerSettings
 from kformer.export.artifact_format import SEARCHES, search_file
@@ -33,7 +33,7 @@ def verified_path(artifact_dir, entry):
 def load_tokenizer(artifact_dir, manifest):
     """The export's tokenizer, verified, and checked against the model's config."""
     path = verified_path(artifact_dir, manifest.tokenizer)
-    tokenizer = tokenizer_lib.load_tokenizer(path)
+    tokenizer = vocabulary.open_tokenizer(artifact_dir)
     try:
         ModelConfig.from_dict(manifest.config, "manifest.json").check_tokenizer(tokenizer, path)
     except ValueError as e:

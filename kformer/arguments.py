@@ -93,13 +93,20 @@ def add_runner_options(p, what_parallel_does, batch_size_help=None):
     )
     if batch_size_help:
         p.add_argument("--batch-size", type=positive(int), default=32, help=batch_size_help)
+    p.add_argument(
+        "--target-language",
+        metavar="CODE",
+        help="a multilingual model's target language, as its vocabulary names it (fra for >>fra<<)",
+    )
 
 
 def runner_settings(args):
     """The RunnerSettings of a command's arguments."""
     from kformer.decode.runner import RunnerSettings
 
-    return RunnerSettings(getattr(args, "batch_size", 32), args.threads, args.parallel)
+    return RunnerSettings(
+        getattr(args, "batch_size", 32), args.threads, args.parallel, getattr(args, "target_language", None)
+    )
 
 
 def add_weights_option(p):

@@ -15,12 +15,14 @@ import shutil
 
 from kformer import folders
 from kformer.contracts import TOKENIZER_FILE
+from kformer.contracts.pair import LanguagePair
 from kformer.contracts.run import (
     BEST_FILE,
     BEST_WEIGHTS_FILE,
     CONFIG_FILE,
     CORPUS_FILE,
     DATA_DIR,
+    IMPORT_FILE,
     INPUT_PREFIX,
     MODEL_FILE,
     PENDING_STATE_FILE,
@@ -29,11 +31,12 @@ from kformer.contracts.run import (
     WEIGHTS,
     BestRecord,
     CorpusRecord,
+    ImportRecord,
     RunError,
     RunFolder,
     TrainingState,
 )
-from kformer.data import tokenizer as tokenizer_lib
+from kformer.data import vocabulary
 from kformer.model.config import ModelConfig
 
 log = logging.getLogger("kformer")
@@ -47,11 +50,12 @@ class Run:
     config: ModelConfig
     tokenizer: "sentencepiece.SentencePieceProcessor"  # noqa: F821
     corpus: CorpusRecord | None
+    pair: LanguagePair | None = None  # what it translates: its corpus's, or what it was imported as
 
     @property
     def language(self):
-        """The language it translates into, or None where its corpus is not recorded."""
-        return None if self.corpus is None else self.corpus.direction.target
+        """The language it translates into, or None where it is not recorded."""
+        return None if self.pair is None else self.pair.target
 
 
 def path(run_dir, name):
@@ -261,6 +265,10 @@ def describe_weights(run_dir, file_path):
             f"{BEST_WEIGHTS_FILE} (step {best.step}, dev sample BLEU {best.bleu:.2f}; "
             f"--weights last for {MODEL_FILE})"
         )
+    imported = path(run_dir, IMPORT_FILE)
+    if os.path.exists(imported) and not os.path.exists(path(run_dir, STATE_FILE)):
+        record = ImportRecord.load(imported)
+        return f"{MODEL_FILE} (imported from {record.kind} {record.source})"
     return f"{MODEL_FILE} (the last saved, step {read_state(run_dir).steps})"
 
 
@@ -276,11 +284,19 @@ def load(run_dir, weights="best"):
                 f"{path(run_dir, name)} not found: is {run_dir} a kformer training directory?"
             )
     config = ModelConfig.load(path(run_dir, CONFIG_FILE))
-    tokenizer = tokenizer_lib.load_tokenizer(path(run_dir, TOKENIZER_FILE))
-    config.check_tokenizer(tokenizer, path(run_dir, TOKENIZER_FILE))
+    tokenizer = vocabulary.open_tokenizer(run_dir)
+    config.check_tokenizer(tokenizer, run_dir)
     model = Transformer(config)
     chosen = weights_file(run_dir, weights)
     restore(model, chosen)
     log.info("weights: %s", describe_weights(run_dir, chosen))
     corpus = read_corpus(run_dir) if os.path.exists(path(run_dir, CORPUS_FILE)) else None
-    return Run(model, config, tokenizer, corpus)
+    imported = path(run_dir, IMPORT_FILE)
+    pair = (
+        corpus.direction
+        if corpus
+        else ImportRecord.load(imported).direction
+        if os.path.exists(imported)
+        else None
+    )
+    return Run(model, config, tokenizer, corpus, pair)

@@ -316,9 +316,8 @@ def test_an_export_with_one_tflite_file_of_both_searches_still_runs(artifacts, m
 
     older = str(tmp_path / "older")
     shutil.copytree(artifacts, older)
-    model = run_folder.load(model_dir).model
-    with open(os.path.join(model_dir, "tokenizer.model"), "rb") as f:
-        module = ExportModule(model, f.read(), beam_size=BEAM)
+    run = run_folder.load(model_dir)
+    module = ExportModule(run.model, run.tokenizer, beam_size=BEAM)
     manifest = ExportManifest.load(older)
     entry = manifest.artifact("tflite", "fp32")
     shutil.rmtree(os.path.join(older, entry.file))

@@ -154,7 +154,10 @@ def main(args):
     )
     extras.require("lxml", "kformer serve's format=html")  # bs4 would find it missing per request
     print(f"loading {', '.join(args.model)} ({args.runtime} {args.variant})", flush=True)
-    runner = RunnerSettings(threads=args.threads, parallel=args.parallel)  # --batch-size is the batcher's
+    # --batch-size is the batcher's
+    runner = RunnerSettings(
+        threads=args.threads, parallel=args.parallel, target_language=args.target_language
+    )
     runners, sizes = load_models(args.model, args.runtime, args.variant, runner, search_options(args))
 
     def ready(url):

@@ -11,6 +11,7 @@ import os
 
 from kformer.contracts import TOKENIZER_FILE
 from kformer.contracts.json_records import Record, read_json
+from kformer.contracts.pair import LanguagePair
 from kformer.contracts.run import DATA_DIR, CorpusRecord
 
 MANIFEST_FILE = "manifest.json"
@@ -114,7 +115,8 @@ class ExportManifest(Record):
     """manifest.json. `config`: the model's config as written (kformer.model.config.ModelConfig);
     beam_size: the width every beam file is built for; alpha, max_length, no_repeat_ngram: the
     defaults of their run-time inputs; `corpus`: the run's corpus record (its language pair);
-    `weights`: which weights of the run; `checked_on`: what the artifacts' checks translated."""
+    `direction`: the language pair (older manifests have their corpus's only); `weights`: which
+    weights of the run; `checked_on`: what the artifacts' checks translated."""
 
     ERROR = ArtifactError
 
@@ -127,6 +129,7 @@ class ExportManifest(Record):
     artifacts: tuple[Artifact, ...] = ()
     packages: tuple[Package, ...] = ()
     corpus: CorpusRecord | None = None
+    direction: LanguagePair | None = None
     trained_in: str | None = None
     weights: str | None = None
     checked_on: str | None = None
@@ -160,8 +163,9 @@ class ExportManifest(Record):
 
     @property
     def pair(self):
-        """The language pair it translates, or None where none is recorded."""
-        return None if self.corpus is None else self.corpus.direction
+        """The language pair it translates (an imported model's has no corpus), or None where
+        none is recorded."""
+        return self.direction or (None if self.corpus is None else self.corpus.direction)
 
     def artifact(self, fmt, variant="fp32"):
         """The entry of that format and variant: its file or folder serves both searches."""

@@ -12,6 +12,8 @@ writes and reads the weights).
                      (`input-STEPS.*`) saved with model.keras
     best.weights.h5  the weights that scored best on the dev sample, with best.json (`BestRecord`)
     init.json        `InitRecord`: the run a fine-tuning run started from
+    import.json      `ImportRecord`: what `kformer import` made the run from (such a run has no
+                     corpus.json, recipe.json or training.json; its tokenizer may be tokenizer.json's)
     logs/            TensorBoard events, history.csv, evaluations.csv
 """
 
@@ -20,6 +22,7 @@ import os
 
 from kformer.contracts import TOKENIZER_FILE
 from kformer.contracts.json_records import Record
+from kformer.contracts.pair import LanguagePair
 from kformer.contracts.prepared import CorpusSource
 
 CONFIG_FILE = "config.json"
@@ -34,6 +37,7 @@ INPUT_PREFIX = "input-"  # + steps: a tf.data iterator checkpoint (.index and .d
 BEST_WEIGHTS_FILE = "best.weights.h5"
 BEST_FILE = "best.json"
 INIT_FILE = "init.json"
+IMPORT_FILE = "import.json"
 WEIGHTS = ("best", "last")  # which weights a reader takes: the best kept (where kept), or model.keras
 
 
@@ -119,3 +123,18 @@ class InitRecord(Record):
     weights: str
     sha256: str
     mix_original: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ImportRecord(Record):
+    """import.json: the kind of model imported ("marian"), the folder or file it came from, the
+    sha256 of its weights, the language pair it translates, and the licence file copied beside
+    it (None: the source had none)."""
+
+    ERROR = RunError
+
+    kind: str
+    source: str
+    sha256: str
+    direction: LanguagePair
+    licence: str | None = None

@@ -19,7 +19,8 @@ class RunnerSettings:
     """How a runner runs, whatever it translates: `batch_size` sentences a search call in
     `translate` (see Runner.beam_shares_batch), the runtime's `threads` (default: all cores),
     and `parallel` batches run at once by one `translate` call, each on threads // parallel of
-    the threads (> 1 only where `concurrent_searches`).
+    the threads (> 1 only where `concurrent_searches`), and the `target_language` a multilingual
+    model translates into (its vocabulary's ">>fra<<" token for "fra"; kformer.data.vocabulary).
 
     Why `parallel`: a decoding step of a batch is many small operations, which two threads share
     badly; two batches at a time on a thread each keep both cores busy (`kformer bench runtimes
@@ -28,6 +29,14 @@ class RunnerSettings:
     batch_size: int = 32
     threads: int | None = None
     parallel: int = 1
+    target_language: str | None = None
+
+
+def _for_target(tokenizer, settings):
+    """`tokenizer` asking for the target language of `settings`: a multilingual model's only."""
+    if not hasattr(tokenizer, "for_target"):
+        raise ValueError(f"--target-language {settings.target_language}: this model is not multilingual")
+    return tokenizer.for_target(settings.target_language)
 
 
 class Runner:
@@ -60,7 +69,8 @@ class Runner:
     PARALLEL_RUNTIMES = "--runtime ctranslate2, or onnx with an ids variant (fp32, int8)"
 
     def __init__(self, config, tokenizer, options, settings, language=None):
-        self.config, self.tokenizer, self.language = config, tokenizer, language
+        self.config, self.language = config, language
+        self.tokenizer = tokenizer if settings.target_language is None else _for_target(tokenizer, settings)
         self.batch_size = settings.batch_size
         self.joiner = sentences.joiner(language)
         self.options = DEFAULTS  # what `checked` applies `options` over

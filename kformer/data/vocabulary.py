@@ -1,0 +1,164 @@
+"""A tokenizer whose ids come from a vocabulary: source text is segmented by the source
+SentencePiece model, each piece looked up in the model's vocabulary (unknown pieces are <unk>), EOS
+appended where the family trained so; output ids are looked up back into pieces, which the target
+SentencePiece model joins into text. It answers as SentencePieceProcessor does where kformer asks
+(encode, decode, id_to_piece, piece_to_id, get_piece_size, the special ids), so every Python
+runner takes it as it is."""
+
+import hashlib
+import json
+import os
+
+from kformer.contracts import TOKENIZER_FILE, digests
+from kformer.contracts.tokenizer import TOKENIZER_JSON, TokenizerFile, VocabularyRecord
+from kformer.data.tokenizer import load_tokenizer
+
+LANGUAGE_CODE = (">>", "<<")  # a multilingual model's target language token, ">>fra<<", starts a source
+
+
+class VocabularyTokenizer:
+    """record: a VocabularyRecord; source, target: SentencePieceProcessors; pieces: the model's
+    pieces in id order."""
+
+    def __init__(self, record, source, target, pieces, target_language=None):
+        self.record, self.source, self.target, self.pieces = record, source, target, list(pieces)
+        self.index = {piece: i for i, piece in enumerate(self.pieces)}
+        self.special = {record.pad_id, record.eos_id, record.bos_id}
+        self.prefix = []  # the target language's token, which every source then starts with
+        if target_language is not None:
+            code = f"{LANGUAGE_CODE[0]}{target_language}{LANGUAGE_CODE[1]}"
+            if code not in self.index:
+                raise ValueError(
+                    f"--target-language {target_language}: {code} is not in the model's vocabulary"
+                )
+            self.prefix = [self.index[code]]
+
+    def for_target(self, language):
+        """This tokenizer with every source starting with `language`'s token (">>fra<<" of "fra"):
+        what a multilingual model translates into."""
+        return VocabularyTokenizer(self.record, self.source, self.target, self.pieces, language)
+
+    def languages(self):
+        """The target languages a multilingual model's vocabulary has tokens of ("fra" of ">>fra<<")."""
+        start, end = LANGUAGE_CODE
+        return [p[len(start) : -len(end)] for p in self.pieces if p.startswith(start) and p.endswith(end)]
+
+    def _encode_one(self, text):
+        code = []
+        start, end = LANGUAGE_CODE
+        if text.startswith(start) and end in text:  # split off before segmenting, as Marian does
+            cut = text.index(end) + len(end)
+            code, text = [text[:cut]], text[cut:]
+        pieces = code + self.source.encode(text, out_type=str)
+        ids = ([] if code else self.prefix) + [self.index.get(piece, self.record.unk_id) for piece in pieces]
+        return ids + [self.record.eos_id] if self.record.append_eos else ids
+
+    def encode(self, texts, num_threads=None):
+        """The source ids of one text (a list) or of each of several (a list of lists)."""
+        return self._encode_one(texts) if isinstance(texts, str) else [self._encode_one(t) for t in texts]
+
+    def decode(self, ids):
+        """The text of output ids (the special tokens left out)."""
+        if ids and not isinstance(ids[0], int):
+            return [self.decode(row) for row in ids]
+        return self.target.decode_pieces([self.pieces[i] for i in ids if i not in self.special])
+
+    def id_to_piece(self, i):
+        return self.pieces[i]
+
+    def piece_to_id(self, piece):
+        return self.index.get(piece, self.record.unk_id)
+
+    def get_piece_size(self):
+        return len(self.pieces)
+
+    def pad_id(self):
+        return self.record.pad_id
+
+    def unk_id(self):
+        return self.record.unk_id
+
+    def bos_id(self):
+        return self.record.bos_id
+
+    def eos_id(self):
+        return self.record.eos_id
+
+    def serialized_model_proto(self):
+        """What identifies the tokenizer (its digest is a model's tokenizer_sha256): its files'
+        contents and settings, one after the other."""
+        parts = [self.source.serialized_model_proto(), self.target.serialized_model_proto()]
+        settings = json.dumps([self.pieces, self.record.append_eos], ensure_ascii=False).encode()
+        return b"".join(hashlib.sha256(part).digest() for part in [*parts, settings])
+
+
+def write(folder, source_spm, target_spm, pieces, special, append_eos=True):
+    """Writes a vocabulary tokenizer into `folder`: source.spm and target.spm (bytes), the pieces
+    (vocabulary.json) and tokenizer.json. `special`: {"pad_id", "unk_id", "bos_id", "eos_id"}."""
+    files = {"source": ("source.spm", source_spm), "target": ("target.spm", target_spm)}
+    files["vocabulary"] = ("vocabulary.json", json.dumps(list(pieces), ensure_ascii=False).encode())
+    entries = {}
+    for name, (file, content) in files.items():
+        with open(os.path.join(folder, file), "wb") as f:
+            f.write(content)
+        entries[name] = TokenizerFile(file, hashlib.sha256(content).hexdigest())
+    VocabularyRecord(**entries, **special, append_eos=append_eos).save(os.path.join(folder, TOKENIZER_JSON))
+
+
+def load(folder):
+    """The vocabulary tokenizer of `folder`, each file checked against its sha256."""
+    record = VocabularyRecord.load(os.path.join(folder, TOKENIZER_JSON))
+    paths = {}
+    for name in ("source", "target", "vocabulary"):
+        entry = getattr(record, name)
+        paths[name] = os.path.join(folder, entry.file)
+        if not os.path.exists(paths[name]) or digests.files_sha256([paths[name]]) != entry.sha256:
+            raise ValueError(f"{paths[name]} is missing or differs from {TOKENIZER_JSON}'s sha256")
+    with open(paths["vocabulary"], encoding="utf-8") as f:
+        pieces = json.load(f)
+    return VocabularyTokenizer(
+        record, load_tokenizer(paths["source"]), load_tokenizer(paths["target"]), pieces
+    )
+
+
+def files(folder):
+    """The names of the files of the vocabulary tokenizer in `folder` (tokenizer.json first)."""
+    record = VocabularyRecord.load(os.path.join(folder, TOKENIZER_JSON))
+    return [TOKENIZER_JSON, record.source.file, record.target.file, record.vocabulary.file]
+
+
+def open_tokenizer(folder):
+    """The tokenizer of a run, prepared corpus or export folder: its tokenizer.json's vocabulary
+    tokenizer where it has one, else its SentencePiece model (tokenizer.model)."""
+    if os.path.exists(os.path.join(folder, TOKENIZER_JSON)):
+        return load(folder)
+    return load_tokenizer(os.path.join(folder, TOKENIZER_FILE))
+
+
+def tokenizer_files(folder):
+    """The files that make up the tokenizer of `folder` (`open_tokenizer`), to copy it whole."""
+    return files(folder) if os.path.exists(os.path.join(folder, TOKENIZER_JSON)) else [TOKENIZER_FILE]
+
+
+def graph_tables(tokenizer):
+    """What a graph needs to tokenize as `tokenizer` does (a SentencePieceProcessor or a
+    VocabularyTokenizer): (source SentencePiece bytes, target SentencePiece bytes, the model id
+    of each source SentencePiece id or None, the target SentencePiece id of each model id (-1:
+    none, a special token) or None, whether EOS ends the source)."""
+    if not isinstance(tokenizer, VocabularyTokenizer):
+        proto = tokenizer.serialized_model_proto()
+        return proto, proto, None, None, False
+    source, target = tokenizer.source, tokenizer.target
+    source_map = [tokenizer.piece_to_id(source.id_to_piece(i)) for i in range(source.get_piece_size())]
+    target_map = [
+        -1 if i in tokenizer.special or target.piece_to_id(p) == target.unk_id() else target.piece_to_id(p)
+        for i, p in enumerate(tokenizer.pieces)
+    ]
+    target_map[tokenizer.unk_id()] = target.unk_id()
+    return (
+        source.serialized_model_proto(),
+        target.serialized_model_proto(),
+        source_map,
+        target_map,
+        tokenizer.record.append_eos,
+    )
