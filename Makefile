@@ -27,13 +27,16 @@ chromium:
 # The real Argos Translate and LibreTranslate that tests/test_argos.py installs kformer's packages
 # into, each in a venv of its own inside $(VENV): their pins clash with kformer's and with each
 # other's (LibreTranslate runs its fork, argos-translate-lt, under the same module name).
-ARGOS_VENVS := $(VENV)/argostranslate/.installed $(VENV)/libretranslate/.installed
+# The real transformers (with torch) that tests/test_import.py builds Marian models with and
+# checks kformer's imports against: never a dependency of kformer itself.
+ARGOS_VENVS := $(VENV)/argostranslate/.installed $(VENV)/libretranslate/.installed $(VENV)/transformers/.installed
 $(VENV)/argostranslate/.installed: PACKAGE := argostranslate==1.11.0
 $(VENV)/libretranslate/.installed: PACKAGE := libretranslate==1.9.6
+$(VENV)/transformers/.installed: PACKAGE := torch==2.13.0 transformers==5.23.0 sentencepiece==0.2.3 safetensors==0.8.0
 $(ARGOS_VENVS): | $(VENV)/.installed
 	@echo "installing $(PACKAGE) in $(@D)"
 	@$(PYTHON) -m venv $(@D) && $(@D)/bin/pip install --quiet $(PACKAGE) && touch $@ || \
-	echo "note: could not install $(PACKAGE); the Argos tests will skip (fail if CI=true)"
+	echo "note: could not install $(PACKAGE); the tests that need it will skip (fail if CI=true)"
 
 .PHONY: demo test
 demo: $(VENV)/.installed  ## train on Tatoeba zh-en for MINUTES, report BLEU, show translations

@@ -9,7 +9,11 @@ import sys
 from kformer import extras
 from kformer.train.distributed import Preempted
 
-COMMANDS = ("prepare", "train", "translate", "attention", "export", "evaluate", "demo", "serve", "bench")
+# command -> its module of kformer.cli ("import" is a keyword of Python)
+COMMANDS = {
+    name: name
+    for name in ("prepare", "train", "translate", "attention", "export", "evaluate", "demo", "serve", "bench")
+} | {"import": "imports"}
 
 
 def _start_tensorflow(args):
@@ -36,8 +40,8 @@ def build_parser():
         prog="kformer", description="Train, translate with and export encoder-decoder Transformers."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for name in COMMANDS:
-        module = importlib.import_module(f"kformer.cli.{name}")
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(f"kformer.cli.{module_name}")
         p = commands.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(run=module.main)

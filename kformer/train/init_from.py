@@ -15,7 +15,7 @@ from kformer.contracts import TOKENIZER_FILE
 from kformer.contracts.digests import tokenizer_digest
 from kformer.contracts.pair import LanguagePair
 from kformer.contracts.prepared import is_prepared
-from kformer.contracts.run import CONFIG_FILE, CORPUS_FILE, INIT_FILE, MODEL_FILE, InitRecord
+from kformer.contracts.run import CONFIG_FILE, CORPUS_FILE, IMPORT_FILE, INIT_FILE, MODEL_FILE, InitRecord
 from kformer.data import corpus as corpus_lib
 from kformer.data import tokenizer as tokenizer_lib
 from kformer.model.config import PRESETS, ModelConfig
@@ -51,6 +51,11 @@ def open_source(run_dir):
     if os.path.exists(os.path.join(run_dir, "manifest.json")):
         raise ValueError(
             f"--init-from {run_dir} is a `kformer export` folder; give the training directory it was exported from"
+        )
+    if os.path.exists(os.path.join(run_dir, IMPORT_FILE)):
+        raise ValueError(
+            f"--init-from {run_dir} is an imported model: fine-tuning one is not supported yet (its "
+            "tokenizer encodes sources and targets with models of their own)"
         )
     for name in (CONFIG_FILE, TOKENIZER_FILE, MODEL_FILE, CORPUS_FILE):
         if not os.path.exists(os.path.join(run_dir, name)):

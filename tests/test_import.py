@@ -1,0 +1,281 @@
+"""`kformer import` against the real transformers: small MarianMTModels trained a few hundred
+steps on the default corpus (so that their choices are decisive), saved with save_pretrained as
+OPUS-MT folders are, imported, and compared with transformers' own generate in every runtime.
+
+transformers and torch live in a venv of their own inside the test venv (Makefile:
+$(VENV)/transformers); without it these tests skip, saying why, and in CI (CI=true) they fail.
+tests/marian_reference.py is what runs there."""
+
+import json
+import os
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+from conftest import output, run_kformer
+
+from kformer.data import corpus as corpus_lib
+from kformer.data import prepare as prepare_lib
+from kformer.decode.options import SearchOptions
+from kformer.export.formats import open_listed, open_runner
+from kformer.importers import import_model
+
+REFERENCE = os.path.join(os.path.dirname(__file__), "marian_reference.py")
+SENTENCES = 120  # of the test split, one sentence each: what the parity tests translate
+MODEL = {  # small enough to train in seconds; post-LN, SiLU, scaled embeddings, as OPUS-MT
+    "d_model": 32,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "max_position_embeddings": 96,
+    "activation_function": "swish",
+    "scale_embedding": True,
+    "dropout": 0.0,
+}
+# Marian models a test builds: zh-en; a multilingual one (target tokens >>xxx<<, as Tatoeba-Challenge
+# models have) with a non-zero final_logits_bias.
+BUILDS = {
+    "zh-en": {"source_lang": "zh", "target_lang": "en"},
+    "multilingual": {
+        "source_lang": "zh",
+        "target_lang": "en",
+        "logits_bias": True,
+        "languages": [">>eng<<", ">>enm<<"],
+    },
+}
+TRAINING = {"steps": 400, "learning_rate": 5e-3, "batch": 48}  # decisive: each output ends by its own EOS
+
+
+def transformers_python():
+    from kformer.bench.argos import argos_python
+
+    python = argos_python("transformers")
+    if not os.path.exists(python):
+        reason = f"{python} not found: `make test` installs transformers in a venv of its own"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason} (CI must run this test)")
+        pytest.skip(reason)
+    return python
+
+
+def reference(command, folder, sources):
+    """transformers' answer (marian_reference.py `command`) for `sources`."""
+    lines = output(
+        [transformers_python(), REFERENCE, command, folder], stdin=json.dumps(sources)
+    ).splitlines()
+    return json.loads(lines[-1])
+
+
+@pytest.fixture(scope="module")
+def corpus_files(tmp_path_factory):
+    """(train pairs TSV, the test split's first sources): 3,000 pairs of the default corpus."""
+    splits = prepare_lib.split_pairs(corpus_lib.read_corpus()[0])
+    path = tmp_path_factory.mktemp("marian") / "train.tsv"
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in splits["train"][:3000]), encoding="utf-8")
+    short = [s for s, _ in splits["test"] if len(s) <= 40]  # within the small models' positions
+    return str(path), short[:SENTENCES]
+
+
+class Imported(NamedTuple):
+    folder: str  # the Marian folder, as save_pretrained writes it
+    sources: list  # what the tests translate
+    run: str  # the imported run folder
+    theirs: dict  # transformers' greedy answer: input_ids, output_ids
+
+
+@pytest.fixture(scope="module")
+def imports(corpus_files, tmp_path_factory):
+    """kind -> Imported, each built, imported and translated by transformers once."""
+    made = {}
+
+    def get(kind):
+        if kind not in made:
+            made[kind] = build_and_import(kind, corpus_files, tmp_path_factory)
+        return made[kind]
+
+    return get
+
+
+def build_and_import(kind, corpus_files, tmp_path_factory):
+    pairs, sources = corpus_files
+    settings = {**BUILDS[kind], **TRAINING, "source_pieces": 2000, "target_pieces": 800, "model": MODEL}
+    folder = tmp_path_factory.mktemp("marian") / kind
+    settings_path = folder.parent / f"{kind}.json"
+    settings_path.write_text(json.dumps(settings))
+    output([transformers_python(), REFERENCE, "build", str(folder), pairs, str(settings_path)])
+    languages = settings.get("languages")
+    if languages:  # every source asks for a target language, as a multilingual model's users do
+        sources = [f"{languages[i % len(languages)]} {s}" for i, s in enumerate(sources)]
+    run = str(tmp_path_factory.mktemp("imported") / kind)
+    import_model(str(folder), run, progress=lambda *a, **k: None)
+    return Imported(str(folder), sources, run, reference("greedy", str(folder), sources))
+
+
+@pytest.fixture(scope="module")
+def exported(imports, tmp_path_factory):
+    """An export of the imported zh-en run in every ids format (an export takes minutes)."""
+    from kformer.export.exporter import export
+
+    folder = str(tmp_path_factory.mktemp("exported") / "export")
+    export(imports("zh-en").run, folder, ("savedmodel", "tflite", "onnx"), progress=lambda *a, **k: None)
+    return folder
+
+
+def marian_ids(folder, run):
+    """kformer id -> the Marian id of the same piece (the import reorders the vocabulary)."""
+    with open(os.path.join(folder, "vocab.json"), encoding="utf-8") as f:
+        vocab = json.load(f)
+    with open(os.path.join(run, "vocabulary.json"), encoding="utf-8") as f:
+        return np.array([vocab[piece] for piece in json.load(f)])
+
+
+@pytest.mark.parametrize("kind", sorted(BUILDS))
+def test_the_tokenizer_gives_transformers_ids(imports, kind):
+    model = imports(kind)
+    tokenizer, to_marian = open_runner(model.run).tokenizer, marian_ids(model.folder, model.run)
+    assert [to_marian[tokenizer.encode(s)].tolist() for s in model.sources] == model.theirs["input_ids"]
+
+
+GREEDY = SearchOptions(beam_size=1, no_repeat_ngram=0, max_length=MODEL["max_position_embeddings"] - 1)
+
+
+@pytest.mark.parametrize("kind", sorted(BUILDS))
+def test_greedy_tokens_in_keras_equal_transformers_generate(imports, kind):
+    model = imports(kind)
+    assert_greedy_tokens_equal(model, open_runner(model.run, options=GREEDY))
+
+
+@pytest.mark.parametrize("runtime", ["savedmodel", "tflite", "onnx"])
+def test_greedy_tokens_of_an_export_equal_transformers_generate(imports, exported, runtime):
+    assert_greedy_tokens_equal(imports("zh-en"), open_listed(exported, runtime, options=GREEDY))
+
+
+def assert_greedy_tokens_equal(model, runner):
+    """On every line. Where a row runs to its length limit, transformers forces EOS as its last
+    token (forced_eos_token_id) and kformer's searches stop without it: the tokens before agree."""
+    ours, _ = runner.translate_ids([runner.tokenizer.encode(s) for s in model.sources])
+    to_marian = marian_ids(model.folder, model.run)
+    limits = [min(len(i) + 50, GREEDY.max_length) for i in model.theirs["input_ids"]]
+    at_limit = [len(t) == limit for t, limit in zip(model.theirs["output_ids"], limits)]
+    expected = [t[:-1] for t in model.theirs["output_ids"]]  # EOS, or the forced one at the limit
+    found = [
+        to_marian[row].tolist()[: len(e) if cut else None] for row, e, cut in zip(ours, expected, at_limit)
+    ]
+    assert found == expected
+    assert sum(at_limit) < len(model.sources) / 2  # most rows end by their own EOS: the test sees them
+
+
+OPUS_MT = {  # OPUS-MT's shapes (Helsinki-NLP/opus-mt-*): vocabulary 65,001, d 512, 6+6 layers, FFN 2048
+    "d_model": 512,
+    "encoder_layers": 6,
+    "decoder_layers": 6,
+    "encoder_attention_heads": 8,
+    "decoder_attention_heads": 8,
+    "encoder_ffn_dim": 2048,
+    "decoder_ffn_dim": 2048,
+    "max_position_embeddings": 512,
+    "activation_function": "swish",
+    "scale_embedding": True,
+}
+
+
+def test_an_opus_mt_shaped_model_gives_transformers_first_logits(tmp_path):
+    """Random weights of OPUS-MT's shapes (logits bias and norms moved off their initial values):
+    the first decoder step's logits of 20 sources within 1e-4 of transformers'."""
+    folder, run = str(tmp_path / "opus-mt-xx-yy"), str(tmp_path / "run")
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"vocab_size": 65001, "model": OPUS_MT}))
+    output([transformers_python(), REFERENCE, "random", folder, str(settings)])
+    import_model(folder, run, progress=lambda *a, **k: None)
+    rng = np.random.default_rng(0)
+    rows = [[*rng.integers(2, 65000, size=int(n)).tolist(), 0] for n in rng.integers(1, 30, size=20)]
+    theirs = np.array(reference("first_logits", folder, rows))
+    runner, to_marian = open_runner(run), marian_ids(folder, run)
+    to_kformer = np.argsort(to_marian)  # Marian id -> kformer id
+    width = max(map(len, rows))
+    source = np.array([to_kformer[row].tolist() + [0] * (width - len(row)) for row in rows], np.int32)
+    model = runner.translator.model
+    start = np.zeros((len(rows), 1), np.int32)  # the decoder starts from the pad token, id 0 here
+    ours = np.asarray(model({"source_ids": source, "target_ids": start}))[:, 0]
+    ours, theirs = ours[:, to_kformer][:, :-1], theirs[:, :-1]  # by Marian id; its pad is banned here
+    assert np.abs(ours - theirs).max() < 1e-4
+
+
+def _marian_folder(tmp_path, config_changes=None, drop=(), truncate=False):
+    """A tiny random Marian folder (transformers' own), changed as a test asks."""
+    folder = tmp_path / "opus-mt-zh-en"
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"vocab_size": 60, "model": {**MODEL, "d_model": 16}}))
+    output([transformers_python(), REFERENCE, "random", str(folder), str(settings)])
+    if config_changes:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **config_changes}))
+    for name in drop:
+        (folder / name).unlink()
+    if truncate:
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(config_changes={"model_type": "bart"}), r"model_type 'bart' is not one kformer imports"),
+        (dict(config_changes={"decoder_attention_heads": 2}), r"heads 4: differs from decoder_attention_heads 2"),
+        (dict(config_changes={"activation_function": "tanh"}), r"activation_function 'tanh': kformer runs"),
+        (dict(config_changes={"normalize_before": True}), r"normalize_before True: .* post-LN"),
+        (dict(config_changes={"share_encoder_decoder_embeddings": False}), r"separate source and target vocabularies"),
+        (dict(config_changes={"vocab_size": 61, "decoder_vocab_size": 61}), r"vocab\.json: 60 pieces do not number"),
+        (dict(config_changes={"decoder_vocab_size": 61}), r"decoder_vocab_size 61: differs from vocab_size 60"),
+        (dict(drop=["vocab.json"]), r"vocab\.json: cannot read"),
+        (dict(drop=["target.spm"]), r"target\.spm: cannot read"),
+        (dict(truncate=True), r"model\.safetensors: cannot read the weights"),
+    ],
+)  # fmt: skip
+def test_what_kformer_cannot_import_is_one_line_and_leaves_no_folder(tmp_path, changes, message):
+    folder, out = _marian_folder(tmp_path, **changes), tmp_path / "run"
+    ran = run_kformer("import", folder, "--out", str(out))
+    assert ran.status == 2 and ran.stderr.strip().splitlines()[-1].startswith("kformer import: error: ")
+    assert __import__("re").search(message, ran.stderr), ran.stderr
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".kformer-import-")]
+
+
+def test_an_imported_run_translates_and_records_where_it_came_from(tmp_path):
+    folder, out = _marian_folder(tmp_path), tmp_path / "run"
+    ran = run_kformer("import", folder, "--out", str(out))
+    assert ran.status == 0, ran.stderr
+    record = json.loads((out / "import.json").read_text())
+    assert (record["kind"], record["direction"], record["source"]) == ("marian", "zh-en", folder)
+    from kformer.contracts.digests import files_sha256
+
+    assert record["sha256"] == files_sha256([os.path.join(folder, "model.safetensors")])
+    translated = run_kformer("translate", "--model", str(out), "--beam", "1", "a b c")
+    assert translated.status == 0 and translated.stdout.count("\n") == 1, translated.stderr
+
+
+def test_a_multilingual_model_takes_its_target_language_as_an_option(imports):
+    """--target-language eng: every source (each sentence of a paragraph) starts with >>eng<<."""
+    from kformer.decode.runner import RunnerSettings
+
+    model = imports("multilingual")
+    runner = open_runner(model.run, settings=RunnerSettings(target_language="eng"))
+    bare = [s.removeprefix(">>eng<< ") for s in model.sources if s.startswith(">>eng<<")][:10]
+    assert runner.translate(bare) == open_runner(model.run).translate([f">>eng<< {s}" for s in bare])
+    assert runner.tokenizer.languages() == ["eng", "enm"]
+    with pytest.raises(ValueError, match=r"--target-language fra: >>fra<< is not in the model's vocabulary"):
+        open_runner(model.run, settings=RunnerSettings(target_language="fra"))
+
+
+def test_the_savedmodels_text_signatures_map_through_the_vocabulary(imports, exported):
+    """text in, text out inside the SavedModel: the source SentencePiece's ids looked up in the
+    model's vocabulary, EOS appended, the output's ids looked up into the target SentencePiece."""
+    from kformer.export.savedmodel import SavedModelRunner
+
+    model = imports("zh-en")
+    runner = SavedModelRunner(exported, options=SearchOptions(beam_size=1))
+    keras = open_runner(model.run, options=SearchOptions(beam_size=1, max_length=runner.options.max_length))
+    assert runner.translate_text(model.sources[:40]) == keras.translate(model.sources[:40])
