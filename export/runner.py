@@ -33,7 +33,7 @@ def verified_path(artifact_dir, entry):
 def load_tokenizer(artifact_dir, manifest):
     """The export's tokenizer, verified, and checked against the model's config."""
     path = verified_path(artifact_dir, manifest.tokenizer)
-    tokenizer = vocabulary.open_tokenizer(artifact_dir)
+    tokenizer = vocabulary.open_tokenizer(artifact_dir, manifest.tokenizer.file)
     try:
         ModelConfig.from_dict(manifest.config, "manifest.json").check_tokenizer(tokenizer, path)
     except ValueError as e:

@@ -1071,7 +1071,7 @@ def one_line_error(argv, capsys):
 
 
 def test_a_file_its_runtime_or_sentencepiece_refuses_is_one_line(damaged, capsys):
-    """An ONNX file onnxruntime cannot load, or a tokenizer that is not SentencePiece's, each intact
+    """An ONNX file onnxruntime cannot load, or a tokenizer that is not kformer's or SentencePiece's, each intact
     by its manifest: one line naming the file."""
     translate = ["translate", "--model", damaged, "--runtime", "onnx", "--beam", "1", "好"]
     with open(os.path.join(damaged, "onnx", "fp32", "greedy.onnx"), "wb") as f:
@@ -1085,7 +1085,12 @@ def test_a_file_its_runtime_or_sentencepiece_refuses_is_one_line(damaged, capsys
     manifest.replace(tokenizer=dataclasses.replace(manifest.tokenizer, file="tokenizer.json")).save(damaged)
     with_digests(damaged)
     line = one_line_error(translate, capsys)
-    assert "tokenizer.json: not a valid SentencePiece model" in line, line
+    assert "tokenizer.json: source is missing: not a tokenizer kformer reads" in line, line
+    os.rename(os.path.join(damaged, "tokenizer.json"), os.path.join(damaged, "tokenizer.bpe"))
+    manifest.replace(tokenizer=dataclasses.replace(manifest.tokenizer, file="tokenizer.bpe")).save(damaged)
+    with_digests(damaged)
+    line = one_line_error(translate, capsys)
+    assert "tokenizer.bpe: not a valid SentencePiece model" in line, line
 
 
 @pytest.mark.parametrize(

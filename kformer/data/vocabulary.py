@@ -107,7 +107,14 @@ def write(folder, source_spm, target_spm, pieces, special, append_eos=True):
 
 def load(folder):
     """The vocabulary tokenizer of `folder`, each file checked against its sha256."""
-    record = VocabularyRecord.load(os.path.join(folder, TOKENIZER_JSON))
+    path = os.path.join(folder, TOKENIZER_JSON)
+    try:
+        record = VocabularyRecord.load(path)
+    except ValueError as e:  # another library's tokenizer.json (Hugging Face's), or a damaged one
+        raise ValueError(
+            f"{e}: not a tokenizer kformer reads (its {TOKENIZER_JSON} names source, target and "
+            "vocabulary files)"
+        ) from None
     paths = {}
     for name in ("source", "target", "vocabulary"):
         entry = getattr(record, name)
@@ -127,12 +134,14 @@ def files(folder):
     return [TOKENIZER_JSON, record.source.file, record.target.file, record.vocabulary.file]
 
 
-def open_tokenizer(folder):
-    """The tokenizer of a run, prepared corpus or export folder: its tokenizer.json's vocabulary
-    tokenizer where it has one, else its SentencePiece model (tokenizer.model)."""
-    if os.path.exists(os.path.join(folder, TOKENIZER_JSON)):
-        return load(folder)
-    return load_tokenizer(os.path.join(folder, TOKENIZER_FILE))
+def open_tokenizer(folder, file=None):
+    """The tokenizer of a run, prepared corpus or export folder: `file` (an export manifest's
+    tokenizer), else its tokenizer.json where it has one, else tokenizer.model; a tokenizer.json is
+    a vocabulary tokenizer, any other file a SentencePiece model."""
+    file = file or (
+        TOKENIZER_JSON if os.path.exists(os.path.join(folder, TOKENIZER_JSON)) else TOKENIZER_FILE
+    )
+    return load(folder) if file == TOKENIZER_JSON else load_tokenizer(os.path.join(folder, file))
 
 
 def tokenizer_files(folder):
