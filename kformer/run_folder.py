@@ -23,6 +23,7 @@ from kformer.contracts.run import (
     CORPUS_FILE,
     DATA_DIR,
     IMPORT_FILE,
+    INIT_FILE,
     INPUT_PREFIX,
     MODEL_FILE,
     PENDING_STATE_FILE,
@@ -261,8 +262,10 @@ def describe_weights(run_dir, file_path):
     """What a user reads about the weights in use: the file, its step and, for the best, its score."""
     if os.path.basename(file_path) == BEST_WEIGHTS_FILE and os.path.exists(path(run_dir, BEST_FILE)):
         best = BestRecord.load(path(run_dir, BEST_FILE))
+        start = best.step == 0 and os.path.exists(path(run_dir, INIT_FILE))
         return (
-            f"{BEST_WEIGHTS_FILE} (step {best.step}, dev sample BLEU {best.bleu:.2f}; "
+            f"{BEST_WEIGHTS_FILE} (step {best.step}, dev sample BLEU {best.bleu:.2f}"
+            f"{': the weights this fine-tune started from' if start else ''}; "
             f"--weights last for {MODEL_FILE})"
         )
     imported = path(run_dir, IMPORT_FILE)

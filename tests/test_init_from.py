@@ -184,7 +184,8 @@ def test_fine_tuning_without_the_runs_corpus_trains_on_the_new_one_and_says_so(
     shutil.rmtree(run_folder.prepared_folder(moved))
     logged, logger = Messages(), logging.getLogger("kformer")
     logger.addHandler(logged)
-    level, logger.level = logger.level, logging.INFO
+    level = logger.level
+    logger.setLevel(logging.INFO)  # setLevel, not `level =`: it clears the logger's cached answers
     try:
         summary = train(str(tmp_path / "tuned"), data=domain_tsv, init_from=moved, steps=2, **ARGS)
     finally:
@@ -192,3 +193,85 @@ def test_fine_tuning_without_the_runs_corpus_trains_on_the_new_one_and_says_so(
         logger.setLevel(level)
     assert summary["steps"] == 2
     assert any("its prepared corpus" in m and "is gone" in m for m in logged.messages), logged.messages
+
+
+def logged_messages(run):
+    """(run()'s result, kformer's log messages while it ran)."""
+    logged, logger = Messages(), logging.getLogger("kformer")
+    logger.addHandler(logged)
+    level = logger.level
+    logger.setLevel(logging.INFO)  # setLevel, not `level =`: it clears the logger's cached answers
+    try:
+        return run(), logged.messages
+    finally:
+        logger.removeHandler(logged)
+        logger.setLevel(level)
+
+
+def test_a_fine_tune_whose_start_scores_best_says_so_in_its_last_lines(
+    tmp_path, trained_dir, domain_tsv, monkeypatch
+):
+    """Dev samples score 50 BLEU at step 0 and 10 after: best.weights.h5 is the start, and the run
+    ends saying so, and that --weights last holds what it learned; readers describe it too."""
+    from kformer.train import keep_best
+
+    scored = []
+
+    def score(translations, references, language):
+        scored.append(len(scored))
+        return {"bleu": 50.0 if len(scored) <= 2 else 10.0, "chrf": 50.0}  # two samples an evaluation
+
+    monkeypatch.setattr(keep_best.evaluate_lib, "score", score)
+    out = str(tmp_path / "tuned")
+    args = {**ARGS, "evaluation": Evaluation(minutes=0, steps=2, sentences=6)}
+    summary, messages = logged_messages(
+        lambda: train(out, data=domain_tsv, init_from=trained_dir, steps=4, **args)
+    )
+    assert summary["best"]["step"] == 0 and len(scored) == 6
+    warning = next(m for m in messages if m.startswith("best.weights.h5 holds the weights this run started"))
+    assert "BLEU 50.00 (6 sentences; the last scored 10.00)" in warning and "--weights last" in warning
+    described = run_folder.describe_weights(out, run_folder.weights_file(out))
+    assert "the weights this fine-tune started from" in described
+    evaluated = run_kformer("evaluate", "--model", out, "--limit", "2")
+    assert "the weights this fine-tune started from" in evaluated.stdout + evaluated.stderr
+
+
+def test_a_fine_tune_that_gains_says_which_weights_readers_take(
+    tmp_path, trained_dir, domain_tsv, monkeypatch
+):
+    from kformer.train import keep_best
+
+    scored = []
+
+    def score(translations, references, language):
+        scored.append(len(scored))
+        return {"bleu": float(len(scored)), "chrf": 50.0}  # each evaluation better than the last
+
+    monkeypatch.setattr(keep_best.evaluate_lib, "score", score)
+    args = {**ARGS, "evaluation": Evaluation(minutes=0, steps=2, sentences=6)}
+    out = str(tmp_path / "tuned")
+    summary, messages = logged_messages(
+        lambda: train(out, data=domain_tsv, init_from=trained_dir, steps=4, **args)
+    )
+    assert summary["best"]["step"] == 4
+    assert not [m for m in messages if "this run started from" in m]
+    assert any(m.startswith("readers take best.weights.h5 (step 4,") for m in messages), messages[-8:]
+    assert any(m.startswith("3 evaluations of the dev sample took ") for m in messages)
+
+
+def test_a_short_run_evaluates_at_fractions_of_its_budget(tmp_path, trained_dir, domain_tsv):
+    """A time budget under BUDGET_EVALUATIONS times --eval-minutes is evaluated every
+    1/BUDGET_EVALUATIONS of it: a fine-tune of a few minutes scores its dev sample while it trains."""
+    from kformer.train.options import BUDGET_EVALUATIONS
+
+    assert Evaluation(minutes=5).within(3).minutes == 3 / BUDGET_EVALUATIONS
+    assert Evaluation(minutes=5).within(60).minutes == 5  # a long run keeps --eval-minutes
+    assert Evaluation(minutes=5).within(None).minutes == 5  # no time budget
+    assert Evaluation(minutes=5, steps=7).within(3) == Evaluation(minutes=5, steps=7)  # the user's steps
+    assert not Evaluation(minutes=0).within(3).on  # off stays off
+    out = str(tmp_path / "tuned")
+    args = {**ARGS, "evaluation": Evaluation(minutes=5, sentences=6)}
+    train(out, data=domain_tsv, init_from=trained_dir, minutes=0.4, **args)
+    with open(os.path.join(out, "logs", "evaluations.csv")) as f:
+        steps = [int(r["step"]) for r in csv.DictReader(f)]
+    assert steps[0] == 0 and len(steps) >= 4, steps  # the start, during the run, its end

@@ -130,7 +130,8 @@ def _evaluation_options(p):
         "--eval-minutes",
         type=positive(float, zero_allowed=True),
         default=EVAL_MINUTES,
-        help="translate a dev sample (greedy) and score it this often; 0: never (default: %(default)s)",
+        help="translate a dev sample (greedy) and score it this often, at most a quarter of --minutes; "
+        "0: never (default: %(default)s)",
     )
     group.add_argument("--eval-steps", type=positive(int), help="evaluate every N optimizer steps instead")
     group.add_argument(

@@ -122,6 +122,7 @@ class Training:
                 best=best.best.to_dict(), evaluations=best.evaluations, evaluation_seconds=best.seconds
             )
             _log_changes(summary, best.changes())
+            best.log_what_is_kept(summary["minutes"] * 60)
         log.info(
             "%s after %d steps (%s)",
             "saved model.keras" if self.writes else "trained (the chief saves)",
@@ -326,7 +327,8 @@ def _training(out_dir, options, setup, model, schedule, state, chief, strategy):
     )
     nan_guard = StopOnNaN()
     position, replay = _input_position(out_dir, state, batches_done(model), plain)
-    keep_best = _keep_best(out_dir, options.evaluation, setup, chief, strategy, nan_guard)
+    evaluation = options.evaluation.within(options.minutes)
+    keep_best = _keep_best(out_dir, evaluation, setup, chief, strategy, nan_guard)
     interrupt = StopOnInterrupt() if plain else None  # one process: no worker waits for this one
     optional = (position, keep_best, interrupt)
     callbacks = [*options.callbacks, budget, nan_guard, *(c for c in optional if c is not None)]

@@ -20,7 +20,7 @@ import keras
 
 from kformer import evaluate as evaluate_lib
 from kformer import run_folder
-from kformer.contracts.run import BEST_FILE, BEST_WEIGHTS_FILE, LOGS_DIR, BestRecord
+from kformer.contracts.run import BEST_FILE, BEST_WEIGHTS_FILE, LOGS_DIR, MODEL_FILE, BestRecord
 from kformer.train import distributed
 from kformer.train.callbacks import steps_done
 
@@ -130,6 +130,40 @@ class KeepBest(keras.callbacks.Callback):
             name: {"start": self.start_scores[name]["bleu"], "end": self.last_scores[name]["bleu"]}
             for name in self.samples
         }
+
+    @property
+    def kept_start(self):
+        """Whether a fine-tune's best is the weights it started from: no later evaluation beat them."""
+        return self.start_scores is not None and self.best is not None and self.best.step == 0
+
+    def log_what_is_kept(self, run_seconds):
+        """The run's last words on its evaluations: what they cost, which weights readers take and
+        why; a warning, in words, where a fine-tune kept the weights it started from."""
+        log.info(
+            "%d evaluations of the dev sample took %.0f s (%.0f%% of the run)",
+            self.evaluations,
+            self.seconds,
+            100 * self.seconds / max(run_seconds, 1e-9),
+        )
+        if self.kept_start:
+            last = next(iter(self.last_scores.values()))["bleu"]
+            log.warning(
+                "%s holds the weights this run started from: none of its %d later evaluations beat "
+                "step 0's dev sample BLEU %.2f (%d sentences; the last scored %.2f). translate, evaluate "
+                "and export take it by default; what the run learned is in %s: pass --weights last",
+                BEST_WEIGHTS_FILE,
+                self.evaluations - 1,
+                self.best.bleu,
+                self.best.sentences,
+                last,
+                MODEL_FILE,
+            )
+        else:
+            log.info(
+                "readers take %s: the best dev sample BLEU of %d evaluations",
+                run_folder.describe_weights(self.run_dir, run_folder.weights_file(self.run_dir)),
+                self.evaluations,
+            )
 
     def _translator_of_current_weights(self):
         """A greedy KerasRunner on a float32 copy of the model holding the weights a reader would

@@ -14,6 +14,7 @@ if typing.TYPE_CHECKING:
 # A dev sample of this many sources, translated greedily every this many minutes of training.
 EVAL_SENTENCES = 500
 EVAL_MINUTES = 5.0
+BUDGET_EVALUATIONS = 4  # a time budget shorter than this many EVAL_MINUTES is evaluated this often
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +31,14 @@ class Evaluation:
     @property
     def on(self):
         return bool(self.steps or self.minutes)
+
+    def within(self, budget_minutes):
+        """This schedule in a run of `budget_minutes` (None: no time budget): every 1/BUDGET_EVALUATIONS
+        of the budget at most, so that a short run (a fine-tune of minutes) evaluates while it
+        trains, not only at its start and end. A schedule in steps is the user's own."""
+        if self.steps or not self.minutes or budget_minutes is None:
+            return self
+        return dataclasses.replace(self, minutes=min(self.minutes, budget_minutes / BUDGET_EVALUATIONS))
 
 
 @dataclasses.dataclass(frozen=True)
