@@ -234,6 +234,10 @@ def _marian_folder(tmp_path, config_changes=None, drop=(), truncate=False):
         (dict(drop=["vocab.json"]), r"vocab\.json: cannot read"),
         (dict(drop=["target.spm"]), r"target\.spm: cannot read"),
         (dict(truncate=True), r"model\.safetensors: cannot read the weights"),
+        (dict(config_changes={"add_final_layer_norm": True}), r"add_final_layer_norm True: .* post-LN"),
+        (dict(config_changes={"d_model": None}), r"d_model None: a Marian config.json gives it as a whole number"),
+        # refused while the run is written (the work folder exists): it goes too
+        (dict(config_changes={"encoder_layers": 3}), r"no model\.encoder\.layers\.2\.\S+, which config"),
     ],
 )  # fmt: skip
 def test_what_kformer_cannot_import_is_one_line_and_leaves_no_folder(tmp_path, changes, message):
@@ -242,6 +246,25 @@ def test_what_kformer_cannot_import_is_one_line_and_leaves_no_folder(tmp_path, c
     assert ran.status == 2 and ran.stderr.strip().splitlines()[-1].startswith("kformer import: error: ")
     assert __import__("re").search(message, ran.stderr), ran.stderr
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".kformer-import-")]
+
+
+def test_a_source_that_is_not_a_folder_or_an_out_in_use_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "notes.txt").write_text("mine")
+    for source, out, message in [
+        (
+            tmp_path / "missing",
+            tmp_path / "a",
+            "no such folder (import takes a local folder; nothing is downloaded)",
+        ),
+        (tmp_path / "empty", tmp_path / "b", "no config.json; kformer imports Hugging Face Marian folders"),
+        (tmp_path / "empty", tmp_path / "used", "exists and is not an empty folder; choose a new --out"),
+    ]:
+        ran = run_kformer("import", str(source), "--out", str(out))
+        assert ran.status == 2 and message in ran.stderr.strip().splitlines()[-1], ran.stderr
+    assert (tmp_path / "used" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "used"]
 
 
 def test_an_imported_run_translates_and_records_where_it_came_from(tmp_path):

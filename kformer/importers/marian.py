@@ -23,6 +23,18 @@ from kformer.contracts.run import IMPORT_FILE, ImportRecord
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu", "gelu": "gelu"}
 BANNED = -1e9  # the logit bias of a token the model must never output (as the searches' NEG_INF)
 LICENCES = ("LICENSE", "LICENSE.txt", "README.md")  # what a folder may hold its licence in
+REQUIRED = (  # integer fields of config.json kformer reads
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "encoder_ffn_dim",
+    "max_position_embeddings",
+    "vocab_size",
+    "pad_token_id",
+    "eos_token_id",
+)
+EXTRA_NORMS = ("normalize_before", "normalize_embedding", "add_final_layer_norm")  # not Marian's post-LN
 SAME = {  # fields kformer holds once for both stacks: Marian's encoder one must equal the decoder one
     "encoder_attention_heads": "decoder_attention_heads",
     "encoder_ffn_dim": "decoder_ffn_dim",
@@ -75,17 +87,17 @@ def _validate(config, where):
     def refuse(field, why):
         raise ValueError(f"{where}: {field} {config.get(field)!r}: {why}")
 
+    for field in REQUIRED:
+        if type(config.get(field)) is not int or config[field] < 0:
+            refuse(field, "a Marian config.json gives it as a whole number")
     if config.get("activation_function") not in ACTIVATIONS:
         refuse("activation_function", f"kformer runs {sorted(ACTIVATIONS)}")
     for encoder, decoder in SAME.items():
         if config.get(encoder) != config.get(decoder):
             refuse(encoder, f"differs from {decoder} {config.get(decoder)!r}; kformer's stacks share it")
-    if (
-        config.get("normalize_before")
-        or config.get("normalize_embedding")
-        or config.get("add_final_layer_norm")
-    ):
-        refuse("normalize_before", "Marian folders kformer imports are post-LN without extra norms")
+    for field in EXTRA_NORMS:
+        if config.get(field):
+            refuse(field, "Marian folders kformer imports are post-LN without extra norms")
     if not config.get("share_encoder_decoder_embeddings", True):
         refuse(
             "share_encoder_decoder_embeddings",
@@ -117,9 +129,11 @@ def _vocabulary(folder, config):
     except OSError as e:
         raise ValueError(f"{path}: cannot read ({e.strerror}); a Marian folder has it") from None
     size = config["vocab_size"]
-    if sorted(vocab.values()) != list(range(size)):
+    if not isinstance(vocab, dict) or sorted(vocab.values(), key=str) != list(range(size)):
         raise ValueError(
             f"{path}: {len(vocab):,} pieces do not number 0..{size - 1} (config.json's vocab_size {size:,})"
+            if isinstance(vocab, dict)
+            else f"{path}: not a JSON object of pieces and their ids"
         )
     pieces = [None] * size
     for piece, i in vocab.items():
@@ -155,8 +169,11 @@ def _weights(folder):
         raise ValueError(
             f"{torch_path}: reading it needs torch (pip install torch), or give the folder's model.safetensors"
         ) from None
-    state = torch.load(torch_path, map_location="cpu", weights_only=True)
-    return torch_path, {k: v.float().numpy() for k, v in state.items()}
+    try:
+        state = torch.load(torch_path, map_location="cpu", weights_only=True)
+        return torch_path, {k: v.float().numpy() for k, v in state.items()}
+    except Exception as e:  # a truncated or corrupt file: torch raises its own errors (pickle's, zip's)
+        raise ValueError(f"{torch_path}: cannot read the weights ({e})") from None
 
 
 def _pair(folder, direction):
@@ -167,7 +184,10 @@ def _pair(folder, direction):
     path = os.path.join(folder, "tokenizer_config.json")
     settings = read_json(path) if os.path.exists(path) else {}
     if settings.get("source_lang") and settings.get("target_lang"):
-        return LanguagePair(settings["source_lang"], settings["target_lang"])
+        try:
+            return LanguagePair.parse(f"{settings['source_lang']}-{settings['target_lang']}")
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}; give --direction SOURCE-TARGET") from None
     name = os.path.basename(os.path.normpath(folder)).split("-")
     if len(name) >= 2 and all(len(code) in (2, 3) and code.isalpha() for code in name[-2:]):
         return LanguagePair(*name[-2:])
@@ -202,9 +222,23 @@ def model_config(marian, tokenizer_sha256=""):
     )
 
 
+class Weights(dict):
+    """{name: array} of a weights file, taken out one by one as they are mapped; a name it lacks
+    is a one-line ValueError naming the file (weights of another shape of model than config.json's)."""
+
+    def __init__(self, values, file):
+        super().__init__(values)
+        self.file = file
+
+    def take(self, name):
+        if name not in self:
+            raise ValueError(f"{self.file}: no {name}, which config.json's model has")
+        return self.pop(name)
+
+
 def _linear(w, name):
     """A torch Linear's (out, in) weight and its bias -> kformer's (in, out) kernel and bias."""
-    return w.pop(f"{name}.weight").T, w.pop(f"{name}.bias")
+    return w.take(f"{name}.weight").T, w.take(f"{name}.bias")
 
 
 def _attention(values, w, source, target, heads):
@@ -219,7 +253,7 @@ def _attention(values, w, source, target, heads):
 
 
 def _norm(values, w, source, target):
-    values[f"{target}/gamma"], values[f"{target}/beta"] = w.pop(f"{source}.weight"), w.pop(f"{source}.bias")
+    values[f"{target}/gamma"], values[f"{target}/beta"] = w.take(f"{source}.weight"), w.take(f"{source}.bias")
 
 
 def _block(values, w, source, target, heads, cross):
@@ -251,12 +285,12 @@ def _shared(marian, w):
     for name in ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"):
         if name in w and not np.allclose(w.pop(name), table, atol=1e-4):
             raise ValueError(f"{marian.weights_file}: {name} is not Marian's sinusoid (learned positions)")
-    return found[0], w.pop("final_logits_bias").reshape(-1)
+    return found[0], w.take("final_logits_bias").reshape(-1)
 
 
 def kformer_weights(marian):
     """{kformer variable path: array} of a Marian model's weights, the vocabulary reordered."""
-    w, c, order = dict(marian.weights), marian.config, marian.order
+    w, c, order = Weights(marian.weights, marian.weights_file), marian.config, marian.order
     embedding, bias = _shared(marian, w)
     bias = bias[order].copy()
     bias[0] = BANNED  # the pad token: the decoder's first input, never an output
@@ -282,7 +316,7 @@ def save(marian, folder):
     pieces = [marian.pieces[m] for m in marian.order]
     ids = {name: getattr(special, name) for name in ("pad_id", "unk_id", "bos_id", "eos_id")}
     vocabulary.write(folder, marian.source_spm, marian.target_spm, pieces, ids)
-    config = model_config(marian, tokenizer_digest(vocabulary.load(folder)))
+    config = dataclasses.replace(special, tokenizer_sha256=tokenizer_digest(vocabulary.load(folder)))
     model = Transformer(config)
     values = kformer_weights(marian)
     for variable in model.weights:
