@@ -23,10 +23,11 @@ class Ctranslate2(Format):
     variants = ("fp32", "int8")  # int8: CTranslate2's own weight quantization
 
     def write(self, module, path, variant="fp32", positions=None):
-        """Set explicitly where CTranslate2's defaults differ from kformer: the interleaved
-        sinusoid table, epsilon 1e-6, the tied output projection, the SentencePiece pieces as
-        vocabulary. `positions`: rows of the sinusoid tables where a caller decodes past the
-        model's max lengths (CTranslate2 refuses a position its table lacks); default: as trained."""
+        """Set explicitly where CTranslate2's defaults differ from the config: its sinusoid table
+        (interleaved or halves), LayerNorm epsilon, activation, embedding scale, logits bias, the
+        tied output projection, the tokenizer's pieces as vocabulary. `positions`: rows of the
+        sinusoid tables where a caller decodes past the model's max lengths (CTranslate2 refuses
+        a position its table lacks); default: as trained."""
         from ctranslate2.specs import common_spec, transformer_spec
 
         model, c = module.translator.model, module.config

@@ -34,7 +34,8 @@ class ExportModule(tf.Module):
         self.tokenizer = tokenizer  # the Python one, for the formats that carry the tokenizer inside
         source, target, source_map, target_map, self.append_eos = graph_tables(tokenizer)
         self.source_tokenizer = tf_text.FastSentencepieceTokenizer(source)
-        self.target_tokenizer = tf_text.FastSentencepieceTokenizer(target)
+        same = target is source  # kformer's joint model: one copy in the SavedModel
+        self.target_tokenizer = self.source_tokenizer if same else tf_text.FastSentencepieceTokenizer(target)
         self.source_map = None if source_map is None else tf.constant(source_map, tf.int32)
         self.target_map = None if target_map is None else tf.constant(target_map, tf.int32)
         self.greedy_ids = self.translator.greedy
