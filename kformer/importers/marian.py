@@ -129,7 +129,8 @@ def _vocabulary(folder, config):
     except OSError as e:
         raise ValueError(f"{path}: cannot read ({e.strerror}); a Marian folder has it") from None
     size = config["vocab_size"]
-    if not isinstance(vocab, dict) or sorted(vocab.values(), key=str) != list(range(size)):
+    ids = list(vocab.values()) if isinstance(vocab, dict) else None
+    if ids is None or any(type(i) is not int for i in ids) or sorted(ids) != list(range(size)):
         raise ValueError(
             f"{path}: {len(vocab):,} pieces do not number 0..{size - 1} (config.json's vocab_size {size:,})"
             if isinstance(vocab, dict)
