@@ -9,6 +9,7 @@ import sacrebleu
 
 from kformer import run_folder
 from kformer.contracts.export import MANIFEST_FILE, ExportManifest
+from kformer.contracts.run import IMPORT_FILE
 from kformer.data import corpus as corpus_lib
 from kformer.data import prepare as prepare_lib
 
@@ -27,6 +28,11 @@ def split_references(model_dir, split="test"):
                 "take the split from; give --source and --reference"
             )
         model_dir = trained_in
+    if os.path.exists(os.path.join(model_dir, IMPORT_FILE)):
+        raise ValueError(
+            f"{model_dir} was imported ({IMPORT_FILE}) and has no corpus to take the {split} split "
+            "from; give --source and --reference"
+        )
     return group_references(prepare_lib.held_out(run_folder.prepared_folder(model_dir), split))
 
 

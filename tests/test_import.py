@@ -278,6 +278,13 @@ def test_an_imported_run_translates_and_records_where_it_came_from(tmp_path):
     assert record["sha256"] == files_sha256([os.path.join(folder, "model.safetensors")])
     translated = run_kformer("translate", "--model", str(out), "--beam", "1", "a b c")
     assert translated.status == 0 and translated.stdout.count("\n") == 1, translated.stderr
+    evaluated = run_kformer("evaluate", "--model", str(out))
+    assert evaluated.status == 2 and "was imported (import.json) and has no corpus" in evaluated.stderr
+    (tmp_path / "src.txt").write_text("a b c\nb c\n")
+    (tmp_path / "ref.txt").write_text("a b\nc\n")
+    files = ["--source", str(tmp_path / "src.txt"), "--reference", str(tmp_path / "ref.txt")]
+    evaluated = run_kformer("evaluate", "--model", str(out), *files, "--beam", "1")
+    assert evaluated.status == 0 and "BLEU" in evaluated.stdout, evaluated.stderr
 
 
 def test_a_multilingual_model_takes_its_target_language_as_an_option(imports):
