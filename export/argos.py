@@ -43,9 +43,9 @@ def languages(manifest):
 
 def check_tokenizer(tokenizer):
     """Refuses a model whose tokenizer is not one SentencePiece model, which a package holds."""
-    from kformer.data.vocabulary import VocabularyTokenizer
+    from kformer.data.vocabulary import maps_through_vocabulary
 
-    if isinstance(tokenizer, VocabularyTokenizer):
+    if maps_through_vocabulary(tokenizer):
         raise ValueError(
             "--formats argos: an Argos package holds one SentencePiece model; this model's tokenizer "
             "is a vocabulary over a source and a target model (an imported model's)"

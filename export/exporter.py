@@ -7,7 +7,7 @@ import time
 from importlib import metadata
 
 from kformer import extras, folders
-from kformer.contracts import TOKENIZER_FILE, digests
+from kformer.contracts import digests
 from kformer.contracts.export import Artifact, ExportManifest, FileEntry, TokenizerEntry
 from kformer.data import vocabulary as vocabulary_lib
 from kformer.decode.options import SearchOptions
@@ -56,7 +56,7 @@ def export(
         argos.check_tokenizer(run.tokenizer)
     with folders.work_folder(out_dir, WORK_PREFIX) as work:
         tokenizer = _copy_tokenizer(model_dir, work, manifest.tokenizer)
-        vocabulary = tokenizer.file != TOKENIZER_FILE
+        vocabulary = vocabulary_lib.maps_through_vocabulary(run.tokenizer)
         artifacts = _write_formats(module, work, formats, quantize, progress, vocabulary)
         manifest = manifest.replace(tokenizer=tokenizer, artifacts=tuple(artifacts))
         manifest.save(work)  # the runners read it during the check

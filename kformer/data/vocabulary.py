@@ -149,12 +149,18 @@ def tokenizer_files(folder):
     return files(folder) if os.path.exists(os.path.join(folder, TOKENIZER_JSON)) else [TOKENIZER_FILE]
 
 
+def maps_through_vocabulary(tokenizer):
+    """Whether `tokenizer` is a VocabularyTokenizer (an imported model's), not the one joint
+    SentencePiece model kformer trains: the one test of it, for what only the joint model allows."""
+    return isinstance(tokenizer, VocabularyTokenizer)
+
+
 def graph_tables(tokenizer):
     """What a graph needs to tokenize as `tokenizer` does (a SentencePieceProcessor or a
     VocabularyTokenizer): (source SentencePiece bytes, target SentencePiece bytes, the model id
     of each source SentencePiece id or None, the target SentencePiece id of each model id (-1:
     none, a special token) or None, whether EOS ends the source)."""
-    if not isinstance(tokenizer, VocabularyTokenizer):
+    if not maps_through_vocabulary(tokenizer):
         proto = tokenizer.serialized_model_proto()
         return proto, proto, None, None, False
     source, target = tokenizer.source, tokenizer.target

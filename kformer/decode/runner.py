@@ -34,7 +34,9 @@ class RunnerSettings:
 
 def _for_target(tokenizer, settings):
     """`tokenizer` asking for the target language of `settings`: a multilingual model's only."""
-    if not hasattr(tokenizer, "for_target"):
+    from kformer.data.vocabulary import maps_through_vocabulary
+
+    if not maps_through_vocabulary(tokenizer):
         raise ValueError(f"--target-language {settings.target_language}: this model is not multilingual")
     return tokenizer.for_target(settings.target_language)
 
