@@ -31,7 +31,7 @@ def split_references(model_dir, split="test"):
     if os.path.exists(os.path.join(model_dir, IMPORT_FILE)):
         raise ValueError(
             f"{model_dir} was imported ({IMPORT_FILE}) and has no corpus to take the {split} split "
-            "from; give --source and --reference"
+            "from (kformer evaluate: give --source and --reference)"
         )
     return group_references(prepare_lib.held_out(run_folder.prepared_folder(model_dir), split))
 
