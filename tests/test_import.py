@@ -8,6 +8,8 @@ tests/marian_reference.py is what runs there."""
 
 import json
 import os
+import re
+import subprocess
 from typing import NamedTuple
 
 import numpy as np
@@ -244,7 +246,7 @@ def test_what_kformer_cannot_import_is_one_line_and_leaves_no_folder(tmp_path, c
     folder, out = _marian_folder(tmp_path, **changes), tmp_path / "run"
     ran = run_kformer("import", folder, "--out", str(out))
     assert ran.status == 2 and ran.stderr.strip().splitlines()[-1].startswith("kformer import: error: ")
-    assert __import__("re").search(message, ran.stderr), ran.stderr
+    assert re.search(message, ran.stderr), ran.stderr
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".kformer-import-")]
 
 
@@ -309,3 +311,25 @@ def test_the_savedmodels_text_signatures_map_through_the_vocabulary(imports, exp
     runner = SavedModelRunner(exported, options=SearchOptions(beam_size=1))
     keras = open_runner(model.run, options=SearchOptions(beam_size=1, max_length=runner.options.max_length))
     assert runner.translate_text(model.sources[:40]) == keras.translate(model.sources[:40])
+
+
+def test_kformer_serve_serves_an_imported_models_export(imports, exported):
+    """The README's way to serve an import: its export, through `kformer serve` (no page)."""
+    from conftest import KFORMER
+    from test_serve import request
+
+    model = imports("zh-en")
+    server = subprocess.Popen(
+        [*KFORMER, "serve", "--model", exported, "--port", "0"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        lines = [server.stdout.readline() for _ in range(3)]  # loading, serving at URL, the page
+        url = re.search(r"http://\S+/", lines[1]).group()
+        assert lines[2].startswith("no page: an imported model's tokenizer"), lines
+        runner = open_listed(exported, "onnx", options=SearchOptions(beam_size=1))
+        status, _, answer = request(url + "v1/translate", {"texts": model.sources[:3], "beam_size": 1})
+        assert status == 200, answer
+        assert [t["translation"] for t in answer["translations"]] == runner.translate(model.sources[:3])
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
