@@ -62,6 +62,16 @@ def _shown(argv):
     return " ".join(map(str, argv))[:200]
 
 
+def manifest_edited(folder, edit):
+    """Rewrites an export folder's manifest.json with `edit(manifest dict)`."""
+    path = os.path.join(folder, "manifest.json")
+    with open(path) as f:
+        manifest = json.load(f)
+    edit(manifest)
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+
+
 def run_kformer(*args, **settings):
     """`kformer args...` in a process of its own (`run_process`'s settings); its `Ran`."""
     return run_process([*KFORMER, *args], **settings)

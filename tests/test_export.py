@@ -14,7 +14,7 @@ import time
 import numpy as np
 import onnx as onnx_lib
 import pytest
-from conftest import BEAM, MAX_LENGTH, python_lines, run_process
+from conftest import BEAM, MAX_LENGTH, manifest_edited, python_lines, run_process
 from onnx import numpy_helper
 
 from kformer.contracts.digests import tree_sha256
@@ -1104,12 +1104,7 @@ def test_a_file_its_runtime_or_sentencepiece_refuses_is_one_line(damaged, capsys
     ],
 )
 def test_a_manifest_of_the_wrong_shape_is_one_line(damaged, capsys, edit, message):
-    path = os.path.join(damaged, "manifest.json")
-    with open(path) as f:
-        manifest = json.load(f)
-    edit(manifest)
-    with open(path, "w") as f:
-        json.dump(manifest, f)
+    manifest_edited(damaged, edit)
     for argv in (
         ["translate", "--model", damaged, "--runtime", "onnx", "好"],
         ["evaluate", "--model", damaged, "--runtime", "onnx", "--limit", "2"],

@@ -17,7 +17,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from conftest import BEAM, KFORMER, MAX_LENGTH
+from conftest import BEAM, KFORMER, MAX_LENGTH, manifest_edited
 from test_serve import request
 
 from kformer.decode.options import SearchOptions
@@ -397,16 +397,6 @@ def test_a_key_that_is_not_ascii_works_as_a_bearer_header(runner, key, sent):
         assert raw_request(url, head + b"Authorization: Bearer other\r\n", body)[0] == 403
         form = f"q=%E5%A5%BD&source=zh&target=en&api_key={urllib.parse.quote(key)}".encode()
         assert request(url + "translate", form, "application/x-www-form-urlencoded")[0] == 200
-
-
-def manifest_edited(folder, edit):
-    """Rewrites an export folder's manifest.json with `edit(manifest dict)`."""
-    path = os.path.join(folder, "manifest.json")
-    with open(path) as f:
-        manifest = json.load(f)
-    edit(manifest)
-    with open(path, "w") as f:
-        json.dump(manifest, f)
 
 
 def onnx_files(manifest):
