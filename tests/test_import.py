@@ -239,7 +239,7 @@ def _marian_folder(tmp_path, config_changes=None, drop=(), truncate=False):
         (dict(config_changes={"add_final_layer_norm": True}), r"add_final_layer_norm True: .* post-LN"),
         (dict(config_changes={"d_model": None}), r"d_model None: a Marian config.json gives it as a whole number"),
         # refused while the run is written (the work folder exists): it goes too
-        (dict(config_changes={"encoder_layers": 3}), r"no model\.encoder\.layers\.2\.\S+, which config"),
+        (dict(config_changes={"encoder_layers": 3}), r"no model\.encoder\.layers\.2\.\S+, which the model's config has"),
     ],
 )  # fmt: skip
 def test_what_kformer_cannot_import_is_one_line_and_leaves_no_folder(tmp_path, changes, message):
@@ -258,9 +258,9 @@ def test_a_source_that_is_not_a_folder_or_an_out_in_use_is_one_line(tmp_path):
         (
             tmp_path / "missing",
             tmp_path / "a",
-            "no such folder (import takes a local folder; nothing is downloaded)",
+            "no such file or folder (import takes a local path; nothing is downloaded)",
         ),
-        (tmp_path / "empty", tmp_path / "b", "no config.json; kformer imports Hugging Face Marian folders"),
+        (tmp_path / "empty", tmp_path / "b", "no config.json or model.bin; kformer imports a Hugging Face"),
         (tmp_path / "empty", tmp_path / "used", "exists and is not an empty folder; choose a new --out"),
     ]:
         ran = run_kformer("import", str(source), "--out", str(out))

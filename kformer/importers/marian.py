@@ -11,14 +11,12 @@ banned from the output by its logit bias, as Marian's generation config bans it.
 
 import dataclasses
 import os
-import shutil
 
 import numpy as np
 
-from kformer.contracts.digests import files_sha256
 from kformer.contracts.json_records import read_json
 from kformer.contracts.pair import LanguagePair
-from kformer.contracts.run import IMPORT_FILE, ImportRecord
+from kformer.importers.run import Origin, Weights, read_licence, write_run
 
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu", "gelu": "gelu"}
 BANNED = -1e9  # the logit bias of a token the model must never output (as the searches' NEG_INF)
@@ -223,20 +221,6 @@ def model_config(marian, tokenizer_sha256=""):
     )
 
 
-class Weights(dict):
-    """{name: array} of a weights file, taken out one by one as they are mapped; a name it lacks
-    is a one-line ValueError naming the file (weights of another shape of model than config.json's)."""
-
-    def __init__(self, values, file):
-        super().__init__(values)
-        self.file = file
-
-    def take(self, name):
-        if name not in self:
-            raise ValueError(f"{self.file}: no {name}, which config.json's model has")
-        return self.pop(name)
-
-
 def _linear(w, name):
     """A torch Linear's (out, in) weight and its bias -> kformer's (in, out) kernel and bias."""
     return w.take(f"{name}.weight").T, w.take(f"{name}.bias")
@@ -301,40 +285,20 @@ def kformer_weights(marian):
         _block(values, w, f"model.encoder.layers.{i}", f"encoder_block_{i}", heads, cross=False)
     for i in range(c["decoder_layers"]):
         _block(values, w, f"model.decoder.layers.{i}", f"decoder_block_{i}", heads, cross=True)
-    if w:
-        raise ValueError(f"{marian.weights_file}: weights kformer's model has no place for: {sorted(w)[:5]}")
+    w.refuse_leftovers()
     return values
 
 
 def save(marian, folder):
-    """Writes the run folder of `marian` into `folder`: tokenizer, config.json, model.keras,
-    import.json and the source's licence file. Returns the ImportRecord."""
-    from kformer.contracts.digests import tokenizer_digest
+    """Writes the run folder of `marian` into `folder`: its vocabulary tokenizer, then what every
+    imported run has (kformer.importers.run). Returns the ImportRecord."""
     from kformer.data import vocabulary
-    from kformer.model.transformer import Transformer
 
-    special = model_config(marian)
+    config = model_config(marian)
     pieces = [marian.pieces[m] for m in marian.order]
-    ids = {name: getattr(special, name) for name in ("pad_id", "unk_id", "bos_id", "eos_id")}
+    ids = {name: getattr(config, name) for name in ("pad_id", "unk_id", "bos_id", "eos_id")}
     vocabulary.write(folder, marian.source_spm, marian.target_spm, pieces, ids)
-    config = dataclasses.replace(special, tokenizer_sha256=tokenizer_digest(vocabulary.load(folder)))
-    model = Transformer(config)
-    values = kformer_weights(marian)
-    for variable in model.weights:
-        found = values[variable.path].shape
-        if tuple(variable.shape) != found:
-            raise ValueError(
-                f"{marian.weights_file}: {variable.path} is {found}, not {tuple(variable.shape)}"
-            )
-        variable.assign(values[variable.path])
-    model.save(os.path.join(folder, "model.keras"))
-    config.save(os.path.join(folder, "config.json"))
-    licence = next((n for n in LICENCES if os.path.exists(os.path.join(marian.folder, n))), None)
-    if licence:
-        shutil.copy(os.path.join(marian.folder, licence), os.path.join(folder, f"SOURCE-{licence}"))
-    sha256 = files_sha256([marian.weights_file])
-    record = ImportRecord(
-        "marian", os.path.abspath(marian.folder), sha256, marian.pair, licence and f"SOURCE-{licence}"
+    origin = Origin(
+        "marian", marian.folder, marian.weights_file, marian.pair, read_licence(marian.folder, LICENCES)
     )
-    record.save(os.path.join(folder, IMPORT_FILE))
-    return record
+    return write_run(folder, config, kformer_weights(marian), origin, vocabulary.load(folder))
