@@ -133,14 +133,17 @@ def bench_alternatives(export_dir, alternatives=3, sentences=None):
 
 def print_alternatives_table(results):
     n, k = results["sentences"], results["alternatives"]
-    print(f"alternatives={k} (nbest {k + 1}) on {n} sentences, {results['export']}")
     columns = [
         ("runtime", "<22", "name"),
         (f"{k} distinct", ">11", lambda r: f"{r['full']:>5} / {n:<3}"),
         ("as reference", ">13", lambda r: f"{r['as_reference']:>7} / {n:<3}"),
         ("seconds", "8.2f", "seconds"),
     ]
-    print_table(columns, [{"name": name, **r} for name, r in results["runtimes"].items()])
+    print_table(
+        columns,
+        [{"name": name, **r} for name, r in results["runtimes"].items()],
+        title=f"alternatives={k} (nbest {k + 1}) on {n} sentences, {results['export']}",
+    )
     source, texts = results["example"]
     print(f"e.g. {source} -> " + " | ".join(texts))
 

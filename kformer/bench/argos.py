@@ -102,7 +102,6 @@ def _scored(found, seconds):
 
 
 def print_argos_table(results):
-    print(f"{results['direction']}, {results['sentences']} test sentences of {results['export']}")
     names = (("kformer", "kformer ctranslate2"), ("argos", "Argos Translate"))
     columns = [
         ("", "<24", "name"),
@@ -110,7 +109,11 @@ def print_argos_table(results):
         ("chrF", "6.2f", "chrf"),
         ("seconds", "8.1f", "seconds"),
     ]
-    print_table(columns, [{"name": label, **results[name]} for name, label in names])
+    print_table(
+        columns,
+        [{"name": label, **results[name]} for name, label in names],
+        title=f"{results['direction']}, {results['sentences']} test sentences of {results['export']}",
+    )
     print(f"identical lines: {results['identical']:.1%} (Argos's seconds include its start and the install)")
 
 

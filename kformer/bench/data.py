@@ -210,7 +210,6 @@ def bench_data(sizes=(1_000_000,), config="small", work=None):
 
 
 def print_data_table(results):
-    print(f"data bench: synthetic corpora, training config {results['config']}; peak = resident memory")
     columns = [
         ("pairs", ">11,", "pairs"),
         ("distinct", ">11,", "distinct"),
@@ -226,7 +225,11 @@ def print_data_table(results):
         ("resume@many", ">12", lambda r: f"{r['resume_many']['to_first_step']:.1f}s"),
         ("2 workers", ">12", lambda r: "/".join(f"{m / 1024:.2f}" for m in r["worker_peak_mb"]) + "G"),
     ]
-    print_table(columns, results["sizes"])
+    print_table(
+        columns,
+        results["sizes"],
+        title=f"data bench: synthetic corpora, training config {results['config']}; peak = resident memory",
+    )
 
 
 HELP = "prepare and training input on synthetic corpora of millions of pairs: time and memory"

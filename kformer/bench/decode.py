@@ -146,7 +146,6 @@ def _decode_rows(functions, batch, beam_size, pad_id, repeats):
 
 
 def print_decode_table(results):
-    print(f"decode bench, {results['model']}: every row generates exactly {results['output_tokens']} tokens")
     columns = [
         ("batch", ">5", "batch"),
         ("search", ">7", "search"),
@@ -156,7 +155,11 @@ def print_decode_table(results):
         ("tokens/s", "9.0f", "tokens_per_s"),
         ("vs naive", ">9", lambda r: f"{r['speedup_vs_naive']:.1f}x"),
     ]
-    print_table(columns, results["rows"])
+    print_table(
+        columns,
+        results["rows"],
+        title=f"decode bench, {results['model']}: every row generates exactly {results['output_tokens']} tokens",
+    )
 
 
 HELP = "the cached search loop against re-running the prefix, in Keras"

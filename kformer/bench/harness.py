@@ -90,17 +90,19 @@ def scores(translations, references, language):
     return {"bleu": found["bleu"], "chrf": found["chrf"]}
 
 
-def print_table(columns, rows):
-    """A header line, then a line a row. `columns`: [(title, spec, cell)], `cell` the key of the
-    row's value (a row being a dict) or a function of the row that gives it, `spec` how format()
-    writes it ("8.2f", ">11", "<18"); a title takes the spec's width and alignment (right where
-    the spec gives none)."""
+def print_table(columns, rows, title=None):
+    """`title` (a line above the table, if given), a header line, then a line a row. `columns`:
+    [(heading, spec, cell)], `cell` the key of the row's value (a row being a dict) or a function
+    of the row that gives it, `spec` how format() writes it ("8.2f", ">11", "<18"); a heading takes
+    the spec's width and alignment (right where the spec gives none)."""
 
-    def title(text, spec):
+    def heading(text, spec):
         align, width = re.match(r"([<>^]?)(\d*)", spec).groups()
         return f"{text:{align or '>'}{width}}"
 
-    print(" ".join(title(text, spec) for text, spec, _ in columns))
+    if title:
+        print(title)
+    print(" ".join(heading(text, spec) for text, spec, _ in columns))
     for row in rows:
         print(" ".join(format(cell(row) if callable(cell) else row[cell], spec) for _, spec, cell in columns))
 

@@ -312,7 +312,7 @@ def _cells(ratios):
 
 
 def print_runtimes_table(results):
-    print(
+    title = (
         f"file: {results['sentences']} test sentences through translate (length-sorted batches of "
         f"{results['batch_size']} sentences, fewer long ones; TFLite's beam 2 x "
         f"{results['batch_size']} / K; {results.get('parallel', 1)} at once), "
@@ -340,7 +340,7 @@ def print_runtimes_table(results):
         ("/CT2 same", ">10", lambda r: _cells(r["vs_ct2"])),
         ("/CT2 best", ">10", lambda r: _cells(r["vs_ct2_fastest"])),
     ]
-    print_table(columns, results["rows"])
+    print_table(columns, results["rows"], title=title)
 
 
 HELP = "every exported runtime against CTranslate2: a file of test sentences and batch 1"

@@ -268,13 +268,6 @@ def _levels(found):
 
 
 def print_serve_table(results):
-    base = results["runner_batch32"]
-    print(
-        f"kformer serve --parallel {results.get('parallel', 1)}, LibreTranslate API, one test sentence a request; "
-        f"{results['seconds']:g} s a level, "
-        f"median of {results['rounds']} interleaved rounds (ratios: of the per-round ratios); "
-        f"runner batch 32: {base:.1f}, batch 1: {results['runner_batch1']:.1f} sentences/s"
-    )
     columns = [
         ("clients", ">7", "clients"),
         ("sent/s", "8.1f", "sentences_per_s"),
@@ -284,7 +277,14 @@ def print_serve_table(results):
         ("p99 ms", "8.1f", "p99_ms"),
         ("errors", "6g", "errors"),
     ]
-    print_table(columns, [{"clients": n, **row} for n, row in results["levels"].items()])
+    print_table(
+        columns,
+        [{"clients": n, **row} for n, row in results["levels"].items()],
+        title=f"kformer serve --parallel {results.get('parallel', 1)}, LibreTranslate API, one test sentence "
+        f"a request; {results['seconds']:g} s a level, median of {results['rounds']} interleaved rounds "
+        f"(ratios: of the per-round ratios); runner batch 32: {results['runner_batch32']:.1f}, batch 1: "
+        f"{results['runner_batch1']:.1f} sentences/s",
+    )
     m, o = results["mixed"], results["overload"]
     print(f"server peak memory {results['server_peak_mb']:.0f} MB")
     print(

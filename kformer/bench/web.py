@@ -126,11 +126,6 @@ def _rows(jobs, found, beams):
 
 
 def print_web_table(results):
-    print(
-        f"median ms per sentence (batch 1) over {results['sentences']} test sentences x {results['rounds']} "
-        "interleaved rounds; page: headless Chromium, WASM (onnx: onnxruntime-web, litert: LiteRT.js); "
-        "python: onnxruntime or LiteRT on the same file"
-    )
     columns = [
         ("runtime", ">7", "runtime"),
         ("variant", ">7", "variant"),
@@ -142,7 +137,13 @@ def print_web_table(results):
         ("load s", "6.1f", "load_s"),
         ("MB loaded", "9.1f", lambda r: r["page_bytes"] / 1e6),
     ]
-    print_table(columns, results["rows"])
+    print_table(
+        columns,
+        results["rows"],
+        title=f"median ms per sentence (batch 1) over {results['sentences']} test sentences x "
+        f"{results['rounds']} interleaved rounds; page: headless Chromium, WASM (onnx: onnxruntime-web, "
+        "litert: LiteRT.js); python: onnxruntime or LiteRT on the same file",
+    )
 
 
 HELP = "the page in headless Chromium against the same files in Python"
