@@ -14,9 +14,16 @@ import tempfile
 
 from kformer import extras
 from kformer.arguments import add_precision_option, add_rounds_option, positive
-from kformer.bench.harness import Stopwatch, interleave, memory_mb, print_table, report, spread
-from kformer.model.config import DEFAULT_PRESET, PRESETS
-from kformer.train.precision import PRECISIONS
+from kformer.bench import peak, profile
+from kformer.bench.harness import Stopwatch, interleave, memory_mb, print_table, reduced, report, spread
+from kformer.model.config import DEFAULT_PRESET, PRESETS, preset
+from kformer.train.precision import (
+    PRECISIONS,
+    choose_precision,
+    gpu_capability,
+    onednn_state,
+    usable_cores,
+)
 
 log = logging.getLogger("kformer")
 
@@ -43,10 +50,10 @@ def count_xla_compilations(directory, function="one_step_on_data"):
     return len(glob.glob(os.path.join(directory, f"*{function}*before_optimizations.txt")))
 
 
-def _fixed_batches(config_name, count, seed, batch_tokens):
-    """`count` training batches of `batch_tokens` of the default corpus (all bucket shapes mixed),
-    twice: as training without XLA batches them (grouped by both lengths, padded to the longest
-    row) and with XLA (padded to the bucket)."""
+def _fixed_batches(bench, batch_tokens):
+    """The bench's `steps` training batches of `batch_tokens` of the default corpus (all bucket
+    shapes mixed), twice: as training without XLA batches them (grouped by both lengths, padded to
+    the longest row) and with XLA (padded to the bucket)."""
     from kformer.contracts.prepared import PreparedCorpus
     from kformer.data import batches as batches_lib
     from kformer.data import shards as shards_lib
@@ -54,35 +61,35 @@ def _fixed_batches(config_name, count, seed, batch_tokens):
     from kformer.train.run_data import run_data
 
     with tempfile.TemporaryDirectory() as work:  # the corpus is prepared beside the run folder, in here
-        config, _, _, folder, _ = run_data(os.path.join(work, "run"), TrainOptions(config_name))
+        config, _, _, folder, _ = run_data(os.path.join(work, "run"), TrainOptions(bench.config_name))
         batching, manifest = batches_lib.Batching.of(config, batch_tokens), PreparedCorpus.load(folder)
         encoded = shards_lib.read_prepared(manifest.shard_paths(folder), manifest.train.dtype, batching)
 
     def batches(pad_to_bucket):
         dataset = batches_lib.make_dataset(
-            encoded, batching, training=True, seed=seed, pad_to_bucket=pad_to_bucket
+            encoded, batching, training=True, seed=bench.seed, pad_to_bucket=pad_to_bucket
         )
-        return [(dict((k, v.numpy()) for k, v in x.items()), y.numpy()) for x, y in dataset.take(count)]
+        return [(dict((k, v.numpy()) for k, v in x.items()), y.numpy()) for x, y in dataset.take(bench.steps)]
 
     return config, batches(False), batches(True)
 
 
-def _one_shape_batches(config_name, count, seed, length, batch_tokens):
-    """`count` batches of one shape, `length` tokens a side and the rows that `batch_tokens` holds,
-    of random ids, no padding: a step's speed with a single compilation per variant (a GPU's XLA
-    compiles each bucket shape for ~100 s with `base`)."""
+def _one_shape_batches(bench, batch_tokens):
+    """The bench's `steps` batches of one shape, `length` tokens a side and the rows that
+    `batch_tokens` holds, of random ids, no padding: a step's speed with a single compilation per
+    variant (a GPU's XLA compiles each bucket shape for ~100 s with `base`)."""
     import numpy as np
 
     from kformer.data.batches import random_batch
-    from kformer.model.config import preset
 
-    config = preset(config_name)
+    config, length = preset(bench.config_name), bench.length
     longest = min(config.max_source_length, config.max_target_length)
     if not 0 < length <= longest:
         raise ValueError(f"--length {length}: choose 1..{longest}")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(bench.seed)
     batches = [
-        random_batch(config, (max(1, batch_tokens // length), length, length), rng) for _ in range(count)
+        random_batch(config, (max(1, batch_tokens // length), length, length), rng)
+        for _ in range(bench.steps)
     ]
     return config, batches, batches
 
@@ -118,8 +125,9 @@ def reference_model(config, dtype=None):
     source_mask = ops.not_equal(inputs["source_ids"], config.pad_id)
     x = embed(inputs["source_ids"])
     for i in range(config.num_encoder_layers):
-        encoder = keras_hub.layers.TransformerEncoder(**layer_args, name=f"transformer_encoder_{i}")
-        x = encoder(x, padding_mask=source_mask)
+        x = keras_hub.layers.TransformerEncoder(**layer_args, name=f"transformer_encoder_{i}")(
+            x, padding_mask=source_mask
+        )
     y = embed(inputs["target_ids"])
     for i in range(config.num_decoder_layers):
         y = keras_hub.layers.TransformerDecoder(**layer_args, name=f"transformer_decoder_{i}")(
@@ -128,8 +136,7 @@ def reference_model(config, dtype=None):
             decoder_padding_mask=ops.not_equal(inputs["target_ids"], config.pad_id),
             encoder_padding_mask=source_mask,
         )
-    model = keras.Model(inputs, embedding(y, reverse=True), name="keras_hub_reference")
-    return model
+    return keras.Model(inputs, embedding(y, reverse=True), name="keras_hub_reference")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +193,6 @@ def bench_train(config_name=DEFAULT_PRESET, **options):
     (steps_per_execution) instead of one, whose result the host waits for before the next call; the
     variants then take turns every N steps. `variants`: the names of those to run (default: all).
     """
-    from kformer.train.precision import choose_precision
     from kformer.train.recipe import recipe
 
     bench = TrainBench(config_name, **options)
@@ -195,14 +201,8 @@ def bench_train(config_name=DEFAULT_PRESET, **options):
     precision, why = choose_precision(bench.precision)
     runs = _chosen(_runs(bench, precision), bench.variants)  # chosen before any work
     training = recipe(bench.config_name, **(bench.recipe_changes or {}))
-    if bench.length:
-        config, dynamic, bucketed = _one_shape_batches(
-            bench.config_name, bench.steps, bench.seed, bench.length, training.batch_tokens
-        )
-    else:
-        config, dynamic, bucketed = _fixed_batches(
-            bench.config_name, bench.steps, bench.seed, training.batch_tokens
-        )
+    batches = _one_shape_batches if bench.length else _fixed_batches
+    config, dynamic, bucketed = batches(bench, training.batch_tokens)
     chunk = -(-CHUNK // bench.steps_per_call) * bench.steps_per_call  # whole calls of every variant
     variants = {
         name: _compiled(config, training, bench.seed, chunk, run, bucketed if run.padded else dynamic)
@@ -213,8 +213,7 @@ def bench_train(config_name=DEFAULT_PRESET, **options):
     _add_speeds(results, variants, bench.steps, precision)
     if bench.profile:
         results["profile"] = _profiles(variants, bench.steps, bench.profile)
-    dump = os.environ.get(XLA_DUMP_ENV)
-    if dump:
+    if dump := os.environ.get(XLA_DUMP_ENV):
         results["xla_compilations"] = count_xla_compilations(dump)
     return results
 
@@ -241,8 +240,6 @@ def _runs(bench, precision):
 def _results(bench, variants, batches, chunk, precision, peaks):
     """The results' settings and what every variant shares (`batches`: (dynamic, bucketed);
     `precision`: (chosen, why))."""
-    from kformer.train.precision import onednn_state, usable_cores
-
     dynamic, bucketed = batches
     first = next(iter(variants.values()))
     return {
@@ -280,37 +277,36 @@ def _profiles(variants, steps, directory):
     """{variant: its op types by self-time (kformer.bench.profile.op_types)} for kformer's variants,
     each profiled over its batches once more, after the timing. On a CPU the XLA variant is left
     out: its compiled step is one op to the profiler (on a GPU its kernels are listed)."""
-    from kformer.bench.profile import op_types, profile_fit
-    from kformer.train.precision import gpu_capability
-
     gpu = gpu_capability() is not None
     found = {}
     for name in (n for n, v in variants.items() if v["kind"] == "kformer" and (gpu or not v["xla"])):
         folder = os.path.join(directory, name)
         found[name] = {
             "trace": folder,
-            "ops": op_types(profile_fit(variants[name]["model"], variants[name]["chunks"], folder), steps),
+            "ops": profile.op_types(
+                profile.profile_fit(variants[name]["model"], variants[name]["chunks"], folder), steps
+            ),
         }
     return found
 
 
 def _timed_between_peaks(variants, rounds, config, precision, batches):
     """Times the variants (`_time_interleaved`) between two measurements of the peaks of
-    `precision` and float32 (`_peaks`); returns {precision: the faster of the two of each}. The
-    machine's speed can drop for seconds at a time, and the peak is what the hardware can do."""
+    `precision` and float32 (`_peaks`); returns {precision: the faster of the two of each rate
+    (datasheet and device as measured first)}. The machine's speed can drop for seconds at a time,
+    and the peak is what the hardware can do."""
     precisions = dict.fromkeys((precision, "float32"))
     before = {p: _peaks(config, p, batches) for p in precisions}
     _time_interleaved(variants, rounds)
-    return {p: _faster(before[p], _peaks(config, p, batches)) for p in precisions}
+    rates = ("squares", "own_shapes")
+    return {p: reduced([before[p], _peaks(config, p, batches)], peaks=rates) for p in precisions}
 
 
 def _peaks(config, precision, batches):
     """{"device", "datasheet", "squares", "own_shapes"}: FLOP/s of `precision` a step's utilization
     is taken against (datasheet None on a CPU or an unlisted GPU). Own shapes: a batch of the
     batches' mean tokens a side."""
-    from kformer.bench import peak
     from kformer.model import flops
-    from kformer.train.precision import gpu_capability
 
     gpu = (gpu_capability() or (None,))[0]
     side = 8192 if gpu else 2048  # large enough to reach the device's peak, small enough to be quick
@@ -321,11 +317,6 @@ def _peaks(config, precision, batches):
         "squares": peak.matmul_rate((side, side, side), precision),
         "own_shapes": peak.own_shapes_rate(flops.product_shapes(config, tokens), precision),
     }
-
-
-def _faster(peaks, others):
-    """Two measurements of _peaks, each rate the higher of the two (datasheet and device as given)."""
-    return {k: max(v, others[k]) if k in ("squares", "own_shapes") else v for k, v in peaks.items()}
 
 
 def _peak_memory_mb():
@@ -351,9 +342,8 @@ def _compiled(config, training, seed, chunk, run, batches):
     keras.utils.set_random_seed(seed)
     dtype = PRECISIONS[run.precision]
     model = Transformer(config, dtype=dtype) if run.kind == "kformer" else reference_model(config, dtype)
-    fused = run.kind == "kformer"
     model = compile_model(
-        model, config, training, xla=run.xla, fused=fused, steps_per_call=run.steps_per_call
+        model, config, training, xla=run.xla, fused=run.kind == "kformer", steps_per_call=run.steps_per_call
     )
     with Stopwatch() as warmup:
         shapes = {(x["source_ids"].shape, y.shape): (x, y) for x, y in batches}
@@ -412,13 +402,14 @@ def _add_speeds(results, variants, steps, precision):
     ratios = {  # name: (variant, over variant), each where both ran
         "xla_speedup": ("kformer_xla", "kformer"),
         "vs_keras_hub": ("kformer", "keras_hub"),  # each as it trains by default
-        "vs_keras_hub_same_precision": ("kformer", f"keras_hub_{precision}"),
+        "vs_keras_hub_same_precision": (
+            "kformer",
+            "keras_hub" if precision == "float32" else f"keras_hub_{precision}",
+        ),
         "vs_keras_hub_float32": ("kformer_float32", "keras_hub"),
         "precision_speedup": ("kformer", "kformer_float32"),
         "steps_per_call_speedup": (f"kformer_xla_{results['steps_per_call']}", "kformer_xla"),
     }
-    if precision == "float32":
-        ratios["vs_keras_hub_same_precision"] = ratios["vs_keras_hub"]
     for name, (a, b) in ratios.items():
         if a in variants and b in variants:
             results[name] = results[a]["target_tokens_per_s"] / results[b]["target_tokens_per_s"]
