@@ -20,10 +20,11 @@ import time
 import numpy as np
 
 from kformer.arguments import positive
-from kformer.bench.harness import Stopwatch, print_table, report, waited
+from kformer.bench.harness import print_table, report, waited
 from kformer.contracts.prepared import PreparedCorpus
-from kformer.data.corpus import DEFAULT_DIRECTION
+from kformer.data import corpus as corpus_lib
 from kformer.model.config import DEFAULT_PRESET, PRESETS
+from kformer.train.distributed import local_cluster
 
 log = logging.getLogger("kformer")
 
@@ -70,11 +71,9 @@ print(json.dumps(report))
 """
 
 
-def synthetic_corpus(path, pairs, base=None, seed=0, direction=DEFAULT_DIRECTION):
+def synthetic_corpus(path, pairs, base=None, seed=0, direction=corpus_lib.DEFAULT_DIRECTION):
     """Writes `pairs` synthetic pairs (see the module doc) made of the (source, target) pairs
     `base` (default: the default corpus's) to a gzipped TSV at `path`."""
-    from kformer.data import corpus as corpus_lib
-
     pair, base = corpus_lib.parse_pair(direction), base or corpus_lib.read_corpus(direction=direction)[0]
     rng = np.random.default_rng(seed)
     source_joiner, target_joiner = ("" if side == "zh" else " " for side in (pair.source, pair.target))
@@ -109,15 +108,27 @@ def synthetic_corpus(path, pairs, base=None, seed=0, direction=DEFAULT_DIRECTION
     return written
 
 
-def measured(argv, env=None, cwd=None):
-    """Runs argv; -> (seconds, peak resident MB, stdout). Raises with the end of its stderr if it fails."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        with Stopwatch() as watch:
-            code, peak = waited(subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=cwd))
+def measured(argv, environments=(None,)):
+    """Runs argv once in each of `environments` (None: this process's), all at once; -> [(seconds
+    until it ended, peak resident MB, stdout)], a process each. Raises with the end of a failed
+    one's stderr."""
+    started, files = (
+        time.monotonic(),
+        [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in environments],
+    )
+    processes = [
+        subprocess.Popen(argv, stdout=out, stderr=err, env=env)
+        for env, (out, err) in zip(environments, files)
+    ]
+    found = []
+    for process, (out, err) in zip(processes, files):
+        code, peak = waited(process)
+        seconds = time.monotonic() - started
         out.seek(0), err.seek(0)
         if code:
             raise RuntimeError(f"{' '.join(argv[:4])}... failed: {err.read()[-2000:]}")
-        return watch.seconds, peak, out.read()
+        found.append((seconds, peak, out.read()))
+    return found
 
 
 def _cli(*args):
@@ -128,16 +139,14 @@ def _probe(out, data, config, steps, pipeline_batches=0):
     # As `kformer train` runs: TensorFlow quiet (oneDNN's kernels: this process's setting,
     # kformer/__init__.py).
     env = {"TF_CPP_MIN_LOG_LEVEL": "3", **os.environ}
-    seconds, peak, stdout = measured(
-        [sys.executable, "-c", PROBE, out, data, config, str(steps), str(pipeline_batches)], env=env
+    [(seconds, peak, stdout)] = measured(
+        [sys.executable, "-c", PROBE, out, data, config, str(steps), str(pipeline_batches)], [env]
     )
     return {**json.loads(stdout.strip().splitlines()[-1]), "seconds": seconds, "peak_mb": peak}
 
 
 def _two_workers(prepared, out, config, steps):
     """Peak resident MB of each worker of a two-worker local cluster training `steps` steps."""
-    from kformer.train.distributed import local_cluster
-
     argv = _cli(
         "train",
         "--config",
@@ -151,34 +160,21 @@ def _two_workers(prepared, out, config, steps):
         "--strategy",
         "multi-worker",
     )
-    logs = [tempfile.TemporaryFile("w+") for _ in range(2)]
-    processes = [
-        subprocess.Popen(argv, env={**os.environ, **env}, stdout=log_file, stderr=subprocess.STDOUT)
-        for env, log_file in zip(local_cluster(2), logs)
-    ]
-    peaks = []
-    for process, log_file in zip(processes, logs):
-        code, peak = waited(process)
-        log_file.seek(0)
-        if code:
-            raise RuntimeError(f"a worker of the two-worker run failed: {log_file.read()[-2000:]}")
-        peaks.append(peak)
-    return peaks
+    return [peak for _, peak, _ in measured(argv, [{**os.environ, **env} for env in local_cluster(2)])]
 
 
 def bench_size(pairs, work=None, config="small", many_steps=2000, pipeline_batches=1000, base=None):
     """The measurements at one corpus size (a synthetic corpus of `base`'s pairs), in a folder of
     `work` deleted afterwards."""
-    import shutil
-
-    folder = tempfile.mkdtemp(prefix=f"kformer-bench-data-{pairs}-", dir=work)
-    try:
+    with tempfile.TemporaryDirectory(
+        prefix=f"kformer-bench-data-{pairs}-", dir=work, ignore_cleanup_errors=True
+    ) as folder:
         corpus = os.path.join(folder, "pairs.tsv.gz")
         synthetic_corpus(corpus, pairs, base)
         corpus_mb = os.path.getsize(corpus) / 2**20
         prepared = os.path.join(folder, "prepared")
         log.info("bench data: kformer prepare, %d pairs", pairs)
-        seconds, peak, _ = measured(_cli("prepare", "--data", corpus, "--out", prepared))
+        [(seconds, peak, _)] = measured(_cli("prepare", "--data", corpus, "--out", prepared))
         os.remove(corpus)
         manifest = PreparedCorpus.load(prepared)
         result = {
@@ -200,8 +196,6 @@ def bench_size(pairs, work=None, config="small", many_steps=2000, pipeline_batch
         log.info("bench data: two workers")
         result["worker_peak_mb"] = _two_workers(prepared, os.path.join(folder, "two"), config, 20)
         return result
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def bench_data(sizes=(1_000_000,), config="small", work=None):
