@@ -159,5 +159,4 @@ def main(args):
     if args.sentences:
         with open(args.sentences, encoding="utf-8") as f:
             sentences = [line.rstrip("\n") for line in f if line.strip()]
-    results = bench_alternatives(args.model, args.alternatives, sentences)
-    report(results, print_alternatives_table, args.json)
+    report(bench_alternatives(args.model, args.alternatives, sentences), print_alternatives_table, args.json)

@@ -75,8 +75,7 @@ def bench_argos(export_dir, python, sentences=None):
     if not os.path.exists(python):
         raise ValueError(f"{python} not found: `make test` installs argostranslate in a venv of its own")
     direction, package = str(manifest.pair), manifest.packages[0]
-    sources, references = split_references(manifest.trained_in, "test")
-    sources, references = sources[:sentences], references[:sentences]
+    sources, references = (found[:sentences] for found in split_references(manifest.trained_in, "test"))
     runner = open_listed(export_dir, "ctranslate2", package.variant)  # the export's beam and alpha
     with Stopwatch() as ours_watch:
         ours = evaluate(runner, sources, references)

@@ -205,8 +205,9 @@ def bench_runtimes(artifact_dir, progress=print, **settings):
     bench = RuntimesBench(**settings)
     artifact_dir = os.path.abspath(artifact_dir)  # the workers run in another folder
     manifest = ExportManifest.load(artifact_dir)
-    sources, references = split_references(manifest.trained_in, "test")
-    sources, references = sources[: bench.sentences], references[: bench.sentences]
+    sources, references = (
+        found[: bench.sentences] for found in split_references(manifest.trained_in, "test")
+    )
     language = manifest.pair.target if manifest.pair else "en"
     # The bytes of a variant's file or folder, for both searches (TFLite, ONNX: a file of each)
     sizes = {(a.format, a.variant): a.bytes for a in manifest.artifacts}
@@ -375,13 +376,15 @@ def add_arguments(p):
 
 
 def main(args):
-    runtimes = args.runtimes.split(",") if args.runtimes else None
-    results = bench_runtimes(
-        args.model,
-        sentences=args.sentences,
-        rounds=args.rounds,
-        runtimes=runtimes,
-        batch_size=args.batch_size,
-        parallel=args.parallel,
+    report(
+        bench_runtimes(
+            args.model,
+            sentences=args.sentences,
+            rounds=args.rounds,
+            runtimes=args.runtimes.split(",") if args.runtimes else None,
+            batch_size=args.batch_size,
+            parallel=args.parallel,
+        ),
+        print_runtimes_table,
+        args.json,
     )
-    report(results, print_runtimes_table, args.json)

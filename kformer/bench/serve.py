@@ -180,9 +180,8 @@ class ServeBench:
 
 def overload(artifact_dir, bench, sources, clients=256, queue_chars=2_000):
     """Clients of 10-sentence requests against a queue of `queue_chars`; then one request alone."""
-    parallel = str(bench.parallel)
     server = Server(
-        artifact_dir, bench.threads, "--max-queue-chars", str(queue_chars), "--parallel", parallel
+        artifact_dir, bench.threads, "--max-queue-chars", str(queue_chars), "--parallel", str(bench.parallel)
     )
     try:
         bodies = [
@@ -328,11 +327,14 @@ def add_arguments(p):
 
 
 def main(args):
-    results = bench_serve(
-        args.model,
-        sentences=args.sentences,
-        rounds=args.rounds,
-        requests=args.requests,
-        parallel=args.parallel,
+    report(
+        bench_serve(
+            args.model,
+            sentences=args.sentences,
+            rounds=args.rounds,
+            requests=args.requests,
+            parallel=args.parallel,
+        ),
+        print_serve_table,
+        args.json,
     )
-    report(results, print_serve_table, args.json)

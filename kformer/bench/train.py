@@ -555,15 +555,18 @@ def add_arguments(p):
 
 def main(args):
     count_xla_compilations_from_here()  # before TensorFlow starts
-    results = bench_train(
-        args.config,
-        steps=args.steps,
-        precision=args.precision,
-        rounds=args.rounds,
-        reference=args.reference,
-        length=args.length,
-        profile=args.profile,
-        steps_per_call=args.steps_per_call,
-        variants=args.variants,
+    report(
+        bench_train(
+            args.config,
+            steps=args.steps,
+            precision=args.precision,
+            rounds=args.rounds,
+            reference=args.reference,
+            length=args.length,
+            profile=args.profile,
+            steps_per_call=args.steps_per_call,
+            variants=args.variants,
+        ),
+        print_train_table,
+        args.json,
     )
-    report(results, print_train_table, args.json)

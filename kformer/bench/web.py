@@ -10,6 +10,7 @@ from kformer.bench.harness import Stopwatch, interleave, print_table, report
 from kformer.contracts.export import ExportManifest
 from kformer.decode.options import SearchOptions, search_label
 from kformer.decode.runner import RunnerSettings
+from kformer.export.page import PAGE_RUNTIMES, chromium
 
 # `kformer bench web`: the page of export/web/ against onnxruntime in Python, same export, same sentences.
 TIME_EACH_SENTENCE_JS = """async ([lines, beam]) => {
@@ -32,7 +33,6 @@ def bench_web(artifact_dir, sentences=50, rounds=2, screenshot=None, browser=Non
     `sentences` test sentences, interleaved over `rounds`; page load time and bytes per variant.
     `browser`: a Playwright browser to use (default: start web.chromium())."""
     from kformer.evaluate import split_references
-    from kformer.export.page import PAGE_RUNTIMES, chromium
 
     manifest = ExportManifest.load(artifact_dir)
     sources = split_references(manifest.trained_in, "test")[0][:sentences]
@@ -66,7 +66,6 @@ def _time_page(browser, artifact_dir, job, sources, beams, screenshot=None):
     the page and in Python, alternately per search: {"load_s", "bytes", (beam, "page" or
     "python"): ms of each sentence}."""
     from kformer.export.formats import open_listed
-    from kformer.export.page import PAGE_RUNTIMES
     from kformer.serve.server import serving_page
 
     runtime, variant, threads = job
@@ -74,8 +73,10 @@ def _time_page(browser, artifact_dir, job, sources, beams, screenshot=None):
         context = browser.new_context()  # an empty cache: the load is a first visit
         page = context.new_page()
         page.goto(f"{url}&threads={threads}")
-        found = {"load_s": page.evaluate("window.kformer.ready.then(() => performance.now() / 1000)")}
-        found["bytes"] = page.evaluate(PAGE_BYTES_JS)
+        found = {
+            "load_s": page.evaluate("window.kformer.ready.then(() => performance.now() / 1000)"),
+            "bytes": page.evaluate(PAGE_BYTES_JS),
+        }
         for beam in beams:
             runner = open_listed(
                 artifact_dir,
@@ -159,5 +160,8 @@ def add_arguments(p):
 
 
 def main(args):
-    results = bench_web(args.model, sentences=args.sentences, rounds=args.rounds, screenshot=args.screenshot)
-    report(results, print_web_table, args.json)
+    report(
+        bench_web(args.model, sentences=args.sentences, rounds=args.rounds, screenshot=args.screenshot),
+        print_web_table,
+        args.json,
+    )
