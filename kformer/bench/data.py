@@ -77,7 +77,7 @@ def synthetic_corpus(path, pairs, base=None, seed=0, direction=corpus_lib.DEFAUL
     pair, base = corpus_lib.parse_pair(direction), base or corpus_lib.read_corpus(direction=direction)[0]
     rng = np.random.default_rng(seed)
     source_joiner, target_joiner = ("" if side == "zh" else " " for side in (pair.source, pair.target))
-    started, written = time.monotonic(), 0
+    started = time.monotonic()
     with gzip.open(path, "wt", encoding="utf-8", compresslevel=1) as f:
         for source, target in base[:pairs]:
             f.write(f"{source}\t{target}\n")

@@ -49,20 +49,15 @@ def op_types(traces, steps, top=8):
         totals[key] = totals.get(key, 0.0) + values[self_us]
     rows = []
     for place in sorted({p for p, _ in totals}):
-        busy = sum(us for (p, t), us in totals.items() if p == place and t != "IDLE")
-        idle = totals.get((place, "IDLE"), 0.0)
         ranked = sorted(
             ((us, t) for (p, t), us in totals.items() if p == place and t != "IDLE"), reverse=True
         )
-        for us, op in ranked[:top]:
-            rows.append({"where": place, "type": op, "ms_per_step": us / 1e3 / steps, "share": us / busy})
+        busy, idle = sum(us for us, _ in ranked), totals.get((place, "IDLE"), 0.0)
+        shown = [(us, op, busy) for us, op in ranked[:top]]  # (microseconds, type, what its share is of)
         if idle:
-            rows.append(
-                {
-                    "where": place,
-                    "type": "IDLE",
-                    "ms_per_step": idle / 1e3 / steps,
-                    "share": idle / (busy + idle),
-                }
-            )
+            shown.append((idle, "IDLE", busy + idle))
+        rows += [
+            {"where": place, "type": op, "ms_per_step": us / 1e3 / steps, "share": us / whole}
+            for us, op, whole in shown
+        ]
     return rows
