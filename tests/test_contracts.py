@@ -10,13 +10,19 @@ from kformer.contracts.export import ArtifactError, ExportManifest
 from kformer.contracts.pair import LanguagePair, language_name
 from kformer.contracts.prepared import PreparedCorpus
 from kformer.contracts.run import BestRecord, CorpusRecord, InitRecord, RunError, TrainingState
-from kformer.model.config import ModelConfig, preset
+from kformer.model.config import LEGACY_RECIPE_KEYS, ModelConfig, preset
 from kformer.train.recipe import TrainingRecipe, recipe
+
+
+def legacy(training_recipe):
+    """The recipe's fields an older config.json held (those it had then, not those added since)."""
+    return {k: v for k, v in training_recipe.to_dict().items() if k in LEGACY_RECIPE_KEYS}
+
 
 # A manifest.json as kformer wrote it before the recipe left the model's config (export format 3).
 OLD_MANIFEST = {
     "kformer_export": 3,
-    "config": {**preset("tiny", vocab_size=1200).to_dict(), **recipe("tiny").to_dict()},
+    "config": {**preset("tiny", vocab_size=1200).to_dict(), **legacy(recipe("tiny"))},
     "beam_size": 3,
     "alpha": 0.6,
     "max_length": 20,
@@ -122,7 +128,7 @@ def test_run_records_round_trip_and_refuse_wrong_types(tmp_path):
 
 def test_a_config_json_written_before_recipe_json_gives_both(tmp_path):
     """A run folder of an older kformer: config.json held the recipe's fields too."""
-    old = {**preset("small", vocab_size=900).to_dict(), **recipe("small", ema_momentum=0.9).to_dict()}
+    old = {**preset("small", vocab_size=900).to_dict(), **legacy(recipe("small", ema_momentum=0.9))}
     (tmp_path / "config.json").write_text(json.dumps(old))
     assert ModelConfig.load(str(tmp_path / "config.json")) == preset("small", vocab_size=900)
     assert TrainingRecipe.of_run(str(tmp_path)) == recipe("small", ema_momentum=0.9)

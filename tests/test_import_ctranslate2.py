@@ -267,6 +267,35 @@ def test_kformers_own_package_imports_with_its_own_tokenizer(trained_dir, own_im
     assert back.translate(sources) == original.translate(sources)
 
 
+def test_an_import_fine_tunes_and_the_pull_holds_it_near_its_start(own_import, corpus_tsv, tmp_path):
+    """`train --init-from IMPORTED`: no corpus of its own to mix in (asking for one is one line);
+    with --pull-to-start its weights move less from the imported ones than without."""
+    import keras
+
+    from kformer import run_folder
+    from kformer.train.fit import train
+    from kformer.train.options import Evaluation
+
+    args = dict(
+        data=corpus_tsv, init_from=str(own_import), steps=6, xla=False, verbose=0, evaluation=Evaluation(0)
+    )
+    start = [v.numpy() for v in run_folder.load(str(own_import)).model.weights]
+    moved = {}
+    for pull in (0.0, 2000.0):  # lr x pull: up to 0.4 of the distance a step
+        out = str(tmp_path / f"pull-{pull:g}")
+        changes = {"pull_to_start": pull, "ema_momentum": 0.0}  # the weights themselves, not an average
+        assert train(out, recipe_changes=changes, **args)["steps"] == 6
+        tuned = run_folder.load(out, "last").model.weights
+        moved[pull] = np.mean(
+            [np.abs(keras.ops.convert_to_numpy(v) - s).mean() for v, s in zip(tuned, start)]
+        )
+    assert 0 < moved[2000.0] < moved[0.0] / 2, moved
+    with pytest.raises(
+        ValueError, match=r"--mix-original 0\.5: --init-from \S+ was imported and has no corpus"
+    ):
+        train(str(tmp_path / "mixed"), mix_original=0.5, **args)
+
+
 def ctranslate2_folder(tmp_path, onmt_tokenizer, **spec_settings):
     """A CTranslate2 folder of spec_of(...), its sentencepiece.model beside it."""
     folder = tmp_path / "ct2" / "model"

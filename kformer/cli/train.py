@@ -44,6 +44,14 @@ def add_arguments(p):
         help="with --init-from: the share of each batch's pairs drawn from RUN's own corpus, so that "
         f"the model keeps its general translation (default: {MIX_ORIGINAL}; 0: the new corpus alone)",
     )
+    p.add_argument(
+        "--pull-to-start",
+        type=positive(float),
+        metavar="RATE",
+        help="with --init-from: each update also moves every weight toward RUN's by the learning rate "
+        "x RATE x the difference, against forgetting where no original corpus is mixed in (an "
+        "imported model's; e.g. 30)",
+    )
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--minutes", type=positive(float), help="stop cleanly after this much training time")
     budget.add_argument("--steps", type=positive(int), help="total optimizer steps")
@@ -168,6 +176,7 @@ def options(args):
         evaluation=Evaluation(args.eval_minutes, args.eval_steps, args.eval_sentences, args.early_stop),
         init_from=args.init_from,
         mix_original=args.mix_original,
+        recipe_changes={"pull_to_start": args.pull_to_start} if args.pull_to_start else None,
     )
 
 

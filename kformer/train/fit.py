@@ -60,6 +60,8 @@ def compile_model(model, config, recipe, xla=True, schedule=None, fused=True, st
     options = dict(use_ema=True, ema_momentum=recipe.ema_momentum) if recipe.ema_momentum else {}
     if recipe.accumulate_steps > 1:
         options["gradient_accumulation_steps"] = recipe.accumulate_steps
+    if recipe.pull_to_start:
+        options["pull_to_start"] = recipe.pull_to_start  # FusedAdam's alone
     adam = FusedAdam if fused else keras.optimizers.Adam
     optimizer = adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9, **options)
     model.compile(
@@ -276,6 +278,10 @@ def _set_up(out_dir, options, xla):
     """The run's config, corpus and tokenizer, its source's weights, and its length in steps."""
     if options.mix_original is not None and not options.init_from:
         raise ValueError("--mix-original draws from the run fine-tuning starts from: give --init-from RUN")
+    if (options.recipe_changes or {}).get("pull_to_start") and not options.init_from:
+        raise ValueError(
+            "--pull-to-start pulls toward the weights fine-tuning starts from: give --init-from RUN"
+        )
     config, recipe, tokenizer, folder, corpus = run_data(out_dir, options)
     batching = Batching.of(config, recipe.micro_batch_tokens)
     source = init_from_lib.open_source(options.init_from) if options.init_from else None

@@ -1,4 +1,6 @@
 """Starting a new run from a trained one (kformer train --init-from RUN): fine-tuning on new data.
+RUN may be an imported one (kformer import) whose tokenizer is one SentencePiece model: it has no
+corpus to mix in and no recipe (its preset's, or the defaults); --pull-to-start holds it instead.
 
 The new run keeps RUN's tokenizer, direction and model sizes, starts from the weights RUN
 translates with (best.weights.h5 where it kept one, else model.keras: averaged where it averages),
@@ -15,11 +17,20 @@ from kformer.contracts import TOKENIZER_FILE
 from kformer.contracts.digests import tokenizer_digest
 from kformer.contracts.pair import LanguagePair
 from kformer.contracts.prepared import is_prepared
-from kformer.contracts.run import CONFIG_FILE, CORPUS_FILE, IMPORT_FILE, INIT_FILE, MODEL_FILE, InitRecord
+from kformer.contracts.run import (
+    CONFIG_FILE,
+    CORPUS_FILE,
+    IMPORT_FILE,
+    INIT_FILE,
+    MODEL_FILE,
+    ImportRecord,
+    InitRecord,
+)
+from kformer.contracts.tokenizer import TOKENIZER_JSON
 from kformer.data import corpus as corpus_lib
 from kformer.data import tokenizer as tokenizer_lib
 from kformer.model.config import PRESETS, ModelConfig
-from kformer.train.recipe import FINE_TUNE, TrainingRecipe
+from kformer.train.recipe import FINE_TUNE, RECIPES, TrainingRecipe
 
 log = logging.getLogger("kformer")
 
@@ -32,8 +43,8 @@ SIZE_FIELDS = ("d_model", "num_heads", "d_ff", "num_encoder_layers", "num_decode
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """A trained run to start from: its folder, config, recipe, tokenizer file (and digest),
-    language pair and weights file."""
+    """A trained or imported run to start from: its folder, config, recipe, tokenizer file (and
+    digest), language pair and weights file."""
 
     run_dir: str
     config: ModelConfig
@@ -42,6 +53,7 @@ class Source:
     tokenizer_sha256: str
     direction: LanguagePair
     weights_path: str
+    imported: bool = False  # by `kformer import`: no corpus, no recipe of its own
 
 
 def open_source(run_dir):
@@ -52,22 +64,37 @@ def open_source(run_dir):
         raise ValueError(
             f"--init-from {run_dir} is a `kformer export` folder; give the training directory it was exported from"
         )
-    if os.path.exists(os.path.join(run_dir, IMPORT_FILE)):
+    imported = os.path.exists(os.path.join(run_dir, IMPORT_FILE))
+    if imported and os.path.exists(os.path.join(run_dir, TOKENIZER_JSON)):
         raise ValueError(
-            f"--init-from {run_dir} is an imported model: fine-tuning one is not supported yet (its "
-            "tokenizer encodes sources and targets with models of their own)"
+            f"--init-from {run_dir} is an imported model whose tokenizer maps through a vocabulary "
+            f"({TOKENIZER_JSON}): fine-tuning one is not supported yet"
         )
-    for name in (CONFIG_FILE, TOKENIZER_FILE, MODEL_FILE, CORPUS_FILE):
+    for name in (CONFIG_FILE, TOKENIZER_FILE, MODEL_FILE, *([] if imported else [CORPUS_FILE])):
         if not os.path.exists(os.path.join(run_dir, name)):
             raise ValueError(f"--init-from {run_dir} is not a kformer training directory: {name} not found")
     config = ModelConfig.load(os.path.join(run_dir, CONFIG_FILE))
     tokenizer_path = os.path.join(run_dir, TOKENIZER_FILE)
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
     config.check_tokenizer(tokenizer, tokenizer_path)
-    direction = run_folder.read_corpus(run_dir).direction
+    if imported:
+        direction = ImportRecord.load(os.path.join(run_dir, IMPORT_FILE)).direction
+        recipe = imported_recipe(config)
+    else:
+        direction, recipe = run_folder.read_corpus(run_dir).direction, TrainingRecipe.of_run(run_dir)
     weights = run_folder.weights_file(run_dir)
-    recipe = TrainingRecipe.of_run(run_dir)
-    return Source(run_dir, config, recipe, tokenizer_path, tokenizer_digest(tokenizer), direction, weights)
+    return Source(
+        run_dir, config, recipe, tokenizer_path, tokenizer_digest(tokenizer), direction, weights, imported
+    )
+
+
+def imported_recipe(config):
+    """An imported model has a network but no recipe: that of the preset of its sizes, else the
+    defaults (fine-tuning replaces the schedule and rate either way: FINE_TUNE)."""
+    for name, preset in PRESETS.items():
+        if all(getattr(preset, k) == getattr(config, k) for k in SIZE_FIELDS) and name in RECIPES:
+            return RECIPES[name]
+    return TrainingRecipe()
 
 
 def fine_tune(source, config_name=None, changes=None):
@@ -95,6 +122,14 @@ def original_corpus(source, share=None):
     """(RUN's prepared corpus, the share of the new run's pairs to draw from it; its dev split is
     scored beside the new one's at any share); (None, 0.0), with a warning, where RUN's corpus is
     no longer there."""
+    if source.imported:
+        if share:
+            raise ValueError(
+                f"--mix-original {share:g}: --init-from {source.run_dir} was imported and has no corpus "
+                "of its own to mix in (--pull-to-start is the lever against forgetting without one)"
+            )
+        log.info("--init-from %s was imported: no corpus of its own to mix in", source.run_dir)
+        return None, 0.0
     share = MIX_ORIGINAL if share is None else share
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < 1:
         raise ValueError(f"--mix-original must be a share in [0, 1), got {share!r}")

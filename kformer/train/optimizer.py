@@ -14,6 +14,12 @@ step's time is in the gradients' all-reduce as much as in the update).
 With gradient accumulation (Keras' `gradient_accumulation_steps`), `iterations` counts updates but
 Keras calls the learning-rate schedule with the count of batches and averages the weights after
 every batch; here the schedule sees updates and the average moves only when the weights do.
+
+`pull_to_start` (fine-tuning's lever against forgetting where no original corpus is mixed in):
+every update also moves each weight toward the value it had when the optimizer was built (the
+weights fine-tuning starts from), w -= lr * pull_to_start * (w - start): decoupled from Adam's
+step as AdamW's decay is, but toward the start rather than zero (L2-SP's anchor, Li et al. 2018).
+The starts are optimizer variables, so a resumed run restores them with the checkpoint.
 """
 
 import keras
@@ -22,7 +28,37 @@ import tensorflow as tf
 
 @keras.saving.register_keras_serializable(package="kformer")
 class FusedAdam(keras.optimizers.Adam):
-    """keras.optimizers.Adam (same arguments, same slots, same checkpoints), fused updates."""
+    """keras.optimizers.Adam (same arguments, same slots, same checkpoints), fused updates; with
+    `pull_to_start` > 0, a slot more per weight (its start) and the pull toward it."""
+
+    def __init__(self, *args, pull_to_start=0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pull_to_start = pull_to_start
+
+    def get_config(self):
+        return {**super().get_config(), "pull_to_start": self.pull_to_start}
+
+    def build(self, var_list):
+        if self.built:
+            return
+        super().build(var_list)
+        if self.pull_to_start:
+            with tf.init_scope():  # the values now, also where the first apply is being traced
+                values = [keras.ops.convert_to_numpy(variable) for variable in var_list]
+            self._starts = [
+                self.add_variable_from_reference(variable, "start", keras.initializers.Constant(value))
+                for variable, value in zip(var_list, values)
+            ]
+
+    def _apply_weight_decay(self, variables):
+        if self.pull_to_start:
+            if tf.distribute.has_strategy():  # each replica's copy would need its own update
+                raise ValueError("--pull-to-start does not run under --strategy yet")
+            for variable in variables:
+                start = self._starts[self._get_variable_index(variable)]
+                rate = tf.cast(self.learning_rate * self.pull_to_start, variable.dtype)
+                variable.assign_sub((tf.convert_to_tensor(variable) - tf.convert_to_tensor(start)) * rate)
+        super()._apply_weight_decay(variables)
 
     def _fused(self, *tensors):
         return not (

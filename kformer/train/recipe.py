@@ -22,7 +22,9 @@ class TrainingRecipe(Record):
     ema_momentum > 0: translate with an exponential moving average of the weights.
     batch_tokens: tokens per optimizer update and side, padding included; accumulate_steps > 1:
     each update averages the gradients of this many batches of batch_tokens / accumulate_steps
-    tokens (Keras' gradient_accumulation_steps): the paper's 25,000-token updates in less memory."""
+    tokens (Keras' gradient_accumulation_steps): the paper's 25,000-token updates in less memory.
+    pull_to_start > 0 (fine-tuning): every update also moves each weight toward the one it started
+    from by learning rate x pull_to_start x the difference (kformer.train.optimizer)."""
 
     label_smoothing: float = 0.1
     schedule: str = "noam"
@@ -33,6 +35,7 @@ class TrainingRecipe(Record):
     ema_momentum: float = 0.0
     batch_tokens: int = 4096
     accumulate_steps: int = 1
+    pull_to_start: float = 0.0
 
     def __post_init__(self):
         self.check_types()
@@ -54,6 +57,8 @@ class TrainingRecipe(Record):
             )
         if self.schedule not in SCHEDULES:
             errors.append(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not 0.0 <= self.pull_to_start < 1.0 / self.learning_rate:
+            errors.append(f"pull_to_start must be in [0, 1 / learning_rate), got {self.pull_to_start}")
         if not 0.0 <= self.label_smoothing < 1.0:
             errors.append(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if errors:
