@@ -179,14 +179,13 @@ class ServeBench:
 
 
 def overload(artifact_dir, bench, sources, clients=256, queue_chars=2_000):
-    """Clients of 10-sentence requests against a queue of `queue_chars`; then one request alone."""
+    """Clients of requests of up to 10 sentences against a queue of `queue_chars`; then one request alone."""
     server = Server(
         artifact_dir, bench.threads, "--max-queue-chars", str(queue_chars), "--parallel", str(bench.parallel)
     )
     try:
-        bodies = [
-            (_lt_body(sources[i : i + 10]), "application/json", 10) for i in range(0, len(sources) - 10, 10)
-        ]
+        chunks = [sources[i : i + 10] for i in range(0, len(sources), 10)]  # the last may be shorter
+        bodies = [(_lt_body(chunk), "application/json", len(chunk)) for chunk in chunks]
         level = load_level(server.port, bodies, clients, bench.seconds)
         with Stopwatch() as after:
             status, _ = _Client(server.port, timeout=60).post(_lt_body(sources[0]), "application/json")
@@ -292,7 +291,7 @@ def print_serve_table(results):
         f"{m['rss_end_mb']:.0f} MB at the end"
     )
     print(
-        f"overload: {o['clients']} clients of 10-sentence requests, queue 2,000 characters: {o['requests']} "
+        f"overload: {o['clients']} clients of requests of up to 10 sentences, queue 2,000 characters: {o['requests']} "
         f"requests, {o['refused']} refused (503), {o['errors']} other errors, "
         f"admitted p50 {o['p50_ms']:.0f} ms p99 {o['p99_ms']:.0f} ms; "
         f"then one request: {o['after_status']} in {o['after_ms']:.0f} ms"
