@@ -31,9 +31,10 @@ def onmt_pieces(tokenizer):
     return SPECIAL + [p for p in pieces if p not in SPECIAL and p != "<pad>"]
 
 
-def spec_of(pieces, seed=0, pre_norm=True, activation="RELU", int8=False, changes=None):
+def spec_of(pieces, seed=0, pre_norm=True, activation="RELU", int8=False, changes=None, tables=True):
     """A TransformerSpec of SHAPE, random weights; the projection and EOS's row scaled so that
-    greedy choices are decisive and outputs end at varied steps; `changes`: {variable: value}."""
+    greedy choices are decisive and outputs end at varied steps; `changes`: {variable: value};
+    `tables` False: no stored position tables (CTranslate2 computes its own, as OpenNMT-tf's)."""
     from ctranslate2.specs import common_spec, transformer_spec
 
     from kformer.model.layers import sinusoidal_table
@@ -60,7 +61,8 @@ def spec_of(pieces, seed=0, pre_norm=True, activation="RELU", int8=False, change
     linear(spec.decoder.projection, v, m, scale=32.0)
     spec.decoder.projection.weight[pieces.index("</s>")] *= 1.4
     for stack in (spec.encoder, spec.decoder):
-        stack.position_encodings.encodings = sinusoidal_table(SHAPE["rows"], m, "halves")
+        if tables:
+            stack.position_encodings.encodings = sinusoidal_table(SHAPE["rows"], m, "halves")
         if pre_norm:
             norm(stack.layer_norm)
         for layer in stack.layer:
@@ -198,6 +200,20 @@ def test_the_import_keeps_what_the_spec_is(imported):
 def test_greedy_tokens_in_keras_equal_ctranslate2s(package, imported, sources, tmp_path):
     runner = open_runner(imported, options=GREEDY)
     assert_greedy_equals_ctranslate2(runner, package[0], sources, tmp_path)
+
+
+def test_a_spec_without_position_tables_takes_ctranslate2s_own_sinusoid(onmt_tokenizer, sources, tmp_path):
+    """No stored tables (OpenNMT-tf's conversions, as older Argos packages): CTranslate2 computes
+    tensor2tensor's timescales, and so does the import ("timescales"): greedy tokens equal."""
+    from kformer.model.config import ModelConfig
+
+    pieces = onmt_pieces(onmt_tokenizer)
+    path = write_package(tmp_path, spec_of(pieces, tables=False), onmt_tokenizer.serialized_model_proto())
+    run = str(tmp_path / "run")
+    import_model(path, run, progress=lambda *a, **k: None)
+    config = ModelConfig.load(os.path.join(run, "config.json"))
+    assert (config.positions, config.max_source_length) == ("timescales", 256)
+    assert_greedy_equals_ctranslate2(open_runner(run, options=GREEDY), path, sources, tmp_path / "x")
 
 
 def test_greedy_choices_are_decisive(imported, sources):

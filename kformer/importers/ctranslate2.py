@@ -29,7 +29,7 @@ PADS = ("<blank>", "<pad>")  # OpenNMT-py's pad token, then everyone else's
 TOKENIZERS = (("sentencepiece.model", "sentencepiece.model"), ("source.spm", "target.spm"))
 LICENCES = ("LICENSE", "LICENSE.txt", "README.md")
 DEFAULT_TOKENS = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}  # CTranslate2's
-MAX_LENGTH = 256  # tokens, where the spec stores no position table: the longest output Argos decodes
+MAX_LENGTH = 256  # tokens an import reads and writes at most (a stored table may hold fewer): Argos' own
 # Settings of the spec that must hold for kformer's model to be the same network.
 FIXED = {
     "encoder/multi_query_attention": 0,
@@ -182,18 +182,18 @@ def _read(path):
 
 
 def _layout(model):
-    """(positions layout, table rows) of the spec's stored sinusoid tables; a one-line ValueError
-    where it stores none (CTranslate2's own table, with OpenNMT-tf's timescales) or learned ones."""
+    """(positions layout, table rows) of the spec's sinusoid tables: those it stores (compared
+    with each layout kformer computes; learned ones are a one-line ValueError), else CTranslate2's
+    own, OpenNMT-tf's "timescales", as long as Argos decodes."""
     from kformer.model.config import POSITIONS
     from kformer.model.layers import sinusoidal_table
 
     w = model.weights
     tables = [w.get(f"{stack}/position_encodings/encodings") for stack in ("encoder", "decoder")]
+    if all(table is None for table in tables):
+        return "timescales", MAX_LENGTH
     if any(table is None for table in tables):
-        raise ValueError(
-            f"{w.file}: no stored position table (CTranslate2's own sinusoid, with OpenNMT-tf's "
-            "timescales): kformer's model computes the paper's"
-        )
+        raise ValueError(f"{w.file}: a position table for one stack only; kformer's stacks share one")
     for layout in POSITIONS:  # float32 tables of long sequences differ from float64 in the 4th digit
         if all(np.allclose(t, sinusoidal_table(*t.shape, layout), atol=1e-3) for t in tables):
             return layout, min(len(t) for t in tables)

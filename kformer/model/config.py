@@ -14,8 +14,9 @@ from kformer.data.tokenizer import SPECIAL_IDS, VOCAB_SIZE
 DEFAULT_PRESET = "small"
 NORM_POSITIONS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "swish")  # the paper's; BERT's and OpenNMT's; Marian's (SiLU)
-# The sinusoid's layout: the paper's sin and cos interleaved, or Marian's and fairseq's [sin | cos].
-POSITIONS = ("interleaved", "halves")
+# The sinusoid's layout: the paper's sin and cos interleaved, Marian's and fairseq's [sin | cos], or
+# OpenNMT-tf's [sin | cos] of other timescales (kformer.model.layers.sinusoidal_table).
+POSITIONS = ("interleaved", "halves", "timescales")
 # The training recipe's fields, which config.json held before the recipe had its own file
 # (recipe.json): read from such a file, they are left to kformer.train.recipe.
 LEGACY_RECIPE_KEYS = frozenset(

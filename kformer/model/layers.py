@@ -15,8 +15,14 @@ from kformer.model.attention import MultiHeadAttention
 def sinusoidal_table(length, d_model, layout="interleaved"):
     """(length, d_model) positional encoding of angles pos / 10000^(2i/d_model): "interleaved" as
     the paper writes it, PE(pos, 2i) = sin, PE(pos, 2i+1) = cos; "halves", the sines of every
-    angle then the cosines (Marian, fairseq)."""
+    angle then the cosines (Marian, fairseq); "timescales", the sines then the cosines of angles
+    (pos + 1) / 10000^(i/(d_model/2 - 1)) (OpenNMT-tf's, positions counted from 1: the table
+    CTranslate2 computes where a model stores none)."""
     positions = np.arange(length, dtype=np.float64)[:, None]
+    if layout == "timescales":
+        rates = np.power(10000.0, -np.arange(d_model // 2, dtype=np.float64) / max(1, d_model // 2 - 1))
+        angles = (positions + 1) * rates
+        return np.concatenate([np.sin(angles), np.cos(angles)], axis=1).astype(np.float32)
     rates = 1.0 / np.power(10000.0, np.arange(0, d_model, 2, dtype=np.float64) / d_model)
     angles = positions * rates  # (length, ceil(d_model/2))
     sines, cosines = np.sin(angles), np.cos(angles[:, : d_model // 2])
@@ -88,7 +94,7 @@ class PositionalEncoding(keras.layers.Layer):
     Args:
         max_length: longest position that can be encoded.
         dropout: rate applied to the sum (section 5.4).
-        layout: the table's, "interleaved" (the paper) or "halves" (`sinusoidal_table`).
+        layout: the table's, "interleaved" (the paper), "halves" or "timescales" (`sinusoidal_table`).
 
     Call args:
         inputs: (B, L, M) embeddings, or (B, M): one decoding step's, at position `start_index`.
