@@ -68,7 +68,7 @@ def export(
             manifest = manifest.replace(
                 packages=(argos.write_package(work, manifest, module, variant, bleu),)
             )
-            progress(f"BLEU {bleu}, wrote {manifest.packages[0].file}")
+            progress(f"{_bleu_text(bleu)}, wrote {manifest.packages[0].file}")
         manifest.save(work)
     return manifest
 
@@ -184,5 +184,10 @@ def print_summary(manifest, out_dir):
                 f"{a.file:28} {a.bytes / 1e6:7.2f} {a.seconds:8.1f} {search:>7} {check.agreement:6.0%} {delta:>7}"
             )
     for package in manifest.packages:
-        print(f"{package.file}: {package.bytes / 1e6:.2f} MB, test BLEU {package.test_bleu}")
+        print(f"{package.file}: {package.bytes / 1e6:.2f} MB, test {_bleu_text(package.test_bleu)}")
     print(f"wrote {out_dir} (manifest.json, {manifest.tokenizer.file} and the files above)")
+
+
+def _bleu_text(bleu):
+    """A package's test BLEU for the log; None where the run has no test split (an import's)."""
+    return "BLEU not measured (no test split)" if bleu is None else f"BLEU {bleu}"

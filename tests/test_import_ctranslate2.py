@@ -283,6 +283,15 @@ def test_kformers_own_package_imports_with_its_own_tokenizer(trained_dir, own_im
     assert back.translate(sources) == original.translate(sources)
 
 
+def test_an_imports_argos_export_says_its_bleu_is_not_measured(own_import, tmp_path, capsys):
+    """An import has no test split: its package's BLEU is said to be unmeasured, not "None"."""
+    from kformer.export.exporter import export
+
+    export(str(own_import), str(tmp_path / "export"), formats=("argos",), progress=print)
+    said = capsys.readouterr().out
+    assert "BLEU not measured (no test split), wrote argos/" in said and "None" not in said
+
+
 def test_an_import_fine_tunes_and_the_pull_holds_it_near_its_start(own_import, corpus_tsv, tmp_path):
     """`train --init-from IMPORTED`: no corpus of its own to mix in (asking for one is one line);
     with --pull-to-start its weights move less from the imported ones than without."""
