@@ -20,7 +20,7 @@ import numpy as np
 
 from kformer.contracts.json_records import read_json
 from kformer.importers.model_bin import ModelBin
-from kformer.importers.run import Origin, Weights, read_licence, write_run
+from kformer.importers.run import Origin, Weights, attention_values, read_licence, write_run
 
 ACTIVATIONS = {0: "relu", 2: "swish", 3: "gelu"}  # CTranslate2's Activation enum: what kformer runs
 PADS = ("<blank>", "<pad>")  # OpenNMT-py's pad token, then everyone else's
@@ -268,14 +268,10 @@ def _norm(values, w, source, target):
 
 def _attention(values, w, source, target, heads, cross):
     """Self-attention (linear_0: q, k, v; linear_1: out) or cross-attention (linear_0: q; linear_1:
-    k, v; linear_2: out) -> kformer's (M, H, D) kernels, (H, D) biases and (H, D, M) output."""
+    k, v; linear_2: out) -> kformer's attention layer `target` and its norm."""
     qkv = [*_split(w, f"{source}/linear_0", 1), *_split(w, f"{source}/linear_1", 2)] if cross else None
-    for name, (kernel, bias) in zip(("query", "key", "value"), qkv or _split(w, f"{source}/linear_0", 3)):
-        values[f"{target}/{name}/kernel"] = kernel.reshape(kernel.shape[0], heads, -1)
-        values[f"{target}/{name}/bias"] = bias.reshape(heads, -1)
-    kernel, bias = _linear(w, f"{source}/linear_{2 if cross else 1}")
-    values[f"{target}/output_projection/kernel"] = kernel.reshape(heads, -1, kernel.shape[1])
-    values[f"{target}/output_projection/bias"] = bias
+    output = _linear(w, f"{source}/linear_{2 if cross else 1}")
+    attention_values(values, target, heads, [*(qkv or _split(w, f"{source}/linear_0", 3)), output])
     _norm(values, w, f"{source}/layer_norm", f"{target}_norm")
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from kformer.contracts.json_records import read_json
 from kformer.contracts.pair import LanguagePair
-from kformer.importers.run import Origin, Weights, read_licence, write_run
+from kformer.importers.run import Origin, Weights, attention_values, read_licence, write_run
 
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu", "gelu": "gelu"}
 BANNED = -1e9  # the logit bias of a token the model must never output (as the searches' NEG_INF)
@@ -227,14 +227,9 @@ def _linear(w, name):
 
 
 def _attention(values, w, source, target, heads):
-    """q, k, v, out projections (M, M) -> kformer's (M, H, D) kernels, (H, D) biases, (H, D, M) output."""
-    for marian_name, kformer_name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
-        kernel, bias = _linear(w, f"{source}.{marian_name}")
-        values[f"{target}/{kformer_name}/kernel"] = kernel.reshape(kernel.shape[0], heads, -1)
-        values[f"{target}/{kformer_name}/bias"] = bias.reshape(heads, -1)
-    kernel, bias = _linear(w, f"{source}.out_proj")
-    values[f"{target}/output_projection/kernel"] = kernel.reshape(heads, -1, kernel.shape[1])
-    values[f"{target}/output_projection/bias"] = bias
+    """q, k, v, out projections (M, M) -> kformer's attention layer `target`."""
+    names = ("q_proj", "k_proj", "v_proj", "out_proj")
+    attention_values(values, target, heads, [_linear(w, f"{source}.{name}") for name in names])
 
 
 def _norm(values, w, source, target):

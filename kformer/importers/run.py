@@ -29,6 +29,18 @@ class Weights(dict):
             raise ValueError(f"{self.file}: weights kformer's model has no place for: {sorted(self)[:5]}")
 
 
+def attention_values(values, target, heads, projections):
+    """Sets `values` for kformer's attention layer `target` from dense (in, out) kernels and their
+    biases, `projections` = [(kernel, bias)] of query, key, value and output: kformer's layout is
+    (M, H, D) kernels and (H, D) biases, and an (H, D, M) output kernel."""
+    *qkv, (kernel, bias) = projections
+    for name, (q_kernel, q_bias) in zip(("query", "key", "value"), qkv):
+        values[f"{target}/{name}/kernel"] = q_kernel.reshape(q_kernel.shape[0], heads, -1)
+        values[f"{target}/{name}/bias"] = q_bias.reshape(heads, -1)
+    values[f"{target}/output_projection/kernel"] = kernel.reshape(heads, -1, kernel.shape[1])
+    values[f"{target}/output_projection/bias"] = bias
+
+
 @dataclasses.dataclass(frozen=True)
 class Origin:
     """Where an imported model came from: its family ("marian"), its folder or file, its weights
