@@ -49,8 +49,9 @@ def export(
     formats = [name for name in formats if name != argos.NAME] + (["ctranslate2"] if package else [])
     run = run_folder.load(model_dir, weights)
     options = (options or SearchOptions()).checked(run.config.max_target_length)
-    module = ExportModule(run.model, run.tokenizer, beam_size=options.beam_size)
     manifest = describe(run, options, model_dir, weights)
+    language = None if manifest.pair is None else manifest.pair.target
+    module = ExportModule(run.model, run.tokenizer, beam_size=options.beam_size, language=language)
     if package:
         argos.languages(manifest)  # refuses a model without a language pair before any work
         argos.check_tokenizer(run.tokenizer)
@@ -137,11 +138,16 @@ def _copy_tokenizer(model_dir, work, entry):
 def _write_formats(module, work, formats, quantize, progress, vocabulary=False):
     """Writes every variant planned (in the registry's order of formats) into `work`; returns
     their Artifacts. `vocabulary`: the tokenizer is a vocabulary one (`Format.planned`)."""
+    from kformer.export.text_graph import sentencepiece
+
+    text_graph_refusal = sentencepiece.refusal(module.tokenizer)
+    if text_graph_refusal and "tflite" in formats:
+        progress(f"tflite text files: not written: {text_graph_refusal}")
     steps = [
         (fmt, v)
         for name, fmt in FORMATS.items()
         if name in formats
-        for v in fmt.planned(quantize, vocabulary)
+        for v in fmt.planned(quantize, vocabulary, text_graph=text_graph_refusal is None)
     ]
     artifacts = []
     for number, (fmt, variant) in enumerate(steps, start=1):

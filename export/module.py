@@ -3,11 +3,17 @@
 import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
+from kformer.decode import sentences
 from kformer.decode.options import BEAM_SIZE
 from kformer.decode.recipe import RECIPES
 from kformer.decode.translator import BEAM_SPECS, GREEDY_SPECS, SOURCE_SPEC, Translator
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
+# The text graph's input: UTF-8 bytes, a text a row, and each text's length in bytes.
+TEXT_BYTES_SPECS = [
+    tf.TensorSpec([None, None], tf.uint8, name="text"),
+    tf.TensorSpec([None], tf.int32, name="lengths"),
+]
 
 
 class ExportModule(tf.Module):
@@ -23,8 +29,9 @@ class ExportModule(tf.Module):
     TFLite and ONNX are written from `frozen(search)`.
     """
 
-    def __init__(self, model, tokenizer, beam_size=BEAM_SIZE):
+    def __init__(self, model, tokenizer, beam_size=BEAM_SIZE, language=None):
         super().__init__(name="kformer_translator")
+        self.joiner = sentences.joiner(language)  # between a text's translated sentences
         import tensorflow_text as tf_text  # only the SavedModel text functions need it
 
         from kformer.data.vocabulary import graph_tables
@@ -91,3 +98,20 @@ class ExportModule(tf.Module):
                 lambda source_ids, *options, search=fn: search(source_ids, *options), input_signature=specs
             )
         return convert_variables_to_constants_v2(fn.get_concrete_function())
+
+    def frozen_text(self, search, recipe):
+        """`search` with the text around it in graph operations (kformer.export.text_graph):
+        UTF-8 bytes in and out, frozen as `frozen`'s."""
+        from kformer.export.text_graph import sentencepiece, translate
+
+        translator = Translator(self.translator.model, self.translator.beam_size, RECIPES[recipe])
+        fn = getattr(translator, search)
+        tables = sentencepiece.Tables(self.tokenizer)
+        text_fn = translate.text_search(fn, tables, self.config, self.joiner, beam=search == "beam")
+        specs = [*TEXT_BYTES_SPECS, *fn.input_signature[1:]]
+        traced = tf.function(text_fn, input_signature=specs).get_concrete_function()
+        frozen, names = convert_variables_to_constants_v2(traced), sorted(traced.structured_outputs)
+        # Called from a function of its own, the frozen graph gets its outputs' names back (frozen,
+        # they are a list in the order of their names): the file's signature then names them.
+        named = tf.function(lambda *inputs: dict(zip(names, frozen(*inputs))), input_signature=specs)
+        return named.get_concrete_function()

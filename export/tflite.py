@@ -21,10 +21,11 @@ import numpy as np
 
 from kformer.decode.options import SearchOptions
 from kformer.export import memory
-from kformer.export.artifact_format import SEARCHES, ExportError, Format
+from kformer.export.artifact_format import SEARCHES, ExportError, Format, quantization
 from kformer.export.runner import SearchFilesRunner
 
 FIXED = "fixed"  # the one variant that is one file of both searches
+TEXT = "text"  # UTF-8 in and out, the text work in the graph (kformer.export.text_graph)
 
 # One LiteRT call at a time in a process, whichever runner makes it: two runners' interpreters run
 # from two threads at once (each interpreter in one thread) failed in most runs (demo model, 500
@@ -35,8 +36,9 @@ _ONE_CALL_AT_A_TIME = threading.Lock()
 
 class Tflite(Format):
     name = "tflite"
-    variants = ("fp32", "fp16", "int8", "fixed")
+    variants = ("fp32", "fp16", "int8", "fixed", TEXT, "int8-text")
     extension = ".tflite"
+    text_graph_only = (TEXT, "int8-text")  # kformer.export.text_graph holds the tokenizer
 
     def files_per_search(self, variant):
         """Every variant but `fixed`, one file of both (see the module's doc)."""
@@ -50,9 +52,17 @@ class Tflite(Format):
             return
         os.makedirs(path, exist_ok=True)
         for search in SEARCHES:
-            _convert(module, self.search_file(path, search), variant, [search])
+            file = self.search_file(path, search)
+            if variant in self.text_graph_only:
+                write_flatbuffer({search: module.frozen_text(search, "tflite")}, file, variant)
+            else:
+                _convert(module, file, variant, [search])
 
     def runner_class(self, variant):
+        if variant in self.text_graph_only:
+            from kformer.export.tflite_text import TfliteTextRunner
+
+            return TfliteTextRunner
         return TfliteRunner
 
 
@@ -60,34 +70,41 @@ def _convert(module, path, variant, searches):
     """Frozen searches (an unfrozen loop converts, then fails at invoke with READ_VARIABLE) -> one
     flatbuffer with a signature named after each search (the converter stores equal constants
     once), checked for builtins only."""
-    import tempfile
-
-    import tensorflow as tf
-
     # Fixed key/value buffers: LiteRT re-plans a loop body whose shapes change at every step,
     # which made greedy search slower with caches that grow.
     recipe = "tflite-fixed" if variant == FIXED else "tflite"
     functions = {name: module.frozen(name, recipe, fixed_shape=variant == FIXED) for name in searches}
+    write_flatbuffer(functions, path, variant)
+
+
+def write_flatbuffer(functions, path, variant):
+    """{signature name: frozen concrete function} -> the file `path`, converted with builtins only
+    and quantized as `variant` says (its quantization: fp16, int8, or none)."""
+    import tempfile
+
+    import tensorflow as tf
+
+    quantized = quantization(variant)
     # Through a SavedModel of the functions, as from_concrete_functions converts, but keeping the
     # name of a lone signature (from_concrete_functions calls it "serving_default").
     with tempfile.TemporaryDirectory() as saved:
         tf.saved_model.save(tf.Module(), saved, signatures=functions)
-        converter = tf.lite.TFLiteConverter.from_saved_model(saved, signature_keys=list(searches))
+        converter = tf.lite.TFLiteConverter.from_saved_model(saved, signature_keys=list(functions))
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex fallback
-        if variant in ("fp16", "int8"):
+        if quantized in ("fp16", "int8"):
             converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        if variant == "fp16":
+        if quantized == "fp16":
             converter.target_spec.supported_types = [tf.float16]
         try:
             flatbuffer = converter.convert()
         except Exception as e:  # the converter raises ConverterError and friends
-            raise ExportError(f"TFLite conversion of the searches failed: {e}") from None
+            raise ExportError(f"TFLite conversion of {sorted(functions)} failed: {e}") from None
     # Each TOPK_V2 keeps the converter's signature (batch -1): LiteRT sizes its outputs as the loop
     # runs. With its input's signature removed (outputs sized when the graph is prepared), some
     # fresh interpreters gave other tokens on a call after one of another shape
     # (test_fresh_tflite_interpreters_agree; seen on AVX-512 FP16 CPUs, never without the XNNPACK
     # delegate, which makes that input), for no gain in speed or memory.
-    if variant == "fp16":
+    if quantized == "fp16":
         flatbuffer = fp16_products_in_xnnpack(flatbuffer)
     check_ops(flatbuffer, path)
     with open(path, "wb") as f:

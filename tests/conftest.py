@@ -150,12 +150,13 @@ EOS_SCALE = 6.0  # write_random_model's
 MAX_LENGTH = 12
 
 
-def write_random_model(out, tokenizer, direction="zh-en", seed=3):
+def write_random_model(out, tokenizer, direction="zh-en", seed=3, max_source_length=16):
     """A random (untrained) tiny model in the folder `out`, as a training run leaves it, with the
     default corpus's held-out splits in `direction`."""
     tokenizer_path = out / "tokenizer.model"
     tokenizer_path.write_bytes(tokenizer.serialized_model_proto())
-    config = preset("tiny", vocab_size=tokenizer.get_piece_size(), max_source_length=16, max_target_length=20)
+    size = tokenizer.get_piece_size()
+    config = preset("tiny", vocab_size=size, max_source_length=max_source_length, max_target_length=20)
     keras.utils.set_random_seed(seed)
     model = Transformer(config)
     # EOS's row of the tied embedding, scaled: its logit varies more than the others', so that
