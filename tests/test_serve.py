@@ -110,14 +110,21 @@ def test_libretranslate_clients_from_pypi_work_unchanged(runner, url):
     assert translator.translate(TEXTS[0]) == runner.translate([TEXTS[0]])[0]
 
 
-@pytest.mark.parametrize("runtime", ["tflite", "ctranslate2"])
-def test_every_device_runtime_serves(artifacts, runtime):
-    runner = open_runner(artifacts, runtime, "fp32")
+@pytest.mark.parametrize(
+    ("runtime", "variant"), [("tflite", "fp32"), ("tflite", "text"), ("ctranslate2", "fp32")]
+)
+def test_every_device_runtime_serves(artifacts, runtime, variant):
+    runner = open_runner(artifacts, runtime, variant)
     with serving(create_app(runner)) as url:
         status, _, answer = request(url + "translate", {"q": TEXTS, "source": "zh", "target": "en"})
         health = request(url + "health")[2]
+        alternatives = request(
+            url + "translate", {"q": TEXTS[1], "source": "zh", "target": "en", "alternatives": 2}
+        )
     assert status == 200 and answer == {"translatedText": runner.translate(TEXTS)}
     assert health["runtime"] == runtime
+    expected = runner.translations([TEXTS[1]], SearchOptions(nbest=3))[0].alternatives
+    assert alternatives[2]["alternatives"] == [h.text for h in expected[1:3]]
 
 
 def test_libretranslate_api_shapes(runner, url):

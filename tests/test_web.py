@@ -171,6 +171,13 @@ def open_page(browser, url, requests):
     return page
 
 
+# Sentences of everyday life written for this test (not from the default corpus).
+EVERYDAY = [
+    "請問最近的地鐵站怎麼走？我的手機沒電了。",
+    "明天早上八點開會，別忘了帶筆記本電腦。",
+    "這家餐廳的湯太鹹了，我們換一家吧。",
+    "Dr. Lee said the pharmacy opens at 9 a.m. on Sundays.",
+]
 OPTIONS = {
     "alpha": 1.5,
     "max_length": 9,
@@ -183,11 +190,11 @@ CAMEL = {"max_length": "maxLength", "no_repeat_ngram": "noRepeatNgram"}
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime, variant", [("onnx", "fp32"), ("onnx", "int8"), ("litert", "fixed")])
 def test_page_translates_as_the_python_runner(browser, artifacts, runtime, variant, tmp_path):
-    """50 test-split sentences, five of them as one paragraph, and the odd inputs, greedy and
-    beam, with the export's options and with others: the page's translations, scores and
-    alternatives equal `kformer translate --runtime onnx`'s (or tflite's, for LiteRT.js; the same
-    runner, in this process) on the same file; no request leaves 127.0.0.1; once loaded the page
-    works offline."""
+    """50 test-split sentences, five of them as one paragraph, everyday sentences from outside the
+    corpus and the odd inputs, greedy and beam, with the export's options and with others: the
+    page's translations, scores and alternatives equal `kformer translate --runtime onnx`'s (or
+    tflite's, for LiteRT.js; the same runner, in this process); no request leaves 127.0.0.1; once
+    loaded the page works offline."""
     lines = [source for source, _ in split_sentences()[:50]]
     lines += [
         "".join(lines[:5]),
@@ -197,6 +204,7 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
         "我" * 40,
         "Tom is here.",
         "我們試試看！\n\n他很高興，因為",
+        *EVERYDAY,
     ]
     requests = []
     with serving_page(artifacts, runtime, variant) as url:
