@@ -11,6 +11,7 @@ import tensorflow as tf
 from kformer.data import corpus as corpus_lib
 from kformer.data import prepare as prepare_lib
 from kformer.decode import sentences
+from kformer.export.text_graph import lookup
 from kformer.export.text_graph import sentences as graph_sentences
 from kformer.export.tflite import operators
 
@@ -148,7 +149,7 @@ def test_random_texts_split_as_python_does(segment):
 def test_tables_are_pythons():
     """The graph's character classes equal Python's for every code point, and no code point whose
     lower() is several characters can lower into an abbreviation."""
-    codes = np.arange(graph_sentences.CODE_POINTS, dtype=np.int32)
+    codes = np.arange(lookup.CODE_POINTS, dtype=np.int32)
     classes = graph_sentences._classes(tf.constant(codes[None]))
     characters = [chr(c) for c in codes]
     assert np.array_equal(classes.alpha.numpy()[0], [c.isalpha() for c in characters])

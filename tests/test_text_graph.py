@@ -16,7 +16,7 @@ from kformer.export.exporter import export
 from kformer.export.formats import open_runner
 from kformer.export.text_graph import sentencepiece as graph_sentencepiece
 from kformer.export.text_graph import translate, utf8
-from kformer.export.tflite_text import utf8_batch
+from kformer.export.tflite import utf8_batch
 
 # What an app may send: full-width forms, emoji, mixed scripts, odd spaces, empty lines, text with
 # no piece in the vocabulary.
@@ -195,20 +195,34 @@ def test_text_files_use_builtin_operators_only(text_export):
         assert used <= builtins, f"{path}: {sorted(used - builtins)}"
 
 
+def test_an_over_long_sentence_is_translated_from_its_first_tokens(text_export, tokenizer):
+    """The stated rule: a sentence over max_source_length tokens is cut at that limit (the Python
+    runners cut it at its clauses)."""
+    runner = open_runner(text_export, "tflite", "text", options=SearchOptions(beam_size=1))
+    ids_runner = open_runner(text_export, "tflite", "fp32", options=SearchOptions(beam_size=1))
+    limit = runner.config.max_source_length
+    sentence = "我們試試看" * limit  # no end mark, no clause mark
+    ids = tokenizer.encode(sentence)
+    assert len(ids) > limit
+    outputs, _ = ids_runner.translate_ids([ids[:limit]])
+    assert runner.translate([sentence]) == [tokenizer.decode(outputs[0])]
+    assert not translate.translated_alike(tokenizer, sentence, limit)
+
+
 def test_text_file_gives_defined_results_for_bad_input(text_export):
     runner = open_runner(text_export, "tflite", "text", options=SearchOptions(beam_size=1))
     signature, _ = runner.signature("greedy")
     options = runner.checked()
     bad = [b"\xff\xfe ok", b"\xe4\xbd", "好".encode() + b"\x80" * 3]
     text, lengths = _padded([list(b) for b in bad], np.uint8)
-    from kformer.export.tflite_text import call_text_signature
-
-    outputs = [t.text for t in call_text_signature(signature, options, text, lengths)]
+    outputs = [t.text for t in tflite.call_text_signature(signature, options, text, lengths)]
     assert outputs == runner.translate([b.decode("utf-8", errors="replace") for b in bad])
-    empty = call_text_signature(signature, options, np.zeros((0, 4), np.uint8), np.zeros((0,), np.int32))
+    empty = tflite.call_text_signature(
+        signature, options, np.zeros((0, 4), np.uint8), np.zeros((0,), np.int32)
+    )
     assert empty == []
     long_text = "我們試試看！" * 500  # 500 sentences in one text
-    (out,) = call_text_signature(signature, options, *utf8_batch([long_text]))
+    (out,) = tflite.call_text_signature(signature, options, *utf8_batch([long_text]))
     assert out.text == runner.translate([long_text])[0] == ids_translation(text_export, long_text)
     assert runner.translate(["", "   "]) == ["", ""]
 

@@ -6,46 +6,21 @@ Letters: B rows, N elements a row, Q queries a row, K kept elements a row."""
 import tensorflow as tf
 
 
-def _halve(values, queries, low, high, read):
-    """One step of a binary search for the count of `values` <= each query, within [low, high]."""
-    middle = (low + high) // 2  # < high wherever low < high
-    right = (read(middle) <= queries) & (low < high)
-    return tf.where(right, middle + 1, low), tf.where(right | (low >= high), high, middle)
-
-
 def count_at_most(sorted_rows, queries):
     """sorted_rows (B, N) int32, ascending; queries (B, Q) int32 -> (B, Q) int32: how many elements
-    of each row are <= each query (tf.searchsorted's "right", which TFLite has no builtin for)."""
+    of each row are <= each query (tf.searchsorted's "right", which TFLite has no builtin for), by
+    halving [low, high] until every query's is one place."""
     width = tf.shape(sorted_rows)[1]
-    last = tf.maximum(width - 1, 0)
 
-    def read(index):  # (B, Q) -> the row's elements there
-        return tf.gather(sorted_rows, tf.minimum(index, last), batch_dims=1)
+    def halve(low, high):
+        middle = (low + high) // 2  # < high wherever low < high
+        value = tf.gather(sorted_rows, tf.minimum(middle, tf.maximum(width - 1, 0)), batch_dims=1)
+        right = (value <= queries) & (low < high)
+        return tf.where(right, middle + 1, low), tf.where(right | (low >= high), high, middle)
 
     low, high = tf.zeros_like(queries), tf.zeros_like(queries) + width
-    low, _ = tf.while_loop(
-        lambda low, high: tf.reduce_any(low < high),
-        lambda low, high: _halve(sorted_rows, queries, low, high, read),
-        [low, high],
-    )
+    low, _ = tf.while_loop(lambda low, high: tf.reduce_any(low < high), halve, [low, high])
     return low
-
-
-def find_in_table(table, queries):
-    """table: a sorted numpy array of distinct int32 (the graph's constant); queries: int32 of
-    any shape -> the index of each query in the table, -1 where it is absent. The table's size is
-    known when the graph is built, so the search is a fixed number of gathers."""
-    size = len(table)
-    constant = tf.constant(table if size else [0], tf.int32)
-
-    def read(index):
-        return tf.gather(constant, tf.minimum(index, max(size - 1, 0)))
-
-    low, high = tf.zeros_like(queries), tf.zeros_like(queries) + size
-    for _ in range(size.bit_length()):  # each step halves [low, high]
-        low, high = _halve(constant, queries, low, high, read)
-    index = tf.maximum(low - 1, 0)  # the last element <= the query: the match if there is one
-    return tf.where((low > 0) & tf.equal(read(index), queries), index, -1)
 
 
 def compact(values, keep):

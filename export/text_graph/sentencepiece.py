@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from kformer.export.artifact_format import ExportError
-from kformer.export.text_graph import ragged
+from kformer.export.text_graph import lookup, ragged
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 UNIGRAM = 1
@@ -18,7 +18,6 @@ UNK_PENALTY = 10.0  # sentencepiece's kUnkPenalty: an unknown character scores m
 SPACE, VISIBLE_SPACE = 0x20, 0x2581  # " " and "▁", SentencePiece's visible space
 # The converter's min_elements_for_weights: smaller constants are never quantized.
 QUANTIZATION_MINIMUM = 1024
-KEY_BITS = 31  # trie keys (node << character bits | character) are int32
 
 
 def refusal(tokenizer):
@@ -67,36 +66,37 @@ class Tables:
         scores = [score for _, score, kind in pieces if kind == NORMAL]
         self.unk_score = np.float32(np.float32(min(scores)) - np.float32(UNK_PENALTY))
         self.scores = np.array([score for _, score, _ in pieces], np.float32)
-        # Characters of the vocabulary, ids from 1 (0: none of them), and the whole-piece ones.
-        self.characters = np.array(sorted({ord(c) for piece, _, _ in pieces for c in piece}), np.int32)
-        self.singles = np.array(sorted(ord(p) for p, _, _ in pieces if len(p) == 1), np.int32)
-        self._trie([(piece, i) for i, (piece, _, kind) in enumerate(pieces) if kind in (NORMAL,)])
+        # Characters of the vocabulary, ids from 1 (0: none of them), by code point; whether each is
+        # a piece by itself (one that is not becomes the unknown id).
+        characters = sorted({ord(c) for piece, _, _ in pieces for c in piece})
+        ids = np.zeros(lookup.CODE_POINTS, np.int32)
+        ids[characters] = np.arange(1, len(characters) + 1)
+        singles = np.zeros(lookup.CODE_POINTS, bool)
+        singles[[ord(p) for p, _, _ in pieces if len(p) == 1]] = True
+        self.characters = lookup.two_stage(ids, singles)
+        index = dict(zip(characters, range(1, len(characters) + 1)))
+        self._trie(
+            [
+                ([index[ord(c)] for c in piece], i)
+                for i, (piece, _, kind) in enumerate(pieces)
+                if kind == NORMAL
+            ]
+        )
         self._surfaces(pieces, model.trainer_spec.unk_surface)
 
     def _trie(self, matched):
-        """Trie of the pieces the search matches: keys (node << bits | character id), sorted, the
-        child of each, and the piece each node ends (-1: none)."""
-        self.character_bits = int(len(self.characters) + 1).bit_length()
-        index = {c: i + 1 for i, c in enumerate(self.characters.tolist())}
+        """The trie of the pieces the search matches (as their character ids), a double array
+        whose nodes' values are the pieces they end (-1: none)."""
         children, ends = {}, [-1]  # (node, character id) -> node; node -> piece
-        for piece, piece_id in matched:
+        for symbols, piece_id in matched:
             node = 0
-            for c in piece:
-                key = (node, index[ord(c)])
-                if key not in children:
-                    children[key] = len(ends)
+            for symbol in symbols:
+                if (node, symbol) not in children:
+                    children[node, symbol] = len(ends)
                     ends.append(-1)
-                node = children[key]
+                node = children[node, symbol]
             ends[node] = piece_id
-        if len(ends) >= 1 << (KEY_BITS - self.character_bits):
-            raise ExportError(
-                f"the text graph cannot hold this vocabulary's trie ({len(ends)} nodes of "
-                f"{len(self.characters)} characters) in int32 keys"
-            )
-        keys = sorted(children)
-        self.keys = np.array([node << self.character_bits | c for node, c in keys], np.int32)
-        self.children = np.array([children[k] for k in keys], np.int32)
-        self.node_pieces = np.array(ends, np.int32)
+        self.trie = lookup.DoubleArray(children, ends)
         self.longest = max((len(p) for p, _ in matched), default=1)
 
     def _surfaces(self, pieces, unk_surface):
@@ -149,23 +149,24 @@ def _candidates(tables, chars, counts):
     none; an unknown character is a 1-character piece of the unknown id and score."""
     width = tf.shape(chars)[1]
     inside = tf.range(width)[tf.newaxis, :] < counts[:, tf.newaxis]
-    character = tf.where(inside, ragged.find_in_table(tables.characters, chars) + 1, 0)  # (B, N) ids
+    character = tf.where(inside, _characters(tables, chars)[0], 0)  # (B, N) ids
     padded = tf.concat([character, tf.zeros([tf.shape(chars)[0], tables.longest], tf.int32)], axis=1)
     node, by_length = tf.zeros_like(character), []  # node: the trie node of chars[i : i + l]
     for length in range(1, tables.longest + 1):
-        key = node * (1 << tables.character_bits) + padded[:, length - 1 : length - 1 + width]
-        found = ragged.find_in_table(tables.keys, tf.where(node >= 0, key, -1))
-        node = tf.where(found >= 0, tf.gather(tables.children, tf.maximum(found, 0)), -1)
-        piece = tf.where(
-            node >= 0, tf.gather(tables.node_pieces, tf.maximum(node, 0)), -1
-        )  # (B, N) starting at i
-        if length == 1:  # sentencepiece's unknown node: where no piece is the single character
-            piece = tf.where((piece < 0) & inside, tables.unk_id, piece)
-        # Indexed by end: the piece ending before position j starts at j - length.
-        by_length.append(
-            tf.concat([tf.fill([tf.shape(chars)[0], length], -1), piece], axis=1)[:, : width + 1]
-        )
-    ids = tf.stack(by_length[::-1], axis=2)  # (B, N + 1, L)
+        node = tables.trie.step(node, padded[:, length - 1 : length - 1 + width])
+        by_length.append(tables.trie.value(node))  # (B, N) the piece of chars[i : i + length]
+    # sentencepiece's unknown node: where no piece is the single character.
+    by_length[0] = tf.where((by_length[0] < 0) & inside, tables.unk_id, by_length[0])
+    starting = tf.stack(by_length[::-1], axis=2)  # (B, N, L) by start, lengths L..1
+    # By end: the piece of length l ending before position j starts at j - l; row N, added, is -1
+    # for those that would start before the text.
+    batch, longest = tf.shape(chars)[0], tables.longest
+    starting = tf.concat([starting, tf.fill([batch, 1, longest], -1)], axis=1)  # (B, N + 1, L)
+    starts = tf.range(width + 1)[:, tf.newaxis] - tf.range(longest, 0, -1)[tf.newaxis, :]  # (N + 1, L)
+    flat = tf.where(starts >= 0, starts, width) * longest + tf.range(longest)[tf.newaxis, :]
+    flat = tf.reshape(flat, [1, -1]) + tf.zeros([batch, 1], tf.int32)  # (B, (N + 1) * L)
+    ids = tf.gather(tf.reshape(starting, [batch, -1]), flat, batch_dims=1)
+    ids = tf.reshape(ids, [batch, width + 1, longest])  # (B, N + 1, L)
     scores = tf.gather(exact_constant(tables.scores), tf.maximum(ids, 0))
     scores = tf.where(tf.equal(ids, tables.unk_id), tables.unk_score, tf.where(ids >= 0, scores, -np.inf))
     return scores, ids
@@ -219,10 +220,15 @@ def encode(tables, chars, counts):
     return ragged.compact(path, (path >= 0) & ~(unknown & after_unknown))
 
 
+def _characters(tables, chars):
+    """(character ids, whether each is a piece by itself) of code points of any shape."""
+    return lookup.look_up(tf.clip_by_value(chars, 0, lookup.CODE_POINTS - 1), tables.characters)
+
+
 def is_piece(tables, chars):
     """chars int32 code points of any shape -> bool: whether the character alone is a piece (one
     that is not becomes the unknown id)."""
-    return ragged.find_in_table(tables.singles, chars) >= 0
+    return _characters(tables, chars)[1]
 
 
 def decode(tables, ids, counts):

@@ -19,11 +19,9 @@ import numpy as np
 import tensorflow as tf
 
 from kformer.decode import sentences as rules
+from kformer.export.text_graph import lookup
+from kformer.export.text_graph.lookup import look_up, two_stage
 
-# Code points a row of a second-stage table: Unicode's own two-stage layout, where blocks of code
-# points of the same classes are stored once.
-BLOCK = 256
-CODE_POINTS = 0x110000
 # A word that a "." follows without ending the sentence is an abbreviation or a single letter. Its
 # characters lowered, each a digit in base 32 (0: a character no abbreviation holds), make a key.
 ABBREVIATION_ALPHABET = "".join(sorted(set("".join(rules.ABBREVIATIONS))))
@@ -38,24 +36,8 @@ def _digits():
 
 def _every_code_point():
     """(codes, characters) of every code point (a surrogate is of no class, as Python says)."""
-    codes = np.arange(CODE_POINTS)
+    codes = np.arange(lookup.CODE_POINTS)
     return codes, [chr(c) for c in codes]
-
-
-def _two_stage(*columns):
-    """(blocks, rows): arrays (CODE_POINTS, ...) in the two-stage layout, code point c's entry of
-    column i at rows[i][blocks[c // BLOCK] * BLOCK + c % BLOCK]."""
-    chunks = [column.reshape(CODE_POINTS // BLOCK, -1) for column in columns]
-    seen, blocks, first = {}, [], []  # a block's bytes -> its row; each row's first block
-    for i, key in enumerate(zip(*(map(bytes, chunk) for chunk in chunks))):
-        if key not in seen:
-            seen[key] = len(first)
-            first.append(i)
-        blocks.append(seen[key])
-    rows = [
-        chunk[first].reshape(len(first) * BLOCK, *column.shape[1:]) for chunk, column in zip(chunks, columns)
-    ]
-    return np.asarray(blocks, np.int32), rows
 
 
 @functools.cache
@@ -72,15 +54,7 @@ def _character_tables():
     wide = np.array([rules.is_wide(c) for c in characters])
     digits, lowered = _digits(), [c.lower() for c in characters]
     digit = np.array([digits.get(c, 0) for c in lowered], np.int32)
-    return _two_stage(alpha), _two_stage(classes, wide, digit)
-
-
-def _look_up(chars, table):
-    """The entries of code points chars (any shape, int32) in a two-stage table."""
-    blocks, rows = table
-    block = chars // BLOCK
-    row = tf.gather(tf.constant(blocks), block) * BLOCK + (chars - block * BLOCK)
-    return [tf.gather(tf.constant(column), row) for column in rows]
+    return two_stage(alpha), two_stage(classes, wide, digit)
 
 
 class _Classes(NamedTuple):
@@ -100,9 +74,9 @@ class _Classes(NamedTuple):
 def _classes(chars):
     """The classes of code points chars (B, W) (any int32: out of range reads as U+0000)."""
     letters, others = _character_tables()
-    chars = tf.where((chars >= 0) & (chars < CODE_POINTS), chars, 0)
-    (alpha,) = _look_up(chars, letters)
-    members, wide, digit = _look_up(
+    chars = tf.where((chars >= 0) & (chars < lookup.CODE_POINTS), chars, 0)
+    (alpha,) = look_up(chars, letters)
+    members, wide, digit = look_up(
         chars, others
     )  # members (B, W, 6): sliced, as LiteRT unpacks no empty batch
     space, end, wide_end, closer, opener, bang = (members[:, :, i] for i in range(6))

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from kformer.decode import sentences as sentences_lib
 from kformer.decode.text_batches import NEG_INF_SCORE
-from kformer.export.text_graph import ragged, sentencepiece, sentences, utf8
+from kformer.export.text_graph import lookup, ragged, sentencepiece, sentences, utf8
 
 NEWLINE = 0x0A
 WHITESPACE = sorted(ord(c) for c in sentences_lib.WHITESPACE)
@@ -69,7 +69,7 @@ def _readable(tables, text, lengths):
     unknown ids alone the model would invent a sentence, so one that is not is output as it is
     (kformer.decode.text_batches does the same)."""
     inside = tf.range(tf.shape(text)[1])[tf.newaxis, :] < lengths[:, tf.newaxis]
-    whitespace = ragged.find_in_table(WHITESPACE, text) >= 0
+    whitespace = lookup.find_in_table(WHITESPACE, text) >= 0
     return tf.reduce_any(inside & ~whitespace & sentencepiece.is_piece(tables, text), axis=1)
 
 
