@@ -49,6 +49,20 @@ def find_in_table(table, queries):
     return tf.where((low > 0) & tf.equal(tf.gather(constant, index), queries), index, -1)
 
 
+WINDOW = 1024  # bases tried at once when placing a node's children
+
+
+def _first_fit(used, symbols, start):
+    """The first base from `start` on at which every symbol's slot is free in `used` (which has
+    WINDOW + the largest symbol slots more than any base it returns reaches)."""
+    while True:
+        bases = np.arange(start, start + WINDOW)
+        taken = used[bases[:, None] + symbols[None, :]].any(axis=1)
+        if not taken.all():
+            return int(bases[np.argmin(taken)])
+        start += WINDOW
+
+
 class DoubleArray:
     """A trie of symbols 1..S as two arrays: node n's child on symbol c sits at slot base[n] + c,
     and is one if check[slot] == n (Aoe's double array). Nodes are their slots; the root is 0, and
@@ -63,7 +77,7 @@ class DoubleArray:
             by_parent.setdefault(parent, []).append((symbol, child))
         symbols_count = max((s for _, s in children), default=0) + 1
         size = 2 * (len(values) + symbols_count) + 2
-        used, slot = np.zeros(size, bool), {0: 0}
+        used, slot = np.zeros(size + WINDOW + symbols_count, bool), {0: 0}
         base, check = np.zeros(size, np.int64), np.full(size, -1, np.int64)
         used[0], free, queue = True, 1, [0]
         for node in queue:  # breadth first: a parent's slot is known before its children's
@@ -71,9 +85,7 @@ class DoubleArray:
             if not edges:
                 continue
             symbols = np.array([s for s, _ in edges])
-            start = max(free - symbols[0], 1)
-            while used[start + symbols].any():
-                start += 1
+            start = _first_fit(used, symbols, max(free - symbols[0], 1))
             base[slot[node]] = start
             for symbol, child in edges:
                 slot[child] = start + symbol
