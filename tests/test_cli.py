@@ -219,8 +219,8 @@ def test_evaluate_split_and_files(trained_dir, tmp_path, capsys):
             "--variant int8 does not exist for savedmodel",
         ),
         (
-            ["translate", "--model", "{tmp}", "--runtime", "tflite", "--variant", "text", "x"],
-            "--variant text does not exist for tflite",
+            ["translate", "--model", "{tmp}", "--runtime", "tflite", "--variant", "int8-ort", "x"],
+            "--variant int8-ort does not exist for tflite",
         ),
         (
             ["translate", "--model", "{trained}", "--variant", "int8", "x"],
