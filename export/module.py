@@ -32,6 +32,7 @@ class ExportModule(tf.Module):
     def __init__(self, model, tokenizer, beam_size=BEAM_SIZE, language=None):
         super().__init__(name="kformer_translator")
         self.joiner = sentences.joiner(language)  # between a text's translated sentences
+        self._text_tables = None  # kformer.export.text_graph's tables of the tokenizer, once asked for
         import tensorflow_text as tf_text  # only the SavedModel text functions need it
 
         from kformer.data.vocabulary import graph_tables
@@ -106,8 +107,11 @@ class ExportModule(tf.Module):
 
         translator = Translator(self.translator.model, self.translator.beam_size, RECIPES[recipe])
         fn = getattr(translator, search)
-        tables = sentencepiece.Tables(self.tokenizer)
-        text_fn = translate.text_search(fn, tables, self.config, self.joiner, beam=search == "beam")
+        if self._text_tables is None:  # built once for all the text files of an export
+            self._text_tables = sentencepiece.Tables(self.tokenizer)
+        text_fn = translate.text_search(
+            fn, self._text_tables, self.config, self.joiner, beam=search == "beam"
+        )
         specs = [*TEXT_BYTES_SPECS, *fn.input_signature[1:]]
         traced = tf.function(text_fn, input_signature=specs).get_concrete_function()
         frozen, names = convert_variables_to_constants_v2(traced), sorted(traced.structured_outputs)

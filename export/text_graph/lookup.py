@@ -1,6 +1,6 @@
 """Constant tables the text graph reads, each in a few gathers: per-code-point values in Unicode's
-two-stage layout, a sorted table searched by halving, and a trie as a double array (a transition
-is two gathers, whatever the trie's size)."""
+two-stage layout, and a trie as a double array (a transition is two gathers, whatever the trie's
+size)."""
 
 import numpy as np
 import tensorflow as tf
@@ -32,21 +32,6 @@ def look_up(chars, table):
     block = chars // BLOCK
     row = tf.gather(tf.constant(blocks), block) * BLOCK + (chars - block * BLOCK)
     return [tf.gather(tf.constant(column), row) for column in rows]
-
-
-def find_in_table(table, queries):
-    """table: a sorted numpy array of distinct int32; queries: int32 of any shape -> the index of
-    each query in the table, -1 where it is absent. The table's size is known when the graph is
-    built, so the search is a fixed number of halvings."""
-    size = len(table)
-    constant = tf.constant(table if size else [0], tf.int32)
-    low, high = tf.zeros_like(queries), tf.zeros_like(queries) + size
-    for _ in range(size.bit_length()):
-        middle = (low + high) // 2  # < high wherever low < high
-        right = (tf.gather(constant, tf.minimum(middle, max(size - 1, 0))) <= queries) & (low < high)
-        low, high = tf.where(right, middle + 1, low), tf.where(right | (low >= high), high, middle)
-    index = tf.maximum(low - 1, 0)  # the last element <= the query: the match if there is one
-    return tf.where((low > 0) & tf.equal(tf.gather(constant, index), queries), index, -1)
 
 
 WINDOW = 1024  # bases tried at once when placing a node's children

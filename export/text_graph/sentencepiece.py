@@ -242,8 +242,6 @@ def decode(tables, ids, counts):
     first = tf.cumsum(lengths, axis=1, exclusive=True) == 0  # nothing before it but empty pieces
     leading_space = tf.equal(tf.gather(tf.constant(tables.surface_text), starts), SPACE)
     drop = first & leading_space & (lengths > 0) & ~tf.gather(tables.unknown_kinds, ids)
-    if not tables.add_dummy_prefix:
-        drop = drop & False
-    drop = tf.cast(drop, tf.int32)
+    drop = tf.cast(drop, tf.int32) * int(tables.add_dummy_prefix)  # the space the prefix added
     text = tf.constant(tables.surface_text)[tf.newaxis, :]  # (1, all pieces' characters)
     return ragged.join_parts(text, tf.zeros_like(ids), starts + drop, lengths - drop)

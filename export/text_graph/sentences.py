@@ -83,6 +83,12 @@ def _classes(chars):
     return _Classes(space, end, wide_end, closer, opener, bang, alpha, wide, digit)
 
 
+def is_whitespace(chars):
+    """Whether each code point of chars (B, W) is whitespace as kformer.decode.sentences (and
+    Python's str.split) reads it."""
+    return _classes(chars).space
+
+
 @functools.cache
 def _abbreviation_table():
     """A table with each abbreviation's key at slot key % len(table), -1 elsewhere: the smallest

@@ -12,10 +12,9 @@ import tensorflow as tf
 
 from kformer.decode import sentences as sentences_lib
 from kformer.decode.text_batches import NEG_INF_SCORE
-from kformer.export.text_graph import lookup, ragged, sentencepiece, sentences, utf8
+from kformer.export.text_graph import ragged, sentencepiece, sentences, utf8
 
 NEWLINE = 0x0A
-WHITESPACE = sorted(ord(c) for c in sentences_lib.WHITESPACE)
 
 
 class Sentences(NamedTuple):
@@ -69,8 +68,8 @@ def _readable(tables, text, lengths):
     unknown ids alone the model would invent a sentence, so one that is not is output as it is
     (kformer.decode.text_batches does the same)."""
     inside = tf.range(tf.shape(text)[1])[tf.newaxis, :] < lengths[:, tf.newaxis]
-    whitespace = lookup.find_in_table(WHITESPACE, text) >= 0
-    return tf.reduce_any(inside & ~whitespace & sentencepiece.is_piece(tables, text), axis=1)
+    solid = ~sentences.is_whitespace(text)
+    return tf.reduce_any(inside & solid & sentencepiece.is_piece(tables, text), axis=1)
 
 
 def _decoded(tables, tokens, config):
@@ -182,6 +181,27 @@ def _distinct(versions, lengths, nbest):
     return ~repeats & (tf.range(beams)[tf.newaxis, :] < nbest)
 
 
+def _alternatives(versions, lengths, scores, nbest):
+    """Each text's distinct versions, best first -> {"alternatives": (B, K, M') UTF-8,
+    "alternative_lengths" (B, K), "alternative_scores" (B, K), "alternative_counts" (B,)}."""
+    keep = _distinct(versions, lengths, nbest)
+    order, counts = ragged.compact(tf.range(tf.shape(keep)[1]) + tf.zeros_like(tf.cast(keep, tf.int32)), keep)
+    beams = versions.shape[1]
+    order = tf.pad(order, [[0, 0], [0, beams - tf.shape(order)[1]]])  # (B, K)
+    kept = tf.range(beams)[tf.newaxis, :] < counts[:, tf.newaxis]
+    chosen = tf.gather(versions, order, batch_dims=1)
+    chosen_lengths = tf.where(kept, tf.gather(lengths, order, batch_dims=1), 0)
+    flat, flat_sizes = utf8.encode(
+        tf.reshape(chosen, [-1, tf.shape(chosen)[2]]), tf.reshape(chosen_lengths, [-1])
+    )
+    return {
+        "alternatives": tf.reshape(flat, [tf.shape(chosen)[0], beams, -1]),
+        "alternative_lengths": tf.reshape(flat_sizes, [-1, beams]),
+        "alternative_scores": tf.where(kept, tf.gather(scores, order, batch_dims=1), 0.0),
+        "alternative_counts": counts,
+    }
+
+
 def text_search(search, tables, config, joiner, beam):
     """`search(source_ids, *options) -> {"tokens", "scores"}` (a Translator's) -> a function
     (text (B, N) uint8 UTF-8, lengths (B,) int32, *options) -> {"translation": (B, M) uint8 UTF-8,
@@ -194,34 +214,22 @@ def text_search(search, tables, config, joiner, beam):
 
     def translate(text, lengths, options, nbest):
         chars, counts = utf8.decode(text, lengths)
-        sentences = _sentences(chars, counts)._replace(joiner=joiner)
-        tokens, scores = _searched(search, tables, config, sentences.text, sentences.lengths, options)
+        found = _sentences(chars, counts)._replace(joiner=joiner)
+        tokens, scores = _searched(search, tables, config, found.text, found.lengths, options)
         texts, text_lengths, scores = _hypothesis_texts(
-            tables, config, tokens, scores, sentences.text, sentences.lengths
+            tables, config, tokens, scores, found.text, found.lengths
         )
-        versions, version_lengths, version_scores = _versions(texts, text_lengths, scores, nbest, sentences)
-        data, sizes = utf8.encode(versions[:, 0], version_lengths[:, 0])
-        outputs = {"translation": data, "lengths": sizes, "scores": version_scores[:, 0]}
-        if beam:
-            keep = _distinct(versions, version_lengths, nbest)
-            order, counts = ragged.compact(
-                tf.range(tf.shape(keep)[1]) + tf.zeros_like(tf.cast(keep, tf.int32)), keep
-            )
-            beams = versions.shape[1]
-            order = tf.pad(order, [[0, 0], [0, beams - tf.shape(order)[1]]])  # (B, K)
-            kept = tf.range(beams)[tf.newaxis, :] < counts[:, tf.newaxis]
-            chosen = tf.gather(versions, order, batch_dims=1)
-            chosen_lengths = tf.where(kept, tf.gather(version_lengths, order, batch_dims=1), 0)
-            flat, flat_sizes = utf8.encode(
-                tf.reshape(chosen, [-1, tf.shape(chosen)[2]]), tf.reshape(chosen_lengths, [-1])
-            )
-            outputs["alternatives"] = tf.reshape(flat, [tf.shape(chosen)[0], beams, -1])
-            outputs["alternative_lengths"] = tf.reshape(flat_sizes, [-1, beams])
-            outputs["alternative_scores"] = tf.where(
-                kept, tf.gather(version_scores, order, batch_dims=1), 0.0
-            )
-            outputs["alternative_counts"] = counts
-        return outputs
+        versions, version_lengths, version_scores = _versions(texts, text_lengths, scores, nbest, found)
+        if not beam:
+            data, sizes = utf8.encode(versions[:, 0], version_lengths[:, 0])
+            return {"translation": data, "lengths": sizes, "scores": version_scores[:, 0]}
+        out = _alternatives(versions, version_lengths, version_scores, nbest)  # the best kept first
+        best = {
+            "translation": "alternatives",
+            "lengths": "alternative_lengths",
+            "scores": "alternative_scores",
+        }
+        return {**out, **{name: out[alternatives][:, 0] for name, alternatives in best.items()}}
 
     # Named inputs, as the ids files' (the options by name, in the order the search takes them).
     if beam:
