@@ -5,9 +5,13 @@ import tensorflow as tf
 from keras import ops
 
 
-def smoothed_cross_entropy(labels, logits, smoothing):
-    """Cross-entropy of logits (B, T, V) against (1 - e) * one_hot(labels) + e / V -> (B, T),
-    with its gradient softmax(logits) - that target.
+def smoothed_cross_entropy(labels, logits, smoothing, pad_id=0):
+    """Cross-entropy of logits (B, T, V) against (1 - e) * one_hot(labels) + e / (V - 1) on every
+    token but pad -> (B, T), with its gradient softmax(logits) - that target.
+
+    Pad is never a label, so it gets no share of the smoothing (as OpenNMT's loss): a model that
+    bans it from its output by a -1e9 logit bias (an import's) then has a loss of its real size,
+    where e / V * -1e9 would swamp it (and float32 would lose the rest).
 
     Not TensorFlow's fused softmax_cross_entropy_with_logits: its CPU kernel takes two exponentials
     a logit and is slower than these ops, and it needs the (B, T, V) target in the forward pass
@@ -16,19 +20,22 @@ def smoothed_cross_entropy(labels, logits, smoothing):
     max(z) - log(max(p)): max(p) >= 1/V, so it never underflows (the label's p can).
     """
     vocab_size = logits.shape[-1]  # static: the output projection fixes it
-    off_value = smoothing / vocab_size
+    off_value = smoothing / (vocab_size - 1)
     on_value = 1.0 - smoothing + off_value
+    not_pad = tf.one_hot(pad_id, vocab_size, on_value=1.0, off_value=0.0) < 0.5  # (V,)
 
     @tf.custom_gradient
     def cross_entropy(z):
         probs = tf.nn.softmax(z)  # (B, T, V)
         log_sum_exp = tf.reduce_max(z, -1) - tf.math.log(tf.reduce_max(probs, -1))  # (B, T)
         label_logit = tf.gather(z, labels[..., None], batch_dims=len(labels.shape))[..., 0]  # (B, T)
-        # sum_v target_v * z_v = (1 - e) * z_label + e / V * sum_v z_v
-        loss = log_sum_exp - (1.0 - smoothing) * label_logit - off_value * tf.reduce_sum(z, -1)
+        # sum_v target_v * z_v = (1 - e) * z_label + e / (V - 1) * sum_{v != pad} z_v
+        others = tf.reduce_sum(z[..., :pad_id], -1) + tf.reduce_sum(z[..., pad_id + 1 :], -1)  # (B, T)
+        loss = log_sum_exp - (1.0 - smoothing) * label_logit - off_value * others
 
         def gradient(upstream):  # (B, T) -> (B, T, V)
             target = tf.one_hot(labels, vocab_size, on_value=on_value, off_value=off_value)
+            target = tf.where(not_pad, target, 0.0)
             return upstream[..., None] * (probs - target)
 
         return loss, gradient
@@ -38,7 +45,7 @@ def smoothed_cross_entropy(labels, logits, smoothing):
 
 @keras.saving.register_keras_serializable(package="kformer")
 class LabelSmoothedCrossEntropy(keras.losses.Loss):
-    """Cross-entropy against (1 - e) * one_hot + e / V, averaged over non-pad target tokens.
+    """Cross-entropy against (1 - e) * one_hot + e / (V - 1) off pad, averaged over non-pad target tokens.
 
     y_true: (B, T) int labels, pad 0. y_pred: (B, T, V) logits.
     """
@@ -50,7 +57,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         y_true = ops.cast(y_true, "int32")
-        per_token = smoothed_cross_entropy(y_true, ops.cast(y_pred, "float32"), self.smoothing)  # (B, T)
+        per_token = smoothed_cross_entropy(y_true, ops.cast(y_pred, "float32"), self.smoothing, self.pad_id)
         weights = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
         loss = ops.sum(per_token * weights) / ops.maximum(ops.sum(weights), 1.0)
         # Keras sums gradients over replicas and scales only its own mean reductions by
