@@ -14,7 +14,6 @@ import os
 import shutil
 
 from kformer import folders
-from kformer.contracts import TOKENIZER_FILE
 from kformer.contracts.pair import LanguagePair
 from kformer.contracts.run import (
     BEST_FILE,
@@ -64,7 +63,7 @@ def path(run_dir, name):
 
 
 def create(run_dir, config, recipe, tokenizer, corpus, prepared=None):
-    """Writes a new run's config.json, recipe.json, tokenizer.model and corpus.json (a
+    """Writes a new run's config.json, recipe.json, tokenizer (vocabulary.save) and corpus.json (a
     CorpusRecord; nothing for an existing run), moves a corpus prepared for it (`prepared`, a
     folder outside the run) to data/, and removes the temporary file a save killed midway leaves."""
     os.makedirs(run_dir, exist_ok=True)
@@ -76,10 +75,7 @@ def create(run_dir, config, recipe, tokenizer, corpus, prepared=None):
     if prepared is not None and corpus.prepared == DATA_DIR:
         folders.release(prepared)
         os.replace(prepared, path(run_dir, DATA_DIR))
-    tmp = path(run_dir, TOKENIZER_FILE + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(tokenizer.serialized_model_proto())
-    os.replace(tmp, path(run_dir, TOKENIZER_FILE))
+    vocabulary.save(tokenizer, run_dir)
     corpus.save(path(run_dir, CORPUS_FILE))
     recipe.save(path(run_dir, RECIPE_FILE))
     config.save(path(run_dir, CONFIG_FILE))  # last: its presence marks a run

@@ -7,6 +7,7 @@ has torch and transformers; kformer's venv has neither):
     python marian_reference.py greedy FOLDER < SOURCES.json      transformers' greedy ids
     python marian_reference.py random OUT SETTINGS.json         random weights of OPUS-MT's shapes
     python marian_reference.py first_logits FOLDER < IDS.json     the first decoder step's logits
+    python marian_reference.py training_rows FOLDER < PAIRS.json  what Marian trains on, and its loss
 
 Prints JSON on its last line."""
 
@@ -141,6 +142,24 @@ def first_logits(folder):
     print(json.dumps(values.tolist()))
 
 
+def training_rows(folder):
+    """What Marian trains on for each [source, target] pair: {"input_ids", "labels",
+    "decoder_input_ids", "loss"} per pair (the tokenizer's, the model's shift of the labels, and
+    the mean token cross-entropy without smoothing), one pair at a time so no padding enters."""
+    model, tokenizer = _model(folder)
+    rows = {"input_ids": [], "labels": [], "decoder_input_ids": [], "loss": []}
+    with torch.no_grad():
+        for source, target in json.load(sys.stdin):
+            inputs = tokenizer([source], text_target=[target], return_tensors="pt")
+            decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels=inputs["labels"])
+            loss = model(**inputs).loss
+            rows["input_ids"].append(inputs["input_ids"][0].tolist())
+            rows["labels"].append(inputs["labels"][0].tolist())
+            rows["decoder_input_ids"].append(decoder_input_ids[0].tolist())
+            rows["loss"].append(float(loss))
+    print(json.dumps(rows))
+
+
 def _model(folder):
     tokenizer = MarianTokenizer.from_pretrained(folder)
     return MarianMTModel.from_pretrained(folder).eval(), tokenizer
@@ -165,5 +184,8 @@ def greedy(folder):
 
 
 if __name__ == "__main__":
-    commands = {"build": build, "greedy": greedy, "random": random, "first_logits": first_logits}
+    commands = {
+        "build": build, "greedy": greedy, "random": random, "first_logits": first_logits,
+        "training_rows": training_rows,
+    }  # fmt: skip
     commands[sys.argv[1]](*sys.argv[2:])

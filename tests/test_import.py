@@ -71,14 +71,21 @@ def reference(command, folder, sources):
     return json.loads(lines[-1])
 
 
+class CorpusFiles(NamedTuple):
+    train: str  # a TSV of the 3,000 pairs of the default corpus the Marian models train on
+    sources: list  # the test split's first one-sentence sources
+    tune: str  # a TSV of 400 other train pairs, to fine-tune an import on
+
+
 @pytest.fixture(scope="module")
 def corpus_files(tmp_path_factory):
-    """(train pairs TSV, the test split's first sources): 3,000 pairs of the default corpus."""
     splits = prepare_lib.split_pairs(corpus_lib.read_corpus()[0])
-    path = tmp_path_factory.mktemp("marian") / "train.tsv"
-    path.write_text("".join(f"{s}\t{t}\n" for s, t in splits["train"][:3000]), encoding="utf-8")
-    short = [s for s, _ in splits["test"] if len(s) <= 40]  # within the small models' positions
-    return str(path), short[:SENTENCES]
+    folder = tmp_path_factory.mktemp("marian")
+    short = [(s, t) for s, t in splits["train"][3000:] if max(len(s), len(t)) <= 40][:400]
+    for name, pairs in (("train.tsv", splits["train"][:3000]), ("tune.tsv", short)):
+        (folder / name).write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    sources = [s for s, _ in splits["test"] if len(s) <= 40]  # within the small models' positions
+    return CorpusFiles(str(folder / "train.tsv"), sources[:SENTENCES], str(folder / "tune.tsv"))
 
 
 class Imported(NamedTuple):
@@ -102,7 +109,7 @@ def imports(corpus_files, tmp_path_factory):
 
 
 def build_and_import(kind, corpus_files, tmp_path_factory):
-    pairs, sources = corpus_files
+    pairs, sources = corpus_files.train, corpus_files.sources
     settings = {**BUILDS[kind], **TRAINING, "source_pieces": 2000, "target_pieces": 800, "model": MODEL}
     folder = tmp_path_factory.mktemp("marian") / kind
     settings_path = folder.parent / f"{kind}.json"
@@ -333,3 +340,71 @@ def test_kformer_serve_serves_an_imported_models_export(imports, exported):
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+def _marian_rows(batch, to_marian):
+    """(input_ids, labels, decoder_input_ids) of each row of a kformer training batch, in Marian
+    ids, padding off (the decoder's first token is the pad token, so its row is cut at the labels')."""
+    x, labels = batch
+    for source, target, label in zip(x["source_ids"].numpy(), x["target_ids"].numpy(), labels.numpy()):
+        length = int((label != 0).sum())
+        yield tuple(
+            tuple(to_marian[row].tolist()) for row in (source[source != 0], label[:length], target[:length])
+        )
+
+
+def _mean_losses(run, pairs):
+    """The mean token cross-entropy (no smoothing) of each (source, target) pair under `run`'s model."""
+    from kformer import run_folder
+    from kformer.data.vocabulary import encode_targets
+
+    loaded = run_folder.load(run)
+    config, losses = loaded.config, []
+    sources = loaded.tokenizer.encode([s for s, _ in pairs])
+    for source, target in zip(sources, encode_targets(loaded.tokenizer, [t for _, t in pairs])):
+        inputs = {
+            "source_ids": np.array([source], np.int32),
+            "target_ids": np.array([[config.bos_id, *target]]),
+        }
+        logits = np.asarray(loaded.model(inputs, training=False), np.float64)[0]
+        logits -= logits.max(-1, keepdims=True)
+        log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        labels = [*target, config.eos_id]
+        losses.append(-np.mean(log_probs[np.arange(len(labels)), labels]))
+    return np.array(losses)
+
+
+def test_an_import_fine_tunes_on_what_marian_trains_on(imports, corpus_files, tmp_path):
+    """`train --init-from` a Marian import: its batches hold the rows transformers' MarianTokenizer
+    and shift give (source with EOS, labels with EOS, the decoder's input from the pad token), its
+    loss before training is transformers' own, the tuned run keeps the import's tokenizer files,
+    and the loss on the pairs it trained on falls."""
+    from kformer.train.fit import start, train
+    from kformer.train.options import Evaluation, TrainOptions
+
+    model = imports("zh-en")
+    pairs = corpus_lib.read_corpus(corpus_files.tune)[0]
+    theirs = reference("training_rows", model.folder, pairs)
+    expected = set(zip(*(map(tuple, theirs[k]) for k in ("input_ids", "labels", "decoder_input_ids"))))
+    to_marian = marian_ids(model.folder, model.run)
+    options = dict(
+        data=corpus_files.tune, init_from=model.run, xla=False, verbose=0, evaluation=Evaluation(0)
+    )
+    run = start(str(tmp_path / "rows"), TrainOptions(steps=1, **options))
+    try:
+        rows = [row for batch in run.fit_args["x"].take(20) for row in _marian_rows(batch, to_marian)]
+    finally:
+        run.release()
+    assert len(rows) > 100 and all(row in expected for row in rows), [r for r in rows if r not in expected][
+        :2
+    ]
+
+    before = _mean_losses(model.run, pairs[:40])
+    np.testing.assert_allclose(before, theirs["loss"][:40], rtol=1e-4)
+    out = str(tmp_path / "tuned")
+    changes = {"ema_momentum": 0.0, "learning_rate": 3e-3, "warmup_steps": 4}  # a tiny model, briefly
+    assert train(out, steps=40, recipe_changes=changes, **options)["steps"] == 40
+    for name in ("tokenizer.json", "source.spm", "target.spm", "vocabulary.json"):
+        assert (tmp_path / "tuned" / name).read_bytes() == open(os.path.join(model.run, name), "rb").read()
+    after = _mean_losses(out, pairs[:40])
+    assert after.mean() < before.mean() - 0.05, (before.mean(), after.mean())

@@ -39,9 +39,9 @@ def add_arguments(p):
     )
     p.add_argument(
         "--tokenizer",
-        metavar="MODEL",
-        help="encode with this SentencePiece model (e.g. a run's tokenizer.model, to fine-tune it "
-        "with --init-from) instead of training one",
+        metavar="FILE",
+        help="encode with this tokenizer instead of training one: a run's tokenizer.model, or an "
+        "imported run's tokenizer.json (to fine-tune it with --init-from)",
     )
     p.add_argument("--seed", type=int, default=0)
 

@@ -109,7 +109,11 @@ class PreparedCorpus(Record):
         if not os.path.isfile(path):
             raise PreparedError(f"{path} not found: {folder} is not a finished `kformer prepare` folder")
         manifest = cls.from_dict(read_json(path, PreparedError), where=path)
-        for name in [TOKENIZER_FILE, *HELD_OUT_FILES.values(), *(s.file for s in manifest.train.shards)]:
+        for name in [
+            manifest.tokenizer.file,
+            *HELD_OUT_FILES.values(),
+            *(s.file for s in manifest.train.shards),
+        ]:
             if not os.path.isfile(os.path.join(folder, name)):
                 raise PreparedError(f"{os.path.join(folder, name)} is missing (listed in {path})")
         return manifest

@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 
+from kformer.data import vocabulary
 from kformer.data.tokenizer import SPECIAL_IDS
 
 
@@ -83,7 +84,7 @@ def encode_pairs(tokenizer, pairs, batching):
     """Tokenizes pairs; drops pairs whose source exceeds max_source_length or whose target
     plus BOS/EOS exceeds max_target_length."""
     source = tokenizer.encode([p[0] for p in pairs])
-    target = tokenizer.encode([p[1] for p in pairs])
+    target = vocabulary.encode_targets(tokenizer, [p[1] for p in pairs])
     kept = [
         (s, t)
         for s, t in zip(source, target)

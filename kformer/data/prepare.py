@@ -29,7 +29,6 @@ import time
 import numpy as np
 
 from kformer import folders, locks
-from kformer.contracts import TOKENIZER_FILE
 from kformer.contracts.digests import tokenizer_digest
 from kformer.contracts.prepared import (
     HELD_OUT_FILES,
@@ -42,6 +41,7 @@ from kformer.contracts.prepared import (
 from kformer.data import corpus as corpus_lib
 from kformer.data import shards as shards_lib
 from kformer.data import tokenizer as tokenizer_lib
+from kformer.data import vocabulary
 
 log = logging.getLogger("kformer")
 FRACTIONS = {  # of source positions (kformer.data.corpus.source_position)
@@ -63,7 +63,8 @@ class PrepareOptions:
     dev/test: TSV files to use as those splits instead of taking them from the corpus;
     split_size: pairs at most in each split taken from the corpus; shards: train shard files
     (default: one per SHARD_PAIRS); sample: train pairs the tokenizer trains on, at most;
-    tokenizer: a SentencePiece model file to encode with instead of training one."""
+    tokenizer: a tokenizer file to encode with instead of training one (a SentencePiece model,
+    or an imported run's tokenizer.json)."""
 
     direction: str = corpus_lib.DEFAULT_DIRECTION
     vocab_size: int = tokenizer_lib.VOCAB_SIZE
@@ -107,8 +108,7 @@ def _prepare_in(work, data, options):
     for name, pairs in {**held_out, **splits}.items():
         _write_tsv(os.path.join(work, HELD_OUT_FILES[name]), pairs)
     tokenizer, sample = _tokenizer(train_file, counts["train"], options)
-    with open(os.path.join(work, TOKENIZER_FILE), "wb") as f:
-        f.write(tokenizer.serialized_model_proto())
+    vocabulary.save(tokenizer, work)
     shards = options.shards or max(1, math.ceil(counts["train"] / SHARD_PAIRS))
     written, histogram, unknown = _write_shards(
         train_file, counts["train"], tokenizer, work, shards, options.seed
@@ -128,7 +128,7 @@ def _prepare_in(work, data, options):
         tokenizer=PreparedTokenizer(
             tokenizer_digest(tokenizer),
             tokenizer.get_piece_size(),
-            TOKENIZER_FILE,
+            vocabulary.tokenizer_file(work),
             min(sample, counts["train"]),
             given_tokenizer,
         ),
@@ -146,7 +146,7 @@ def _tokenizer(train_file, pairs, options):
     """(the tokenizer, the train pairs it was trained on): one trained on a sample of the train
     split, or the one given (trained on none here)."""
     if options.tokenizer is not None:
-        return tokenizer_lib.load_tokenizer(options.tokenizer), 0
+        return vocabulary.open_tokenizer_file(options.tokenizer), 0
     log.info(
         "training a joint SentencePiece tokenizer (%d pieces) on a sample of the train split",
         options.vocab_size,
@@ -334,7 +334,7 @@ def _write_shards(train_file, count, tokenizer, work, shards, seed):
     with open(train_file, encoding="utf-8") as f:
         for chunk in _chunks((line.rstrip("\n").split("\t") for line in f), CHUNK):
             sources = tokenizer.encode([s for s, _ in chunk], num_threads=os.cpu_count() or 1)
-            targets = tokenizer.encode([t for _, t in chunk], num_threads=os.cpu_count() or 1)
+            targets = vocabulary.encode_targets(tokenizer, [t for _, t in chunk])
             for shard, source, target in zip(rng.integers(shards, size=len(chunk)), sources, targets):
                 record = shards_lib.encode_record(source, target, dtype)
                 parts[shard].write(len(record).to_bytes(4, "little") + record)

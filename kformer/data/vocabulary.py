@@ -57,6 +57,13 @@ class VocabularyTokenizer:
         """The source ids of one text (a list) or of each of several (a list of lists)."""
         return self._encode_one(texts) if isinstance(texts, str) else [self._encode_one(t) for t in texts]
 
+    def encode_target(self, texts):
+        """The ids of each target text as the family trains on them: the target SentencePiece
+        model's pieces looked up in the vocabulary, with neither a language token nor EOS (the
+        batches add the decoder's start and EOS)."""
+        unk = self.record.unk_id
+        return [[self.index.get(p, unk) for p in self.target.encode(t, out_type=str)] for t in texts]
+
     def decode(self, ids):
         """The text of output ids (the special tokens left out)."""
         if ids and not isinstance(ids[0], int):
@@ -128,6 +135,47 @@ def load(folder):
     )
 
 
+def save(tokenizer, folder):
+    """Writes `tokenizer` (a SentencePieceProcessor or a VocabularyTokenizer) into `folder` as
+    `open_tokenizer` reads it back: tokenizer.model, or tokenizer.json and the files it names."""
+    if not maps_through_vocabulary(tokenizer):
+        tmp = os.path.join(folder, TOKENIZER_FILE + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(tokenizer.serialized_model_proto())
+        os.replace(tmp, os.path.join(folder, TOKENIZER_FILE))
+        return
+    record = tokenizer.record
+    special = {
+        "pad_id": record.pad_id,
+        "unk_id": record.unk_id,
+        "bos_id": record.bos_id,
+        "eos_id": record.eos_id,
+    }
+    source, target = (spm.serialized_model_proto() for spm in (tokenizer.source, tokenizer.target))
+    write(folder, source, target, tokenizer.pieces, special, record.append_eos)
+
+
+def encode_targets(tokenizer, texts):
+    """The ids of each target text in `texts`: the joint SentencePiece model's own, or those a
+    vocabulary tokenizer maps the target model's pieces to."""
+    if maps_through_vocabulary(tokenizer):
+        return tokenizer.encode_target(texts)
+    return tokenizer.encode(list(texts), num_threads=os.cpu_count() or 1)
+
+
+def tokenizer_file(folder):
+    """The file `open_tokenizer` reads in `folder`: tokenizer.json where there is one, else tokenizer.model."""
+    return TOKENIZER_JSON if os.path.exists(os.path.join(folder, TOKENIZER_JSON)) else TOKENIZER_FILE
+
+
+def open_tokenizer_file(path):
+    """The tokenizer of a tokenizer.json (a vocabulary tokenizer's) or a SentencePiece model file."""
+    folder, name = os.path.split(path)
+    if name == TOKENIZER_JSON and not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: tokenizer not found")
+    return open_tokenizer(folder or ".", name)
+
+
 def files(folder):
     """The names of the files of the vocabulary tokenizer in `folder` (tokenizer.json first)."""
     record = VocabularyRecord.load(os.path.join(folder, TOKENIZER_JSON))
@@ -138,15 +186,13 @@ def open_tokenizer(folder, file=None):
     """The tokenizer of a run, prepared corpus or export folder: `file` (an export manifest's
     tokenizer), else its tokenizer.json where it has one, else tokenizer.model; a tokenizer.json is
     a vocabulary tokenizer, any other file a SentencePiece model."""
-    file = file or (
-        TOKENIZER_JSON if os.path.exists(os.path.join(folder, TOKENIZER_JSON)) else TOKENIZER_FILE
-    )
+    file = file or tokenizer_file(folder)
     return load(folder) if file == TOKENIZER_JSON else load_tokenizer(os.path.join(folder, file))
 
 
 def tokenizer_files(folder):
     """The files that make up the tokenizer of `folder` (`open_tokenizer`), to copy it whole."""
-    return files(folder) if os.path.exists(os.path.join(folder, TOKENIZER_JSON)) else [TOKENIZER_FILE]
+    return files(folder) if tokenizer_file(folder) == TOKENIZER_JSON else [TOKENIZER_FILE]
 
 
 def maps_through_vocabulary(tokenizer):

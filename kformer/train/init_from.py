@@ -1,6 +1,7 @@
 """Starting a new run from a trained one (kformer train --init-from RUN): fine-tuning on new data.
-RUN may be an imported one (kformer import) whose tokenizer is one SentencePiece model: it has no
-corpus to mix in and no recipe (its preset's, or the defaults); --pull-to-start holds it instead.
+RUN may be an imported one (kformer import), its tokenizer one SentencePiece model or a family's
+source and target models over a vocabulary: it has no corpus to mix in and no recipe (its preset's,
+or the defaults); --pull-to-start holds it instead.
 
 The new run keeps RUN's tokenizer, direction and model sizes, starts from the weights RUN
 translates with (best.weights.h5 where it kept one, else model.keras: averaged where it averages),
@@ -13,7 +14,6 @@ import logging
 import os
 
 from kformer import run_folder
-from kformer.contracts import TOKENIZER_FILE
 from kformer.contracts.digests import tokenizer_digest
 from kformer.contracts.pair import LanguagePair
 from kformer.contracts.prepared import is_prepared
@@ -26,9 +26,8 @@ from kformer.contracts.run import (
     ImportRecord,
     InitRecord,
 )
-from kformer.contracts.tokenizer import TOKENIZER_JSON
 from kformer.data import corpus as corpus_lib
-from kformer.data import tokenizer as tokenizer_lib
+from kformer.data import vocabulary
 from kformer.model.config import PRESETS, ModelConfig
 from kformer.train.recipe import FINE_TUNE, RECIPES, TrainingRecipe
 
@@ -65,17 +64,13 @@ def open_source(run_dir):
             f"--init-from {run_dir} is a `kformer export` folder; give the training directory it was exported from"
         )
     imported = os.path.exists(os.path.join(run_dir, IMPORT_FILE))
-    if imported and os.path.exists(os.path.join(run_dir, TOKENIZER_JSON)):
-        raise ValueError(
-            f"--init-from {run_dir} is an imported model whose tokenizer maps through a vocabulary "
-            f"({TOKENIZER_JSON}): fine-tuning one is not supported yet"
-        )
-    for name in (CONFIG_FILE, TOKENIZER_FILE, MODEL_FILE, *([] if imported else [CORPUS_FILE])):
+    tokenizer_name = vocabulary.tokenizer_file(run_dir)
+    for name in (CONFIG_FILE, tokenizer_name, MODEL_FILE, *([] if imported else [CORPUS_FILE])):
         if not os.path.exists(os.path.join(run_dir, name)):
             raise ValueError(f"--init-from {run_dir} is not a kformer training directory: {name} not found")
+    tokenizer_path = os.path.join(run_dir, tokenizer_name)
     config = ModelConfig.load(os.path.join(run_dir, CONFIG_FILE))
-    tokenizer_path = os.path.join(run_dir, TOKENIZER_FILE)
-    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
+    tokenizer = vocabulary.open_tokenizer(run_dir)
     config.check_tokenizer(tokenizer, tokenizer_path)
     if imported:
         direction = ImportRecord.load(os.path.join(run_dir, IMPORT_FILE)).direction

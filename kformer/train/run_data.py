@@ -9,13 +9,12 @@ import shutil
 import typing
 
 from kformer import folders, run_folder
-from kformer.contracts import TOKENIZER_FILE
 from kformer.contracts.digests import files_sha256, tokenizer_digest
 from kformer.contracts.prepared import MANIFEST_FILE, PreparedCorpus, is_prepared
 from kformer.contracts.run import CONFIG_FILE, DATA_DIR, CorpusRecord, RunFolder
 from kformer.data import corpus as corpus_lib
 from kformer.data import prepare as prepare_lib
-from kformer.data import tokenizer as tokenizer_lib
+from kformer.data import vocabulary
 from kformer.model.config import DEFAULT_PRESET, ModelConfig, preset
 from kformer.train import init_from as init_from_lib
 from kformer.train.recipe import TrainingRecipe, recipe
@@ -86,13 +85,14 @@ def run_data(out_dir, options):
     folder, corpus = _corpus(out_dir, options, direction, saved is not None, source)
     manifest = PreparedCorpus.load(folder)
     log.info("corpus: %s", prepare_lib.summary(manifest))
-    tokenizer_path = os.path.join(folder, TOKENIZER_FILE) if saved is None else RunFolder(out_dir).tokenizer
-    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
+    tokenizer_folder = folder if saved is None else out_dir
+    tokenizer_path = os.path.join(tokenizer_folder, vocabulary.tokenizer_file(tokenizer_folder))
+    tokenizer = vocabulary.open_tokenizer(tokenizer_folder)
     if saved is None:
         if source is not None and tokenizer_digest(tokenizer) != source.tokenizer_sha256:
             raise ValueError(
                 f"{folder} was prepared with another tokenizer than --init-from {source.run_dir}'s; "
-                "give the corpus as a file, or prepare it with `kformer prepare --tokenizer RUN/tokenizer.model`"
+                f"give the corpus as a file, or prepare it with `kformer prepare --tokenizer {source.tokenizer_path}`"
             )
         saved = _config(options, source, tokenizer.get_piece_size(), tokenizer_digest(tokenizer))
         if source is not None:
