@@ -260,7 +260,7 @@ def describe_weights(run_dir, file_path):
         best = BestRecord.load(path(run_dir, BEST_FILE))
         start = best.step == 0 and os.path.exists(path(run_dir, INIT_FILE))
         return (
-            f"{BEST_WEIGHTS_FILE} (step {best.step}, dev sample BLEU {best.bleu:.2f}"
+            f"{BEST_WEIGHTS_FILE} (step {best.step}, kept by its {best.describe()}"
             f"{': the weights this fine-tune started from' if start else ''}; "
             f"--weights last for {MODEL_FILE})"
         )

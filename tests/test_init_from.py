@@ -197,30 +197,50 @@ def test_fine_tuning_without_the_runs_corpus_trains_on_the_new_one_and_says_so(
     assert any("its prepared corpus" in m and "is gone" in m for m in messages), messages
 
 
-def test_a_fine_tune_whose_start_scores_best_says_so_in_its_last_lines(
-    tmp_path, trained_dir, domain_tsv, monkeypatch
-):
-    """Dev samples score 50 BLEU at step 0 and 10 after: best.weights.h5 is the start, and the run
-    ends saying so, and that --weights last holds what it learned; readers describe it too."""
+def _scripted(monkeypatch, bleu, loss):
+    """Each evaluation's scores from `bleu(n)` and `loss(n)`, n its number from 1 (two dev samples
+    an evaluation: the kept-by one first); returns the list of scored samples."""
     from kformer.train import keep_best
 
     scored = []
 
     def score(translations, references, language):
         scored.append(len(scored))
-        return {"bleu": 50.0 if len(scored) <= 2 else 10.0, "chrf": 50.0}  # two samples an evaluation
+        return {"bleu": bleu((len(scored) + 1) // 2), "chrf": 50.0}
 
     monkeypatch.setattr(keep_best.evaluate_lib, "score", score)
-    out = str(tmp_path / "tuned")
-    args = {**ARGS, "evaluation": Evaluation(minutes=0, steps=2, sentences=6)}
-    summary, messages = logged_messages(
-        lambda: train(out, data=domain_tsv, init_from=trained_dir, steps=4, **args)
+    monkeypatch.setattr(
+        keep_best.judge_lib, "mean_token_loss", lambda model, batches: loss((len(scored) + 1) // 2)
     )
-    assert summary["best"]["step"] == 0 and len(scored) == 6
+    return scored
+
+
+@pytest.mark.parametrize("judge", ["loss", "bleu"])
+def test_a_fine_tune_whose_start_scores_best_says_so_in_its_last_lines(
+    tmp_path, trained_dir, domain_tsv, monkeypatch, judge
+):
+    """The judged score is best at step 0 (the other score says otherwise): best.weights.h5 is
+    the start, and the run ends saying so, and that --weights last holds what it learned; readers
+    describe it too."""
+    scored = _scripted(
+        monkeypatch,
+        bleu=lambda n: (50.0 if n == 1 else 10.0) if judge == "bleu" else 10.0 * n,
+        loss=lambda n: (1.0 if n == 1 else 2.0) if judge == "loss" else 3.0 - n,
+    )
+    out = str(tmp_path / "tuned")
+    evaluation = Evaluation(minutes=0, steps=2, sentences=6, judge=None if judge == "loss" else judge)
+    summary, messages = logged_messages(
+        lambda: train(
+            out, data=domain_tsv, init_from=trained_dir, steps=4, **{**ARGS, "evaluation": evaluation}
+        )
+    )
+    assert summary["best"]["step"] == 0 and summary["best"]["judge"] == judge and len(scored) == 6
     warning = next(m for m in messages if m.startswith("best.weights.h5 holds the weights this run started"))
-    assert "BLEU 50.00 (6 sentences; the last scored 10.00)" in warning and "--weights last" in warning
+    kept = "dev loss 1.0000 (dev sample BLEU 10.00)" if judge == "loss" else "dev sample BLEU 50.00"
+    last = "dev loss 2.0000 (dev sample BLEU 30.00)" if judge == "loss" else "dev sample BLEU 10.00"
+    assert f"{kept} (6 sentences; the last: {last})" in warning and "--weights last" in warning
     described = run_folder.describe_weights(out, run_folder.weights_file(out))
-    assert "the weights this fine-tune started from" in described
+    assert f"kept by its {kept}: the weights this fine-tune started from" in described
     evaluated = run_kformer("evaluate", "--model", out, "--limit", "2")
     assert "the weights this fine-tune started from" in evaluated.stdout + evaluated.stderr
 
@@ -228,23 +248,20 @@ def test_a_fine_tune_whose_start_scores_best_says_so_in_its_last_lines(
 def test_a_fine_tune_that_gains_says_which_weights_readers_take(
     tmp_path, trained_dir, domain_tsv, monkeypatch
 ):
-    from kformer.train import keep_best
-
-    scored = []
-
-    def score(translations, references, language):
-        scored.append(len(scored))
-        return {"bleu": float(len(scored)), "chrf": 50.0}  # each evaluation better than the last
-
-    monkeypatch.setattr(keep_best.evaluate_lib, "score", score)
+    """The loss falls at each evaluation while BLEU on the sample does not move: a fine-tune keeps
+    its last evaluation's weights (by default, by the loss), and says which weights readers take."""
+    _scripted(monkeypatch, bleu=lambda n: 20.0, loss=lambda n: 3.0 - n)
     args = {**ARGS, "evaluation": Evaluation(minutes=0, steps=2, sentences=6)}
     out = str(tmp_path / "tuned")
     summary, messages = logged_messages(
         lambda: train(out, data=domain_tsv, init_from=trained_dir, steps=4, **args)
     )
-    assert summary["best"]["step"] == 4
+    assert summary["best"]["step"] == 4 and summary["best"]["loss"] == 0.0
     assert not [m for m in messages if "this run started from" in m]
-    assert any(m.startswith("readers take best.weights.h5 (step 4,") for m in messages), messages[-8:]
+    assert any(
+        m.startswith("readers take best.weights.h5 (step 4, kept by its dev loss 0.0000") for m in messages
+    ), messages[-8:]
+    assert any(m.endswith("the best by the whole dev split's loss of 3 evaluations") for m in messages)
     assert any(m.startswith("3 evaluations of the dev sample took ") for m in messages)
 
 

@@ -1,6 +1,7 @@
 """Keeping the best weights during training (kformer.train.keep_best), early stopping, and readers' choice."""
 
 import csv
+import itertools
 import os
 
 import keras
@@ -105,3 +106,66 @@ def test_early_stop_without_evaluations_is_one_line(tmp_path, corpus_tsv):
     with pytest.raises(ValueError, match="has no dev split"):
         train(str(tmp_path / "b"), "tiny", data=no_dev, steps=2, evaluation=Evaluation(early_stop=2), **ARGS)
     assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
+
+
+def _dev_batches(run, pairs, batch_tokens, pad_to_bucket=False):
+    from kformer.data import batches as batches_lib
+
+    batching = batches_lib.Batching.of(run.config, batch_tokens)
+    encoded = batches_lib.encode_pairs(run.tokenizer, pairs, batching)
+    return batches_lib.make_dataset(encoded, batching, training=False, pad_to_bucket=pad_to_bucket)
+
+
+def _numpy_mean_loss(run, pairs):
+    """The mean token cross-entropy of `pairs`, one pair at a time (no padding), in float64 numpy."""
+    total, tokens = 0.0, 0
+    for source, target in pairs:
+        source_ids, target_ids = run.tokenizer.encode(source), run.tokenizer.encode(target)
+        x = {"source_ids": np.array([source_ids]), "target_ids": np.array([[run.config.bos_id, *target_ids]])}
+        logits = np.asarray(run.model(x, training=False), np.float64)[0]
+        logits -= logits.max(-1, keepdims=True)
+        log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        labels = [*target_ids, run.config.eos_id]
+        total -= log_probs[np.arange(len(labels)), labels].sum()
+        tokens += len(labels)
+    return total / tokens
+
+
+def test_the_dev_loss_is_the_mean_cross_entropy_of_every_dev_token(trained_dir):
+    """What the loss judge scores: every target token of the dev split, padded batches or not."""
+    from kformer.train.judge import mean_token_loss
+
+    run = run_folder.load(trained_dir)
+    pairs = prepare.held_out(run_folder.prepared_folder(trained_dir), "dev")[:40]
+    expected = _numpy_mean_loss(run, pairs)
+    for batch_tokens, padded in ((64, False), (4096, False), (4096, True)):  # small batches, large, padded
+        batches = _dev_batches(run, pairs, batch_tokens, padded)
+        assert mean_token_loss(run.model, batches) == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_loss_judge_keeps_the_better_of_two_models_a_known_distance_apart(tmp_path, corpus_tsv):
+    """The weights of one run 10, 20 and 40 steps in (early on, each better than the last): the
+    loss ranks them in that order, and keep-best's rule keeps the better whichever comes first."""
+    from kformer.train import judge
+
+    out, recorded = str(tmp_path / "run"), WeightsAt()
+    train(out, "tiny", data=corpus_tsv, steps=40, evaluation=Evaluation(0), callbacks=[recorded], **ARGS)
+    run = run_folder.load(out)
+    batches = _dev_batches(run, prepare.held_out(run_folder.prepared_folder(out), "dev"), 4096)
+    losses = []
+    for step in (10, 20, 40):
+        for variable, value in zip(run.model.trainable_variables, recorded.at[step]):
+            variable.assign(value)
+        losses.append(judge.mean_token_loss(run.model, batches))
+    assert losses[0] > losses[1] > losses[2], losses
+    same_bleu = {"bleu": 10.0, "chrf": 10.0}
+    for worse, better in itertools.pairwise(losses):
+        assert judge.beats(
+            "loss", {**same_bleu, "loss": better}, BestRecord(0, **same_bleu, loss=worse, judge="loss")
+        )
+        assert not judge.beats(
+            "loss", {**same_bleu, "loss": worse}, BestRecord(0, **same_bleu, loss=better, judge="loss")
+        )
+    assert judge.beats(
+        "loss", {**same_bleu, "loss": losses[0]}, BestRecord(0, 99.0, 99.0)
+    )  # kept by BLEU: anew

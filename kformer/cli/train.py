@@ -4,6 +4,7 @@ import argparse
 import json
 
 from kformer.arguments import add_precision_option, data_spec, positive
+from kformer.contracts.run import JUDGES
 from kformer.data.corpus import DEFAULT_DIRECTION
 from kformer.data.tokenizer import VOCAB_SIZE
 from kformer.model.config import DEFAULT_PRESET, PRESETS
@@ -149,7 +150,13 @@ def _evaluation_options(p):
         help="dev sources an evaluation translates (default: %(default)s)",
     )
     group.add_argument(
-        "--early-stop", type=positive(int), metavar="N", help="stop after N evaluations without a BLEU gain"
+        "--early-stop", type=positive(int), metavar="N", help="stop after N evaluations without a gain"
+    )
+    group.add_argument(
+        "--keep-best-by",
+        choices=JUDGES,
+        help="what the best weights are kept by: the dev sample's BLEU, or the whole dev split's "
+        "loss (default: loss for a fine-tune, whose dev split is small; else bleu)",
     )
 
 
@@ -173,7 +180,9 @@ def options(args):
         strategy=make_strategy(args.strategy, args.connect_timeout),
         vocab_size=args.vocab_size,
         checkpoint_seconds=args.save_minutes * 60,
-        evaluation=Evaluation(args.eval_minutes, args.eval_steps, args.eval_sentences, args.early_stop),
+        evaluation=Evaluation(
+            args.eval_minutes, args.eval_steps, args.eval_sentences, args.early_stop, args.keep_best_by
+        ),
         init_from=args.init_from,
         mix_original=args.mix_original,
         recipe_changes={"pull_to_start": args.pull_to_start} if args.pull_to_start else None,

@@ -98,10 +98,22 @@ class TrainingState(Record):
     input: str | None = None
 
 
+BLEU, LOSS = "bleu", "loss"  # what a run keeps its best weights by (kformer.train.judge)
+JUDGES = (BLEU, LOSS)
+
+
+def describe_score(judge, bleu, loss):
+    """Dev scores in words, the one `judge` ranks by first."""
+    if judge == LOSS:
+        return f"dev loss {loss:.4f} (dev sample BLEU {bleu:.2f})"
+    return f"dev sample BLEU {bleu:.2f}"
+
+
 @dataclasses.dataclass(frozen=True)
 class BestRecord(Record):
-    """best.json: the step and dev sample scores of best.weights.h5, and how many evaluations
-    since have not beaten it."""
+    """best.json: the step and dev sample scores of best.weights.h5, what they were kept by
+    (`judge`: "bleu", or "loss" of the whole dev split: kformer.train.judge), and how many
+    evaluations since have not beaten it."""
 
     ERROR = RunError
 
@@ -110,6 +122,11 @@ class BestRecord(Record):
     chrf: float
     evaluations_since: int = 0
     sentences: int = 0
+    loss: float | None = None
+    judge: str = BLEU
+
+    def describe(self):
+        return describe_score(self.judge, self.bleu, self.loss)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ from kformer.data import batches as batches_lib
 from kformer.data.batches import Batching
 from kformer.model.config import ModelConfig
 from kformer.model.transformer import Transformer
-from kformer.train import distributed, inputs, precision_probe
+from kformer.train import distributed, inputs, judge, precision_probe
 from kformer.train import init_from as init_from_lib
 from kformer.train.callbacks import (
     INTERRUPTED,
@@ -410,6 +410,9 @@ def _keep_best(out_dir, evaluation, setup, chief, strategy, nan_guard):
     if not (evaluation.on and dev_text):
         return None
     language = setup.corpus.direction.target
+    evaluation = dataclasses.replace(
+        evaluation, judge=evaluation.judge or judge.default(setup.source is not None)
+    )
     samples = {"dev": dev_text}
     if setup.encoded.original is not None and setup.encoded.original.dev_text:
         samples["original"] = setup.encoded.original.dev_text  # what fine-tuning may forget

@@ -1,7 +1,8 @@
 """Keeping the best weights: every so often during training, translate a bounded sample of the dev
 split (greedy, batched, in graph mode) with the weights the run would translate with (averaged,
-float32), score it (BLEU, chrF), and keep the weights that scored best beside the latest
-(run_folder.BEST_WEIGHTS_FILE, with run_folder.BEST_FILE). With `patience`, training stops after that
+float32), score it (BLEU, chrF) and the whole dev split's loss, and keep the weights that score
+best by the run's judge (kformer.train.judge) beside the latest (run_folder.BEST_WEIGHTS_FILE,
+with run_folder.BEST_FILE). With `patience`, training stops after that
 many evaluations without a gain (early stopping). Evaluations take wall time, so the time budget
 counts them, and the budget's speed estimate (hence the schedule) includes them.
 
@@ -20,13 +21,22 @@ import keras
 
 from kformer import evaluate as evaluate_lib
 from kformer import run_folder
-from kformer.contracts.run import BEST_FILE, BEST_WEIGHTS_FILE, LOGS_DIR, MODEL_FILE, BestRecord
+from kformer.contracts.run import (
+    BEST_FILE,
+    BEST_WEIGHTS_FILE,
+    LOGS_DIR,
+    MODEL_FILE,
+    BestRecord,
+    describe_score,
+)
 from kformer.train import distributed
+from kformer.train import judge as judge_lib
 from kformer.train.callbacks import steps_done
 
 log = logging.getLogger("kformer")
 
 EVALUATIONS_FILE = "evaluations.csv"  # in the run's logs/
+LOSS_BATCH_TOKENS = 8192  # a batch of the dev loss: the memory of a training batch or less
 
 
 class KeepBest(keras.callbacks.Callback):
@@ -47,6 +57,9 @@ class KeepBest(keras.callbacks.Callback):
             sources, references = evaluate_lib.group_references(pairs)
             self.samples[name] = sources[: evaluation.sentences], references[: evaluation.sentences]
         self.sources, self.references = next(iter(self.samples.values()))
+        self.dev_pairs = next(iter(dev_pairs.values()))  # all of them: the loss is scored on each
+        self.judge = evaluation.judge or judge_lib.BLEU
+        self.dev_batches = None  # of `dev_pairs`, built at the first evaluation (the model's config)
         self.start_scores, self.last_scores = None, None  # {name: scores} before the first step, latest
         self.tokenizer, self.language, self.writes, self.strategy = tokenizer, language, writes, strategy
         self.nan_guard = nan_guard  # StopOnNaN: no evaluation of weights that went non-finite
@@ -55,6 +68,13 @@ class KeepBest(keras.callbacks.Callback):
         self.reason, self.seconds, self.evaluations = None, 0.0, 0
         best_path = run_folder.path(run_dir, BEST_FILE)
         self.best = BestRecord.load(best_path) if os.path.exists(best_path) else None  # a resumed run's
+        if self.best is not None and self.best.judge != self.judge:
+            log.warning(
+                "%s was kept by %s, this run keeps the best by %s: its next evaluation starts anew",
+                BEST_FILE,
+                self.best.judge,
+                self.judge,
+            )
         self.translator, self.summaries = None, None  # built at the first evaluation
 
     def on_train_begin(self, logs=None):
@@ -90,10 +110,13 @@ class KeepBest(keras.callbacks.Callback):
             for name, (sources, references) in self.samples.items()
         }
         scores = next(iter(self.last_scores.values()))
-        gained = self.best is None or (scores["bleu"], scores["chrf"]) > (self.best.bleu, self.best.chrf)
+        scores["loss"] = judge_lib.mean_token_loss(translator.translator.model, self._dev_batches())
+        gained = judge_lib.beats(self.judge, scores, self.best)
         since = 0 if gained else self.best.evaluations_since + 1
         if gained:
-            self.best = BestRecord(step, scores["bleu"], scores["chrf"])
+            self.best = BestRecord(
+                step, scores["bleu"], scores["chrf"], loss=scores["loss"], judge=self.judge
+            )
         self.best = dataclasses.replace(self.best, evaluations_since=since, sentences=len(self.sources))
         seconds = time.monotonic() - start
         self.evaluations, self.seconds, self.evaluated_step = (
@@ -105,19 +128,21 @@ class KeepBest(keras.callbacks.Callback):
             self._write(step, gained, seconds, translator.translator.model)
         others = "".join(f"; {name} BLEU {s['bleu']:.2f}" for name, s in list(self.last_scores.items())[1:])
         log.info(
-            "step %d: dev sample BLEU %.2f chrF %.2f%s (%d sentences, %.1f s)%s",
+            "step %d: dev sample BLEU %.2f chrF %.2f%s (%d sentences), dev loss %.4f (%d pairs); %.1f s%s",
             step,
             scores["bleu"],
             scores["chrf"],
             others,
             len(self.sources),
+            scores["loss"],
+            len(self.dev_pairs),
             seconds,
-            " - the best so far, kept"
+            f" - the best by {self.judge} so far, kept"
             if gained
-            else f"; best: {self.best.bleu:.2f} at step {self.best.step}",
+            else f"; best: step {self.best.step}, {self.best.describe()}",
         )
         if self.patience and since >= self.patience:
-            self.reason = f"no dev sample BLEU gain in {since} evaluations (--early-stop {self.patience})"
+            self.reason = f"no dev {self.judge} gain in {since} evaluations (--early-stop {self.patience})"
             self.model.stop_training = True
         self.last_time = time.monotonic()
 
@@ -146,24 +171,37 @@ class KeepBest(keras.callbacks.Callback):
             100 * self.seconds / max(run_seconds, 1e-9),
         )
         if self.kept_start:
-            last = next(iter(self.last_scores.values()))["bleu"]
+            last = next(iter(self.last_scores.values()))
             log.warning(
                 "%s holds the weights this run started from: none of its %d later evaluations beat "
-                "step 0's dev sample BLEU %.2f (%d sentences; the last scored %.2f). translate, evaluate "
-                "and export take it by default; what the run learned is in %s: pass --weights last",
+                "step 0's %s (%d sentences; the last: %s). translate, evaluate and export take it by "
+                "default; what the run learned is in %s: pass --weights last",
                 BEST_WEIGHTS_FILE,
                 self.evaluations - 1,
-                self.best.bleu,
+                self.best.describe(),
                 self.best.sentences,
-                last,
+                describe_score(self.judge, last["bleu"], last["loss"]),
                 MODEL_FILE,
             )
         else:
             log.info(
-                "readers take %s: the best dev sample BLEU of %d evaluations",
+                "readers take %s: the best by %s of %d evaluations",
                 run_folder.describe_weights(self.run_dir, run_folder.weights_file(self.run_dir)),
+                "the whole dev split's loss" if self.judge == judge_lib.LOSS else "dev sample BLEU",
                 self.evaluations,
             )
+
+    def _dev_batches(self):
+        """The dev pairs the loss is scored on, batched as the model's config cuts them (built once)."""
+        from kformer.data import batches as batches_lib
+
+        if self.dev_batches is None:
+            batching = batches_lib.Batching.of(self.model.config, LOSS_BATCH_TOKENS)
+            encoded = batches_lib.encode_pairs(self.tokenizer, self.dev_pairs, batching)
+            self.dev_batches = batches_lib.make_dataset(
+                encoded, batching, training=False, pad_to_bucket=False
+            )
+        return self.dev_batches
 
     def _translator_of_current_weights(self):
         """A greedy KerasRunner on a float32 copy of the model holding the weights a reader would
@@ -201,9 +239,10 @@ class KeepBest(keras.callbacks.Callback):
             writer = csv.writer(f)
             if new:
                 metrics = [f"{prefix}{metric}" for prefix in prefixes for metric in ("bleu", "chrf")]
-                writer.writerow(["step", *metrics, "sentences", "seconds", "best"])
+                writer.writerow(["step", *metrics, "sentences", "seconds", "best", "loss"])
             values = [f"{s[metric]:.3f}" for s in scores.values() for metric in ("bleu", "chrf")]
-            writer.writerow([step, *values, len(self.sources), f"{seconds:.2f}", gained])
+            loss = f"{self.last_scores[next(iter(self.samples))]['loss']:.5f}"
+            writer.writerow([step, *values, len(self.sources), f"{seconds:.2f}", gained, loss])
         import tensorflow as tf
 
         if self.summaries is None:  # one events file for the run's evaluations

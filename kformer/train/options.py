@@ -21,12 +21,14 @@ BUDGET_EVALUATIONS = 4  # a time budget shorter than this many EVAL_MINUTES is e
 class Evaluation:
     """When a run evaluates its dev sample (kformer.train.keep_best): every `minutes` of training
     (0: never) or, if given, every `steps` optimizer steps; on its first `sentences` dev sources;
-    `early_stop`: stop after that many evaluations without a gain (None: never)."""
+    `early_stop`: stop after that many evaluations without a gain (None: never); `judge`: what
+    the best is kept by (kformer.train.judge; None: its default for the run)."""
 
     minutes: float = EVAL_MINUTES
     steps: int | None = None
     sentences: int = EVAL_SENTENCES
     early_stop: int | None = None
+    judge: str | None = None
 
     @property
     def on(self):
