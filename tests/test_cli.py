@@ -70,6 +70,18 @@ def test_train_saves_every_save_minutes(monkeypatch, capsys):
     assert [c.checkpoint_seconds for c in calls] == [300, 30]
 
 
+def test_train_keeps_the_best_by_the_judge_asked_for(monkeypatch, capsys):
+    import kformer.train.fit
+
+    calls = []
+    monkeypatch.setattr(kformer.train.fit, "run", lambda out_dir, options: calls.append(options) or {})
+    for judge in ([], ["--keep-best-by", "loss"], ["--keep-best-by", "bleu"]):
+        main(["train", "--out", "X", "--steps", "3", *judge])
+    assert [c.evaluation.judge for c in calls] == [None, "loss", "bleu"]  # None: the run's default
+    with pytest.raises(SystemExit):
+        main(["train", "--out", "X", "--keep-best-by", "chrf"])
+
+
 def test_train_command_with_aligned_files(tmp_path, corpus_pairs, capsys):
     source, target = tmp_path / "train.zh", tmp_path / "train.en"
     source.write_text("".join(s + "\n" for s, _ in corpus_pairs), encoding="utf-8")

@@ -78,15 +78,20 @@ class KeepBest(keras.callbacks.Callback):
         self.translator, self.summaries = None, None  # built at the first evaluation
 
     def on_train_begin(self, logs=None):
-        self.last_time, self.evaluated_step = time.monotonic(), steps_done(self.model)
+        # Time counts from the end of the first step, whose tracing and compiling would otherwise
+        # bring a short run's first evaluation forward to step 1.
+        self.evaluated_step = steps_done(self.model)
         if len(self.samples) > 1 and self.evaluated_step == 0:  # what fine-tuning starts from
             self.evaluate(0)
             self.start_scores = self.last_scores
+        self.last_time = None
 
     def on_train_batch_end(self, batch, logs=None):
         step = steps_done(self.model)
         if step == self.evaluated_step:  # no update since (gradient accumulation)
             return
+        if self.last_time is None:
+            self.last_time = time.monotonic()
         due = (
             step % self.every_steps == 0
             if self.every_steps
@@ -128,14 +133,14 @@ class KeepBest(keras.callbacks.Callback):
             self._write(step, gained, seconds, translator.translator.model)
         others = "".join(f"; {name} BLEU {s['bleu']:.2f}" for name, s in list(self.last_scores.items())[1:])
         log.info(
-            "step %d: dev sample BLEU %.2f chrF %.2f%s (%d sentences), dev loss %.4f (%d pairs); %.1f s%s",
+            "step %d: dev sample BLEU %.2f chrF %.2f (%d sentences), dev loss %.4f (%d pairs)%s; %.1f s%s",
             step,
             scores["bleu"],
             scores["chrf"],
-            others,
             len(self.sources),
             scores["loss"],
             len(self.dev_pairs),
+            others,
             seconds,
             f" - the best by {self.judge} so far, kept"
             if gained
