@@ -710,3 +710,47 @@ def test_every_bench_function_reads_at_once():
             if len(lines) >= 60 or parameters >= 8:
                 too_long.append((path.name, node.name, len(lines), parameters))
     assert too_long == []
+
+
+def test_bench_judge_counts_the_resamples_each_judge_gets_right():
+    """Two fabricated runs: the better has the lower loss on every dev pair and the same
+    translations, so the loss prefers it on every resample and BLEU/chrF tie on each (half)."""
+    import numpy as np
+
+    from kformer.bench.judge import _shares
+
+    references = ["A cat sat.", "It rains today.", "We eat rice.", "He runs fast.", "Tea is hot."]
+    greedy = ["A cat sat.", "It rains.", "We eat.", "He ran fast.", "Tea hot."]
+    tokens = np.array([4, 4, 4, 4, 3])
+
+    def run(loss):
+        return {"greedy": greedy, "losses": (loss * tokens, tokens), "language": "en"}
+
+    references = [[r] for r in references]
+    shares = _shares(run(np.full(5, 1.0)), run(np.array([1.5, 1.1, 1.2, 2.0, 1.3])), references, 50, 0)
+    assert shares == {"bleu": 0.5, "chrf": 0.5, "loss": 1.0}
+    other = {**run(np.full(5, 2.0)), "greedy": [r for (r,) in references]}  # worse loss, perfect translations
+    shares = _shares(run(np.full(5, 1.0)), other, references, 50, 0)
+    assert shares == {"bleu": 0.0, "chrf": 0.0, "loss": 1.0}
+
+
+def test_bench_judge_finds_a_run_and_its_copy_alike(trained_dir, tmp_path, capsys):
+    """A run against a copy of itself: the same test BLEU, and every judge ties on every resample."""
+    from kformer.bench.judge import bench_judge, print_judge_table
+    from kformer.data import prepare
+
+    copy = str(tmp_path / "copy")
+    shutil.copytree(trained_dir, copy)
+    pairs = prepare.held_out(os.path.join(trained_dir, "data"), "dev")[:12]
+    dev, test = tmp_path / "dev.tsv", tmp_path / "test.tsv"
+    for path, part in ((dev, pairs[:8]), (test, pairs[8:])):
+        path.write_text("".join(f"{s}\t{t}\n" for s, t in part), encoding="utf-8")
+    results = bench_judge([trained_dir, copy], str(dev), str(test), resamples=20)
+    assert (results["dev_sources"], results["test_sources"]) == tuple(
+        len({s for s, _ in p}) for p in (pairs[:8], pairs[8:])
+    )
+    (row,) = results["pairs"]
+    assert row["test_bleu"][0] == row["test_bleu"][1]
+    assert (row["bleu"], row["chrf"], row["loss"]) == (0.5, 0.5, 0.5)
+    print_judge_table(results)
+    assert len(capsys.readouterr().out.splitlines()) == 3
