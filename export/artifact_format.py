@@ -53,22 +53,17 @@ class Format:
         variant of files per search."""
         return {search: f"{self.file(variant)}/{search}{self.extension}" for search in SEARCHES}
 
-    # Variants with the joint SentencePiece model inside their graph, which a vocabulary tokenizer
-    # (an imported model's, kformer.data.vocabulary) is not: they are not written for one.
-    sentencepiece_only = ()
     # Variants whose graph tokenizes in its own operations (kformer.export.text_graph), which hold
     # only the SentencePiece models kformer trains: not written for another tokenizer.
     text_graph_only = ()
 
-    def planned(self, quantize=(), vocabulary=False, text_graph=True):
+    def planned(self, quantize=(), text_graph=True):
         """The variants to write: every one that is not a quantization, and those asked for;
-        with a vocabulary tokenizer, none of `sentencepiece_only`; without `text_graph` (the text
-        graph cannot hold the tokenizer), none of `text_graph_only`."""
+        without `text_graph` (the text graph cannot hold the tokenizer), none of `text_graph_only`."""
         return [
             v
             for v in self.variants
             if (quantization(v) not in QUANTIZATIONS or quantization(v) in quantize)
-            and not (vocabulary and v in self.sentencepiece_only)
             and not (not text_graph and v in self.text_graph_only)
         ]
 

@@ -57,8 +57,7 @@ def export(
         argos.check_tokenizer(run.tokenizer)
     with folders.work_folder(out_dir, WORK_PREFIX) as work:
         tokenizer = _copy_tokenizer(model_dir, work, manifest.tokenizer)
-        vocabulary = vocabulary_lib.maps_through_vocabulary(run.tokenizer)
-        artifacts = _write_formats(module, work, formats, quantize, progress, vocabulary)
+        artifacts = _write_formats(module, work, formats, quantize, progress)
         manifest = manifest.replace(tokenizer=tokenizer, artifacts=tuple(artifacts))
         manifest.save(work)  # the runners read it during the check
         manifest = verify.verify_export(work, manifest, model_dir, run, progress)
@@ -135,9 +134,9 @@ def _copy_tokenizer(model_dir, work, entry):
     return dataclasses.replace(entry, file=names[0], sha256=digests.tree_sha256(os.path.join(work, names[0])))
 
 
-def _write_formats(module, work, formats, quantize, progress, vocabulary=False):
+def _write_formats(module, work, formats, quantize, progress):
     """Writes every variant planned (in the registry's order of formats) into `work`; returns
-    their Artifacts. `vocabulary`: the tokenizer is a vocabulary one (`Format.planned`)."""
+    their Artifacts."""
     from kformer.export.text_graph import sentencepiece
 
     text_graph_refusal = sentencepiece.refusal(module.tokenizer)
@@ -147,7 +146,7 @@ def _write_formats(module, work, formats, quantize, progress, vocabulary=False):
         (fmt, v)
         for name, fmt in FORMATS.items()
         if name in formats
-        for v in fmt.planned(quantize, vocabulary, text_graph=text_graph_refusal is None)
+        for v in fmt.planned(quantize, text_graph=text_graph_refusal is None)
     ]
     artifacts = []
     for number, (fmt, variant) in enumerate(steps, start=1):

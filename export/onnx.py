@@ -36,7 +36,6 @@ SEARCH_LOOPS = 1
 class Onnx(Format):
     name = "onnx"
     variants = ("fp32", "text", "int8", "int8-ort")  # fp32 first: the others are made from it
-    sentencepiece_only = ("text",)  # onnxruntime-extensions' SentencePiece ops in the graph
     extension = ".onnx"
 
     def runtime_variant(self, artifact_dir, variant):
@@ -82,12 +81,11 @@ def _search_model(module, path, variant, search, fp32):
         onnx_ort.matmul_nbits(proto)
         proto, domains = quantize(proto), (onnx_ort.DOMAIN,)  # the lookup table: int8, as in int8
     else:
+        from kformer.data.vocabulary import graph_tables
         from kformer.export.onnx_text import build_text_model
 
         core = onnx.load(fp32)
-        proto = build_text_model(
-            core, module.tokenizer.serialized_model_proto(), module.config.to_dict(), OPSET
-        )
+        proto = build_text_model(core, graph_tables(module.tokenizer), module.config.to_dict(), OPSET)
         domains = ("ai.onnx.contrib",)  # its SentencePiece ops
     # The text graph adds a Loop of its own: SentencepieceDecoder row by row.
     check(proto, path, domains, SEARCH_LOOPS + (variant == "text"))

@@ -18,23 +18,20 @@ def _const(name, value, dtype):
     return numpy_helper.from_array(np.asarray(value, dtype), name)
 
 
-def _tokenize_graph(tokenizer_proto, pad_id):
-    """text string (B,) -> source_ids int32 (B, S): SentencePiece and right padding (the core graph
-    keeps the first max_source_length of each row, as for ids)."""
+def _tokenize_graph(tables, pad_id, eos_id):
+    """text string (B,) -> source_ids int32 (B, S): SentencePiece, its ids looked up in the model's
+    vocabulary and EOS appended where `tables` (kformer.data.vocabulary.graph_tables) say so, and
+    right padding (the core graph keeps the first max_source_length of each row, as for ids)."""
+    source_proto, _, source_map, _, append_eos = tables
     n = helper.make_node
     nodes = [
-        n(
-            "SentencepieceTokenizer",
-            ["text", "nbest", "alpha", "add_bos", "add_eos", "reverse"],
-            ["pieces", "splits"],
-            domain=CONTRIB,
-            model=tokenizer_proto,
-        ),  # ragged: (M,) ids, (B+1,) row splits
+        *_piece_ids(source_proto, source_map),  # ragged: (M,) pieces, (B+1,) row splits
         n("Slice", ["splits", "zero_1d", "minus_one_1d"], ["starts"]),
         n("Slice", ["splits", "one_1d", "big_1d"], ["ends"]),
         n("Sub", ["ends", "starts"], ["lengths"]),  # (B,)
         n("ReduceMax", ["lengths"], ["longest"], keepdims=0),
-        n("Max", ["longest", "one"], ["width"]),  # at least one column, so an all-empty batch still runs
+        n("Add", ["longest", "eos_count"], ["longest_ended"]),
+        n("Max", ["longest_ended", "one"], ["width"]),  # at least one column: an all-empty batch runs
         n("Range", ["zero", "width", "one"], ["positions"]),  # (S,)
         n("Unsqueeze", ["starts", "one_1d"], ["starts_2d"]),
         n("Unsqueeze", ["positions", "zero_1d"], ["positions_2d"]),
@@ -45,14 +42,17 @@ def _tokenize_graph(tokenizer_proto, pad_id):
         n("Where", ["real", "flat_index", "piece_count"], ["safe_index"]),  # padding reads the appended pad
         n("Concat", ["pieces", "pad_1d"], ["pieces_padded"], axis=0),
         n("Gather", ["pieces_padded", "safe_index"], ["gathered"]),
-        n("Where", ["real", "gathered", "pad"], ["source_ids"]),
+        n("Equal", ["positions_2d", "lengths_2d"], ["at_end"]),  # (B, S): where EOS goes, if it does
+        n("And", ["at_end", "ends_with_eos"], ["eos_here"]),
+        n("Where", ["eos_here", "eos", "pad"], ["after"]),
+        n("Where", ["real", "gathered", "after"], ["source_ids"]),
     ]
     initializers = [
-        _const("nbest", 0, np.int64),
-        _const("alpha", 0.0, np.float32),
-        _const("add_bos", False, np.bool_),
-        _const("add_eos", False, np.bool_),
-        _const("reverse", False, np.bool_),
+        _const("eos_count", int(append_eos), np.int64),
+        _const("ends_with_eos", bool(append_eos), np.bool_),
+        _const("eos", eos_id, np.int32),
+        *([] if source_map is None else [_const("source_map", source_map, np.int32)]),
+        *_tokenizer_options(),
         _const("zero", 0, np.int64),
         _const("one", 1, np.int64),
         _const("zero_1d", [0], np.int64),
@@ -71,9 +71,37 @@ def _tokenize_graph(tokenizer_proto, pad_id):
     )
 
 
-def _detokenize_graph(tokenizer_proto, eos_id, pad_id):
+def _piece_ids(source_proto, source_map):
+    """Nodes: text (B,) -> pieces (M,), the model's id of each source piece, and splits (B+1,)."""
+    n = helper.make_node
+    tokenize = n(
+        "SentencepieceTokenizer",
+        ["text", "nbest", "alpha", "add_bos", "add_eos", "reverse"],
+        ["spm_ids", "splits"],
+        domain=CONTRIB,
+        model=source_proto,
+    )
+    if source_map is None:  # kformer's joint model: its own ids
+        return [tokenize, n("Identity", ["spm_ids"], ["pieces"])]
+    return [tokenize, n("Gather", ["source_map", "spm_ids"], ["pieces"])]
+
+
+def _tokenizer_options():
+    """SentencepieceTokenizer's option inputs: one segmentation, no sampling, no BOS/EOS of its own."""
+    return [
+        _const("nbest", 0, np.int64),
+        _const("alpha", 0.0, np.float32),
+        _const("add_bos", False, np.bool_),
+        _const("add_eos", False, np.bool_),
+        _const("reverse", False, np.bool_),
+    ]
+
+
+def _detokenize_graph(tables, eos_id, pad_id):
     """tokens int32 (B, N, T) -> translation string (B,): the best (first) of N, cut at EOS,
-    padding removed, one SentencepieceDecoder call per row (it decodes one sentence at a time)."""
+    padding (and any token with no target piece: `tables`' -1) removed, looked up in the target
+    SentencePiece model, one SentencepieceDecoder call per row (it decodes one sentence at a time)."""
+    _, target_proto, _, target_map, _ = tables
     n = helper.make_node
     nodes = [
         n("Gather", ["tokens", "zero"], ["best"], axis=1),  # (B, T)
@@ -83,17 +111,50 @@ def _detokenize_graph(tokenizer_proto, eos_id, pad_id):
         n("Equal", ["eos_seen", "zero_int"], ["before_eos"]),
         n("Equal", ["best", "pad"], ["is_pad"]),
         n("Not", ["is_pad"], ["not_pad"]),
-        n("And", ["before_eos", "not_pad"], ["keep"]),
+        n("And", ["before_eos", "not_pad"], ["kept"]),
+        n("Identity", ["best"], ["spm_ids"])
+        if target_map is None
+        else n("Gather", ["target_map", "best"], ["spm_ids"]),  # (B, T) the target model's ids, -1: none
+        n("Less", ["spm_ids", "zero_int"], ["no_piece"]),
+        n("Not", ["no_piece"], ["has_piece"]),
+        n("And", ["kept", "has_piece"], ["keep"]),
         n("Shape", ["best"], ["best_shape"]),
         n("Gather", ["best_shape", "zero"], ["rows"]),
     ]
-    body = helper.make_graph(
+    nodes += [
+        n("Loop", ["rows", "true"], ["texts"], body=_decode_row(target_proto)),  # (B, 1)
+        n("Squeeze", ["texts", "one_1d"], ["translation"]),
+    ]
+    initializers = [
+        _const("zero", 0, np.int64),
+        _const("one", 1, np.int32),
+        _const("zero_int", 0, np.int32),
+        _const("eos", eos_id, np.int32),
+        _const("pad", pad_id, np.int32),
+        _const("true", True, np.bool_),
+        _const("one_1d", [1], np.int64),
+        *([] if target_map is None else [_const("target_map", target_map, np.int32)]),
+    ]
+    shape = ["batch", "hypotheses", "steps"]
+    return helper.make_graph(
+        nodes,
+        "detokenize",
+        [helper.make_tensor_value_info("tokens", TensorProto.INT32, shape)],
+        [helper.make_tensor_value_info("translation", TensorProto.STRING, ["batch"])],
+        initializers,
+    )
+
+
+def _decode_row(target_proto):
+    """The Loop body of the detokenizer: row i's ids, those kept, -> its text (1,)."""
+    n = helper.make_node
+    return helper.make_graph(
         [
-            n("Gather", ["best", "i"], ["row"], axis=0),
+            n("Gather", ["spm_ids", "i"], ["row"], axis=0),
             n("Gather", ["keep", "i"], ["row_keep"], axis=0),
             n("Compress", ["row", "row_keep"], ["row_ids"], axis=0),
             n("Cast", ["row_ids"], ["row_ids64"], to=TensorProto.INT64),
-            n("SentencepieceDecoder", ["row_ids64"], ["row_text"], domain=CONTRIB, model=tokenizer_proto),
+            n("SentencepieceDecoder", ["row_ids64"], ["row_text"], domain=CONTRIB, model=target_proto),
             n("Identity", ["condition"], ["condition_out"]),
         ],
         "decode_row",
@@ -105,27 +166,6 @@ def _detokenize_graph(tokenizer_proto, eos_id, pad_id):
             helper.make_tensor_value_info("condition_out", TensorProto.BOOL, []),
             helper.make_tensor_value_info("row_text", TensorProto.STRING, [1]),
         ],
-    )
-    nodes += [
-        n("Loop", ["rows", "true"], ["texts"], body=body),  # (B, 1)
-        n("Squeeze", ["texts", "one_1d"], ["translation"]),
-    ]
-    initializers = [
-        _const("zero", 0, np.int64),
-        _const("one", 1, np.int32),
-        _const("zero_int", 0, np.int32),
-        _const("eos", eos_id, np.int32),
-        _const("pad", pad_id, np.int32),
-        _const("true", True, np.bool_),
-        _const("one_1d", [1], np.int64),
-    ]
-    shape = ["batch", "hypotheses", "steps"]
-    return helper.make_graph(
-        nodes,
-        "detokenize",
-        [helper.make_tensor_value_info("tokens", TensorProto.INT32, shape)],
-        [helper.make_tensor_value_info("translation", TensorProto.STRING, ["batch"])],
-        initializers,
     )
 
 
@@ -148,20 +188,20 @@ def _prefixed(graph, prefix, keep):
     return graph
 
 
-def build_text_model(core, tokenizer_proto, config, opset):
-    """core: the ids ONNX model of one search (source_ids, options -> tokens, scores). Returns
-    text, options -> translation.
+def build_text_model(core, tables, config, opset):
+    """core: the ids ONNX model of one search (source_ids, options -> tokens, scores); tables: the
+    tokenizer's (kformer.data.vocabulary.graph_tables). Returns text, options -> translation.
 
     The three graphs are concatenated in order (tokenize, search, detokenize) rather than merged
     with onnx.compose, whose pruning cannot see the outer-scope values the core's Loop body
     reads, and whose renaming does not reach them either."""
     pre = _prefixed(
-        _tokenize_graph(tokenizer_proto, config["pad_id"]),
+        _tokenize_graph(tables, config["pad_id"], config["eos_id"]),
         "tokenize/",
         keep={"text", "source_ids"},
     )
     post = _prefixed(
-        _detokenize_graph(tokenizer_proto, config["eos_id"], config["pad_id"]),
+        _detokenize_graph(tables, config["eos_id"], config["pad_id"]),
         "detokenize/",
         keep={"translation"},
     )
