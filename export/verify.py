@@ -41,7 +41,8 @@ def probe_batches(config, rng_seed=0):
 
 def check_sentences(model_dir):
     """(sources, references, name): the first CHECK_SENTENCES dev sentences of the model's corpus,
-    on which every artifact is compared with Keras; a few probe texts when the corpus is gone."""
+    on which every artifact is compared with Keras; a few probe texts when the corpus is gone or
+    its dev split is empty (a corpus of a few hundred pairs)."""
     from kformer.evaluate import split_references
 
     try:

@@ -19,7 +19,7 @@ log = logging.getLogger("kformer")
 def split_references(model_dir, split="test"):
     """(sources, references) of a held-out split of the corpus a model was trained on, as it was
     prepared (kformer.data.prepare): `group_references` of its pairs. `model_dir`: a training
-    directory, or an export folder (the run it was exported from)."""
+    directory, or an export folder (the run it was exported from). An empty split is refused."""
     if os.path.exists(os.path.join(model_dir, MANIFEST_FILE)):
         trained_in = ExportManifest.load(model_dir).trained_in
         if trained_in is None:
@@ -33,7 +33,13 @@ def split_references(model_dir, split="test"):
             f"{model_dir} was imported ({IMPORT_FILE}) and has no corpus to take the {split} split "
             "from (kformer evaluate: give --source and --reference)"
         )
-    return group_references(prepare_lib.held_out(run_folder.prepared_folder(model_dir), split))
+    pairs = prepare_lib.held_out(run_folder.prepared_folder(model_dir), split)
+    if not pairs:  # a corpus of a few hundred pairs holds none out
+        raise ValueError(
+            f"{model_dir}'s {split} split is empty: its corpus was too small to hold pairs out "
+            "(kformer evaluate: give --source and --reference)"
+        )
+    return group_references(pairs)
 
 
 def file_references(source_file, reference_file):

@@ -434,3 +434,19 @@ def test_a_truncated_training_position_is_recovered_or_refused_naming_the_file(t
     os.remove(os.path.join(out, "training.json"))
     code, stdout, err = run([*argv, "--steps", "6"], capsys)
     assert code == 0 and '"steps": 6' in stdout, err
+
+
+def test_a_run_whose_corpus_held_nothing_out_evaluates_and_exports_as_it_can(tmp_path, corpus_tsv, capsys):
+    """A corpus too small to hold pairs out (here --split-size 0): `evaluate` without files is one
+    line saying to give them, and the export checks its files on the probe texts."""
+    from kformer.data.prepare import PrepareOptions, prepare
+    from kformer.export.verify import PROBE_TEXTS, check_sentences
+    from kformer.train.fit import train
+    from kformer.train.options import Evaluation
+
+    prepared, out = str(tmp_path / "prepared"), str(tmp_path / "run")
+    prepare(corpus_tsv, prepared, PrepareOptions(vocab_size=1200, split_size=0))
+    train(out, "tiny", data=prepared, steps=1, xla=False, verbose=0, evaluation=Evaluation(0))
+    assert main(["evaluate", "--model", out]) == 2
+    assert "test split is empty: its corpus was too small to hold pairs out" in capsys.readouterr().err
+    assert check_sentences(out)[0] == PROBE_TEXTS
