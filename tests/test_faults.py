@@ -13,6 +13,7 @@ import pytest
 from conftest import KFORMER, PYTHON, run_kformer, saved_weights
 
 from kformer import run_folder
+from kformer.contracts import TOKENIZER_FILE
 from kformer.contracts.run import TrainingState
 from kformer.train.fit import train
 
@@ -81,7 +82,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_resumes_exactly(tmp_path, c
         for name in (
             run_folder.CONFIG_FILE,
             run_folder.RECIPE_FILE,
-            run_folder.TOKENIZER_FILE,
+            TOKENIZER_FILE,
             run_folder.CORPUS_FILE,
         ):
             shutil.copy(run_folder.path(out, name), reference)  # the same tokenizer and corpus

@@ -13,6 +13,7 @@ import pytest
 from conftest import python_lines, saved_weights
 
 from kformer import run_folder
+from kformer.contracts import TOKENIZER_FILE
 from kformer.train.fit import train
 from kformer.train.recipe import recipe
 from kformer.train.schedules import budget_warmup
@@ -215,7 +216,7 @@ def test_a_resume_restores_the_input_position_and_continues_the_same_batches(tmp
     for name in (
         run_folder.CONFIG_FILE,
         run_folder.RECIPE_FILE,
-        run_folder.TOKENIZER_FILE,
+        TOKENIZER_FILE,
         run_folder.CORPUS_FILE,
     ):
         shutil.copy(run_folder.path(stopped, name), whole)  # the same tokenizer and corpus
