@@ -52,7 +52,8 @@ def _scored(run_dir, dev, test):
     greedy = KerasRunner(run.model, run.tokenizer, SearchOptions(beam_size=1), language=language)
     beam = KerasRunner(run.model, run.tokenizer, SearchOptions(beam_size=4), language=language)
     sums, tokens = _pair_losses(run, dev.pairs)
-    of_source = np.array([dev.sources.index(s) for s, _ in dev.pairs])  # each pair's source
+    position = {source: i for i, source in enumerate(dev.sources)}
+    of_source = np.array([position[s] for s, _ in dev.pairs])  # each pair's source
     count = len(dev.sources)
     return {
         "greedy": greedy.translate(dev.sources),

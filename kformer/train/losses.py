@@ -22,7 +22,7 @@ def smoothed_cross_entropy(labels, logits, smoothing, pad_id=0):
     vocab_size = logits.shape[-1]  # static: the output projection fixes it
     off_value = smoothing / (vocab_size - 1)
     on_value = 1.0 - smoothing + off_value
-    not_pad = tf.one_hot(pad_id, vocab_size, on_value=1.0, off_value=0.0) < 0.5  # (V,)
+    not_pad = tf.one_hot(pad_id, vocab_size, on_value=0.0, off_value=1.0)  # (V,) 1.0 but at pad
 
     @tf.custom_gradient
     def cross_entropy(z):
@@ -30,12 +30,12 @@ def smoothed_cross_entropy(labels, logits, smoothing, pad_id=0):
         log_sum_exp = tf.reduce_max(z, -1) - tf.math.log(tf.reduce_max(probs, -1))  # (B, T)
         label_logit = tf.gather(z, labels[..., None], batch_dims=len(labels.shape))[..., 0]  # (B, T)
         # sum_v target_v * z_v = (1 - e) * z_label + e / (V - 1) * sum_{v != pad} z_v
-        others = tf.reduce_sum(z[..., :pad_id], -1) + tf.reduce_sum(z[..., pad_id + 1 :], -1)  # (B, T)
+        others = tf.tensordot(z, not_pad, axes=1)  # (B, T); a product, not a sum of slices (copies)
         loss = log_sum_exp - (1.0 - smoothing) * label_logit - off_value * others
 
         def gradient(upstream):  # (B, T) -> (B, T, V)
             target = tf.one_hot(labels, vocab_size, on_value=on_value, off_value=off_value)
-            target = tf.where(not_pad, target, 0.0)
+            target = target * not_pad
             return upstream[..., None] * (probs - target)
 
         return loss, gradient
