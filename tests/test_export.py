@@ -438,6 +438,34 @@ def test_text_in_text_out(artifacts, model_dir):
     assert opened(TfliteRunner, artifacts, BEAM).translate(texts) == expected
 
 
+def test_the_savedmodels_text_decoding_gives_sentencepieces_text(model_dir):
+    """Outputs that start as a model's rarely do (lone "▁" pieces, the unknown piece first, EOS
+    and padding after): the SavedModel's decoding (TF Text's decoder, which drops only the first
+    piece's space, the unknown's " ⁇ " too) gives sentencepiece's text."""
+    import tensorflow as tf
+
+    from kformer import run_folder
+    from kformer.export.module import ExportModule
+
+    run = run_folder.load(model_dir)
+    module, tokenizer, config = ExportModule(run.model, run.tokenizer), run.tokenizer, run.config
+    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.get_piece_size())]
+    space = pieces.index("▁")
+    word = next(i for i, p in enumerate(pieces) if p.startswith("▁") and len(p) > 1)  # "▁T"
+    inner = next(i for i, p in enumerate(pieces) if not p.startswith(("▁", "<")))  # "好"
+    assert module.lone_space_id == space
+    pool = [space, space, word, inner, tokenizer.unk_id(), config.eos_id, config.pad_id]
+    rng = np.random.default_rng(3)
+    rows = np.array([rng.choice(pool, 6) for _ in range(400)] + [[space] * 6], np.int32)
+    before_eos = np.cumsum(rows == config.eos_id, axis=1) == 0
+    keep = before_eos & (rows != config.pad_id)
+    tokens, kept = module._as_sentencepiece_decodes(tf.constant(rows), tf.constant(keep))
+    texts = module.target_tokenizer.detokenize(tf.ragged.boolean_mask(tokens, kept)).numpy()
+    expected = [tokenizer.decode(row[k].tolist()) for row, k in zip(rows, keep)]
+    assert [t.decode() for t in texts] == expected
+    assert sum(e.startswith(" ⁇") for e in expected) > 20
+
+
 # The most nodes each loop body of the tiny model's fp32 files may have (beam search, then greedy:
 # ONNX's one loop, TFLite's loop of each pass), as the pinned tf2onnx and TFLite converter write
 # them. ONNX's include the drop of the rows done (kformer.decode.search's DropDone: 31 nodes a greedy

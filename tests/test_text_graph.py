@@ -79,6 +79,15 @@ def test_sentencepiece_encodes_and_decodes_as_the_library(tokenizer, test_split)
         rng.integers(0, tokenizer.get_piece_size(), rng.integers(0, 10)).tolist() for _ in range(1000)
     ]
     sequences += [[2, 5, 6], [1, 1, 7], [3], [0, 1]]
+    # Lone "▁" pieces first: sentencepiece drops the "▁" of each piece until one leaves text.
+    space = tokenizer.piece_to_id("▁")
+    word = next(
+        i
+        for i in range(tokenizer.get_piece_size())
+        if tokenizer.id_to_piece(i).startswith("▁") != (i == space)
+    )
+    pool = [space, space, word, tokenizer.unk_id(), 1, 2, 7]
+    sequences += [rng.choice(pool, rng.integers(1, 6)).tolist() for _ in range(300)]
     text, sizes = (t.numpy() for t in graph_sentencepiece.decode(tables, *_padded(sequences, np.int32)))
     got = ["".join(map(chr, text[i, : sizes[i]])) for i in range(len(sequences))]
     assert got == [tokenizer.decode(s) for s in sequences]

@@ -234,14 +234,20 @@ def is_piece(tables, chars):
 def decode(tables, ids, counts):
     """ids (B, T) int32, counts (B,) -> (text (B, M) int32 code points, zeros after each row's
     end; counts (B,)): sentencepiece's `decode`: control pieces vanish, the unknown piece reads
-    as its surface, and the text's first space (a piece's "▁" before anything else) is dropped."""
+    as its surface, and a piece's "▁" before any text is dropped: with remove_extra_whitespaces,
+    that of every piece until one leaves a character (a lone "▁" leaves none), else the first's."""
     inside = tf.range(tf.shape(ids)[1])[tf.newaxis, :] < counts[:, tf.newaxis]
     ids = tf.where(inside, ids, 0)
     lengths = tf.where(inside, tf.gather(tables.surface_lengths, ids), 0)  # (B, T)
     starts = tf.gather(tables.surface_starts, ids)
-    first = tf.cumsum(lengths, axis=1, exclusive=True) == 0  # nothing before it but empty pieces
     leading_space = tf.equal(tf.gather(tf.constant(tables.surface_text), starts), SPACE)
-    drop = first & leading_space & (lengths > 0) & ~tf.gather(tables.unknown_kinds, ids)
-    drop = tf.cast(drop, tf.int32) * int(tables.add_dummy_prefix)  # the space the prefix added
+    leading_space &= (lengths > 0) & ~tf.gather(tables.unknown_kinds, ids)
+    if tables.remove_extra_whitespaces:  # pieces before it all empty once their "▁" is dropped
+        leaves_text = (lengths - tf.cast(leading_space, tf.int32)) > 0
+        first = tf.cumsum(tf.cast(leaves_text, tf.int32), axis=1, exclusive=True) == 0
+    else:  # nothing before it but empty pieces
+        first = tf.cumsum(lengths, axis=1, exclusive=True) == 0
+    drop = tf.cast(first & leading_space, tf.int32)
+    drop *= int(tables.add_dummy_prefix or tables.remove_extra_whitespaces)  # sentencepiece's condition
     text = tf.constant(tables.surface_text)[tf.newaxis, :]  # (1, all pieces' characters)
     return ragged.join_parts(text, tf.zeros_like(ids), starts + drop, lengths - drop)
