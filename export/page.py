@@ -10,6 +10,8 @@ import contextlib
 import os
 
 from kformer.contracts.export import ExportManifest
+from kformer.contracts.tokenizer import TOKENIZER_JSON
+from kformer.data import vocabulary as vocabulary_lib
 
 WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
 NODE_MODULES = os.path.join(WEB_DIR, "node_modules")
@@ -18,7 +20,7 @@ ROUTES = {
     "/litert/": os.path.join(NODE_MODULES, "@litertjs", "core"),
     "/litert-utils/": os.path.join(NODE_MODULES, "@litertjs", "wasm-utils", "dist"),
 }
-PAGE_FILES = ("index.html", "kformer.js", "sentencepiece.js", "sentences.js")
+PAGE_FILES = ("index.html", "kformer.js", "sentencepiece.js", "sentences.js", "vocabulary.js")
 # runtime in the page -> (export format, variants it can run)
 PAGE_RUNTIMES = {"onnx": ("onnx", ("fp32", "int8")), "litert": ("tflite", ("fixed",))}
 CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright's own browser download is not reachable here
@@ -59,18 +61,26 @@ def served_files(artifact_dir, manifest):
     lists, the files inside a listed folder included: what the server serves of the folder, and
     all it serves besides the manifest (never another file put there, nor a link)."""
     found, folder = {}, os.path.realpath(artifact_dir)
-    for entry in manifest.entries():
-        path = os.path.join(artifact_dir, entry.file)
+    for file in [entry.file for entry in manifest.entries()] + _tokenizer_parts(artifact_dir, manifest):
+        path = os.path.join(artifact_dir, file)
         inside = (
             [path]
             if os.path.isfile(path)
             else [os.path.join(d, f) for d, _, files in os.walk(path) for f in files]
         )
-        for file in inside:
-            real = os.path.realpath(file)  # a listed folder may itself be a link out of the export
-            if os.path.isfile(file) and os.path.commonpath([real, folder]) == folder:
-                found[os.path.relpath(file, artifact_dir).replace(os.sep, "/")] = file
+        for inner in inside:
+            real = os.path.realpath(inner)  # a listed folder may itself be a link out of the export
+            if os.path.isfile(inner) and os.path.commonpath([real, folder]) == folder:
+                found[os.path.relpath(inner, artifact_dir).replace(os.sep, "/")] = inner
     return found
+
+
+def _tokenizer_parts(artifact_dir, manifest):
+    """The files an imported model's tokenizer.json names (its source and target SentencePiece
+    models and vocabulary; the page checks each against tokenizer.json's sha256), else none."""
+    if manifest.tokenizer.file != TOKENIZER_JSON:
+        return []
+    return [file for file in vocabulary_lib.files(artifact_dir) if file != TOKENIZER_JSON]
 
 
 @contextlib.contextmanager

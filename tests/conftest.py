@@ -26,6 +26,7 @@ from kformer.data import corpus as corpus_lib
 from kformer.data import prepare as prepare_lib
 from kformer.data import tokenizer as tokenizer_lib  # noqa: E402
 from kformer.decode.options import SearchOptions  # noqa: E402
+from kformer.export import page as web  # noqa: E402
 from kformer.export.exporter import export  # noqa: E402
 from kformer.export.formats import FORMATS  # noqa: E402
 from kformer.model.config import preset  # noqa: E402
@@ -89,6 +90,36 @@ def python_lines(script, *args, python=PYTHON, **settings):
     """The output lines of `python -c script args...` (`output`); `python`: another interpreter
     (a venv of its own)."""
     return output([python, "-c", script, *args], **settings).strip().splitlines()
+
+
+def need(available, reason):
+    """Skips the test for want of a tool, saying why; in CI (CI=true), fails it."""
+    if not available:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason} (CI must run this test)")
+        pytest.skip(reason)
+
+
+def need_packages():
+    need(
+        all(os.path.isdir(folder) for folder in web.ROUTES.values()),
+        f"the page's JavaScript packages are missing: run `npm ci --prefix {web.WEB_DIR}`",
+    )
+
+
+def need_browser():
+    need(
+        os.path.exists(web.CHROMIUM), f"{web.CHROMIUM} not found: install Debian's chromium (make test does)"
+    )
+    need_packages()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium (Playwright) for the page's tests."""
+    need_browser()
+    with web.chromium() as browser:
+        yield browser
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from conftest import output, python_lines
-from test_web import need
+from conftest import need, output, python_lines
 
 from kformer.bench.argos import argos_python, argos_translations, bench_argos, offline_environment
 from kformer.contracts import TOKENIZER_FILE

@@ -19,8 +19,11 @@ from conftest import output, python_lines, run_kformer
 from kformer.data import corpus as corpus_lib
 from kformer.data import prepare as prepare_lib
 from kformer.decode.options import SearchOptions
+from kformer.decode.sentences import split_sentences
+from kformer.export import page as web
 from kformer.export.formats import open_listed, open_runner
 from kformer.importers import import_model
+from kformer.serve.server import serving_page
 
 REFERENCE = os.path.join(os.path.dirname(__file__), "marian_reference.py")
 SENTENCES = 200  # of the test split, one sentence each: what the parity tests translate
@@ -345,7 +348,7 @@ def test_the_onnx_text_files_map_through_the_vocabulary(imports, exported, searc
 
 
 def test_kformer_serve_serves_an_imported_models_export(imports, exported):
-    """The README's way to serve an import: its export, through `kformer serve` (no page)."""
+    """The README's way to serve an import: its export, through `kformer serve`, page included."""
     from conftest import KFORMER
     from test_serve import request
 
@@ -356,7 +359,7 @@ def test_kformer_serve_serves_an_imported_models_export(imports, exported):
     try:
         lines = [server.stdout.readline() for _ in range(3)]  # loading, serving at URL, the page
         url = re.search(r"http://\S+/", lines[1]).group()
-        assert lines[2].startswith("no page: an imported model's tokenizer"), lines
+        assert lines[2].startswith(f"page: {url}?runtime=onnx"), lines
         runner = open_listed(exported, "onnx", options=SearchOptions(beam_size=1))
         status, _, answer = request(url + "v1/translate", {"texts": model.sources[:3], "beam_size": 1})
         assert status == 200, answer
@@ -364,6 +367,40 @@ def test_kformer_serve_serves_an_imported_models_export(imports, exported):
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["onnx", "litert"])
+def test_the_page_translates_an_import_as_transformers(imports, exported, browser, runtime):
+    """The page in Chromium, on the zh-en import's export (its JavaScript SentencePiece with the
+    NFKC character map, the vocabulary, EOS appended): greedy and beam text equal the Python
+    runner's of the same file on every source; greedy text equals transformers' output, decoded,
+    on every one-sentence source where transformers stopped by its own EOS."""
+    model = imports("zh-en")
+    fmt, (variant, *_) = web.PAGE_RUNTIMES[runtime]
+    options = {"max_length": GREEDY.max_length, "no_repeat_ngram": 0}
+    with serving_page(exported, runtime, variant) as url:
+        page = browser.new_page()
+        page.goto(url)
+        beam_size = page.evaluate("window.kformer.ready")["beamSize"]
+        pages = {}
+        for beam in (1, beam_size):
+            pages[beam] = page.evaluate(
+                "([lines, o]) => window.kformer.translate(lines, o)",
+                [model.sources, {"beam": beam, "maxLength": options["max_length"], "noRepeatNgram": 0}],
+            )
+            runner = open_listed(exported, fmt, variant, options=SearchOptions(beam_size=beam))
+            assert pages[beam] == runner.translate(model.sources, SearchOptions(**options)), beam
+    to_kformer = np.argsort(marian_ids(model.folder, model.run))
+    tokenizer = open_runner(model.run).tokenizer
+    limits = [min(len(i) + 50, GREEDY.max_length) for i in model.theirs["input_ids"]]
+    compared = [
+        (got, tokenizer.decode(to_kformer[theirs[:-1]].tolist()))
+        for source, got, theirs, limit in zip(model.sources, pages[1], model.theirs["output_ids"], limits)
+        if split_sentences(source) == [source] and len(theirs) < limit
+    ]
+    assert [got for got, theirs in compared if got != theirs] == []
+    assert len(compared) > len(model.sources) / 2
 
 
 def _marian_rows(batch, to_marian):

@@ -5,8 +5,8 @@ import json
 import os
 
 import pytest
-from conftest import output
-from test_web import NODE, need, split_sentences
+from conftest import need, output
+from test_web import NODE, split_sentences
 
 from kformer.decode import sentences
 from kformer.export import page

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import BEAM, MAX_LENGTH, run_process
+from conftest import BEAM, MAX_LENGTH, need, need_packages, run_process
 
 from kformer.data import corpus as corpus_lib
 from kformer.data import prepare as prepare_lib
@@ -23,13 +23,7 @@ from kformer.serve.server import serving, serving_page
 
 NODE = shutil.which("node")
 TOKENIZER_JS = os.path.join(web.WEB_DIR, "sentencepiece.js")
-
-
-def need(available, reason):
-    if not available:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{reason} (CI must run this test)")
-        pytest.skip(reason)
+VOCABULARY_JS = os.path.join(web.WEB_DIR, "vocabulary.js")
 
 
 def split_sentences():
@@ -45,14 +39,24 @@ def node_tokenize(model_path, texts, ids, tmp_path):
 
 
 def node_tokenizer(model_path, texts, ids, tmp_path):
-    """The finished Node process (conftest.Ran) of `node_tokenize`."""
+    """The finished Node process (conftest.Ran) of `node_tokenize`: `model_path` a SentencePiece
+    model, or the tokenizer.json of a vocabulary tokenizer (export/web/vocabulary.js)."""
     need(NODE, "node not found: the page's tokenizer is checked with Node")
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"texts": texts, "ids": ids}), encoding="utf-8")
     script = (
-        f"import {{ readFileSync }} from 'node:fs'; import {{ SentencePiece }} from {json.dumps(TOKENIZER_JS)};"
+        "import { readFileSync } from 'node:fs'; import { dirname, join } from 'node:path';"
+        f"import {{ SentencePiece }} from {json.dumps(TOKENIZER_JS)};"
+        f"import {{ VocabularyTokenizer }} from {json.dumps(VOCABULARY_JS)};"
         "const [model, input] = process.argv.slice(1);"
-        "const sp = new SentencePiece(new Uint8Array(readFileSync(model)));"
+        "const bytes = (file) => new Uint8Array(readFileSync(join(dirname(model), file)));"
+        "let sp;"
+        "if (model.endsWith('.json')) {"
+        "  const record = JSON.parse(readFileSync(model, 'utf8'));"
+        "  const pieces = JSON.parse(new TextDecoder().decode(bytes(record.vocabulary.file)));"
+        "  sp = new VocabularyTokenizer(record, new SentencePiece(bytes(record.source.file)),"
+        "                               new SentencePiece(bytes(record.target.file)), pieces);"
+        "} else sp = new SentencePiece(new Uint8Array(readFileSync(model)));"
         "const job = JSON.parse(readFileSync(input, 'utf8'));"
         "console.log(JSON.stringify([job.texts.map((t) => sp.encode(t)), job.ids.map((i) => sp.decode(i))]));"
     )
@@ -76,6 +80,93 @@ def test_tokenizer_matches_sentencepiece_on_the_test_split(tokenizer, tmp_path):
     assert [i for i, d in zip(ids, decoded) if tokenizer.decode(i) != d] == []
 
 
+# What NFKC changes or SentencePiece treats apart: full-width and half-width forms, ligatures,
+# circled and squared signs, composed and decomposed accents, the Kelvin and Angstrom signs,
+# Unicode spaces and controls, emoji, astral CJK, "▁" itself.
+AWKWARD = [
+    "ＡＢＣ１２３！？　ｶﾀｶﾅ",
+    "ﬁnal ﬂow ①②③ ㍻ ㎏ ™ ½",
+    "cafe\u0301 café Å Å K",
+    "\u3000 lead\u00a0nbsp\u2003em\u200bzw\ufeffbom trail \u3000",
+    "tab\there\x0bvt\x1fus \x7f del",
+    "😀😀 x 😀 👍🏽 🇫🇷",
+    "\U00020000\U0002a6d6 中文 𠀀",
+    "\u2581abc \u2581 ▁▁x▁",
+    "  Tom   is  here ",
+    "",
+    " ",
+    "Ｔｏｍ　ｉｓ　ｈｅｒｅ．",
+    "我們試試看！他很高興。",
+]
+
+
+def nfkc_texts(rng):
+    """The test split's sentences (both sides), the awkward inputs, and 2,000 random strings drawn
+    from characters NFKC maps or SentencePiece treats apart."""
+    texts = [text for pair in split_sentences() for text in pair] + AWKWARD
+    pool = "".join(AWKWARD) + "ａｚＡＺ０９ｧｱﾞﾟ\u0300\u0308\u3099 \t\n\r\u00ad\u2028\u00b5\u03bcµ"
+    texts += ["".join(rng.choice(pool) for _ in range(rng.randrange(1, 16))) for _ in range(2000)]
+    return texts
+
+
+def nfkc_model(texts, size, path):
+    """A SentencePiece model trained with sentencepiece's defaults (nmt_nfkc, as OPUS-MT's)."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=model, vocab_size=size, minloglevel=2,
+        character_coverage=0.995, hard_vocab_limit=False,
+    )  # fmt: skip
+    path.write_bytes(model.getvalue())
+    return spm.SentencePieceProcessor(model_proto=model.getvalue())
+
+
+def test_tokenizer_normalizes_as_sentencepiece_with_a_character_map(tmp_path):
+    """A model with nmt_nfkc normalization (OPUS-MT's): ids identical on the test split, the
+    awkward inputs and 2,000 random strings of characters NFKC changes; decoding identical."""
+    sources = [s for s, _ in split_sentences()]
+    model = nfkc_model(sources, 2000, tmp_path / "nfkc.model")
+    assert model.normalize("ＡＢＣ１２３") == "▁ABC123"  # the rule the test is about is in force
+    rng = random.Random(1)
+    texts = nfkc_texts(rng)
+    ids = [[rng.randrange(model.get_piece_size()) for _ in range(rng.randrange(12))] for _ in range(2000)]
+    encoded, decoded = node_tokenize(str(tmp_path / "nfkc.model"), texts, ids, tmp_path)
+    assert [t for t, e in zip(texts, encoded) if model.encode(t) != e] == []
+    assert sum(t.strip() != model.normalize(t).replace("▁", " ").strip() for t in texts) > 1000
+    assert [i for i, d in zip(ids, decoded) if model.decode(i) != d] == []
+
+
+def test_vocabulary_tokenizer_gives_the_python_tokenizers_ids_and_text(tmp_path):
+    """An imported model's tokenizer (source and target NFKC models, a vocabulary of both, EOS
+    appended, >>xxx<< codes): the page's ids and texts equal kformer.data.vocabulary's on the test
+    split, the awkward inputs, random strings and random ids (pieces of either model)."""
+    from kformer.data import vocabulary as vocabulary_lib
+
+    pairs = split_sentences()
+    source = nfkc_model([s for s, _ in pairs], 2000, tmp_path / "source.spm")
+    target = nfkc_model([t for _, t in pairs], 500, tmp_path / "target.spm")
+    pieces = ["</s>", "<unk>", ">>eng<<", ">>fra<<"]
+    for model in (source, target):
+        pieces += [model.id_to_piece(i) for i in range(model.get_piece_size())]
+    pieces = [*dict.fromkeys(p for p in pieces if p not in ("<s>",)), "<pad>"]
+    special = {"pad_id": len(pieces) - 1, "unk_id": 1, "bos_id": len(pieces) - 1, "eos_id": 0}
+    folder = tmp_path / "vocabulary"
+    folder.mkdir()
+    files = [(tmp_path / name).read_bytes() for name in ("source.spm", "target.spm")]
+    vocabulary_lib.write(str(folder), *files, pieces, special)
+    tokenizer = vocabulary_lib.load(str(folder))
+    rng = random.Random(2)
+    texts = nfkc_texts(rng) + [">>fra<< 我們試試看！", ">>eng<<他很高興。", ">>xyz<< 好", ">> 好 <<", "<<>>"]
+    ids = [[rng.randrange(len(pieces)) for _ in range(rng.randrange(12))] for _ in range(2000)]
+    encoded, decoded = node_tokenize(str(folder / "tokenizer.json"), texts, ids, tmp_path)
+    assert [t for t, e in zip(texts, encoded) if tokenizer.encode(t) != e] == []
+    assert [i for i, d in zip(ids, decoded) if tokenizer.decode(i) != d] == []
+    assert encoded[-5][0] == pieces.index(">>fra<<") and encoded[-5][-1] == 0  # the code, then EOS
+
+
 def test_tokenizer_refuses_what_it_cannot_read(tmp_path):
     import sentencepiece as spm
 
@@ -88,13 +179,6 @@ def test_tokenizer_refuses_what_it_cannot_read(tmp_path):
     )
     refused = node_tokenizer(str(tmp_path / "bpe.model"), ["a"], [], tmp_path)
     assert refused.status != 0 and "model type 2 is not unigram" in refused.stderr
-
-
-def need_packages():
-    need(
-        all(os.path.isdir(folder) for folder in web.ROUTES.values()),
-        f"the page's JavaScript packages are missing: run `npm ci --prefix {web.WEB_DIR}`",
-    )
 
 
 def fetch(url):
@@ -148,20 +232,6 @@ def test_server_serves_each_pairs_export_for_the_page(two_pairs):
             assert status == 200 and json.loads(body)["corpus"]["direction"] == direction, path
             assert headers["Cross-Origin-Embedder-Policy"] == "require-corp", path
         assert fetch(root + "models/fr-en/manifest.json")[0] == 404
-
-
-def need_browser():
-    need(
-        os.path.exists(web.CHROMIUM), f"{web.CHROMIUM} not found: install Debian's chromium (make test does)"
-    )
-    need_packages()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    need_browser()
-    with web.chromium() as browser:
-        yield browser
 
 
 def open_page(browser, url, requests):

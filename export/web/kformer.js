@@ -12,6 +12,7 @@
 
 import * as ort from "/ort/ort.wasm.min.mjs";
 import { SentencePiece } from "./sentencepiece.js";
+import { VocabularyTokenizer } from "./vocabulary.js";
 import { joiner, splitClauses, splitSentences, strip } from "./sentences.js";
 
 const BATCH_SIZE = 32; // as the Python runners' default; beam search takes BATCH_SIZE / K sentences a call,
@@ -150,6 +151,19 @@ function concat(parts, Type) {
   return data;
 }
 
+/** The export's tokenizer: its SentencePiece model, or an imported model's tokenizer.json with the
+ *  source and target models and the vocabulary it names (each checked against its sha256). */
+async function loadTokenizer(entry) {
+  const bytes = await verifiedBytes(entry);
+  if (!entry.file.endsWith(".json")) return new SentencePiece(bytes);
+  const text = (b) => new TextDecoder().decode(b);
+  const record = JSON.parse(text(bytes));
+  const [source, target, vocabulary] = await Promise.all(
+    ["source", "target", "vocabulary"].map((name) => verifiedBytes(record[name])));
+  return new VocabularyTokenizer(record, new SentencePiece(source), new SentencePiece(target),
+                                 JSON.parse(text(vocabulary)));
+}
+
 async function load() {
   const started = performance.now();
   const response = await fetch(modelUrl + "manifest.json");
@@ -160,9 +174,9 @@ async function load() {
   } catch (e) {
     throw new ArtifactError(`${modelUrl}manifest.json: not valid JSON (${e.message})`);
   }
-  const tokenizer = new SentencePiece(await verifiedBytes(manifest.tokenizer));
+  const tokenizer = await loadTokenizer(manifest.tokenizer);
   if (tokenizer.size !== manifest.config.vocab_size) {
-    throw new ArtifactError(`tokenizer.model has ${tokenizer.size} pieces, the model ${manifest.config.vocab_size}`);
+    throw new ArtifactError(`${manifest.tokenizer.file} has ${tokenizer.size} pieces, the model ${manifest.config.vocab_size}`);
   }
   const backend = RUNTIMES[runtime];
   if (!backend) throw new Error(`unknown runtime ${JSON.stringify(runtime)}; choose onnx or litert`);
@@ -344,6 +358,9 @@ function checkedOptions(manifest, { beam = manifest.beam_size, alpha = manifest.
 
 const ready = load();
 
+/** The language pair, "zh-en" (an imported model's manifest has no corpus), or "". */
+const direction = (manifest) => manifest.direction || manifest.corpus?.direction || "";
+
 /** Texts -> [{translation, score, alternatives}], as a runner's `translations`. Options: beam (1
  *  or the export's), alpha, maxLength, noRepeatNgram, nbest; defaults: the manifest's. */
 async function translations(texts, options = {}) {
@@ -355,7 +372,7 @@ async function translations(texts, options = {}) {
   const maxTokens = inputs.beam ? null : size * TOKENS_PER_SENTENCE; // text_batches.tokens_per_call
   const found = await searchUnits(run, units.map((u) => u.ids), inputs, nbest, eosId, padId, size, maxTokens);
   const hypotheses = found.map((unit) => unit.map(([ids, score]) => [tokenizer.decode(ids), score]));
-  const glue = joiner((manifest.corpus?.direction || "").split("-").at(-1));
+  const glue = joiner(direction(manifest).split("-").at(-1));
   return layouts.map((layout) => joinTranslations(layout, hypotheses, glue, nbest));
 }
 
@@ -365,7 +382,7 @@ async function translate(texts, options = {}) {
 
 window.kformer = {
   ready: ready.then(({ manifest, name, loadMs }) => ({
-    runtime: name, variant, threads, loadMs, beamSize: manifest.beam_size, direction: manifest.corpus?.direction,
+    runtime: name, variant, threads, loadMs, beamSize: manifest.beam_size, direction: direction(manifest),
     defaults: { alpha: manifest.alpha, maxLength: manifest.max_length, noRepeatNgram: manifest.no_repeat_ngram } })),
   translate,
   translations,

@@ -1,8 +1,8 @@
-// SentencePiece unigram tokenization for the page: reads the exported tokenizer.model (a protobuf)
-// and encodes/decodes exactly as Python's sentencepiece does for the models kformer trains
-// (unigram, identity normalization, no byte fallback). Checked id for id against sentencepiece on
-// every test-split sentence by tests/test_web.py. An ES module with no dependencies: the page and
-// Node (for that test) both import it.
+// SentencePiece unigram tokenization for the page: reads a SentencePiece .model file (a protobuf)
+// and encodes/decodes exactly as Python's sentencepiece does for unigram models without byte
+// fallback: kformer's own (identity normalization) and imported ones (OPUS-MT's nmt_nfkc, a
+// precompiled character map). Checked id for id against sentencepiece by tests/test_web.py. An ES
+// module with no dependencies: the page and Node (for that test) both import it.
 
 const NORMAL = 1, UNKNOWN = 2, CONTROL = 3, USER_DEFINED = 4, BYTE = 6, UNUSED = 5;
 const UNK_PENALTY = 10; // sentencepiece's kUnkPenalty: an unknown character costs min score - 10
@@ -32,14 +32,56 @@ function* fields(bytes, start = 0, end = bytes.length) {
 }
 
 const utf8 = new TextDecoder("utf-8", { fatal: false });
+const encoder = new TextEncoder();
+const MAX_RULES = 32; // sentencepiece's Normalizer::kMaxTrieResultsSize: the longest of the first 32 matches wins
+
+// A character map (NormalizerSpec.precompiled_charsmap): <trie size, uint32 LE><darts-clone double
+// array over UTF-8 bytes><NUL-terminated replacements>; a rule's value is its replacement's offset.
+class CharsMap {
+  constructor(blob) {
+    const view = new DataView(blob.buffer, blob.byteOffset, blob.byteLength);
+    const trieSize = blob.length > 4 ? view.getUint32(0, true) : blob.length;
+    if (trieSize >= blob.length) throw new Error("tokenizer.model: its normalization's character map is broken");
+    this.units = Uint32Array.from({ length: trieSize >>> 2 }, (_, i) => view.getUint32(4 + 4 * i, true));
+    this.replacements = blob.subarray(4 + trieSize);
+    this.texts = new Map(); // offset -> replacement text
+  }
+
+  /** [replacement text, bytes it replaces] of the longest rule matching bytes at `start`, or null. */
+  longest(bytes, start) {
+    // A unit: offset to its children in bits 10-31 (shifted 8 more when bit 9 is set), a leaf
+    // below it when bit 8 is set, its label in bits 0-7 and 31; a leaf's value in bits 0-30.
+    const offset = (unit) => (unit >>> 10) * (unit & 0x200 ? 256 : 1);
+    let node = offset(this.units[0]), length = 0, value = 0, found = 0;
+    for (let i = start; i < bytes.length; i++) {
+      node ^= bytes[i];
+      const unit = this.units[node];
+      if (unit === undefined || (unit & 0x800000ff) >>> 0 !== bytes[i]) break;
+      node ^= offset(unit);
+      if (unit & 0x100 && found++ < MAX_RULES) [length, value] = [i + 1 - start, this.units[node] & 0x7fffffff];
+    }
+    return length ? [this.text(value), length] : null;
+  }
+
+  text(offset) {
+    if (!this.texts.has(offset)) {
+      const end = this.replacements.indexOf(0, offset);
+      this.texts.set(offset, utf8.decode(this.replacements.subarray(offset, end === -1 ? undefined : end)));
+    }
+    return this.texts.get(offset);
+  }
+}
+
+/** The byte length of the UTF-8 character that starts with `lead` (the input is valid UTF-8). */
+const charLength = (lead) => (lead < 0x80 ? 1 : lead < 0xe0 ? 2 : lead < 0xf0 ? 3 : 4);
 
 export class SentencePiece {
   /** @param {Uint8Array} proto the bytes of a SentencePiece .model file */
   constructor(proto) {
     this.pieces = []; // {piece, score, type}
-    this.normalizer = { name: "", charsmap: 0, addDummyPrefix: true, removeExtraWhitespaces: true,
+    this.normalizer = { name: "", charsmap: null, addDummyPrefix: true, removeExtraWhitespaces: true,
                         escapeWhitespaces: true };
-    let modelType = 1, byteFallback = false;
+    let modelType = 1, byteFallback = false, suffix = false, denormalizer = false;
     this.unkSurface = " \u2047 ";
     for (const f of fields(proto)) {
       if (f.number === 1) { // SentencePiece
@@ -54,30 +96,34 @@ export class SentencePiece {
         for (const g of fields(proto, f.start, f.end)) {
           if (g.number === 3) modelType = g.value;
           else if (g.number === 35) byteFallback = g.value !== 0;
+          else if (g.number === 24) suffix = g.value !== 0;
           else if (g.number === 44) this.unkSurface = utf8.decode(proto.subarray(g.start, g.end));
         }
       } else if (f.number === 3) { // NormalizerSpec
         for (const g of fields(proto, f.start, f.end)) {
           if (g.number === 1) this.normalizer.name = utf8.decode(proto.subarray(g.start, g.end));
-          else if (g.number === 2) this.normalizer.charsmap = g.end - g.start;
+          else if (g.number === 2 && g.end > g.start) {
+            this.normalizer.charsmap = new CharsMap(proto.subarray(g.start, g.end));
+          }
           else if (g.number === 3) this.normalizer.addDummyPrefix = g.value !== 0;
           else if (g.number === 4) this.normalizer.removeExtraWhitespaces = g.value !== 0;
           else if (g.number === 5) this.normalizer.escapeWhitespaces = g.value !== 0;
         }
+      } else if (f.number === 5) { // a denormalizer's NormalizerSpec
+        for (const g of fields(proto, f.start, f.end)) if (g.number === 2 && g.end > g.start) denormalizer = true;
       }
     }
-    // What kformer's trainer writes; anything else would need code this file does not have.
+    // What kformer's trainer and OPUS-MT write; anything else would need code this file does not have.
     if (modelType !== 1) throw new Error(`tokenizer.model: model type ${modelType} is not unigram (1)`);
     if (byteFallback) throw new Error("tokenizer.model: byte fallback is not supported");
-    if (this.normalizer.charsmap) {
-      throw new Error(`tokenizer.model: normalization "${this.normalizer.name}" is not supported (identity only)`);
-    }
-    this.ids = new Map();
+    if (suffix) throw new Error("tokenizer.model: whitespace as a suffix is not supported");
+    if (denormalizer) throw new Error("tokenizer.model: a denormalization rule is not supported");
+    this.ids = new Map(); // every piece, as sentencepiece's PieceToId
     this.unkId = -1;
     this.minScore = Infinity;
     this.pieces.forEach(({ piece, score, type }, id) => {
       if (type === UNKNOWN) this.unkId = id;
-      if (type === NORMAL || type === USER_DEFINED || type === UNUSED) this.ids.set(piece, id);
+      if (!this.ids.has(piece)) this.ids.set(piece, id);
       if (type === NORMAL) this.minScore = Math.min(this.minScore, score);
       if (type === USER_DEFINED || type === BYTE) {
         throw new Error(`tokenizer.model: piece ${id} ${JSON.stringify(piece)} has type ${type}, not supported`);
@@ -90,17 +136,45 @@ export class SentencePiece {
 
   pieceToId(piece) { return this.ids.get(piece) ?? this.unkId; }
 
-  /** The identity normalizer: spaces collapsed and trimmed, a leading "▁", spaces as "▁". */
+  /** [normalized text, bytes consumed] at bytes[start]: the longest rule of the character map,
+   *  else the character as it is (sentencepiece's Normalizer::NormalizePrefix). */
+  prefix(bytes, start) {
+    const rule = this.normalizer.charsmap?.longest(bytes, start);
+    if (rule) return rule;
+    const length = charLength(bytes[start]);
+    return [utf8.decode(bytes.subarray(start, start + length)), length];
+  }
+
+  /** sentencepiece's Normalizer::Normalize: the character map's rules, then spaces collapsed and
+   *  trimmed, a leading "▁" (the dummy prefix), spaces as "▁". */
   normalize(text) {
-    if (this.normalizer.removeExtraWhitespaces) text = text.replace(/ +/g, " ").replace(/^ | $/g, "");
-    if (!text) return "";
-    if (this.normalizer.addDummyPrefix) text = " " + text;
-    return this.normalizer.escapeWhitespaces ? text.replaceAll(" ", SPACE) : text;
+    const { removeExtraWhitespaces: collapse, addDummyPrefix, escapeWhitespaces: escape } = this.normalizer;
+    const bytes = encoder.encode(text);
+    const space = escape ? SPACE : " ";
+    let start = 0;
+    for (let rule; collapse && start < bytes.length && (rule = this.prefix(bytes, start))[0] === " ";) {
+      start += rule[1];
+    }
+    if (start === bytes.length) return "";
+    let normalized = addDummyPrefix ? space : "", afterSpace = collapse;
+    while (start < bytes.length) {
+      let [part, consumed] = this.prefix(bytes, start);
+      if (afterSpace) part = part.replace(/^ +/, "");
+      if (part) {
+        normalized += escape ? part.replaceAll(" ", SPACE) : part;
+        afterSpace = part.endsWith(" ");
+      }
+      start += consumed;
+      if (!collapse) afterSpace = false;
+    }
+    while (collapse && normalized.endsWith(space)) normalized = normalized.slice(0, -space.length);
+    return normalized;
   }
 
   /** Viterbi over the pieces, as sentencepiece's unigram EncodeOptimized: scores added in
-   *  float32, an unknown character costs min score - 10, a run of them is one <unk>. Returns ids. */
-  encode(text) {
+   *  float32, an unknown character costs min score - 10, a run of them is one <unk>. Returns
+   *  [piece, id] of each segment; an unknown segment's piece is its text, as sentencepiece's. */
+  segments(text) {
     const chars = [...this.normalize(text)]; // code points
     const n = chars.length;
     const unkScore = Math.fround(this.minScore - UNK_PENALTY);
@@ -114,32 +188,52 @@ export class SentencePiece {
       for (let end = start + 1; end <= Math.min(n, start + this.maxPieceLength); end++) {
         piece += chars[end - 1];
         const id = this.ids.get(piece);
-        if (id === undefined || this.pieces[id].type === UNUSED) continue;
+        if (id === undefined || this.pieces[id].type !== NORMAL) continue;
         offer(end, start, id, this.pieces[id].score);
         if (end === start + 1) single = true;
       }
       if (!single) offer(start + 1, start, this.unkId, unkScore);
     }
-    const ids = [];
+    const found = [];
     for (let end = n; end > 0; end = best[end].start) {
+      const { start, id } = best[end], piece = chars.slice(start, end).join("");
       // Like sentencepiece, a run of unknown characters is one <unk>.
-      if (!(best[end].id === this.unkId && ids.at(-1) === this.unkId)) ids.push(best[end].id);
+      if (id === this.unkId && found.at(-1)?.[1] === this.unkId) found.at(-1)[0] = piece + found.at(-1)[0];
+      else found.push([piece, id]);
     }
-    return ids.reverse();
+    return found.reverse();
   }
 
-  /** ids -> text, as sentencepiece's DecodeIds: control pieces vanish, unknowns read " ⁇ ". */
+  /** text -> ids. */
+  encode(text) { return this.segments(text).map(([, id]) => id); }
+
+  /** text -> pieces (an unknown run as its text), as sentencepiece's encode(out_type=str). */
+  encodePieces(text) { return this.segments(text).map(([piece]) => piece); }
+
+  /** ids -> text, as sentencepiece's DecodeIds. */
   decode(ids) {
-    let text = "";
-    for (const id of ids) {
+    return this.decodePieces(ids.map((id) => {
       if (id < 0 || id >= this.pieces.length) throw new RangeError(`token id ${id} is outside the vocabulary`);
-      const { piece, type } = this.pieces[id];
+      return this.pieces[id].piece;
+    }));
+  }
+
+  /** pieces -> text, as sentencepiece's DecodePieces: control pieces vanish, <unk> reads " ⁇ ", a
+   *  piece that is none of this model's stays as it is; the first "▁" of the text is dropped. */
+  decodePieces(pieces) {
+    const { addDummyPrefix, removeExtraWhitespaces } = this.normalizer;
+    let text = "", firstSeen = false;
+    for (const piece of pieces) {
+      const id = this.pieceToId(piece), { type } = this.pieces[id];
       if (type === CONTROL) continue;
-      let surface = type === UNKNOWN ? this.unkSurface : piece.replaceAll(SPACE, " ");
-      if (!text && this.normalizer.addDummyPrefix && surface.startsWith(" ") && type !== UNKNOWN) {
-        surface = surface.slice(1);
+      if (type === UNKNOWN) {
+        text += piece === this.pieces[id].piece ? this.unkSurface : piece;
+        continue;
       }
-      text += surface;
+      // Without collapsing, only the first "▁" piece loses its "▁"; with it, every one before any text.
+      const first = !text && !firstSeen && (addDummyPrefix || removeExtraWhitespaces) && piece.startsWith(SPACE);
+      firstSeen ||= first && !removeExtraWhitespaces;
+      text += (first ? piece.slice(1) : piece).replaceAll(SPACE, " ");
     }
     return text;
   }
