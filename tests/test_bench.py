@@ -11,6 +11,7 @@ import pytest
 from conftest import BEAM, python_lines
 
 from kformer.bench.decode import bench_decode, print_decode_table
+from kformer.bench.harness import scores
 from kformer.bench.runtimes import worker
 from kformer.bench.train import print_train_table
 from kformer.contracts.export import ExportManifest
@@ -385,6 +386,45 @@ def test_bench_runtimes_measures_ctranslate2_in_each_setting(
     backends = {(r["variant"], r["backend"]) for r in results["rows"] if r["runtime"] == "ctranslate2"}
     assert backends == {(v, b) for v in variants for b in names}
     assert len(started) == len(results["rows"])  # a process per row (search, setting) in one round
+
+
+def test_bench_runtimes_translates_a_source_file_and_scores_it_with_references(
+    artifacts, tmp_path, monkeypatch, capsys
+):
+    """--source: the file's first --sentences lines go to the workers (an import has no test
+    split); BLEU against --reference where given, none ("-" in the table) without; --reference
+    alone is refused."""
+    from kformer.bench import runtimes
+
+    lines = ["我們試試看！", "他很高興。", "湯太鹹了。"]
+    (tmp_path / "src.txt").write_text("".join(f"{s}\n" for s in lines), encoding="utf-8")
+    (tmp_path / "ref.txt").write_text("Let's try!\nHe is happy.\nThe soup is too salty.\n", encoding="utf-8")
+    given = []
+
+    def measure(code, artifact_dir, runtime, variant, beam, job_file, threads, cwd, env):
+        with open(job_file, encoding="utf-8") as f:
+            given.append(json.load(f)["sources"])
+        row = {"runtime": runtime, "variant": variant, "search": "greedy" if beam == "1" else "beam"}
+        row.update(file_s=1, batch1_ms=1, load_s=1, file_sentences_per_s=1, batch1_output_tokens=1)
+        row.update(imported_mb=1, loaded_mb=1, peak_rss_mb=1, hypotheses=["He is happy."] * len(given[-1]))
+        with open(os.path.join(cwd, "out.json"), "w", encoding="utf-8") as f:
+            json.dump(row, f)
+
+    monkeypatch.setattr(runtimes.subprocesses, "run_python", measure)
+    options = {"sentences": 2, "rounds": 1, "runtimes": ["onnx"], "progress": lambda *a, **k: None}
+    scored = runtimes.bench_runtimes(
+        artifacts, source=str(tmp_path / "src.txt"), reference=str(tmp_path / "ref.txt"), **options
+    )
+    assert given and all(sources == lines[:2] for sources in given)
+    assert {r["bleu"] for r in scored["rows"]} == {
+        scores(["He is happy."] * 2, [["Let's try!"], ["He is happy."]], "en")["bleu"]
+    }
+    unscored = runtimes.bench_runtimes(artifacts, source=str(tmp_path / "src.txt"), **options)
+    assert {r["bleu"] for r in unscored["rows"]} == {None}
+    runtimes.print_runtimes_table(unscored)
+    assert "file: 2 src.txt sentences" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--reference needs --source"):
+        runtimes.bench_runtimes(artifacts, reference=str(tmp_path / "ref.txt"), **options)
 
 
 def test_runtime_rounds_are_reduced_to_medians_and_the_highest_memory():

@@ -47,6 +47,8 @@ class RuntimesBench:
     runtimes: list[str] | None = None
     batch_size: int = 32
     parallel: int = 1
+    source: str | None = None
+    reference: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,19 +197,17 @@ def bench_runtimes(artifact_dir, progress=print, **settings):
     """Runs every runtime/variant/search of an export in a subprocess, in `rounds` interleaved
     rounds (every job once per round, so a change in the machine's speed hits all alike); reports
     the median of each timing, the peak memory, and BLEU of the file pass on the first `sentences`
-    of the held-out test split of the corpus the model was trained on. Batch 1 is timed over the
+    of the held-out test split of the corpus the model was trained on, or of the `source` file
+    (BLEU only with a `reference` file: an import has no test split). Batch 1 is timed over the
     first `batch1_sentences`, one at a time (one alone gives noisy ratios). `batch_size`: the
     file's sentences a runner call takes (`kformer translate --batch-size`). `parallel`: batches a
     runner's translate runs at once (`--parallel`); runtimes that run one at a time are left out.
     `runtimes`: those measured (default: all, `_jobs`). `settings`: RuntimesBench's fields."""
-    from kformer.evaluate import split_references
 
     bench = RuntimesBench(**settings)
     artifact_dir = os.path.abspath(artifact_dir)  # the workers run in another folder
     manifest = ExportManifest.load(artifact_dir)
-    sources, references = (
-        found[: bench.sentences] for found in split_references(manifest.trained_in, "test")
-    )
+    sources, references = _sentences(manifest, bench)
     language = manifest.pair.target if manifest.pair else "en"
     # The bytes of a variant's file or folder, for both searches (TFLite, ONNX: a file of each)
     sizes = {(a.format, a.variant): a.bytes for a in manifest.artifacts}
@@ -221,7 +221,8 @@ def bench_runtimes(artifact_dir, progress=print, **settings):
 
         def measure(run, _):
             row = _measured(artifact_dir, run, job_file, work)
-            row["bleu"] = scores(row.pop("hypotheses"), references, language)["bleu"]
+            hypotheses = row.pop("hypotheses")
+            row["bleu"] = scores(hypotheses, references, language)["bleu"] if references else None
             row["bytes"] = sizes.get((run.runtime, run.variant))  # None for keras: no file of its own
             return row
 
@@ -236,6 +237,7 @@ def bench_runtimes(artifact_dir, progress=print, **settings):
     _against_ctranslate2(rows)
     return {
         "artifact": artifact_dir,
+        "source": bench.source and os.path.basename(bench.source),
         "sentences": len(sources),
         "rounds": bench.rounds,
         "batch_size": bench.batch_size,
@@ -243,6 +245,26 @@ def bench_runtimes(artifact_dir, progress=print, **settings):
         "batch1_sentences": batch1,
         "rows": rows,
     }
+
+
+def _sentences(manifest, bench):
+    """(sources, references or None): the first `sentences` lines of the bench's `source` file
+    (and `reference`) where given, else of the held-out test split of the model's corpus."""
+    from kformer.data import corpus as corpus_lib
+    from kformer.evaluate import file_references, split_references
+
+    if bench.reference is not None and bench.source is None:
+        raise ValueError("--reference needs --source")
+    if bench.source is None:
+        found = split_references(manifest.trained_in, "test")
+    elif bench.reference is None:
+        found = corpus_lib.read_text_file(bench.source), None
+    else:
+        found = file_references(bench.source, bench.reference)
+    sources, references = (None if f is None else f[: bench.sentences] for f in found)
+    if not sources:
+        raise ValueError(f"nothing to translate: {bench.source or 'the test split'} is empty")
+    return sources, references
 
 
 def _worker_runs(manifest, bench):
@@ -314,10 +336,12 @@ def _cells(ratios):
 
 def print_runtimes_table(results):
     title = (
-        f"file: {results['sentences']} test sentences through translate (length-sorted batches of "
+        f"file: {results['sentences']} {results.get('source') or 'test'} sentences through translate "
+        "(length-sorted batches of "
         f"{results['batch_size']} sentences, fewer long ones; TFLite's beam 2 x "
         f"{results['batch_size']} / K; {results.get('parallel', 1)} at once), "
-        f"BLEU on them; batch 1: the first {results['batch1_sentences']}, one at a time (out tok: their "
+        f"BLEU on them (with references); batch 1: the first {results['batch1_sentences']}, one at a time "
+        "(out tok: their "
         f"mean output); timings: median of {results['rounds']} interleaved rounds; time / CTranslate2: "
         f"file, batch 1, round by round, against the same precision and against its fastest file, "
         f"each with its fastest setting (backend, threads) in the round"
@@ -337,7 +361,7 @@ def print_runtimes_table(results):
         ("import", "6.0f", "imported_mb"),
         ("loaded", "6.0f", "loaded_mb"),
         ("peak", "5.0f", "peak_rss_mb"),
-        ("BLEU", "6.2f", "bleu"),
+        ("BLEU", ">6", lambda r: "-" if r["bleu"] is None else f"{r['bleu']:.2f}"),
         ("/CT2 same", ">10", lambda r: _cells(r["vs_ct2"])),
         ("/CT2 best", ">10", lambda r: _cells(r["vs_ct2_fastest"])),
     ]
@@ -372,6 +396,10 @@ def add_arguments(p):
         metavar="N",
         help="batches translated at once, as translate's --parallel (only the runtimes that take it are measured)",
     )
+    p.add_argument(
+        "--source", help="translate this file's lines (one sentence each) instead of the test split"
+    )
+    p.add_argument("--reference", help="their reference translations, one a line, for BLEU (with --source)")
     add_rounds_option(p)
 
 
@@ -384,6 +412,8 @@ def main(args):
             runtimes=args.runtimes.split(",") if args.runtimes else None,
             batch_size=args.batch_size,
             parallel=args.parallel,
+            source=args.source,
+            reference=args.reference,
         ),
         print_runtimes_table,
         args.json,
