@@ -101,14 +101,21 @@ def _train(model, tokenizer, pairs, settings, languages):
 
 def random(out, settings_path):
     """A MarianMTModel of random weights and OPUS-MT's shapes (settings: "model" and "vocab_size"),
-    its vocabulary made up, with small SentencePiece models (its tests feed ids, not text)."""
+    its vocabulary made up, with small SentencePiece models (its tests feed ids, not text). With
+    "texts" (a file, a sentence a line) and "pieces", both models are trained on those sentences
+    and the vocabulary starts with their pieces, so that text reaches the model (the benchmarks)."""
     settings = json.load(open(settings_path))
     size = settings["vocab_size"]
     os.makedirs(out, exist_ok=True)
-    texts = ["a b c d e f g h i j k l m n o p", "q r s t u v w x y z"] * 10
+    texts, count = ["a b c d e f g h i j k l m n o p", "q r s t u v w x y z"] * 10, 40
+    if "texts" in settings:
+        texts, count = open(settings["texts"], encoding="utf-8").read().splitlines(), settings["pieces"]
+    known = []
     for name in ("source.spm", "target.spm"):
-        _spm(texts, 40, os.path.join(out, name))
-    pieces = ["</s>", "<unk>", *(f"\u2581w{i}" for i in range(size - 3)), "<pad>"]
+        model = _spm(texts, count, os.path.join(out, name))
+        known += [model.id_to_piece(i) for i in range(model.get_piece_size())]
+    known = [p for p in dict.fromkeys(known) if p not in ("<unk>", "<s>", "</s>")] if "texts" in settings else []
+    pieces = ["</s>", "<unk>", *known, *(f"\u2581w{i}" for i in range(size - 3 - len(known))), "<pad>"]
     with open(os.path.join(out, "vocab.json"), "w", encoding="utf-8") as f:
         json.dump({piece: i for i, piece in enumerate(pieces)}, f, ensure_ascii=False)
     config = MarianConfig(
@@ -119,6 +126,8 @@ def random(out, settings_path):
     model = MarianMTModel(config)
     with torch.no_grad():  # trained models' logits biases and norms are not their initial zeros and ones
         model.final_logits_bias.normal_(0, 0.5)
+        if known:  # outputs of pieces the target model has: text files decode them as Python does
+            model.final_logits_bias[0, 2 + len(known) : size - 1] = -30.0
         for name, parameter in model.named_parameters():
             if "layer_norm" in name:
                 parameter.add_(0.1 * torch.randn_like(parameter))

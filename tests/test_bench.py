@@ -427,6 +427,59 @@ def test_bench_runtimes_translates_a_source_file_and_scores_it_with_references(
         runtimes.bench_runtimes(artifacts, reference=str(tmp_path / "ref.txt"), **options)
 
 
+def test_a_vmap_counted_from_pairs_allows_each_source_pieces_partners(tokenizer):
+    """count_vmap: a source piece allows the target pieces of highest Dice with it, at most
+    `per_source`; "" allows the `frequent` commonest; pieces outside the vocabulary are left out."""
+    from kformer.bench.vmap import count_vmap
+
+    pieces = lambda text: tokenizer.encode(text, out_type=str)  # noqa: E731
+    pairs = [("貓", "cat"), ("貓", "the cat"), ("狗", "the dog"), ("狗", "dog"), ("貓 狗", "cat dog")] * 3
+    vmap = count_vmap(tokenizer, pairs, per_source=2, frequent=3)
+    cat, dog = pieces("cat"), pieces("dog")
+    assert len(cat) <= 2 and len(dog) <= 2 and not set(cat) & set(dog) & set(pieces("the"))
+    # 貓 and cat's pieces share all 9 of their pairs (Dice 1); the, 3 of its 6 (0.4); dog, 3 of its 9
+    assert set(cat) <= set(vmap[pieces("貓")[-1]]) and set(dog) <= set(vmap[pieces("狗")[-1]])
+    assert max(map(len, vmap.values())) == 3 and all(len(v) <= 2 for k, v in vmap.items() if k)
+    assert set(vmap[""]) <= {p for text in ("cat", "dog", "the") for p in pieces(text)}
+    assert all(tokenizer.piece_to_id(p) != tokenizer.unk_id() for ps in vmap.values() for p in ps)
+
+
+def test_bench_vmap_translates_through_the_map_and_without_it(artifacts, tmp_path, capsys):
+    """The linked folder with vmap.txt: CTranslate2's outputs hold only the pieces the map allows
+    where use_vmap is on, others where it is off (the map is in force); the bench gives a row per
+    search and setting, and the ratio of time with the map to without."""
+    import ctranslate2
+
+    from kformer.bench import vmap as vmap_lib
+    from kformer.data.vocabulary import open_tokenizer
+
+    manifest = ExportManifest.load(artifacts)
+    folder = os.path.join(artifacts, manifest.artifact("ctranslate2").file)
+    tokenizer = open_tokenizer(artifacts, manifest.tokenizer.file)
+    allowed = [tokenizer.id_to_piece(i) for i in range(10, 14)]
+    vmap_file = str(tmp_path / "vmap.txt")
+    vmap_lib.write_vmap({"": allowed}, vmap_file)
+    linked = vmap_lib._with_vmap(folder, vmap_file, str(tmp_path))
+    translator = ctranslate2.Translator(linked)
+    sources = [
+        [tokenizer.id_to_piece(i) for i in tokenizer.encode(s)] for s in ["我們試試看！", "他很高興。"]
+    ]
+    on, off = (translator.translate_batch(sources, use_vmap=v, max_decoding_length=8) for v in (True, False))
+    special = {tokenizer.id_to_piece(i) for i in (tokenizer.pad_id(), tokenizer.unk_id(), tokenizer.bos_id())}
+    assert all(set(r.hypotheses[0]) <= set(allowed) | special for r in on)  # CTranslate2 adds its specials
+    assert any(set(r.hypotheses[0]) & set(allowed) for r in on)
+    assert any(set(r.hypotheses[0]) - set(allowed) - special for r in off)
+    results = vmap_lib.bench_vmap(
+        artifacts, ["我們試試看！", "他很高興。"], vmap_file, rounds=1, progress=lambda *a, **k: None
+    )
+    assert [(r["search"], r["vmap"]) for r in results["rows"]] == [
+        ("greedy", False), ("greedy", True), (f"beam{BEAM}", False), (f"beam{BEAM}", True)
+    ]  # fmt: skip
+    assert all(r["vs_off"]["file_s"] > 0 for r in results["rows"] if r["vmap"])
+    vmap_lib.print_vmap_table(results)
+    assert "use_vmap off and on" in capsys.readouterr().out
+
+
 def test_runtime_rounds_are_reduced_to_medians_and_the_highest_memory():
     from kformer.bench.runtimes import _median_row
 
