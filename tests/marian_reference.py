@@ -114,7 +114,9 @@ def random(out, settings_path):
     for name in ("source.spm", "target.spm"):
         model = _spm(texts, count, os.path.join(out, name))
         known += [model.id_to_piece(i) for i in range(model.get_piece_size())]
-    known = [p for p in dict.fromkeys(known) if p not in ("<unk>", "<s>", "</s>")] if "texts" in settings else []
+    known = (
+        [p for p in dict.fromkeys(known) if p not in ("<unk>", "<s>", "</s>")] if "texts" in settings else []
+    )
     pieces = ["</s>", "<unk>", *known, *(f"\u2581w{i}" for i in range(size - 3 - len(known))), "<pad>"]
     with open(os.path.join(out, "vocab.json"), "w", encoding="utf-8") as f:
         json.dump({piece: i for i, piece in enumerate(pieces)}, f, ensure_ascii=False)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BEAM, python_lines
+from conftest import BEAM, python_lines, run_kformer
 
 from kformer.bench.decode import bench_decode, print_decode_table
 from kformer.bench.harness import scores
@@ -476,8 +476,28 @@ def test_bench_vmap_translates_through_the_map_and_without_it(artifacts, tmp_pat
         ("greedy", False), ("greedy", True), (f"beam{BEAM}", False), (f"beam{BEAM}", True)
     ]  # fmt: skip
     assert all(r["vs_off"]["file_s"] > 0 for r in results["rows"] if r["vmap"])
+    assert vmap_lib.read_vmap(vmap_file) == {"": allowed}
+    assert results["kept"] == {"vocabulary": tokenizer.get_piece_size(), "file": 4, "single": 4}
     vmap_lib.print_vmap_table(results)
     assert "use_vmap off and on" in capsys.readouterr().out
+
+
+def test_bench_vmap_counts_its_map_from_pairs_and_says_what_is_wrong(artifacts, tmp_path):
+    """`kformer bench vmap --pairs TSV`: pairs copied across (names, numbers) count too, and the
+    table comes out; a malformed line, or both --vmap and --pairs, is one line naming it."""
+    source, pairs, bad = tmp_path / "src.txt", tmp_path / "pairs.tsv", tmp_path / "bad.tsv"
+    source.write_text("我們試試看！\n", encoding="utf-8")
+    pairs.write_text("Tom\tTom\n我們試試看！\tLet's try!\n", encoding="utf-8")
+    bad.write_text("我們\tWe\nno tab here\n", encoding="utf-8")
+    common = ["bench", "vmap", "--model", artifacts, "--source", str(source), "--rounds", "1"]
+    ran = run_kformer(*common, "--pairs", str(pairs))
+    assert ran.status == 0, ran.stderr[-2000:]
+    assert "use_vmap off and on" in ran.stdout
+    ran = run_kformer(*common, "--pairs", str(bad))
+    assert ran.status != 0 and f"{bad}:2: expected source<TAB>target, found 1 fields" in ran.stderr
+    assert len(ran.stderr.strip().splitlines()) == 1
+    ran = run_kformer(*common, "--pairs", str(pairs), "--vmap", str(pairs))
+    assert ran.status != 0 and "give --vmap FILE or --pairs TSV" in ran.stderr
 
 
 def test_runtime_rounds_are_reduced_to_medians_and_the_highest_memory():

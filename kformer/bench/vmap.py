@@ -54,6 +54,20 @@ def write_vmap(vmap, path):
         f.writelines(f"{source}\t{' '.join(targets)}\n" for source, targets in vmap.items())
 
 
+def read_vmap(path):
+    """{source piece: [target pieces]} of a vmap.txt."""
+    with open(path, encoding="utf-8") as f:
+        return {
+            source: targets.split()
+            for source, _, targets in (line.rstrip("\n").partition("\t") for line in f)
+        }
+
+
+def _kept(vmap, rows):
+    """How many target pieces the map allows for `rows` (source pieces) translated together."""
+    return len(set(vmap.get("", [])).union(*(vmap.get(piece, []) for row in rows for piece in row)))
+
+
 def _with_vmap(folder, vmap_file, work):
     """A folder in `work` of links to the model files in `folder`, and the map as vmap.txt (the
     export's folder stays as its manifest's sha256 has it)."""
@@ -125,7 +139,10 @@ def bench_vmap(artifact_dir, sources, vmap_file, variant="fp32", rounds=3, progr
         }
         measure = _measure(translators, rows, singles, manifest, batch_size)
         found = interleave(variants, rounds, measure, progress, lambda r: f"{r['batch1_ms']:.0f} ms at b1")
-    return _results(found, variants, rows, singles, variant, rounds)
+    vmap = read_vmap(vmap_file)
+    kept = {"vocabulary": tokenizer.get_piece_size(), "file": _kept(vmap, rows)}
+    kept["single"] = statistics.mean(_kept(vmap, [row]) for row in singles)
+    return {**_results(found, variants, rows, singles, variant, rounds), "kept": kept}
 
 
 def _results(found, variants, rows, singles, variant, rounds):
@@ -154,7 +171,9 @@ def print_vmap_table(results):
     title = (
         f"CTranslate2 {results['variant']}, use_vmap off and on: a file of {results['sentences']} sentences "
         f"(batches of 32, beam: 32 / K) and the first {results['singles']} one at a time; medians of "
-        f"{results['rounds']} interleaved rounds; time with the map / without, round by round"
+        f"{results['rounds']} interleaved rounds; time with the map / without, round by round; "
+        "target pieces the map allows (besides CTranslate2's specials) of {vocabulary:,}: {single:,.0f} "
+        "a sentence alone on average, {file:,} for the whole file".format(**results["kept"])
     )
     columns = [
         ("search", ">6", "search"),
@@ -189,6 +208,19 @@ def add_arguments(p):
     add_rounds_option(p)
 
 
+def _read_pairs(path):
+    """[(source, target)] of a TSV, as written (a vmap counts every pair, copies included)."""
+    from kformer.data import corpus as corpus_lib
+
+    pairs = []
+    for number, line in enumerate(corpus_lib.read_text_file(path), 1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise ValueError(f"{path}:{number}: expected source<TAB>target, found {len(fields)} fields")
+        pairs.append(tuple(fields))
+    return pairs
+
+
 def main(args):
     from kformer.data import corpus as corpus_lib
     from kformer.data.vocabulary import open_tokenizer
@@ -201,8 +233,7 @@ def main(args):
         if vmap_file is None:
             manifest = ExportManifest.load(args.model)
             tokenizer = open_tokenizer(args.model, manifest.tokenizer.file)
-            pairs, _ = corpus_lib.read_corpus(args.pairs)
-            vmap = count_vmap(tokenizer, pairs, args.per_source, args.frequent)
+            vmap = count_vmap(tokenizer, _read_pairs(args.pairs), args.per_source, args.frequent)
             vmap_file = os.path.join(work, VMAP_FILE)
             write_vmap(vmap, vmap_file)
         results = bench_vmap(args.model, sources, vmap_file, args.variant, args.rounds)
