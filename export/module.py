@@ -7,6 +7,7 @@ from kformer.decode import sentences
 from kformer.decode.options import BEAM_SIZE
 from kformer.decode.recipe import RECIPES
 from kformer.decode.translator import BEAM_SPECS, GREEDY_SPECS, SOURCE_SPEC, Translator
+from kformer.export import detokenize
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 # The text graph's input: UTF-8 bytes, a text a row, and each text's length in bytes.
@@ -14,18 +15,6 @@ TEXT_BYTES_SPECS = [
     tf.TensorSpec([None, None], tf.uint8, name="text"),
     tf.TensorSpec([None], tf.int32, name="lengths"),
 ]
-
-
-def _decoder_ids(target_proto):
-    """(the id of the piece "▁" alone, the unknown piece's id) in a SentencePiece model (bytes):
-    the first -1 where none or where decoding does not drop the "▁" of every piece before the
-    text's first character (remove_extra_whitespaces off)."""
-    from sentencepiece import sentencepiece_model_pb2
-
-    model = sentencepiece_model_pb2.ModelProto.FromString(target_proto)
-    space = next((i for i, p in enumerate(model.pieces) if p.piece == "\u2581" and p.type == 1), -1)
-    unknown = next(i for i, p in enumerate(model.pieces) if p.type == 2)
-    return (space if model.normalizer_spec.remove_extra_whitespaces else -1), unknown
 
 
 class ExportModule(tf.Module):
@@ -58,7 +47,7 @@ class ExportModule(tf.Module):
         self.target_tokenizer = self.source_tokenizer if same else tf_text.FastSentencepieceTokenizer(target)
         self.source_map = None if source_map is None else tf.constant(source_map, tf.int32)
         self.target_map = None if target_map is None else tf.constant(target_map, tf.int32)
-        self.lone_space_id, self.target_unk_id = _decoder_ids(target)
+        self.leading_spaces = detokenize.LeadingSpaces.of(target)
         self.greedy_ids = self.translator.greedy
         self.beam_ids = self.translator.beam
         self.greedy_text = tf.function(
@@ -92,21 +81,9 @@ class ExportModule(tf.Module):
         if self.target_map is not None:  # the target SentencePiece's ids, special tokens (-1) left out
             tokens = tf.gather(self.target_map, tokens)
             keep &= tokens >= 0
-        if self.lone_space_id >= 0:
-            tokens, keep = self._as_sentencepiece_decodes(tokens, keep)
+        if self.leading_spaces.needed:  # TF Text's decoder begins a text otherwise
+            tokens, keep = detokenize.as_sentencepiece_decodes(tokens, keep, self.leading_spaces)
         return {"translation": self.target_tokenizer.detokenize(tf.ragged.boolean_mask(tokens, keep))}
-
-    def _as_sentencepiece_decodes(self, tokens, keep):
-        """(tokens, keep) (B, T) such that TF Text's decoder, which drops the first piece's leading
-        space only (the unknown piece's " ⁇ " too), gives sentencepiece's text: no lone "▁" before
-        the text (a lone one leaves nothing there), and one put before a first piece that is the
-        unknown's."""
-        space = tf.equal(tokens, self.lone_space_id)
-        keep &= ~space | (tf.cumsum(tf.cast(keep & ~space, tf.int32), axis=1) > 0)
-        first = keep & (tf.cumsum(tf.cast(keep, tf.int32), axis=1) == 1)  # (B, T) the first kept piece
-        unknown_first = tf.reduce_any(first & tf.equal(tokens, self.target_unk_id), axis=1, keepdims=True)
-        tokens = tf.concat([tf.fill([tf.shape(tokens)[0], 1], self.lone_space_id), tokens], axis=1)
-        return tokens, tf.concat([unknown_first, keep], axis=1)
 
     def frozen(self, search, recipe, fixed_shape=False):
         """The ids function of `search` ("greedy" or "beam"), built as the recipe of that name

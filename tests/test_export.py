@@ -438,31 +438,40 @@ def test_text_in_text_out(artifacts, model_dir):
     assert opened(TfliteRunner, artifacts, BEAM).translate(texts) == expected
 
 
-def test_the_savedmodels_text_decoding_gives_sentencepieces_text(model_dir):
-    """Outputs that start as a model's rarely do (lone "▁" pieces, the unknown piece first, EOS
-    and padding after): the SavedModel's decoding (TF Text's decoder, which drops only the first
-    piece's space, the unknown's " ⁇ " too) gives sentencepiece's text."""
+@pytest.mark.parametrize("remove_extra_whitespaces", [True, False])
+def test_the_savedmodels_text_decoding_gives_sentencepieces_text(corpus_pairs, remove_extra_whitespaces):
+    """Outputs that start as a model's rarely do (lone "▁" pieces, the unknown piece first, control
+    pieces anywhere), with either whitespace rule: TF Text's decoder, given the ids as
+    export/detokenize.py prepares them, gives sentencepiece's text on every row."""
+    import io
+
+    import sentencepiece as spm
     import tensorflow as tf
+    import tensorflow_text as tf_text
 
-    from kformer import run_folder
-    from kformer.export.module import ExportModule
+    from kformer.export import detokenize
 
-    run = run_folder.load(model_dir)
-    module, tokenizer, config = ExportModule(run.model, run.tokenizer), run.tokenizer, run.config
-    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.get_piece_size())]
-    space = pieces.index("▁")
-    word = next(i for i, p in enumerate(pieces) if p.startswith("▁") and len(p) > 1)  # "▁T"
-    inner = next(i for i, p in enumerate(pieces) if not p.startswith(("▁", "<")))  # "好"
-    assert module.lone_space_id == space
-    pool = [space, space, word, inner, tokenizer.unk_id(), config.eos_id, config.pad_id]
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([t for _, t in corpus_pairs]), model_writer=proto, vocab_size=400,
+        minloglevel=2, normalization_rule_name="identity", remove_extra_whitespaces=remove_extra_whitespaces,
+    )  # fmt: skip
+    model = spm.SentencePieceProcessor(model_proto=proto.getvalue())
+    rule = detokenize.LeadingSpaces.of(proto.getvalue())
+    pieces = [model.id_to_piece(i) for i in range(model.get_piece_size())]
+    word = next(i for i, p in enumerate(pieces) if p.startswith("▁") and len(p) > 1)  # "▁the"
+    inner = next(i for i, p in enumerate(pieces) if p[0] not in "▁<")  # "s"
+    assert rule.needed and rule.space == pieces.index("▁") and set(rule.control) == {1, 2}
+    pool = [rule.space, rule.space, word, inner, rule.unknown, *rule.control]
     rng = np.random.default_rng(3)
-    rows = np.array([rng.choice(pool, 6) for _ in range(400)] + [[space] * 6], np.int32)
-    before_eos = np.cumsum(rows == config.eos_id, axis=1) == 0
-    keep = before_eos & (rows != config.pad_id)
-    tokens, kept = module._as_sentencepiece_decodes(tf.constant(rows), tf.constant(keep))
-    texts = module.target_tokenizer.detokenize(tf.ragged.boolean_mask(tokens, kept)).numpy()
-    expected = [tokenizer.decode(row[k].tolist()) for row, k in zip(rows, keep)]
-    assert [t.decode() for t in texts] == expected
+    rows = np.array([rng.choice(pool, 6) for _ in range(600)] + [[rule.space] * 6], np.int32)
+    keep = rng.random(rows.shape) < 0.9  # some ids left out (padding, EOS, pieces without a target piece)
+    tokens, kept = detokenize.as_sentencepiece_decodes(tf.constant(rows), tf.constant(keep), rule)
+    texts = tf_text.FastSentencepieceTokenizer(proto.getvalue()).detokenize(
+        tf.ragged.boolean_mask(tokens, kept)
+    )
+    expected = [model.decode(row[k].tolist()) for row, k in zip(rows, keep)]
+    assert [t.decode() for t in texts.numpy()] == expected
     assert sum(e.startswith(" ⁇") for e in expected) > 20
 
 

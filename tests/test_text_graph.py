@@ -93,6 +93,31 @@ def test_sentencepiece_encodes_and_decodes_as_the_library(tokenizer, test_split)
     assert got == [tokenizer.decode(s) for s in sequences]
 
 
+def test_sentencepiece_decodes_as_the_library_without_collapsing_spaces(test_split):
+    """A model that keeps extra whitespace: sentencepiece drops the first "▁" piece's space only
+    (a lone "▁" first leaves the next piece's), and so does the graph."""
+    import io
+
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([t for _, t in test_split]), model_writer=proto, vocab_size=300, minloglevel=2,
+        normalization_rule_name="identity", remove_extra_whitespaces=False,
+    )  # fmt: skip
+    model = spm.SentencePieceProcessor(model_proto=proto.getvalue())
+    tables = graph_sentencepiece.Tables(model)
+    space = model.piece_to_id("▁")
+    word = next(
+        i for i in range(model.get_piece_size()) if model.id_to_piece(i).startswith("▁") != (i == space)
+    )
+    rng = np.random.default_rng(2)
+    pool = [space, space, word, model.unk_id(), 1, 2, 7]
+    sequences = [rng.choice(pool, rng.integers(1, 6)).tolist() for _ in range(300)]
+    text, sizes = (t.numpy() for t in graph_sentencepiece.decode(tables, *_padded(sequences, np.int32)))
+    got = ["".join(map(chr, text[i, : sizes[i]])) for i in range(len(sequences))]
+    assert got == [model.decode(s) for s in sequences]
+    assert sum(model.decode(s).startswith(" ") for s in sequences) > 20  # spaces the rule keeps
+
+
 def test_sentencepiece_runs_in_litert_with_builtins_only(tokenizer, test_split, tmp_path):
     """The tokenizer alone, converted: the stock interpreter (no custom operator resolver, no Flex
     delegate) gives sentencepiece's ids."""
