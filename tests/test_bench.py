@@ -477,6 +477,14 @@ def test_bench_vmap_translates_through_the_map_and_without_it(artifacts, tmp_pat
     ]  # fmt: skip
     assert all(r["vs_off"]["file_s"] > 0 for r in results["rows"] if r["vmap"])
     assert vmap_lib.read_vmap(vmap_file) == {"": allowed}
+    own = tmp_path / "own"  # a CTranslate2 folder with a map of its own keeps it
+    shutil.copytree(folder, own)
+    (own / "vmap.txt").write_text("x\ty\n", encoding="utf-8")
+    (tmp_path / "work").mkdir()
+    vmap_lib._with_vmap(str(own), vmap_file, str(tmp_path / "work"))
+    assert (own / "vmap.txt").read_text(encoding="utf-8") == "x\ty\n"
+    with pytest.raises(ValueError, match="no sentences to translate"):
+        vmap_lib.bench_vmap(artifacts, [], vmap_file, rounds=1)
     assert results["kept"] == {"vocabulary": tokenizer.get_piece_size(), "file": 4, "single": 4}
     vmap_lib.print_vmap_table(results)
     assert "use_vmap off and on" in capsys.readouterr().out

@@ -37,14 +37,15 @@ async function sha256(bytes) {
   return [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
 }
 
-/** The bytes of a manifest entry, after checking its sha256 (as export/manifest.verified_path). */
-async function verifiedBytes(entry) {
+/** The bytes of an entry of manifest.json (or of `listing`, the file naming it), after checking
+ *  its sha256 (as export/runner.verified_path). */
+async function verifiedBytes(entry, listing = "manifest.json") {
   const url = modelUrl + entry.file;
   const response = await fetch(url);
-  if (!response.ok) throw new ArtifactError(`${url} is missing (HTTP ${response.status}; listed in manifest.json)`);
+  if (!response.ok) throw new ArtifactError(`${url} is missing (HTTP ${response.status}; listed in ${listing})`);
   const bytes = new Uint8Array(await response.arrayBuffer());
   if ((await sha256(bytes)) !== entry.sha256) {
-    throw new ArtifactError(`${url} is corrupted or truncated: its sha256 differs from manifest.json`);
+    throw new ArtifactError(`${url} is corrupted or truncated: its sha256 differs from ${listing}`);
   }
   return bytes;
 }
@@ -155,11 +156,11 @@ function concat(parts, Type) {
  *  source and target models and the vocabulary it names (each checked against its sha256). */
 async function loadTokenizer(entry) {
   const bytes = await verifiedBytes(entry);
-  if (!entry.file.endsWith(".json")) return new SentencePiece(bytes);
+  if (entry.file !== "tokenizer.json") return new SentencePiece(bytes); // export/page.py's test too
   const text = (b) => new TextDecoder().decode(b);
   const record = JSON.parse(text(bytes));
   const [source, target, vocabulary] = await Promise.all(
-    ["source", "target", "vocabulary"].map((name) => verifiedBytes(record[name])));
+    ["source", "target", "vocabulary"].map((name) => verifiedBytes(record[name], entry.file)));
   return new VocabularyTokenizer(record, new SentencePiece(source), new SentencePiece(target),
                                  JSON.parse(text(vocabulary)));
 }

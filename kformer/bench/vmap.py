@@ -74,8 +74,10 @@ def _with_vmap(folder, vmap_file, work):
     linked = os.path.join(work, "with-vmap")
     os.makedirs(linked)
     for name in os.listdir(folder):
-        os.symlink(os.path.abspath(os.path.join(folder, name)), os.path.join(linked, name))
-    with open(vmap_file, encoding="utf-8") as source, open(os.path.join(linked, VMAP_FILE), "w") as target:
+        if name != VMAP_FILE:  # a map of its own stays out: the link would be written through
+            os.symlink(os.path.abspath(os.path.join(folder, name)), os.path.join(linked, name))
+    target_path = os.path.join(linked, VMAP_FILE)
+    with open(vmap_file, encoding="utf-8") as source, open(target_path, "w", encoding="utf-8") as target:
         target.write(source.read())
     return linked
 
@@ -128,6 +130,8 @@ def bench_vmap(artifact_dir, sources, vmap_file, variant="fp32", rounds=3, progr
     folder = os.path.join(artifact_dir, manifest.artifact("ctranslate2", variant).file)
     tokenizer = open_tokenizer(artifact_dir, manifest.tokenizer.file)
     rows = [[tokenizer.id_to_piece(i) for i in ids] for ids in tokenizer.encode(list(sources))]
+    if not rows:
+        raise ValueError("no sentences to translate: --source is empty")
     batch_size, singles = sizes.get("batch_size", 32), rows[: sizes.get("singles", 20)]
     with tempfile.TemporaryDirectory() as work:
         translators = {
@@ -135,7 +139,9 @@ def bench_vmap(artifact_dir, sources, vmap_file, variant="fp32", rounds=3, progr
             for use_vmap in (False, True)
         }
         variants = {
-            f"{'vmap' if v else 'full'} beam {b}": (v, b) for b in (1, manifest.beam_size) for v in (0, 1)
+            f"{'vmap' if v else 'full'} beam {b}": (v, b)
+            for b in (1, manifest.beam_size)
+            for v in (False, True)
         }
         measure = _measure(translators, rows, singles, manifest, batch_size)
         found = interleave(variants, rounds, measure, progress, lambda r: f"{r['batch1_ms']:.0f} ms at b1")
