@@ -11,7 +11,7 @@ import dataclasses
 
 import tensorflow as tf
 
-NORMAL, UNKNOWN, CONTROL = 1, 2, 3  # SentencePiece's piece types
+from kformer.export.text_graph.sentencepiece import CONTROL, NORMAL, UNKNOWN
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,15 +11,16 @@ twice, over pairs holding either) and the `frequent` commonest target pieces."""
 
 import collections
 import os
+import shutil
 import statistics
 import tempfile
 
 from kformer.arguments import add_rounds_option, positive
 from kformer.bench.harness import Stopwatch, interleave, print_table, report, spread
 from kformer.contracts.export import ExportManifest
+from kformer.decode.options import EXTRA_OUTPUT_TOKENS
 
 VMAP_FILE = "vmap.txt"  # the name CTranslate2 reads in its model folder
-EXTRA_OUTPUT_TOKENS = 50  # as the runners: an output may be 50 tokens longer than its source
 
 
 def _pieces(tokenizer, side, text):
@@ -76,9 +77,7 @@ def _with_vmap(folder, vmap_file, work):
     for name in os.listdir(folder):
         if name != VMAP_FILE:  # a map of its own stays out: the link would be written through
             os.symlink(os.path.abspath(os.path.join(folder, name)), os.path.join(linked, name))
-    target_path = os.path.join(linked, VMAP_FILE)
-    with open(vmap_file, encoding="utf-8") as source, open(target_path, "w", encoding="utf-8") as target:
-        target.write(source.read())
+    shutil.copyfile(vmap_file, os.path.join(linked, VMAP_FILE))
     return linked
 
 
