@@ -28,11 +28,12 @@ chromium:
 # into, each in a venv of its own inside $(VENV): their pins clash with kformer's and with each
 # other's (LibreTranslate runs its fork, argos-translate-lt, under the same module name).
 # The real transformers (with torch) that tests/test_import.py builds Marian models with and
-# checks kformer's imports against: never a dependency of kformer itself.
+# checks kformer's imports against (with CTranslate2, whose Marian converter needs them): never a
+# dependency of kformer itself.
 ARGOS_VENVS := $(VENV)/argostranslate/.installed $(VENV)/libretranslate/.installed $(VENV)/transformers/.installed
 $(VENV)/argostranslate/.installed: PACKAGE := argostranslate==1.11.0
 $(VENV)/libretranslate/.installed: PACKAGE := libretranslate==1.9.6
-$(VENV)/transformers/.installed: PACKAGE := torch==2.13.0 transformers==5.23.0 sentencepiece==0.2.3 safetensors==0.8.0
+$(VENV)/transformers/.installed: PACKAGE := torch==2.13.0 transformers==5.23.0 sentencepiece==0.2.3 safetensors==0.8.0 ctranslate2==4.8.5
 $(ARGOS_VENVS): | $(VENV)/.installed
 	@echo "installing $(PACKAGE) in $(@D)"
 	@$(PYTHON) -m venv $(@D) && $(@D)/bin/pip install --quiet $(PACKAGE) && touch $@ || \

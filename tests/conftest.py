@@ -100,6 +100,15 @@ def need(available, reason):
         pytest.skip(reason)
 
 
+def venv_python(name):
+    """The Python of the venv `make test` installs `name` in, inside the test venv (Makefile)."""
+    from kformer.bench.argos import argos_python
+
+    python = argos_python(name)
+    need(os.path.exists(python), f"{python} not found: `make test` installs {name} in a venv of its own")
+    return python
+
+
 def need_packages():
     need(
         all(os.path.isdir(folder) for folder in web.ROUTES.values()),
@@ -249,3 +258,24 @@ def saved_weights(model_path):
             lambda name, item: found.append((name, item[()])) if isinstance(item, h5py.Dataset) else None
         )
         return dict(found)
+
+
+def ctranslate2_beam_differences(translator, sources, ours, limits):
+    """Beam 4 of `translator` (a ctranslate2.Translator) on `sources` (lists of pieces), ranking
+    hypotheses by their log-probability alone (length penalty 0), each at its length limit, against
+    `ours` ((pieces, score) a source: kformer's beam 4 with alpha 0). Returns how many lines differ.
+    The rule for a differing line, asserted: kformer's output scores higher under CTranslate2's own
+    scoring (score_batch), by as much as kformer's score says, so CTranslate2's search let a better
+    hypothesis go on the same model."""
+    differing = 0
+    for source, (mine, our_score), limit in zip(sources, ours, limits):
+        (theirs,) = translator.translate_batch(
+            [source], beam_size=4, length_penalty=0.0, max_decoding_length=limit, min_decoding_length=0
+        )
+        if mine == theirs.hypotheses[0]:
+            continue
+        differing += 1
+        scored = translator.score_batch([source, source], [mine, theirs.hypotheses[0]])
+        mine_scored, theirs_scored = (sum(result.log_probs) for result in scored)
+        assert mine_scored > theirs_scored and abs(mine_scored - float(our_score)) < 1e-3, (mine, theirs)
+    return differing

@@ -8,6 +8,8 @@ has torch and transformers; kformer's venv has neither):
     python marian_reference.py random OUT SETTINGS.json         random weights of OPUS-MT's shapes
     python marian_reference.py first_logits FOLDER < IDS.json     the first decoder step's logits
     python marian_reference.py training_rows FOLDER < PAIRS.json  what Marian trains on, and its loss
+    python marian_reference.py convert FOLDER OUT                 CTranslate2's converter of the folder
+    python marian_reference.py decode FOLDER < IDS.json           MarianTokenizer's text of id rows
 
 Prints JSON on its last line."""
 
@@ -63,6 +65,7 @@ def build(out, pairs_path, settings_path):
     )  # fmt: skip
     torch.manual_seed(settings.get("seed", 0))
     model = MarianMTModel(config)
+    _start_from_zero(model)
     tokenizer = MarianTokenizer(
         os.path.join(out, "source.spm"), os.path.join(out, "target.spm"), os.path.join(out, "vocab.json")
     )
@@ -72,6 +75,17 @@ def build(out, pairs_path, settings_path):
         model.final_logits_bias.copy_(0.5 * torch.randn(model.final_logits_bias.shape, generator=generator))
     model.save_pretrained(out)
     print(json.dumps({"vocab_size": size}))
+
+
+def _start_from_zero(model):
+    """Marian starts its decoder from a zero embedding, which OPUS-MT's conversions carry as a zero
+    <pad> row (CTranslate2's converter starts from zeros and drops that row): zeroed, and its
+    gradient too, so that training keeps it so."""
+    pad = model.config.pad_token_id
+    weight = model.model.shared.weight  # tied: the encoder's, the decoder's and the output's
+    with torch.no_grad():
+        weight[pad].zero_()
+    weight.register_hook(lambda grad: grad.index_fill(0, torch.tensor([pad]), 0.0))
 
 
 def _train(model, tokenizer, pairs, settings, languages):
@@ -126,6 +140,7 @@ def random(out, settings_path):
     )  # fmt: skip
     torch.manual_seed(0)
     model = MarianMTModel(config)
+    _start_from_zero(model)
     with torch.no_grad():  # trained models' logits biases and norms are not their initial zeros and ones
         model.final_logits_bias.normal_(0, 0.5)
         if known:  # outputs of pieces the target model has: text files decode them as Python does
@@ -156,19 +171,46 @@ def first_logits(folder):
 def training_rows(folder):
     """What Marian trains on for each [source, target] pair: {"input_ids", "labels",
     "decoder_input_ids", "loss"} per pair (the tokenizer's, the model's shift of the labels, and
-    the mean token cross-entropy without smoothing), one pair at a time so no padding enters."""
+    the mean token cross-entropy without smoothing, over every piece but pad), one pair at a time so
+    no padding enters."""
     model, tokenizer = _model(folder)
     rows = {"input_ids": [], "labels": [], "decoder_input_ids": [], "loss": []}
     with torch.no_grad():
         for source, target in json.load(sys.stdin):
             inputs = tokenizer([source], text_target=[target], return_tensors="pt")
             decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels=inputs["labels"])
-            loss = model(**inputs).loss
+            # Marian's softmax has no pad (the conversion appends a zero row whose logit transformers'
+            # loss counts): left out, as generate's bad_words_ids and kformer leave it out.
+            logits = model(**inputs).logits[0]
+            logits[:, model.config.pad_token_id] = -float("inf")
+            loss = torch.nn.functional.cross_entropy(logits, inputs["labels"][0])
             rows["input_ids"].append(inputs["input_ids"][0].tolist())
             rows["labels"].append(inputs["labels"][0].tolist())
             rows["decoder_input_ids"].append(decoder_input_ids[0].tolist())
             rows["loss"].append(float(loss))
     print(json.dumps(rows))
+
+
+def decode(folder):
+    """MarianTokenizer.decode of each row of Marian ids (special tokens skipped)."""
+    tokenizer = MarianTokenizer.from_pretrained(folder)
+    rows = json.load(sys.stdin)
+    print(
+        json.dumps(
+            [
+                tokenizer.decode(row, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+                for row in rows
+            ]
+        )
+    )
+
+
+def convert(folder, out):
+    """CTranslate2's own converter of the folder (what `ct2-transformers-converter` runs)."""
+    import ctranslate2
+
+    ctranslate2.converters.TransformersConverter(folder).convert(out)
+    print(json.dumps({"converted": out}))
 
 
 def _model(folder):
@@ -197,6 +239,7 @@ def greedy(folder):
 if __name__ == "__main__":
     commands = {
         "build": build, "greedy": greedy, "random": random, "first_logits": first_logits,
-        "training_rows": training_rows,
+        "training_rows": training_rows, "convert": convert,
+        "decode": decode,
     }  # fmt: skip
     commands[sys.argv[1]](*sys.argv[2:])

@@ -14,9 +14,9 @@ import zipfile
 
 import numpy as np
 import pytest
-from conftest import need, output, python_lines
+from conftest import output, python_lines, venv_python
 
-from kformer.bench.argos import argos_python, argos_translations, bench_argos, offline_environment
+from kformer.bench.argos import argos_translations, bench_argos, offline_environment
 from kformer.contracts import TOKENIZER_FILE
 from kformer.contracts.export import ExportManifest
 from kformer.data import corpus as corpus_lib
@@ -28,12 +28,6 @@ from kformer.export.exporter import export
 ARGOSTRANSLATE = "argostranslate"  # PyPI argostranslate==1.11.0
 LIBRETRANSLATE = "libretranslate"  # PyPI libretranslate==1.9.6, with argos-translate-lt==1.12.1
 SENTENCES = 40  # of the test split, per direction
-
-
-def venv_python(name):
-    python = argos_python(name)
-    need(os.path.exists(python), f"{python} not found: `make test` installs {name} in a venv of its own")
-    return python
 
 
 @pytest.fixture(scope="module")
