@@ -3,6 +3,7 @@
 import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
+from kformer.data.vocabulary import LANGUAGE_CODE_PATTERN
 from kformer.decode import sentences
 from kformer.decode.options import BEAM_SIZE
 from kformer.decode.recipe import RECIPES
@@ -41,13 +42,17 @@ class ExportModule(tf.Module):
         self.translator = Translator(model, beam_size)
         self.config = model.config
         self.tokenizer = tokenizer  # the Python one, for the formats that carry the tokenizer inside
-        source, target, source_map, target_map, self.append_eos = graph_tables(tokenizer)
-        self.source_tokenizer = tf_text.FastSentencepieceTokenizer(source)
-        same = target is source  # kformer's joint model: one copy in the SavedModel
-        self.target_tokenizer = self.source_tokenizer if same else tf_text.FastSentencepieceTokenizer(target)
-        self.source_map = None if source_map is None else tf.constant(source_map, tf.int32)
-        self.target_map = None if target_map is None else tf.constant(target_map, tf.int32)
-        self.leading_spaces = detokenize.LeadingSpaces.of(target)
+        tables = graph_tables(tokenizer)
+        self.append_eos = tables.append_eos
+        self.source_tokenizer = tf_text.FastSentencepieceTokenizer(tables.source)
+        same = tables.target is tables.source  # kformer's joint model: one copy in the SavedModel
+        self.target_tokenizer = (
+            self.source_tokenizer if same else tf_text.FastSentencepieceTokenizer(tables.target)
+        )
+        self.source_map = None if tables.source_map is None else tf.constant(tables.source_map, tf.int32)
+        self.target_map = None if tables.target_map is None else tf.constant(tables.target_map, tf.int32)
+        self.codes = None if tables.codes is None else _CodeTable(tables.codes, tables.unk_id)
+        self.leading_spaces = detokenize.LeadingSpaces.of(tables.target)
         self.greedy_ids = self.translator.greedy
         self.beam_ids = self.translator.beam
         self.greedy_text = tf.function(
@@ -63,9 +68,18 @@ class ExportModule(tf.Module):
         """(B,) text -> (B, S) int32 source ids, pad after: SentencePiece's ids, looked up in the
         model's vocabulary and ended with EOS where the tokenizer does so."""
         c = self.config
+        if self.codes is not None:  # a leading >>xxx<< is one piece, split off as the tokenizer does
+            has_code = tf.strings.regex_full_match(text, LANGUAGE_CODE_PATTERN + ".*")
+            code = tf.strings.regex_replace(text, LANGUAGE_CODE_PATTERN + ".*", r"\1", replace_global=False)
+            text = tf.strings.regex_replace(text, LANGUAGE_CODE_PATTERN, "", replace_global=False)
+            found = tf.boolean_mask(self.codes.lookup(code), has_code)
+            codes = tf.RaggedTensor.from_row_lengths(found, tf.cast(has_code, tf.int64))  # (B, 0 or 1)
         ids = tf.cast(self.source_tokenizer.tokenize(text), tf.int32)  # ragged (B, None)
+        ids = ids.with_row_splits_dtype(tf.int64)
         if self.source_map is not None:
             ids = tf.ragged.map_flat_values(tf.gather, self.source_map, ids)
+        if self.codes is not None:
+            ids = tf.concat([codes, ids], axis=1)
         if self.append_eos:
             ids = tf.concat([ids, tf.fill([tf.shape(text)[0], 1], c.eos_id)], axis=1)
         return ids.to_tensor(default_value=c.pad_id, shape=[None, None])
@@ -123,3 +137,20 @@ class ExportModule(tf.Module):
         # they are a list in the order of their names): the file's signature then names them.
         named = tf.function(lambda *inputs: dict(zip(names, frozen(*inputs))), input_signature=specs)
         return named.get_concrete_function()
+
+
+class _CodeTable(tf.Module):
+    """{code: model id} as a lookup; a code none of them (or any, for a vocabulary without
+    language tokens) is <unk>."""
+
+    def __init__(self, codes, unk_id):
+        super().__init__()
+        self.unk_id = unk_id
+        self.table = None
+        if codes:
+            keys, values = tf.constant(list(codes), tf.string), tf.constant(list(codes.values()), tf.int32)
+            initializer = tf.lookup.KeyValueTensorInitializer(keys, values)
+            self.table = tf.lookup.StaticHashTable(initializer, default_value=unk_id)
+
+    def lookup(self, code):
+        return tf.fill(tf.shape(code), self.unk_id) if self.table is None else self.table.lookup(code)

@@ -4,6 +4,7 @@ search graph. Needs onnxruntime-extensions at run time."""
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from kformer.data.vocabulary import LANGUAGE_CODE_PATTERN
 from kformer.export.onnx_rewrite import graphs
 
 CONTRIB = "ai.onnx.contrib"
@@ -19,16 +20,18 @@ def _const(name, value, dtype):
 
 
 def _tokenize_graph(tables, pad_id, eos_id):
-    """text string (B,) -> source_ids int32 (B, S): SentencePiece, its ids looked up in the model's
-    vocabulary and EOS appended where `tables` (kformer.data.vocabulary.graph_tables) say so, and
-    right padding (the core graph keeps the first max_source_length of each row, as for ids)."""
-    source_proto, _, source_map, _, append_eos = tables
+    """text string (B,) -> source_ids int32 (B, S): a leading language code as its own piece where
+    `tables` (kformer.data.vocabulary.graph_tables) split one off, then SentencePiece, its ids
+    looked up in the model's vocabulary and EOS appended where they say so, and right padding (the
+    core graph keeps the first max_source_length of each row, as for ids)."""
     n = helper.make_node
     nodes = [
-        *_piece_ids(source_proto, source_map),  # ragged: (M,) pieces, (B+1,) row splits
+        *_language_code(tables.codes, tables.unk_id),  # text -> rest (B,), code_id (B,), code_count (B,)
+        *_piece_ids(tables.source, tables.source_map),  # ragged: (M,) pieces, (B+1,) row splits
         n("Slice", ["splits", "zero_1d", "minus_one_1d"], ["starts"]),
         n("Slice", ["splits", "one_1d", "big_1d"], ["ends"]),
-        n("Sub", ["ends", "starts"], ["lengths"]),  # (B,)
+        n("Sub", ["ends", "starts"], ["piece_lengths"]),  # (B,)
+        n("Add", ["piece_lengths", "code_count"], ["lengths"]),  # (B,) the code, then the pieces
         n("ReduceMax", ["lengths"], ["longest"], keepdims=0),
         n("Add", ["longest", "eos_count"], ["longest_ended"]),
         n("Max", ["longest_ended", "one"], ["width"]),  # at least one column: an all-empty batch runs
@@ -36,22 +39,41 @@ def _tokenize_graph(tables, pad_id, eos_id):
         n("Unsqueeze", ["starts", "one_1d"], ["starts_2d"]),
         n("Unsqueeze", ["positions", "zero_1d"], ["positions_2d"]),
         n("Unsqueeze", ["lengths", "one_1d"], ["lengths_2d"]),
-        n("Add", ["starts_2d", "positions_2d"], ["flat_index"]),  # (B, S) into pieces
-        n("Less", ["positions_2d", "lengths_2d"], ["real"]),  # (B, S) bool
+        n("Unsqueeze", ["code_count", "one_1d"], ["code_count_2d"]),
+        n("Sub", ["positions_2d", "code_count_2d"], ["piece_positions"]),  # (B, S): -1 at a code
+        n("Add", ["starts_2d", "piece_positions"], ["flat_index"]),  # (B, S) into pieces
+        n("Less", ["positions_2d", "lengths_2d"], ["before_end"]),
+        n("Less", ["positions_2d", "code_count_2d"], ["is_code"]),  # (B, S) bool
+        n("Not", ["is_code"], ["not_code"]),
+        n("And", ["before_end", "not_code"], ["real"]),  # (B, S) bool: a piece
         n("Shape", ["pieces"], ["piece_count"]),
-        n("Where", ["real", "flat_index", "piece_count"], ["safe_index"]),  # padding reads the appended pad
+        n("Where", ["real", "flat_index", "piece_count"], ["safe_index"]),  # the rest read the appended pad
         n("Concat", ["pieces", "pad_1d"], ["pieces_padded"], axis=0),
         n("Gather", ["pieces_padded", "safe_index"], ["gathered"]),
         n("Equal", ["positions_2d", "lengths_2d"], ["at_end"]),  # (B, S): where EOS goes, if it does
         n("And", ["at_end", "ends_with_eos"], ["eos_here"]),
         n("Where", ["eos_here", "eos", "pad"], ["after"]),
-        n("Where", ["real", "gathered", "after"], ["source_ids"]),
+        n("Where", ["real", "gathered", "after"], ["text_ids"]),
+        n("Unsqueeze", ["code_id", "one_1d"], ["code_id_2d"]),
+        n("Where", ["is_code", "code_id_2d", "text_ids"], ["source_ids"]),
     ]
-    initializers = [
-        _const("eos_count", int(append_eos), np.int64),
-        _const("ends_with_eos", bool(append_eos), np.bool_),
+    return helper.make_graph(
+        nodes,
+        "tokenize",
+        [helper.make_tensor_value_info("text", TensorProto.STRING, ["batch"])],
+        [helper.make_tensor_value_info("source_ids", TensorProto.INT32, ["batch", "length"])],
+        _tokenize_constants(tables, pad_id, eos_id),
+    )
+
+
+def _tokenize_constants(tables, pad_id, eos_id):
+    """The initializers of _tokenize_graph's nodes."""
+    return [
+        _const("eos_count", int(tables.append_eos), np.int64),
+        _const("ends_with_eos", bool(tables.append_eos), np.bool_),
         _const("eos", eos_id, np.int32),
-        *([] if source_map is None else [_const("source_map", source_map, np.int32)]),
+        *([] if tables.source_map is None else [_const("source_map", tables.source_map, np.int32)]),
+        *_code_constants(tables.codes, tables.unk_id),
         *_tokenizer_options(),
         _const("zero", 0, np.int64),
         _const("one", 1, np.int64),
@@ -62,21 +84,76 @@ def _tokenize_graph(tables, pad_id, eos_id):
         _const("pad_1d", [pad_id], np.int32),
         _const("pad", pad_id, np.int32),
     ]
-    return helper.make_graph(
-        nodes,
-        "tokenize",
-        [helper.make_tensor_value_info("text", TensorProto.STRING, ["batch"])],
-        [helper.make_tensor_value_info("source_ids", TensorProto.INT32, ["batch", "length"])],
-        initializers,
+
+
+def _language_code(codes, unk_id):
+    """Nodes: text (B,) -> rest (B,), the text after a leading >>xxx<< code where one is split off;
+    code_id (B,) int32, its model id (<unk> for a code none of `codes`); code_count (B,) int64, 1
+    where a text has one. Without `codes` (kformer's joint model), the text as it is and no code."""
+    n = helper.make_node
+    if codes is None:
+        return [
+            n("Identity", ["text"], ["rest"]),
+            n("Shape", ["text"], ["batch"]),
+            n(
+                "ConstantOfShape",
+                ["batch"],
+                ["code_count"],
+                value=helper.make_tensor("", TensorProto.INT64, [1], [0]),
+            ),
+            n("Cast", ["code_count"], ["code_id"], to=TensorProto.INT32),
+        ]
+    code = n(
+        "StringRegexReplace",
+        ["text", "code_then_all", "the_code"],
+        ["code"],
+        domain=CONTRIB,
+        global_replace=0,
     )
+    nodes = [
+        code,
+        n(
+            "StringRegexReplace",
+            ["text", "code_pattern", "nothing"],
+            ["rest"],
+            domain=CONTRIB,
+            global_replace=0,
+        ),
+        n("StringEqual", ["rest", "text"], ["no_code"], domain=CONTRIB),
+        n("Not", ["no_code"], ["has_code"]),
+        n("Cast", ["has_code"], ["code_count"], to=TensorProto.INT64),
+    ]
+    if not codes:  # a vocabulary with no language tokens: any code typed is <unk>
+        return [*nodes, n("Mul", ["code_count", "zero"], ["none"]), n("Add", ["none", "unk"], ["unk_ids"]),
+                n("Cast", ["unk_ids"], ["code_id"], to=TensorProto.INT32)]  # fmt: skip
+    table = "\n".join(f"{code}\t{i}" for code, i in codes.items())
+    return [
+        *nodes,
+        n("StringToVector", ["code"], ["code_vector"], domain=CONTRIB, map=table, unk=str(unk_id)),  # (B, 1)
+        n("Squeeze", ["code_vector", "one_1d"], ["code_id_64"]),
+        n("Cast", ["code_id_64"], ["code_id"], to=TensorProto.INT32),
+    ]
+
+
+def _code_constants(codes, unk_id):
+    """The inputs of _language_code's nodes."""
+    if codes is None:
+        return []
+    return [
+        _const("code_then_all", [LANGUAGE_CODE_PATTERN + ".*"], np.object_),
+        _const("the_code", [r"\1"], np.object_),
+        _const("code_pattern", [LANGUAGE_CODE_PATTERN], np.object_),
+        _const("nothing", [""], np.object_),
+        *([] if codes else [_const("unk", unk_id, np.int64)]),
+    ]
 
 
 def _piece_ids(source_proto, source_map):
-    """Nodes: text (B,) -> pieces (M,), the model's id of each source piece, and splits (B+1,)."""
+    """Nodes: rest (B,) -> pieces (M,), the model's id of each source piece, and splits (B+1,)."""
     n = helper.make_node
     tokenize = n(
         "SentencepieceTokenizer",
-        ["text", "nbest", "alpha", "add_bos", "add_eos", "reverse"],
+        ["rest", "nbest", "alpha", "add_bos", "add_eos", "reverse"],
         ["spm_ids", "splits"],
         domain=CONTRIB,
         model=source_proto,
@@ -99,9 +176,9 @@ def _tokenizer_options():
 
 def _detokenize_graph(tables, eos_id, pad_id):
     """tokens int32 (B, N, T) -> translation string (B,): the best (first) of N, cut at EOS,
-    padding (and any token with no target piece: `tables`' -1) removed, looked up in the target
+    padding (and the special tokens: `tables`' -1) removed, looked up in the target
     SentencePiece model, one SentencepieceDecoder call per row (it decodes one sentence at a time)."""
-    _, target_proto, _, target_map, _ = tables
+    target_proto, target_map = tables.target, tables.target_map
     n = helper.make_node
     nodes = [
         n("Gather", ["tokens", "zero"], ["best"], axis=1),  # (B, T)
@@ -114,7 +191,7 @@ def _detokenize_graph(tables, eos_id, pad_id):
         n("And", ["before_eos", "not_pad"], ["kept"]),
         n("Identity", ["best"], ["spm_ids"])
         if target_map is None
-        else n("Gather", ["target_map", "best"], ["spm_ids"]),  # (B, T) the target model's ids, -1: none
+        else n("Gather", ["target_map", "best"], ["spm_ids"]),  # (B, T) the target model's ids, -1: special
         n("Less", ["spm_ids", "zero_int"], ["no_piece"]),
         n("Not", ["no_piece"], ["has_piece"]),
         n("And", ["kept", "has_piece"], ["keep"]),

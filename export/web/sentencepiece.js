@@ -134,6 +134,20 @@ export class SentencePiece {
 
   get size() { return this.pieces.length; }
 
+  /** This model with each of `pieces` it lacks as an UNUSED piece, never segmented into and joined as
+   *  any piece (the joiner of kformer/data/vocabulary.py). */
+  withUnused(pieces) {
+    const joiner = Object.assign(Object.create(SentencePiece.prototype), this);
+    joiner.pieces = [...this.pieces];
+    joiner.ids = new Map(this.ids);
+    for (const piece of pieces) {
+      if (joiner.ids.has(piece)) continue;
+      joiner.ids.set(piece, joiner.pieces.length);
+      joiner.pieces.push({ piece, score: 0, type: UNUSED });
+    }
+    return joiner;
+  }
+
   pieceToId(piece) { return this.ids.get(piece) ?? this.unkId; }
 
   /** [normalized text, bytes consumed] at bytes[start]: the longest rule of the character map,

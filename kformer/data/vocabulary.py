@@ -1,29 +1,38 @@
 """A tokenizer whose ids come from a vocabulary: source text is segmented by the source
 SentencePiece model, each piece looked up in the model's vocabulary (unknown pieces are <unk>), EOS
 appended where the family trained so; output ids are looked up back into pieces, which the target
-SentencePiece model joins into text. It answers as SentencePieceProcessor does where kformer asks
+SentencePiece model joins into text, with the vocabulary's pieces it lacks added to it (the
+joiner, which joins and never segments): an output piece of the source's side is its text, "▁" read as a space, as
+MarianTokenizer reads it, in every runtime (the graphs and the page join with the same model).
+It answers as SentencePieceProcessor does where kformer asks
 (encode, decode, id_to_piece, piece_to_id, get_piece_size, the special ids), so every Python
 runner takes it as it is."""
 
 import hashlib
 import json
 import os
+import re
+from typing import NamedTuple
 
 from kformer.contracts import TOKENIZER_FILE, digests
 from kformer.contracts.tokenizer import TOKENIZER_JSON, TokenizerFile, VocabularyRecord
 from kformer.data.tokenizer import load_tokenizer
 
 LANGUAGE_CODE = (">>", "<<")  # a multilingual model's target language token, ">>fra<<", starts a source
+# The code a source starts with as _encode_one splits it off, in RE2 (the graphs' regular expressions):
+# from ">>" to the first "<<" after it, newlines included.
+LANGUAGE_CODE_PATTERN = rf"(?s)^({re.escape(LANGUAGE_CODE[0])}.*?{re.escape(LANGUAGE_CODE[1])})"
 
 
 class VocabularyTokenizer:
     """record: a VocabularyRecord; source, target: SentencePieceProcessors; pieces: the model's
     pieces in id order."""
 
-    def __init__(self, record, source, target, pieces, target_language=None):
+    def __init__(self, record, source, target, pieces, target_language=None, joiner=None):
         self.record, self.source, self.target, self.pieces = record, source, target, list(pieces)
         self.index = {piece: i for i, piece in enumerate(self.pieces)}
         self.special = {record.pad_id, record.eos_id, record.bos_id}
+        self.joiner = joiner or _processor(joiner_proto(target, self.pieces))
         self.prefix = []  # the target language's token, which every source then starts with
         if target_language is not None:
             code = f"{LANGUAGE_CODE[0]}{target_language}{LANGUAGE_CODE[1]}"
@@ -36,7 +45,7 @@ class VocabularyTokenizer:
     def for_target(self, language):
         """This tokenizer with every source starting with `language`'s token (">>fra<<" of "fra"):
         what a multilingual model translates into."""
-        return VocabularyTokenizer(self.record, self.source, self.target, self.pieces, language)
+        return VocabularyTokenizer(self.record, self.source, self.target, self.pieces, language, self.joiner)
 
     def languages(self):
         """The target languages a multilingual model's vocabulary has tokens of ("fra" of ">>fra<<")."""
@@ -68,7 +77,7 @@ class VocabularyTokenizer:
         """The text of output ids (the special tokens left out)."""
         if ids and not isinstance(ids[0], int):
             return [self.decode(row) for row in ids]
-        return self.target.decode_pieces([self.pieces[i] for i in ids if i not in self.special])
+        return self.joiner.decode_pieces([self.pieces[i] for i in ids if i not in self.special])
 
     def id_to_piece(self, i):
         return self.pieces[i]
@@ -97,6 +106,38 @@ class VocabularyTokenizer:
         parts = [self.source.serialized_model_proto(), self.target.serialized_model_proto()]
         settings = json.dumps([self.pieces, self.record.append_eos], ensure_ascii=False).encode()
         return b"".join(hashlib.sha256(part).digest() for part in [*parts, settings])
+
+
+def joiner_proto(target, pieces):
+    """The target SentencePiece model (a processor) with each of `pieces` it lacks appended as a
+    USER_DEFINED piece, which SentencePiece (and TF Text, which refuses UNUSED pieces) joins as any
+    piece: a model to join outputs with, never to segment with (it would match those pieces
+    first). Serialized ModelProto bytes, written in protobuf's wire format (a repeated field's
+    elements may come in several runs), so that a device needs no protobuf library."""
+    missing = [p for p in dict.fromkeys(pieces) if target.piece_to_id(p) == target.unk_id()]
+    missing = [p for p in missing if p != target.id_to_piece(target.unk_id())]
+    return target.serialized_model_proto() + b"".join(map(_joined_piece, missing))
+
+
+def _processor(proto):
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_proto=proto)
+
+
+def _joined_piece(piece):
+    """ModelProto's field 1 (pieces), one SentencePiece {piece: 1, score: 2 (0.0), type: 3 (USER_DEFINED, 4)}."""
+    text = piece.encode("utf-8")
+    message = b"\x0a" + _varint(len(text)) + text + b"\x15\x00\x00\x00\x00" + b"\x18\x04"
+    return b"\x0a" + _varint(len(message)) + message
+
+
+def _varint(n):
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
 
 
 def write(folder, source_spm, target_spm, pieces, special, append_eos=True):
@@ -195,31 +236,51 @@ def tokenizer_files(folder):
     return files(folder) if tokenizer_file(folder) == TOKENIZER_JSON else [TOKENIZER_FILE]
 
 
+def language_codes(tokenizer):
+    """{code: model id} of a vocabulary tokenizer's target language tokens (">>fra<<"); a code
+    typed at a source's start that is none of them is <unk>, as in _encode_one."""
+    start, end = LANGUAGE_CODE
+    return {
+        f"{start}{language}{end}": tokenizer.piece_to_id(f"{start}{language}{end}")
+        for language in tokenizer.languages()
+    }
+
+
 def maps_through_vocabulary(tokenizer):
     """Whether `tokenizer` is a VocabularyTokenizer (an imported model's), not the one joint
     SentencePiece model kformer trains: the one test of it, for what only the joint model allows."""
     return isinstance(tokenizer, VocabularyTokenizer)
 
 
+class GraphTables(NamedTuple):
+    """What a graph needs to tokenize as a tokenizer does (graph_tables)."""
+
+    source: bytes  # the source SentencePiece model
+    target: bytes  # the model outputs are joined with (the joiner's, or the joint model's)
+    source_map: list | None  # the model id of each source SentencePiece id (None: the same ids)
+    target_map: list | None  # the target SentencePiece id of each model id, -1 for a special token
+    append_eos: bool  # EOS ends each source
+    codes: dict | None  # language_codes, split off a source's start (None: no code is split off)
+    unk_id: int
+
+
 def graph_tables(tokenizer):
-    """What a graph needs to tokenize as `tokenizer` does (a SentencePieceProcessor or a
-    VocabularyTokenizer): (source SentencePiece bytes, target SentencePiece bytes, the model id
-    of each source SentencePiece id or None, the target SentencePiece id of each model id (-1:
-    none, a special token) or None, whether EOS ends the source)."""
+    """The GraphTables of `tokenizer` (a SentencePieceProcessor or a VocabularyTokenizer)."""
     if not maps_through_vocabulary(tokenizer):
         proto = tokenizer.serialized_model_proto()
-        return proto, proto, None, None, False
-    source, target = tokenizer.source, tokenizer.target
+        return GraphTables(proto, proto, None, None, False, None, tokenizer.unk_id())
+    source, target = tokenizer.source, tokenizer.joiner
     source_map = [tokenizer.piece_to_id(source.id_to_piece(i)) for i in range(source.get_piece_size())]
     target_map = [
-        -1 if i in tokenizer.special or target.piece_to_id(p) == target.unk_id() else target.piece_to_id(p)
-        for i, p in enumerate(tokenizer.pieces)
+        -1 if i in tokenizer.special else target.piece_to_id(p) for i, p in enumerate(tokenizer.pieces)
     ]
     target_map[tokenizer.unk_id()] = target.unk_id()
-    return (
+    return GraphTables(
         source.serialized_model_proto(),
         target.serialized_model_proto(),
         source_map,
         target_map,
         tokenizer.record.append_eos,
+        language_codes(tokenizer),
+        tokenizer.unk_id(),
     )
