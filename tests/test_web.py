@@ -31,19 +31,20 @@ def split_sentences():
     return prepare_lib.split_pairs(pairs)["test"]
 
 
-def node_tokenize(model_path, texts, ids, tmp_path):
+def node_tokenize(model_path, texts, ids, tmp_path, target=None):
     """(ids of each text, text of each id list) from export/web/sentencepiece.js, run by Node."""
-    ran = node_tokenizer(model_path, texts, ids, tmp_path)
+    ran = node_tokenizer(model_path, texts, ids, tmp_path, target)
     assert ran.status == 0, ran.stderr[-2000:]
     return json.loads(ran.stdout)
 
 
-def node_tokenizer(model_path, texts, ids, tmp_path):
+def node_tokenizer(model_path, texts, ids, tmp_path, target=None):
     """The finished Node process (conftest.Ran) of `node_tokenize`: `model_path` a SentencePiece
-    model, or the tokenizer.json of a vocabulary tokenizer (export/web/vocabulary.js)."""
+    model, or the tokenizer.json of a vocabulary tokenizer (export/web/vocabulary.js), for the
+    target language `target` where given."""
     need(NODE, "node not found: the page's tokenizer is checked with Node")
     job = tmp_path / "job.json"
-    job.write_text(json.dumps({"texts": texts, "ids": ids}), encoding="utf-8")
+    job.write_text(json.dumps({"texts": texts, "ids": ids, "target": target}), encoding="utf-8")
     script = (
         "import { readFileSync } from 'node:fs'; import { dirname, join } from 'node:path';"
         f"import {{ SentencePiece }} from {json.dumps(TOKENIZER_JS)};"
@@ -58,6 +59,7 @@ def node_tokenizer(model_path, texts, ids, tmp_path):
         "                               new SentencePiece(bytes(record.target.file)), pieces);"
         "} else sp = new SentencePiece(new Uint8Array(readFileSync(model)));"
         "const job = JSON.parse(readFileSync(input, 'utf8'));"
+        "if (job.target) sp = sp.forTarget(job.target);"
         "console.log(JSON.stringify([job.texts.map((t) => sp.encode(t)), job.ids.map((i) => sp.decode(i))]));"
     )
     return run_process([NODE, "--input-type=module", "-e", script, model_path, str(job)])
@@ -165,6 +167,10 @@ def test_vocabulary_tokenizer_gives_the_python_tokenizers_ids_and_text(tmp_path)
     assert [t for t, e in zip(texts, encoded) if tokenizer.encode(t) != e] == []
     assert [i for i, d in zip(ids, decoded) if tokenizer.decode(i) != d] == []
     assert encoded[-5][0] == pieces.index(">>fra<<") and encoded[-5][-1] == 0  # the code, then EOS
+    for_english, _ = node_tokenize(str(folder / "tokenizer.json"), texts, [], tmp_path, target="eng")
+    english = tokenizer.for_target("eng")
+    assert [t for t, e in zip(texts, for_english) if english.encode(t) != e] == []
+    assert for_english[0][0] == pieces.index(">>eng<<") and for_english[-5][0] == pieces.index(">>fra<<")
 
 
 def test_tokenizer_refuses_what_it_cannot_read(tmp_path):

@@ -362,10 +362,20 @@ const ready = load();
 /** The language pair, "zh-en" (an imported model's manifest has no corpus), or "". */
 const direction = (manifest) => manifest.direction || manifest.corpus?.direction || "";
 
+/** The tokenizer for a multilingual model's target language ("fra": each source starts with
+ *  >>fra<<, as `--target-language`); without one, sources go as typed. */
+function forTarget(tokenizer, language) {
+  if (!language) return tokenizer;
+  if (!tokenizer.forTarget) throw new RangeError(`target language ${language}: this model has no target languages`);
+  return tokenizer.forTarget(language);
+}
+
 /** Texts -> [{translation, score, alternatives}], as a runner's `translations`. Options: beam (1
- *  or the export's), alpha, maxLength, noRepeatNgram, nbest; defaults: the manifest's. */
+ *  or the export's), alpha, maxLength, noRepeatNgram, nbest, targetLanguage (a multilingual
+ *  model's; default: the page's ?target=); defaults: the manifest's. */
 async function translations(texts, options = {}) {
-  const { manifest, tokenizer, run } = await ready;
+  const { manifest, tokenizer: typed, run } = await ready;
+  const tokenizer = forTarget(typed, options.targetLanguage ?? params.get("target"));
   const { inputs, nbest } = checkedOptions(manifest, options);
   const { eos_id: eosId, pad_id: padId, max_source_length: maxSourceLength } = manifest.config;
   const { units, layouts } = segmentTexts(tokenizer, texts, maxSourceLength);
@@ -382,8 +392,9 @@ async function translate(texts, options = {}) {
 }
 
 window.kformer = {
-  ready: ready.then(({ manifest, name, loadMs }) => ({
+  ready: ready.then(({ manifest, tokenizer, name, loadMs }) => ({
     runtime: name, variant, threads, loadMs, beamSize: manifest.beam_size, direction: direction(manifest),
+    languages: tokenizer.languages?.() ?? [],
     defaults: { alpha: manifest.alpha, maxLength: manifest.max_length, noRepeatNgram: manifest.no_repeat_ngram } })),
   translate,
   translations,
@@ -403,6 +414,12 @@ window.kformer.ready.then((info) => {
   $("alpha").value = info.defaults.alpha;
   $("max-length").value = info.defaults.maxLength;
   $("no-repeat-ngram").value = info.defaults.noRepeatNgram;
+  if (info.languages.length) { // a multilingual model: the target language's token starts each source
+    const select = $("target-language");
+    select.replaceChildren(new Option("as typed (>>xxx<<)", ""), ...info.languages.map((code) => new Option(code, code)));
+    select.value = params.get("target") || "";
+    select.hidden = false;
+  }
   $("translate").disabled = false;
 }, (error) => {
   $("status").textContent = `error: ${error.message}`;
@@ -447,7 +464,7 @@ $("translate").addEventListener("click", async () => {
     const started = performance.now();
     const options = { beam: Number($("beam").value), alpha: Number($("alpha").value),
                       maxLength: Number($("max-length").value), noRepeatNgram: Number($("no-repeat-ngram").value),
-                      nbest: Number($("nbest").value) };
+                      nbest: Number($("nbest").value), targetLanguage: $("target-language").value };
     const [result] = await translations([text], options);
     $("output").textContent = result.translation;
     $("alternatives").replaceChildren(...result.alternatives.map((a) => {
