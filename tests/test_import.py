@@ -265,7 +265,7 @@ def test_an_argos_package_of_an_import_translates_as_ctranslate2s_conversion(imp
             n.split("/")[-1] for n in archive.namelist()
         }
     assert (
-        "imported by kformer from the marian model zh-en" in readme
+        "from the marian model zh-en, imported by kformer" in readme
         and "pieces over a source and a target" in readme
     )
     sources = [s for s in model.sources if len(split_sentences(s)) == 1]
@@ -433,7 +433,11 @@ def test_the_savedmodels_text_signatures_map_through_the_vocabulary(imports, exp
     model = imports("zh-en")
     runner = SavedModelRunner(exported, options=SearchOptions(beam_size=1))
     keras = open_runner(model.run, options=SearchOptions(beam_size=1, max_length=runner.options.max_length))
-    assert runner.translate_text(model.sources[:40]) == keras.translate(model.sources[:40])
+    sources = model.sources[:40] + TYPED_CODES  # codes of a vocabulary without language tokens: <unk>
+    assert runner.translate_text(sources) == keras.translate(sources)
+
+
+TYPED_CODES = [">>xyz<< 他很高興。", ">>xyz<<"]  # a code at a source's start, which the tokenizer splits off
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
@@ -446,9 +450,10 @@ def test_the_onnx_text_files_map_through_the_vocabulary(imports, exported, searc
     beam = "1" if search == "greedy" else "4"
     # In a process of its own: onnxruntime-extensions' SentencePiece crashed creating its session
     # in a process that had run TF Text's on this NFKC model (the SavedModel test's).
-    text = onnx_text_translations(exported, beam, model.sources)
+    sources = model.sources + TYPED_CODES
+    text = onnx_text_translations(exported, beam, sources)
     ids = open_listed(exported, "onnx", "fp32", options=SearchOptions(beam_size=int(beam)))
-    assert text == ids.translate(model.sources)
+    assert text == ids.translate(sources)
 
 
 def onnx_text_translations(folder, beam, sources):
@@ -467,7 +472,8 @@ def onnx_text_translations(folder, beam, sources):
 def test_the_text_files_split_a_language_code_off_as_the_tokenizer(imports, multilingual_exported):
     """The multilingual import's SavedModel text signature and ONNX text file: a source's leading
     >>xxx<< is one piece (a code of the vocabulary, or <unk>), the rest segmented after it, as the
-    Python tokenizer splits it: the Python runner's text on every source, with and without codes."""
+    Python tokenizer splits it: the Python runner's text on every source with and without codes
+    (the SavedModel's signature on those of one sentence, which is what it takes)."""
     from kformer.export.savedmodel import SavedModelRunner
 
     model = imports("multilingual")
@@ -557,11 +563,15 @@ def test_the_page_takes_a_multilingual_imports_target_language(imports, multilin
         refused = page.evaluate(
             "() => window.kformer.translate(['好'], {targetLanguage: 'fra'}).catch((e) => e.message)"
         )
+        page.goto(f"{url}&target=fra")
+        page.evaluate("window.kformer.ready")
+        status = page.locator("#status").text_content()
     for language, got in (("enm", found), ("eng", english)):
         runner = open_listed(out, "onnx", "fp32", settings=RunnerSettings(target_language=language))
         assert got == runner.translate(texts), language
     assert found != english  # the token decides: not the same translations either way
     assert refused == "target language fra: >>fra<< is not in the model's vocabulary"
+    assert status == "error: ?target=fra: the model has no >>fra<< token"  # said when the page loads
 
 
 def _marian_rows(batch, to_marian):

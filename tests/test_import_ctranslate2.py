@@ -292,12 +292,35 @@ def test_an_imports_argos_export_says_its_bleu_is_not_measured(own_import, tmp_p
     assert "BLEU not measured (no test split), wrote argos/" in said and "None" not in said
 
 
+def test_an_imports_package_keeps_its_source_rule_and_licence(package, imported, sources, tmp_path):
+    """The Argos package of the OpenNMT-py-style import (its vocabulary reordered, so a vocabulary
+    tokenizer; trained without a source EOS): CTranslate2 appends none, the package imported back
+    gives ctranslate2.Translator's greedy pieces of the original package, and the original's
+    licence travels as LICENSE."""
+    from kformer.export.exporter import export
+
+    manifest = export(imported, str(tmp_path / "export"), formats=("argos",), progress=lambda *a, **k: None)
+    path = str(tmp_path / "export" / manifest.packages[0].file)
+    with zipfile.ZipFile(path) as archive:
+        root = archive.namelist()[0].split("/")[0]
+        config = json.loads(archive.read(f"{root}/model/config.json"))
+        licence = archive.read(f"{root}/LICENSE").decode()
+        readme = archive.read(f"{root}/README.md").decode()
+    assert config["add_source_eos"] is False and licence == "a test package: CC0\n"
+    assert "imported by kformer" in readme and "in LICENSE beside this file" in readme
+    back = str(tmp_path / "back")
+    import_model(path, back, progress=lambda *a, **k: None)
+    assert_greedy_equals_ctranslate2(open_runner(back, options=GREEDY), package[0], sources, tmp_path / "ct2")
+
+
 def test_an_import_fine_tunes_and_the_pull_holds_it_near_its_start(own_import, corpus_tsv, tmp_path):
     """`train --init-from IMPORTED`: no corpus of its own to mix in (asking for one is one line);
-    with --pull-to-start its weights move less from the imported ones than without."""
+    with --pull-to-start its weights move less from the imported ones than without; the tuned run's
+    Argos package carries the import's licence."""
     import keras
 
     from kformer import run_folder
+    from kformer.export.exporter import export
     from kformer.train.fit import train
     from kformer.train.options import Evaluation
 
@@ -315,6 +338,12 @@ def test_an_import_fine_tunes_and_the_pull_holds_it_near_its_start(own_import, c
             [np.abs(keras.ops.convert_to_numpy(v) - s).mean() for v, s in zip(tuned, start)]
         )
     assert 0 < moved[2000.0] < moved[0.0] / 2, moved
+    export(out, str(tmp_path / "export"), formats=("argos",), progress=lambda *a, **k: None)
+    (package,) = (tmp_path / "export" / "argos").iterdir()
+    with zipfile.ZipFile(package) as archive:  # the licence of what it was fine-tuned from goes along
+        root = archive.namelist()[0].split("/")[0]
+        readme, licence = (archive.read(f"{root}/{name}").decode() for name in ("README.md", "LICENSE"))
+    assert "imported by kformer and fine-tuned on" in readme and licence.startswith("# ")
     with pytest.raises(
         ValueError, match=r"--mix-original 0\.5: --init-from \S+ was imported and has no corpus"
     ):

@@ -420,6 +420,11 @@ window.kformer.ready.then((info) => {
     select.value = params.get("target") || "";
     select.hidden = false;
   }
+  const target = params.get("target");
+  if (target && !info.languages.includes(target)) { // what translate() would throw, said at once
+    $("status").textContent = `error: ?target=${target}: the model has no >>${target}<< token`;
+    $("status").className = "error";
+  }
   $("translate").disabled = false;
 }, (error) => {
   $("status").textContent = `error: ${error.message}`;

@@ -135,7 +135,8 @@ export class SentencePiece {
   get size() { return this.pieces.length; }
 
   /** This model with each of `pieces` it lacks as an UNUSED piece, never segmented into and joined as
-   *  any piece (the joiner of kformer/data/vocabulary.py). */
+   *  any piece: the joiner of kformer/data/vocabulary.py, whose added pieces are USER_DEFINED (TF Text
+   *  refuses UNUSED ones; this file's constructor refuses USER_DEFINED ones): both join the same. */
   withUnused(pieces) {
     const joiner = Object.assign(Object.create(SentencePiece.prototype), this);
     joiner.pieces = [...this.pieces];

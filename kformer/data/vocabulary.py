@@ -2,8 +2,9 @@
 SentencePiece model, each piece looked up in the model's vocabulary (unknown pieces are <unk>), EOS
 appended where the family trained so; output ids are looked up back into pieces, which the target
 SentencePiece model joins into text, with the vocabulary's pieces it lacks added to it (the
-joiner, which joins and never segments): an output piece of the source's side is its text, "▁" read as a space, as
-MarianTokenizer reads it, in every runtime (the graphs and the page join with the same model).
+joiner, which joins and never segments): an output piece of the source's side is its text, "▁"
+read as a space, as MarianTokenizer reads it, in every runtime (the graphs and the page join with
+the same model).
 It answers as SentencePieceProcessor does where kformer asks
 (encode, decode, id_to_piece, piece_to_id, get_piece_size, the special ids), so every Python
 runner takes it as it is."""
@@ -109,35 +110,35 @@ class VocabularyTokenizer:
 
 
 def joiner_proto(target, pieces):
-    """The target SentencePiece model (a processor) with each of `pieces` it lacks appended as a
+    """The target SentencePiece model (a processor) with each of `pieces` it lacks as a
     USER_DEFINED piece, which SentencePiece (and TF Text, which refuses UNUSED pieces) joins as any
     piece: a model to join outputs with, never to segment with (it would match those pieces
-    first). Serialized ModelProto bytes, written in protobuf's wire format (a repeated field's
-    elements may come in several runs), so that a device needs no protobuf library."""
+    first). Serialized ModelProto bytes."""
     missing = [p for p in dict.fromkeys(pieces) if target.piece_to_id(p) == target.unk_id()]
     missing = [p for p in missing if p != target.id_to_piece(target.unk_id())]
-    return target.serialized_model_proto() + b"".join(map(_joined_piece, missing))
+    return with_pieces(target.serialized_model_proto(), missing, USER_DEFINED)
+
+
+USER_DEFINED, UNUSED = 4, 5  # sentencepiece's ModelProto.SentencePiece.Type
+
+
+def with_pieces(proto, pieces, piece_type):
+    """A SentencePiece model's bytes `proto` with `pieces` (none of its own) appended, of
+    `piece_type`, and without its self-test samples, which SentencePiece checks as it loads a model
+    and which the new pieces may segment otherwise."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto.FromString(proto)
+    for piece in pieces:
+        model.pieces.add(piece=piece, score=0.0, type=piece_type)
+    model.DiscardUnknownFields()  # the self-test samples: sentencepiece's Python module does not name them
+    return model.SerializeToString()
 
 
 def _processor(proto):
     import sentencepiece as spm
 
     return spm.SentencePieceProcessor(model_proto=proto)
-
-
-def _joined_piece(piece):
-    """ModelProto's field 1 (pieces), one SentencePiece {piece: 1, score: 2 (0.0), type: 3 (USER_DEFINED, 4)}."""
-    text = piece.encode("utf-8")
-    message = b"\x0a" + _varint(len(text)) + text + b"\x15\x00\x00\x00\x00" + b"\x18\x04"
-    return b"\x0a" + _varint(len(message)) + message
-
-
-def _varint(n):
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    return bytes(out + bytes([n]))
 
 
 def write(folder, source_spm, target_spm, pieces, special, append_eos=True):
