@@ -40,6 +40,9 @@ def last_index_where(mask):
     """mask bool (B, N) -> (B, N) int32: for each position, the last position at or before it
     where mask holds, -1 where none does."""
     where_true, _ = compact(tf.range(tf.shape(mask)[1]) + tf.zeros_like(tf.cast(mask, tf.int32)), mask)
+    # A column more: where the mask holds nowhere in the batch (an empty text alone), (B, 0) would
+    # leave the gather nothing to read.
+    where_true = tf.pad(where_true, [[0, 0], [0, 1]])
     ranks = tf.cumsum(tf.cast(mask, tf.int32), axis=1)  # (B, N)
     found = tf.gather(where_true, tf.maximum(ranks - 1, 0), batch_dims=1)
     return tf.where(ranks > 0, found, -1)
