@@ -3,8 +3,10 @@
 Variants: fp32; fp16 (float16 weights); int8 (dynamic-range quantized weights, float
 activations); fixed (fp32 with the input shape fixed to (1, max_source_length), for LiteRT.js in
 the web page, which cannot resize inputs); text and int8-text (UTF-8 in and out, the sentences,
-SentencePiece and joining inside the file: kformer.export.text_graph). The runners need numpy,
-sentencepiece and ai-edge-litert only.
+SentencePiece and joining inside the file: kformer.export.text_graph); fixed-text (text in and
+out with inputs and outputs of one shape, one text a call, for LiteRT.js: it plans every input and
+output once, and ran a text file's outputs, sized by the text, out of bounds). The runners need
+numpy, sentencepiece and ai-edge-litert only.
 
 Files: each variant but `fixed` is a folder of one file per search, `tflite/fp32/greedy.tflite`
 and `tflite/fp32/beam.tflite`, each with the weights once. At its first call, LiteRT's XNNPACK
@@ -12,8 +14,8 @@ packs the weights of every loop in the file, whichever search the call runs: a f
 searches held the packed decoder and output projection four times, for two loops, so a file per
 search peaks lower at the same tokens and speed. A device ships the file of the
 search it runs; the runner opens its default search's file, and the other's when that search first
-runs. `fixed` stays one file of both searches: the page downloads it once and switches searches at
-run time."""
+runs. `fixed` and `fixed-text` stay one file of both searches: the page downloads it once and
+switches searches at run time."""
 
 import os
 import threading
@@ -26,8 +28,10 @@ from kformer.export import memory
 from kformer.export.artifact_format import SEARCHES, ExportError, Format, quantization
 from kformer.export.runner import SearchFilesRunner
 
-FIXED = "fixed"  # the one variant that is one file of both searches
+FIXED = "fixed"  # one file of both searches, input (1, max_source_length)
 TEXT = "text"  # UTF-8 in and out, the text work in the graph (kformer.export.text_graph)
+FIXED_TEXT = "fixed-text"  # one file of both searches, one text of at most FIXED_TEXT_BYTES a call
+ONE_FILE = (FIXED, FIXED_TEXT)  # the variants of one file of both searches, for the page
 
 # One LiteRT call at a time in a process, whichever runner makes it: two runners' interpreters run
 # from two threads at once (each interpreter in one thread) failed in most runs (demo model, 500
@@ -38,19 +42,25 @@ _ONE_CALL_AT_A_TIME = threading.Lock()
 
 class Tflite(Format):
     name = "tflite"
-    variants = ("fp32", "fp16", "int8", "fixed", TEXT, "int8-text")
+    variants = ("fp32", "fp16", "int8", FIXED, TEXT, "int8-text", FIXED_TEXT)
     extension = ".tflite"
-    text_graph_only = (TEXT, "int8-text")  # kformer.export.text_graph holds the tokenizer
+    text_graph_only = (TEXT, "int8-text", FIXED_TEXT)  # kformer.export.text_graph holds the tokenizer
 
     def files_per_search(self, variant):
-        """Every variant but `fixed`, one file of both (see the module's doc)."""
-        return variant != FIXED
+        """Every variant but those of ONE_FILE (see the module's doc)."""
+        return variant not in ONE_FILE
 
     def write(self, module, path, variant="fp32"):
         if variant not in self.variants:
             raise ValueError(f"unknown TFLite variant {variant!r}; choose from {self.variants}")
         if variant == FIXED:
             _convert(module, path, variant, SEARCHES)
+            return
+        if variant == FIXED_TEXT:  # one pass, as `fixed`: no second loop for XNNPACK to pack
+            texts = {
+                search: module.frozen_text(search, "tflite-fixed", fixed_shape=True) for search in SEARCHES
+            }
+            write_flatbuffer(texts, path, variant)
             return
         os.makedirs(path, exist_ok=True)
         for search in SEARCHES:
@@ -274,18 +284,26 @@ class TfliteRunner(SearchFilesRunner):
         return by_dtype[np.dtype(np.int32)], by_dtype[np.dtype(np.float32)]
 
 
-def utf8_batch(texts):
-    """texts -> (text (B, N) uint8 UTF-8, a row each, zeros after; lengths (B,) int32 in bytes).
-    A lone surrogate (no UTF-8 of its own) becomes "?"; the file itself reads bad bytes as
-    U+FFFD."""
+def utf8_batch(texts, width=-1):
+    """texts -> (text (B, N) uint8 UTF-8, a row each, zeros after; lengths (B,) int32 in bytes),
+    N = `width` where it is not -1 (the fixed-text file's). A lone surrogate (no UTF-8 of its own)
+    becomes "?"; the file itself reads bad bytes as U+FFFD."""
     data = [t.encode("utf-8", errors="replace") for t in texts]
-    batch = np.zeros((len(data), max([1, *map(len, data)])), np.uint8)
+    longest = max([1, *map(len, data)])
+    if width != -1 and longest > width:
+        raise ValueError(
+            f"a text of {longest:,} bytes; the fixed-text file takes at most {width:,} a call "
+            "(split it at its lines, or run the text variant)"
+        )
+    batch = np.zeros((len(data), longest if width == -1 else width), np.uint8)
     for row, encoded in enumerate(data):
         batch[row, : len(encoded)] = np.frombuffer(encoded, np.uint8)
     return batch, np.array([len(d) for d in data], np.int32)
 
 
 def _text(data, size):
+    if size > len(data):  # the fixed-text file's translations are cut at its width
+        raise ValueError(f"a translation of {size:,} bytes; the fixed-text file holds {len(data):,}")
     return bytes(data[:size]).decode("utf-8")
 
 
@@ -313,15 +331,17 @@ class TfliteTextRunner(TfliteRunner):
     translated and joined inside the file, its alternatives too."""
 
     def signature(self, search):
-        """LiteRT's runner of a search's text signature, opened, and its weights packed by a first
-        call on one short text (as TfliteRunner._pack, for the same reasons)."""
+        """(LiteRT's runner of a search's text signature, its text width: the fixed-text file's,
+        or -1 for any), opened, and its weights packed by a first call on one short text (as
+        TfliteRunner._pack, for the same reasons)."""
         if search not in self.signatures:
             runner = self.opened(search).get_signature_runner(search)
-            self.signatures[search] = runner, -1
+            width = runner.get_input_details()["text"]["shape_signature"][1]
+            self.signatures[search] = runner, width
             options = self.checked(
                 SearchOptions(beam_size=1 if search == "greedy" else self.manifest.beam_size)
             )
-            call_text_signature(runner, options, *utf8_batch(["."]))
+            call_text_signature(runner, options, *utf8_batch(["."], width))
             memory.drop_file_pages(self.file_of(search))
         return self.signatures[search]
 
@@ -332,11 +352,12 @@ class TfliteTextRunner(TfliteRunner):
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         translations = [None] * len(texts)
         with _ONE_CALL_AT_A_TIME:
-            signature, _ = self.signature(options.search)
-            size = self.sentences_per_call(options)  # as the ids runners' calls (beam: fewer)
+            signature, width = self.signature(options.search)
+            # As the ids runners' calls (beam: fewer); the fixed-text file, one text a call.
+            size = self.sentences_per_call(options) if width == -1 else 1
             for start in range(0, len(texts), size):
                 chunk = order[start : start + size]
-                found = call_text_signature(signature, options, *utf8_batch([texts[i] for i in chunk]))
+                found = call_text_signature(signature, options, *utf8_batch([texts[i] for i in chunk], width))
                 for i, translation in zip(chunk, found):
                     translations[i] = translation
         return translations

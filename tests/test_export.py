@@ -669,7 +669,7 @@ def _check_tflite_files(path, variant, weight_bytes):
     """A variant's files: the fixed one of both searches, the others' folder one file per search."""
     from ai_edge_litert.interpreter import Interpreter
 
-    fixed = variant == tflite.FIXED
+    fixed = variant in tflite.ONE_FILE
     files = {path: SEARCHES} if fixed else {tflite.FORMAT.search_file(path, s): (s,) for s in SEARCHES}
     assert fixed or sorted(os.listdir(path)) == ["beam.tflite", "greedy.tflite"]
     bodies = []
@@ -774,10 +774,12 @@ def test_every_top_k_keeps_the_converters_signature(artifacts):
     sized when the graph is prepared), fresh interpreters now and then gave other tokens after a
     call of another shape (kformer.export.tflite._convert)."""
     paths = sorted(glob.glob(os.path.join(artifacts, "tflite", "**", "*.tflite"), recursive=True))
-    # every file the export wrote: a file per search of each variant, one of both for `fixed`
+    # every file the export wrote: a file per search of each variant, one of both for `fixed` and
+    # `fixed-text` (whose search takes the text's sentences: a batch that varies)
     variants = ("fp16", "fp32", "int8", "int8-text", "text")
     per_search = [f"tflite/{v}/{s}.tflite" for v in variants for s in ("beam", "greedy")]
-    assert [os.path.relpath(p, artifacts) for p in paths] == sorted([*per_search, "tflite/fixed.tflite"])
+    one_file = ["tflite/fixed.tflite", "tflite/fixed-text.tflite"]
+    assert [os.path.relpath(p, artifacts) for p in paths] == sorted([*per_search, *one_file])
     for path in paths:
         model, codes = _tflite_model(path)
         signatures = [

@@ -157,7 +157,7 @@ def test_refuses_tokenizers_it_cannot_reproduce(corpus_pairs):
     with pytest.raises(Exception, match="cannot tokenize as this model does"):
         graph_sentencepiece.Tables(nfkc)
     assert tflite.FORMAT.planned((), text_graph=False) == ["fp32", "fixed"]
-    assert tflite.FORMAT.planned(("int8",)) == ["fp32", "int8", "fixed", "text", "int8-text"]
+    assert tflite.FORMAT.planned(("int8",)) == ["fp32", "int8", "fixed", "text", "int8-text", "fixed-text"]
 
 
 @pytest.fixture(scope="module")
@@ -210,14 +210,60 @@ def test_text_file_translates_as_the_python_runner(text_export, test_split, toke
     np.testing.assert_allclose(*np.array(scores).T, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_fixed_text_file_translates_as_the_text_file(text_export, test_split, search):
+    """The fixed-text file (one text a call, inputs and outputs of one shape, for LiteRT.js) gives
+    the text file's translations, alternatives and scores on test-split lines, paragraphs of
+    three and the awkward inputs; its signatures have those fixed shapes."""
+    options = SearchOptions(beam_size=1) if search == "greedy" else SearchOptions(beam_size=3, nbest=3)
+    sources = [s for s, _ in test_split[:150]]
+    texts = sources + _paragraphs(sources, "") + AWKWARD
+    fixed = open_runner(text_export, "tflite", "fixed-text", options=options)
+    expected = open_runner(text_export, "tflite", "text", options=options).translations(texts)
+    got = fixed.translations(texts)
+    assert [[a.text for a in t.alternatives] for t in got] == [
+        [a.text for a in t.alternatives] for t in expected
+    ]
+    assert any(len(t.alternatives) > 1 for t in got) == (search == "beam")
+    scores = [
+        (a.score, b.score) for g, e in zip(got, expected) for a, b in zip(g.alternatives, e.alternatives)
+    ]
+    np.testing.assert_allclose(*np.array(scores).T, rtol=1e-4, atol=1e-4)
+    signature, width = fixed.signature(search)
+    assert width == translate.FIXED_TEXT_BYTES
+    shapes = {name: list(d["shape_signature"]) for name, d in signature.get_output_details().items()}
+    assert shapes["translation"] == [1, translate.FIXED_TRANSLATION_BYTES]
+    assert all(-1 not in shape for shape in shapes.values()), shapes
+
+
+def test_fixed_text_file_gives_defined_results_for_bad_input(text_export):
+    """An empty text alone translates to ""; a text over the file's width and a translation over
+    its room are refused in one line."""
+    options = SearchOptions(beam_size=1, max_length=12)
+    runner = open_runner(text_export, "tflite", "fixed-text", options=options)
+    assert runner.translate([""]) == [""]
+    text_signature, _ = open_runner(text_export, "tflite", "text", options=options).signature("greedy")
+    (alone,) = tflite.call_text_signature(text_signature, runner.checked(), *utf8_batch([""]))
+    assert alone.text == ""
+    with pytest.raises(ValueError, match="a text of 4,097 bytes; the fixed-text file takes at most 4,096"):
+        runner.translate(["a" * 4097])
+    longest = runner.config.max_target_length
+    wordy = "a\n" * (translate.FIXED_TEXT_BYTES // 2)  # a line each 2 bytes, each translated to many
+    with pytest.raises(ValueError, match="the fixed-text file holds 65,536"):
+        runner.translate([wordy], SearchOptions(beam_size=1, max_length=longest))
+
+
 def test_text_files_use_builtin_operators_only(text_export):
     import glob
 
     from tensorflow.lite.python import schema_py_generated as schema
 
     builtins = {name for name in vars(schema.BuiltinOperator) if not name.startswith("_")} - {"CUSTOM"}
-    files = sorted(glob.glob(f"{text_export}/tflite/*text/*.tflite"))
+    files = sorted(
+        glob.glob(f"{text_export}/tflite/*text/*.tflite") + glob.glob(f"{text_export}/tflite/*text.tflite")
+    )
     assert [f.split("/tflite/")[1] for f in files] == [
+        "fixed-text.tflite",
         "int8-text/beam.tflite",
         "int8-text/greedy.tflite",
         "text/beam.tflite",

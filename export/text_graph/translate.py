@@ -202,6 +202,40 @@ def _alternatives(versions, lengths, scores, nbest):
     }
 
 
+# The fixed-shape text file (LiteRT.js plans each tensor once, so the inputs and outputs keep one
+# shape; what lies between still follows the text): one text a call of at most FIXED_TEXT_BYTES
+# bytes, translations written into FIXED_TRANSLATION_BYTES (cut there, their lengths kept whole).
+FIXED_TEXT_BYTES = 4096
+FIXED_TRANSLATION_BYTES = 16 * FIXED_TEXT_BYTES
+
+
+def fixed_shape(outputs, beam_size):
+    """A text search's outputs for one text -> the same with static shapes: texts (1, W) and
+    alternatives (1, beam_size, W), W = FIXED_TRANSLATION_BYTES, zeros after; per-alternative
+    values (1, beam_size), zeros after the counted ones; lengths unchanged (over W: cut)."""
+    width = FIXED_TRANSLATION_BYTES
+    shapes = {
+        "translation": [1, width],
+        "lengths": [1],
+        "scores": [1],
+        "alternatives": [1, beam_size, width],
+        "alternative_lengths": [1, beam_size],
+        "alternative_scores": [1, beam_size],
+        "alternative_counts": [1],
+    }
+    return {name: _static(value, shapes[name]) for name, value in outputs.items()}
+
+
+def _static(value, shape):
+    """`value`, zeros added or values cut on every axis to `shape` (int32 in between: TFLite has
+    no uint8 PAD)."""
+    wide = tf.cast(value, tf.int32) if value.dtype == tf.uint8 else value
+    # Padded first, so that the cut (TFLite's SLICE) never reads past the end.
+    wide = tf.pad(wide, [[0, tf.maximum(size - tf.shape(wide)[axis], 0)] for axis, size in enumerate(shape)])
+    wide = wide[tuple(slice(0, size) for size in shape)]
+    return tf.cast(tf.reshape(wide, shape), value.dtype)
+
+
 def text_search(search, tables, config, joiner, beam):
     """`search(source_ids, *options) -> {"tokens", "scores"}` (a Translator's) -> a function
     (text (B, N) uint8 UTF-8, lengths (B,) int32, *options) -> {"translation": (B, M) uint8 UTF-8,
