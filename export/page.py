@@ -22,7 +22,7 @@ ROUTES = {
 }
 PAGE_FILES = ("index.html", "kformer.js", "sentencepiece.js", "sentences.js", "vocabulary.js")
 # runtime in the page -> (export format, variants it can run)
-PAGE_RUNTIMES = {"onnx": ("onnx", ("fp32", "int8")), "litert": ("tflite", ("fixed",))}
+PAGE_RUNTIMES = {"onnx": ("onnx", ("fp32", "int8")), "litert": ("tflite", ("fixed-text", "fixed"))}
 CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright's own browser download is not reachable here
 # Headless, as root, on a machine with a closed network: without the last four flags Chromium keeps
 # trying to reach Google's hosts.
@@ -54,6 +54,14 @@ def check(artifact_dir, runtime="onnx", variant="fp32"):
     manifest = ExportManifest.load(artifact_dir)
     manifest.artifact(fmt, variant)  # the page loads its files itself, checking each
     return manifest
+
+
+def default_variant(artifact_dir, runtime):
+    """The variant the page runs for `runtime` when none is asked for: the first of
+    PAGE_RUNTIMES' that the export has (LiteRT.js: the fixed-text file, else the fixed one)."""
+    fmt, variants = PAGE_RUNTIMES[runtime]
+    present = {a.variant for a in ExportManifest.load(artifact_dir).artifacts if a.format == fmt}
+    return next((v for v in variants if v in present), variants[0])
 
 
 def served_files(artifact_dir, manifest):

@@ -518,7 +518,7 @@ def test_the_page_translates_an_import_as_transformers(imports, exported, browse
     runner's of the same file on every source; greedy text equals transformers' output, decoded,
     on every one-sentence source where transformers stopped by its own EOS."""
     model = imports("zh-en")
-    fmt, (variant, *_) = web.PAGE_RUNTIMES[runtime]
+    fmt, variant = web.PAGE_RUNTIMES[runtime][0], web.default_variant(exported, runtime)
     options = {"max_length": GREEDY.max_length, "no_repeat_ngram": 0}
     with serving_page(exported, runtime, variant) as url:
         page = browser.new_page()

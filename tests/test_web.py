@@ -264,7 +264,9 @@ CAMEL = {"max_length": "maxLength", "no_repeat_ngram": "noRepeatNgram"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime, variant", [("onnx", "fp32"), ("onnx", "int8"), ("litert", "fixed")])
+@pytest.mark.parametrize(
+    "runtime, variant", [("onnx", "fp32"), ("onnx", "int8"), ("litert", "fixed"), ("litert", "fixed-text")]
+)
 def test_page_translates_as_the_python_runner(browser, artifacts, runtime, variant, tmp_path):
     """50 test-split sentences, five of them as one paragraph, everyday sentences from outside the
     corpus and the odd inputs, greedy and beam, with the export's options and with others: the
@@ -312,6 +314,11 @@ def test_page_translates_as_the_python_runner(browser, artifacts, runtime, varia
                 ]
                 assert a["score"] == pytest.approx(b["score"], rel=1e-3, abs=1e-3), (beam, options, b)
             assert len(got) == len(expected)
+        if variant == "fixed-text":  # the page's UTF-8 as the Python runner's: a lone surrogate is "?"
+            lone = ["半個\ud800字"]
+            assert page.evaluate("(t) => window.kformer.translate(t, {beam: 1})", lone) == runner.translate(
+                lone, SearchOptions(beam_size=1)
+            )
         paragraph = page.evaluate("(lines) => window.kformer.translate(lines, {beam: 1})", lines[:5])
         assert page.evaluate("(text) => window.kformer.translate([text], {beam: 1})", lines[50]) == [
             " ".join(paragraph)
@@ -385,7 +392,7 @@ def test_bench_web_measures_page_and_python(browser, artifacts, tmp_path):
     rows = results["rows"]
     assert {(r["runtime"], r["variant"], r["search"]) for r in rows} == {
         (r, v, s)
-        for r, v in [("onnx", "fp32"), ("onnx", "int8"), ("litert", "fixed")]
+        for r, v in [("onnx", "fp32"), ("onnx", "int8"), ("litert", "fixed-text"), ("litert", "fixed")]
         for s in ("greedy", f"beam{BEAM}")
     }
     assert all(r["page_ms"] > 0 and r["python_ms"] > 0 and r["page_bytes"] > 1e6 for r in rows)

@@ -1,9 +1,12 @@
 // The translator in the page: the exported search graphs (greedy and beam, the whole loop in each)
-// run by onnxruntime-web (ONNX files) or LiteRT.js (the fixed-shape TFLite file), both WASM, with
-// tokenization in JavaScript. Text in and out follows kformer/decode/text_batches.py line for line, so the
-// page translates as `kformer translate --runtime onnx` (or `--runtime tflite --variant fixed`).
+// run by onnxruntime-web (ONNX files) or LiteRT.js (the fixed-shape TFLite files), both WASM. With
+// the ids files, tokenization is in JavaScript and text in and out follows
+// kformer/decode/text_batches.py line for line, so the page translates as `kformer translate
+// --runtime onnx` (or `--runtime tflite --variant fixed`); LiteRT.js's fixed-text file does it all
+// inside the file (as `--runtime tflite --variant fixed-text`).
 //
-// URL parameters: runtime=onnx|litert (default onnx), variant=fp32|int8 (onnx; default fp32),
+// URL parameters: runtime=onnx|litert (default onnx), variant=fp32|int8 (onnx; default fp32) or
+// fixed-text|fixed (litert; default fixed-text where the export has it),
 // threads=N (default: all cores when the page is cross-origin isolated, else 1), model=URL of the
 // export folder (default /model/: under `kformer serve`, the first pair's; each pair's is at
 // /models/<source>-<target>/, and the page offers them all).
@@ -23,10 +26,12 @@ const TOKENS_PER_SENTENCE = 16; // text_batches.TOKENS_PER_SENTENCE: a greedy ca
 // Python's str.strip()/split() whitespace, which JavaScript's trim() does not match exactly.
 const WHITESPACE = "\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
 const SPACES = new RegExp(`[${WHITESPACE}]+`, "g");
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;
 
 const params = new URLSearchParams(location.search);
 const runtime = params.get("runtime") || "onnx";
-const variant = runtime === "litert" ? "fixed" : params.get("variant") || "fp32";
+// LiteRT.js: the fixed-text file where the export has one, else the fixed ids file (load()).
+let variant = params.get("variant") || (runtime === "litert" ? null : "fp32");
 const modelUrl = params.get("model") || "/model/";
 const threads = Number(params.get("threads")) || (crossOriginIsolated ? navigator.hardwareConcurrency : 1);
 
@@ -146,6 +151,46 @@ const RUNTIMES = {
   },
 };
 
+// The fixed-text file in LiteRT.js: UTF-8 in and out, its sentences, SentencePiece and joining
+// inside it (kformer/export/text_graph), both searches as its signatures, one text a call of at
+// most its width in bytes. loadText(entry) -> (text, inputs) -> {translation, score, alternatives}.
+async function loadText(lrt, entry) {
+  const model = await lrt.loadAndCompile(await verifiedBytes(entry), { accelerator: "wasm", cpuOptions: { numThreads: threads } });
+  const width = model.getInputDetails().find((input) => input.shape.length === 2).shape[1];
+  const decoder = new TextDecoder("utf-8", { fatal: true });
+  return async (text, inputs) => {
+    // A lone surrogate has no UTF-8: "?" as the Python runner's encoding gives (export/tflite.utf8_batch).
+    const bytes = new TextEncoder().encode(text.replace(LONE_SURROGATE, "?"));
+    if (bytes.length > width) throw new RangeError(`a text of ${bytes.length} bytes; the fixed-text file takes at most ${width} a call`);
+    const padded = new Uint8Array(width);
+    padded.set(bytes);
+    const feed = {
+      text: new lrt.Tensor(padded, [1, width]),
+      lengths: new lrt.Tensor(new Int32Array([bytes.length]), [1]),
+      max_length: new lrt.Tensor(new Int32Array([inputs.max_length]), []),
+      no_repeat_ngram: new lrt.Tensor(new Int32Array([inputs.no_repeat_ngram]), []),
+    };
+    if (inputs.beam) {
+      feed.alpha = new lrt.Tensor(new Float32Array([inputs.alpha]), []);
+      feed.nbest = new lrt.Tensor(new Int32Array([inputs.nbest]), []);
+    }
+    const outputs = await model.run(inputs.beam ? "beam" : "greedy", feed);
+    Object.values(feed).forEach((t) => t.delete());
+    const read = Object.fromEntries(Object.entries(outputs).map(([name, t]) => [name, t.toTypedArray().slice()]));
+    Object.values(outputs).forEach((t) => t.delete());
+    const utf8 = (data, offset, size, room) => { // translations are cut at the file's room for them
+      if (size > room) throw new RangeError(`a translation of ${size} bytes; the fixed-text file holds ${room}`);
+      return decoder.decode(data.subarray(offset, offset + size));
+    };
+    const translation = utf8(read.translation, 0, read.lengths[0], read.translation.length);
+    if (!inputs.beam) return { translation, score: read.scores[0], alternatives: [{ translation, score: read.scores[0] }] };
+    const room = read.alternatives.length / read.alternative_lengths.length; // bytes an alternative
+    const alternatives = Array.from(read.alternative_scores.subarray(0, read.alternative_counts[0]), (score, k) =>
+      ({ translation: utf8(read.alternatives, k * room, read.alternative_lengths[k], room), score }));
+    return { translation, score: read.scores[0], alternatives };
+  };
+}
+
 function concat(parts, Type) {
   const data = new Type(parts.reduce((n, p) => n + p.length, 0));
   parts.reduce((offset, p) => (data.set(p, offset), offset + p.length), 0);
@@ -182,7 +227,13 @@ async function load() {
   const backend = RUNTIMES[runtime];
   if (!backend) throw new Error(`unknown runtime ${JSON.stringify(runtime)}; choose onnx or litert`);
   const name = await backend.start();
+  if (variant === null) { // LiteRT.js: the text file where there is one
+    variant = manifest.artifacts.some((a) => a.format === backend.format && a.variant === "fixed-text") ? "fixed-text" : "fixed";
+  }
   const entry = findArtifact(manifest, backend.format);
+  if (variant === "fixed-text") {
+    return { manifest, tokenizer, runText: await loadText(backend.lrt, entry), name, loadMs: performance.now() - started };
+  }
   const run = await backend.load({ ...entry, defaultSearch: manifest.beam_size > 1 ? "beam" : "greedy" });
   return { manifest, tokenizer, run, name, loadMs: performance.now() - started };
 }
@@ -374,9 +425,14 @@ function forTarget(tokenizer, language) {
  *  or the export's), alpha, maxLength, noRepeatNgram, nbest, targetLanguage (a multilingual
  *  model's; default: the page's ?target=); defaults: the manifest's. */
 async function translations(texts, options = {}) {
-  const { manifest, tokenizer: typed, run } = await ready;
+  const { manifest, tokenizer: typed, run, runText } = await ready;
   const tokenizer = forTarget(typed, options.targetLanguage ?? params.get("target"));
   const { inputs, nbest } = checkedOptions(manifest, options);
+  if (runText) { // the text file does the rest, a text a call
+    const found = [];
+    for (const text of texts) found.push(await runText(text, inputs));
+    return found;
+  }
   const { eos_id: eosId, pad_id: padId, max_source_length: maxSourceLength } = manifest.config;
   const { units, layouts } = segmentTexts(tokenizer, texts, maxSourceLength);
   const size = inputs.beam ? Math.max(1, Math.floor(BATCH_SIZE / manifest.beam_size)) : BATCH_SIZE;

@@ -161,9 +161,9 @@ def serving(app):
 def serving_page(artifact_dir, runtime="onnx", variant=None):
     """The page of kformer.export.page and the export folder as `kformer serve` serves them (no model loaded: the page
     checks the files itself), on a free loopback port, in a thread, for as long as the block runs;
-    yields the page's URL for `runtime` and `variant` (default fp32 for onnx, fixed for litert)."""
+    yields the page's URL for `runtime` and `variant` (default: page.default_variant's)."""
     if variant is None and runtime in page.PAGE_RUNTIMES:
-        variant = page.PAGE_RUNTIMES[runtime][1][0]
+        variant = page.default_variant(artifact_dir, runtime)
     page.check(artifact_dir, runtime, variant)
     with serving(page_app(os.path.abspath(artifact_dir))) as url:
         yield f"{url}?runtime={runtime}&variant={variant}"
