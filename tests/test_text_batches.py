@@ -75,3 +75,11 @@ def test_searches_run_through_the_given_map_and_come_back_in_input_order():
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         results = text_batches.search_units(search, ids, 2, eos_id=3, map_batches=pool.map)
     assert results == [[([100 + n], -1.0)] for n in lengths] and len(ran) == 4
+
+
+def test_a_lone_surrogate_is_a_question_mark(tokenizer):
+    """No tokenizer takes a lone surrogate (sentencepiece raised TypeError): every runner reads it
+    as "?", as the TFLite text files are sent it."""
+    assert text_batches.segment_texts(
+        tokenizer, ["半個\ud800字", "\udc00"], 64
+    ) == text_batches.segment_texts(tokenizer, ["半個?字", "?"], 64)

@@ -126,15 +126,7 @@ const RUNTIMES = {
         for (let row = 0; row < rows; row++) {
           const padded = new Int32Array(length);
           padded.set(batch.subarray(row * width, (row + 1) * width));
-          const feed = {
-            source_ids: new lrt.Tensor(padded, [1, length]),
-            max_length: new lrt.Tensor(new Int32Array([inputs.max_length]), []),
-            no_repeat_ngram: new lrt.Tensor(new Int32Array([inputs.no_repeat_ngram]), []),
-          };
-          if (inputs.beam) {
-            feed.alpha = new lrt.Tensor(new Float32Array([inputs.alpha]), []);
-            feed.nbest = new lrt.Tensor(new Int32Array([inputs.nbest]), []);
-          }
+          const feed = { source_ids: new lrt.Tensor(padded, [1, length]), ...optionTensors(lrt, inputs) };
           const outputs = Object.values(await model.run(inputs.beam ? "beam" : "greedy", feed));
           Object.values(feed).forEach((t) => t.delete());
           const tokenTensor = outputs.find((t) => t.type.dtype === "int32"); // the other output is the scores
@@ -150,6 +142,19 @@ const RUNTIMES = {
     },
   },
 };
+
+// A LiteRT.js search's scalar options as tensors (greedy has no alpha or nbest).
+function optionTensors(lrt, inputs) {
+  const tensors = {
+    max_length: new lrt.Tensor(new Int32Array([inputs.max_length]), []),
+    no_repeat_ngram: new lrt.Tensor(new Int32Array([inputs.no_repeat_ngram]), []),
+  };
+  if (inputs.beam) {
+    tensors.alpha = new lrt.Tensor(new Float32Array([inputs.alpha]), []);
+    tensors.nbest = new lrt.Tensor(new Int32Array([inputs.nbest]), []);
+  }
+  return tensors;
+}
 
 // The fixed-text file in LiteRT.js: UTF-8 in and out, its sentences, SentencePiece and joining
 // inside it (kformer/export/text_graph), both searches as its signatures, one text a call of at
@@ -167,13 +172,8 @@ async function loadText(lrt, entry) {
     const feed = {
       text: new lrt.Tensor(padded, [1, width]),
       lengths: new lrt.Tensor(new Int32Array([bytes.length]), [1]),
-      max_length: new lrt.Tensor(new Int32Array([inputs.max_length]), []),
-      no_repeat_ngram: new lrt.Tensor(new Int32Array([inputs.no_repeat_ngram]), []),
+      ...optionTensors(lrt, inputs),
     };
-    if (inputs.beam) {
-      feed.alpha = new lrt.Tensor(new Float32Array([inputs.alpha]), []);
-      feed.nbest = new lrt.Tensor(new Int32Array([inputs.nbest]), []);
-    }
     const outputs = await model.run(inputs.beam ? "beam" : "greedy", feed);
     Object.values(feed).forEach((t) => t.delete());
     const read = Object.fromEntries(Object.entries(outputs).map(([name, t]) => [name, t.toTypedArray().slice()]));
@@ -306,7 +306,7 @@ function cut(tokenizer, text, maxLength) {
 function segmentTexts(tokenizer, texts, maxLength) {
   const units = [], layouts = [];
   for (const text of texts) {
-    layouts.push(strip(text).split("\n").map((line) => {
+    layouts.push(strip(text.replace(LONE_SURROGATE, "?")).split("\n").map((line) => { // as Python's
       const line_units = [];
       for (const sentence of splitSentences(line)) {
         if (!readable(tokenizer, sentence)) {

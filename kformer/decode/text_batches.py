@@ -156,9 +156,11 @@ def segment_texts(tokenizer, texts, max_source_length):
     """Cuts texts into units: returns (units, layouts). units: every Unit to translate;
     layouts[t]: text t as its lines, each a list of an index into units or a string to output as
     it is (a sentence none of whose characters is in the vocabulary). A blank text is one empty
-    line; nothing is ever an error."""
+    line; a lone surrogate (no character: no tokenizer takes it) is "?", as its UTF-8 with
+    errors="replace" gives, which the TFLite text files are sent; nothing is ever an error."""
     units_all, layouts = [], []
     for text in texts:
+        text = text.encode("utf-8", errors="replace").decode("utf-8")
         lines = []
         for line in text.strip(sentences_lib.WHITESPACE).split("\n"):
             units = []
