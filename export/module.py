@@ -121,7 +121,7 @@ class ExportModule(tf.Module):
     def frozen_text(self, search, recipe, fixed_shape=False):
         """`search` with the text around it in graph operations (kformer.export.text_graph):
         UTF-8 bytes in and out, frozen as `frozen`'s. fixed_shape: one text of at most
-        FIXED_TEXT_BYTES a call, outputs of static shapes (translate.fixed_shape), for runtimes
+        FIXED_TEXT_BYTES a call, outputs of static shapes (translate.with_fixed_shapes), for runtimes
         that plan every input and output once (LiteRT.js)."""
         from kformer.export.text_graph import sentencepiece, translate
 
@@ -138,20 +138,15 @@ class ExportModule(tf.Module):
                 tf.TensorSpec([1, translate.FIXED_TEXT_BYTES], tf.uint8, name="text"),
                 tf.TensorSpec([1], tf.int32, name="lengths"),
             ]
-            text_fn = _with_fixed_shape(text_fn, self.translator.beam_size if search == "beam" else 1)
+            text_fn = translate.with_fixed_shapes(
+                text_fn, self.translator.beam_size if search == "beam" else 1
+            )
         traced = tf.function(text_fn, input_signature=specs).get_concrete_function()
         frozen, names = convert_variables_to_constants_v2(traced), sorted(traced.structured_outputs)
         # Called from a function of its own, the frozen graph gets its outputs' names back (frozen,
         # they are a list in the order of their names): the file's signature then names them.
         named = tf.function(lambda *inputs: dict(zip(names, frozen(*inputs))), input_signature=specs)
         return named.get_concrete_function()
-
-
-def _with_fixed_shape(text_fn, beam_size):
-    """text_fn with its outputs given static shapes (kformer.export.text_graph.translate.fixed_shape)."""
-    from kformer.export.text_graph import translate
-
-    return lambda *inputs: translate.fixed_shape(text_fn(*inputs), beam_size)
 
 
 class _CodeTable(tf.Module):

@@ -209,10 +209,15 @@ FIXED_TEXT_BYTES = 4096
 FIXED_TRANSLATION_BYTES = 16 * FIXED_TEXT_BYTES
 
 
-def fixed_shape(outputs, beam_size):
-    """A text search's outputs for one text -> the same with static shapes: texts (1, W) and
-    alternatives (1, beam_size, W), W = FIXED_TRANSLATION_BYTES, zeros after; per-alternative
-    values (1, beam_size), zeros after the counted ones; lengths unchanged (over W: cut)."""
+def with_fixed_shapes(text_fn, beam_size):
+    """`text_search`'s function -> the same whose outputs, for one text, have static shapes:
+    texts (1, W) and alternatives (1, beam_size, W), W = FIXED_TRANSLATION_BYTES, zeros after;
+    per-alternative values (1, beam_size), zeros after the counted ones; lengths unchanged (over
+    W: cut)."""
+    return lambda *inputs: _fixed_shape(text_fn(*inputs), beam_size)
+
+
+def _fixed_shape(outputs, beam_size):
     width = FIXED_TRANSLATION_BYTES
     shapes = {
         "translation": [1, width],
