@@ -22,7 +22,10 @@ ROUTES = {
 }
 PAGE_FILES = ("index.html", "kformer.js", "sentencepiece.js", "sentences.js", "vocabulary.js")
 # runtime in the page -> (export format, variants it can run)
-PAGE_RUNTIMES = {"onnx": ("onnx", ("fp32", "int8")), "litert": ("tflite", ("fixed-text", "fixed"))}
+PAGE_RUNTIMES = {
+    "onnx": ("onnx", ("fp32", "int8")),
+    "litert": ("tflite", ("fixed-text", "fixed", "int8-fixed", "fp16-fixed")),
+}
 CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright's own browser download is not reachable here
 # Headless, as root, on a machine with a closed network: without the last four flags Chromium keeps
 # trying to reach Google's hosts.

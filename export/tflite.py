@@ -1,21 +1,24 @@
 """TFLite: builtin operators only; the searches are the signatures "greedy" and "beam".
 
 Variants: fp32; fp16 (float16 weights); int8 (dynamic-range quantized weights, float
-activations); fixed (fp32 with the input shape fixed to (1, max_source_length), for LiteRT.js in
-the web page, which cannot resize inputs); text and int8-text (UTF-8 in and out, the sentences,
-SentencePiece and joining inside the file: kformer.export.text_graph); fixed-text (text in and
-out with inputs and outputs of one shape, one text a call, for LiteRT.js: it plans every input and
-output once, and ran a text file's outputs, sized by the text, out of bounds). The runners need
-numpy, sentencepiece and ai-edge-litert only.
+activations); fixed, fp16-fixed and int8-fixed (each precision's one file of both searches, with
+the input shape fixed to (1, max_source_length) and outputs of fixed shapes: for LiteRT.js in the
+web page, which cannot resize inputs, and for LiteRT's CompiledModel, which sizes outputs before a
+call); text and int8-text (UTF-8 in and out, the sentences, SentencePiece and joining inside the
+file: kformer.export.text_graph); fixed-text (text in and out with inputs and outputs of one shape,
+one text a call, for LiteRT.js: it plans every input and output once, and ran a text file's
+outputs, sized by the text, out of bounds). The runners need numpy, sentencepiece and ai-edge-litert
+only.
 
-Files: each variant but `fixed` is a folder of one file per search, `tflite/fp32/greedy.tflite`
-and `tflite/fp32/beam.tflite`, each with the weights once. At its first call, LiteRT's XNNPACK
-packs the weights of every loop in the file, whichever search the call runs: a file of both
-searches held the packed decoder and output projection four times, for two loops, so a file per
-search peaks lower at the same tokens and speed. A device ships the file of the
-search it runs; the runner opens its default search's file, and the other's when that search first
-runs. `fixed` and `fixed-text` stay one file of both searches: the page downloads it once and
-switches searches at run time."""
+Files: each variant but those of ONE_FILE is a folder of one file per search,
+`tflite/fp32/greedy.tflite` and `tflite/fp32/beam.tflite`, each with the weights once. At its first
+call, LiteRT's Interpreter has XNNPACK pack the weights of every loop in the file, whichever search
+the call runs: a file of both searches held the packed decoder and output projection four times,
+for two loops, so a file per search peaks lower at the same tokens and speed. A device ships the
+file of the search it runs; the runner opens its default search's file, and the other's when that
+search first runs. The variants of ONE_FILE are one file of both searches: the page downloads it
+once and switches searches at run time, and CompiledModel with XNNPACK's weight cache packs each
+weight once for both searches' loops."""
 
 import os
 import threading
@@ -28,10 +31,11 @@ from kformer.export import memory
 from kformer.export.artifact_format import SEARCHES, ExportError, Format, quantization
 from kformer.export.runner import SearchFilesRunner
 
-FIXED = "fixed"  # one file of both searches, input (1, max_source_length)
+FIXED = "fixed"  # one file of both searches, input (1, max_source_length), fp32
+FIXED_IDS = (FIXED, "fp16-fixed", "int8-fixed")  # the same file in each precision
 TEXT = "text"  # UTF-8 in and out, the text work in the graph (kformer.export.text_graph)
 FIXED_TEXT = "fixed-text"  # one file of both searches, one text of at most FIXED_TEXT_BYTES a call
-ONE_FILE = (FIXED, FIXED_TEXT)  # the variants of one file of both searches, for the page
+ONE_FILE = (*FIXED_IDS, FIXED_TEXT)  # the variants of one file of both searches, for the page
 
 # One LiteRT call at a time in a process, whichever runner makes it: two runners' interpreters run
 # from two threads at once (each interpreter in one thread) failed in most runs (demo model, 500
@@ -42,7 +46,7 @@ _ONE_CALL_AT_A_TIME = threading.Lock()
 
 class Tflite(Format):
     name = "tflite"
-    variants = ("fp32", "fp16", "int8", FIXED, TEXT, "int8-text", FIXED_TEXT)
+    variants = ("fp32", "fp16", "int8", *FIXED_IDS, TEXT, "int8-text", FIXED_TEXT)
     extension = ".tflite"
     text_graph_only = (TEXT, "int8-text", FIXED_TEXT)  # kformer.export.text_graph holds the tokenizer
 
@@ -53,7 +57,7 @@ class Tflite(Format):
     def write(self, module, path, variant="fp32"):
         if variant not in self.variants:
             raise ValueError(f"unknown TFLite variant {variant!r}; choose from {self.variants}")
-        if variant == FIXED:
+        if variant in FIXED_IDS:
             _convert(module, path, variant, SEARCHES)
             return
         if variant == FIXED_TEXT:  # one pass, as `fixed`: no second loop for XNNPACK to pack
@@ -80,8 +84,11 @@ def _convert(module, path, variant, searches):
     once), checked for builtins only."""
     # Fixed key/value buffers: LiteRT re-plans a loop body whose shapes change at every step,
     # which made greedy search slower with caches that grow.
-    recipe = "tflite-fixed" if variant == FIXED else "tflite"
-    functions = {name: module.frozen(name, recipe, fixed_shape=variant == FIXED) for name in searches}
+    fixed = variant in FIXED_IDS
+    functions = {
+        name: module.frozen(name, "tflite-fixed" if fixed else "tflite", fixed_shape=fixed)
+        for name in searches
+    }
     write_flatbuffer(functions, path, variant)
 
 

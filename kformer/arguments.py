@@ -130,7 +130,8 @@ def add_model_options(p, model_help):
         "--variant",
         default="fp32",
         choices=sorted({v for vs in VARIANTS.values() for v in vs}),
-        help="tflite: fp32/fp16/int8, fixed (input shape fixed, for LiteRT.js), text/int8-text "
+        help="tflite: fp32/fp16/int8, fixed/fp16-fixed/int8-fixed (one file of both searches, input "
+        "shape fixed, for LiteRT.js and CompiledModel), text/int8-text "
         "(UTF-8 in and out, the text work inside the file), or fixed-text (text in and out, one text "
         "of at most 4,096 bytes a call, for LiteRT.js); "
         "onnx: fp32/int8 (int8: the export's int8-ort file, onnxruntime's own int8 kernels, where it "

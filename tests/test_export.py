@@ -24,7 +24,7 @@ from kformer.decode.runner import RunnerSettings
 from kformer.decode.text_batches import BEAM_TOKENS_PER_SENTENCE, NEG_INF_SCORE
 from kformer.decode.translator import KerasRunner
 from kformer.export import onnx, onnx_rewrite, tflite
-from kformer.export.artifact_format import SEARCHES, ExportError
+from kformer.export.artifact_format import SEARCHES, ExportError, quantization
 from kformer.export.ctranslate2 import Ctranslate2Runner
 from kformer.export.exporter import export
 from kformer.export.formats import open_runner
@@ -306,6 +306,63 @@ def test_every_product_of_an_fp16_loop_body_has_float16_constant_weights(artifac
 def test_the_fixed_tflite_file_serves_both_searches(artifacts):
     fixed = opened(TfliteRunner, artifacts, BEAM, "fixed")  # one file of both searches, for the page
     assert sorted(fixed.handles) == ["beam", "greedy"] and fixed.handles["beam"] is fixed.handles["greedy"]
+
+
+def _compiled_model(path, cache):
+    """LiteRT's CompiledModel of a TFLite file on the CPU, with XNNPACK's weight cache at `cache`."""
+    from ai_edge_litert.compiled_model import CompiledModel
+    from ai_edge_litert.cpu_options import CpuOptions
+    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+    from ai_edge_litert.options import Options
+
+    cpu = CpuOptions(num_threads=2, xnnpack_weight_cache_path=cache)
+    return CompiledModel.from_file(
+        path, options=Options(hardware_accelerators=HardwareAccelerator.CPU, cpu_options=cpu)
+    )
+
+
+def _compiled_search(model, options, row):
+    """(tokens, scores) of one call of `model`'s signature of `options.search` on one row of source
+    ids, padded to the file's fixed length; outputs by dtype, as TfliteRunner reads them."""
+    search = options.search
+    index = model.get_signature_index(search)
+    names = model.get_signature_list()[search]
+    inputs, outputs = model.create_input_buffers(index), model.create_output_buffers(index)
+    details, out_details = model.get_input_tensor_details(search), model.get_output_tensor_details(search)
+    length = details["source_ids"]["shape"][1]
+    values = {"source_ids": np.pad(row, (0, length - len(row)))[None], **options.inputs()}
+    for name, buffer in zip(names["inputs"], inputs):
+        buffer.write(np.asarray(values[name], details[name]["dtype"]).reshape(details[name]["shape"]))
+    model.run_by_index(index, inputs, outputs)
+    found = {}
+    for name, buffer in zip(names["outputs"], outputs):
+        shape, dtype = out_details[name]["shape"], out_details[name]["dtype"]
+        found[np.dtype(dtype)] = np.asarray(buffer.read(int(np.prod(shape)), dtype)).reshape(shape)
+    return found[np.dtype(np.int32)], found[np.dtype(np.float32)]
+
+
+@pytest.mark.parametrize("variant", tflite.FIXED_IDS)
+def test_a_precisions_one_tflite_file_runs_both_searches_in_compiled_model(artifacts, variant, tmp_path):
+    """The one file of both searches of a precision (`fixed`, `fp16-fixed`, `int8-fixed`) runs in
+    LiteRT's CompiledModel with XNNPACK's weight cache, an app's way to pack each weight once for
+    both searches' loops: the Interpreter's tokens and scores (the runner's), greedy and beam; its
+    packed weights and its constants those of greedy's own file (one copy of the weights)."""
+    precision = {"fixed": "fp32"}.get(variant, quantization(variant))
+    greedy_file = tflite.FORMAT.search_file(os.path.join(artifacts, f"tflite/{precision}"), "greedy")
+    file = os.path.join(artifacts, tflite.FORMAT.file(variant))
+    assert _constant_bytes(file) < 1.5 * _constant_bytes(greedy_file)  # a second copy would double them
+    model = _compiled_model(file, str(tmp_path / "both.cache"))
+    batch = batches(vocab_size(artifacts))["mixed"]
+    for beam in (1, BEAM):
+        runner = opened(TfliteRunner, artifacts, beam, variant)
+        tokens, scores = runner.search(batch)
+        options = runner.checked(SearchOptions(beam_size=beam))
+        for row in range(len(batch)):
+            found_tokens, found_scores = _compiled_search(model, options, batch[row, batch[row] != 0])
+            np.testing.assert_array_equal(found_tokens[0], tokens[row], err_msg=f"beam {beam}, row {row}")
+            np.testing.assert_allclose(found_scores[0], scores[row], rtol=0, atol=1e-5)
+    _compiled_model(greedy_file, str(tmp_path / "greedy.cache"))  # packs its weights as it loads
+    assert os.path.getsize(tmp_path / "both.cache") <= os.path.getsize(tmp_path / "greedy.cache")
 
 
 def test_an_export_with_one_tflite_file_of_both_searches_still_runs(artifacts, model_dir, tmp_path):
@@ -774,11 +831,11 @@ def test_every_top_k_keeps_the_converters_signature(artifacts):
     sized when the graph is prepared), fresh interpreters now and then gave other tokens after a
     call of another shape (kformer.export.tflite._convert)."""
     paths = sorted(glob.glob(os.path.join(artifacts, "tflite", "**", "*.tflite"), recursive=True))
-    # every file the export wrote: a file per search of each variant, one of both for `fixed` and
-    # `fixed-text` (whose search takes the text's sentences: a batch that varies)
+    # every file the export wrote: a file per search of each variant, one of both for the fixed
+    # variants and `fixed-text` (whose search takes the text's sentences: a batch that varies)
     variants = ("fp16", "fp32", "int8", "int8-text", "text")
     per_search = [f"tflite/{v}/{s}.tflite" for v in variants for s in ("beam", "greedy")]
-    one_file = ["tflite/fixed.tflite", "tflite/fixed-text.tflite"]
+    one_file = [f"tflite/{v}.tflite" for v in (*tflite.FIXED_IDS, "fixed-text")]
     assert [os.path.relpath(p, artifacts) for p in paths] == sorted([*per_search, *one_file])
     for path in paths:
         model, codes = _tflite_model(path)
@@ -788,7 +845,7 @@ def test_every_top_k_keeps_the_converters_signature(artifacts):
             for op in graph.operators
             if codes[op.opcodeIndex] == "TOPK_V2"
         ]
-        fixed = os.path.basename(path) == "fixed.tflite"  # one row a call: nothing to resize
+        fixed = os.path.basename(path) in [f"{v}.tflite" for v in tflite.FIXED_IDS]  # one row a call
         assert signatures and all(fixed or (s is not None and -1 in list(s)) for s in signatures), path
 
 

@@ -265,7 +265,14 @@ CAMEL = {"max_length": "maxLength", "no_repeat_ngram": "noRepeatNgram"}
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "runtime, variant", [("onnx", "fp32"), ("onnx", "int8"), ("litert", "fixed"), ("litert", "fixed-text")]
+    "runtime, variant",
+    [
+        ("onnx", "fp32"),
+        ("onnx", "int8"),
+        ("litert", "fixed"),
+        ("litert", "int8-fixed"),
+        ("litert", "fixed-text"),
+    ],
 )
 def test_page_translates_as_the_python_runner(browser, artifacts, runtime, variant, tmp_path):
     """50 test-split sentences, five of them as one paragraph, everyday sentences from outside the

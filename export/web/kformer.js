@@ -6,7 +6,7 @@
 // inside the file (as `--runtime tflite --variant fixed-text`).
 //
 // URL parameters: runtime=onnx|litert (default onnx), variant=fp32|int8 (onnx; default fp32) or
-// fixed-text|fixed (litert; default fixed-text where the export has it),
+// fixed-text|fixed|int8-fixed|fp16-fixed (litert; default fixed-text where the export has it),
 // threads=N (default: all cores when the page is cross-origin isolated, else 1), model=URL of the
 // export folder (default /model/: under `kformer serve`, the first pair's; each pair's is at
 // /models/<source>-<target>/, and the page offers them all).
