@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import BEAM, KFORMER, run_kformer
+from conftest import BEAM, KFORMER, manifest_edited, run_kformer
 
 from kformer.decode.options import SearchOptions
 from kformer.decode.runner import RunnerSettings
@@ -382,6 +382,44 @@ def test_serve_command_finishes_requests_in_flight_on_sigterm(artifacts):
             urllib.request.urlopen(url + "health", timeout=5)
     finally:
         process.kill()
+
+
+def _only(artifacts, folder, formats):
+    """A copy of the export `artifacts` whose manifest lists the files of `formats` only."""
+    shutil.copytree(artifacts, folder, symlinks=True)
+    manifest_edited(
+        folder, lambda m: m.update(artifacts=[a for a in m["artifacts"] if a["format"] in formats])
+    )
+    return str(folder)
+
+
+def test_serve_runs_a_runtime_the_export_has_and_names_its_pages(artifacts, tmp_path):
+    """Without --runtime: onnx where the export has the variant, else tflite, else ctranslate2;
+    the page's line names a URL for each of the page's runtimes the export has a file of."""
+    from kformer.cli.serve import page_line
+    from kformer.serve.server import default_runtime, load
+
+    tflite_only = _only(artifacts, tmp_path / "tflite", ("tflite",))
+    ctranslate2_only = _only(artifacts, tmp_path / "ct2", ("ctranslate2",))
+    assert [default_runtime(artifacts, v) for v in ("fp32", "int8", "fixed-text")] == [
+        "onnx",
+        "onnx",
+        "tflite",
+    ]
+    assert [default_runtime(tflite_only, "fp32"), default_runtime(ctranslate2_only, "int8")] == [
+        "tflite",
+        "ctranslate2",
+    ]
+    assert default_runtime(ctranslate2_only, "text") == "onnx"  # none has it: onnx says what is missing
+    runner = load(tflite_only)  # translated its probe sentence
+    assert (runner.fmt, runner.variant) == ("tflite", "fp32")
+    url = "http://127.0.0.1:8000/"
+    assert (
+        page_line(url, artifacts)
+        == f"{url}?runtime=onnx&variant=fp32 or {url}?runtime=litert&variant=fixed-text"
+    )
+    assert page_line(url, tflite_only) == f"{url}?runtime=litert&variant=fixed-text"
+    assert page_line(url, ctranslate2_only).startswith("none (the export has no ONNX file")
 
 
 def test_serve_command_errors_are_one_line(artifacts, tmp_path):

@@ -12,7 +12,7 @@ from kformer.arguments import (
 )
 from kformer.decode.runner import RunnerSettings
 from kformer.export.formats import VARIANTS
-from kformer.serve.settings import Settings
+from kformer.serve.settings import SERVED_RUNTIMES, Settings
 
 HELP = "HTTP translation server on an export (kformer's and LibreTranslate's APIs, the page)"
 
@@ -24,7 +24,11 @@ def add_arguments(p):
         action="append",
         help="export folder, or a folder of them; repeat for more language pairs (one model a pair)",
     )
-    p.add_argument("--runtime", default="onnx", choices=["onnx", "tflite", "ctranslate2"])
+    p.add_argument(
+        "--runtime",
+        choices=SERVED_RUNTIMES,
+        help="default: onnx where the export has the variant, else tflite, else ctranslate2",
+    )
     p.add_argument(
         "--variant", default="fp32", choices=sorted({v for names in VARIANTS.values() for v in names})
     )
@@ -132,6 +136,15 @@ def origins(text):
     return found
 
 
+def page_line(url, artifact_dir):
+    """Where the page runs the export `artifact_dir`: its URL for each runtime of the page the
+    export has a file of."""
+    from kformer.export import page
+
+    found = [url + query for query in page.queries(artifact_dir)]
+    return " or ".join(found) if found else "none (the export has no ONNX file nor fixed TFLite file)"
+
+
 def main(args):
     from kformer.serve.limits import api_keys
     from kformer.serve.server import load_models, serve
@@ -153,7 +166,9 @@ def main(args):
         cors_origins=args.cors_origins,
     )
     extras.require("lxml", "kformer serve's format=html")  # bs4 would find it missing per request
-    print(f"loading {', '.join(args.model)} ({args.runtime} {args.variant})", flush=True)
+    print(
+        f"loading {', '.join(args.model)} ({args.runtime or 'runtime by export'}, {args.variant})", flush=True
+    )
     # --batch-size is the batcher's
     runner = RunnerSettings(
         threads=args.threads, parallel=args.parallel, target_language=args.target_language
@@ -161,8 +176,8 @@ def main(args):
     runners, sizes = load_models(args.model, args.runtime, args.variant, runner, search_options(args))
 
     def ready(url):
-        pairs = ", ".join(str(r.manifest.pair) for r in runners)
+        pairs = ", ".join(f"{r.manifest.pair} ({r.fmt} {r.variant})" for r in runners)
         print(f"serving {pairs} at {url} (POST /translate, /v1/translate; GET /health, /metrics)", flush=True)
-        print(f"page: {url}?runtime=onnx&variant=fp32 (litert: ?runtime=litert); Ctrl-C stops", flush=True)
+        print(f"page: {page_line(url, runners[0].artifact_dir)}; Ctrl-C stops", flush=True)
 
     serve(runners, args.host, args.port, settings, ready, sizes)

@@ -18,18 +18,19 @@ from kformer.export import page
 from kformer.export.formats import open_runner
 from kformer.serve import connections
 from kformer.serve.app import create_app, page_app
-from kformer.serve.settings import Settings
+from kformer.serve.settings import SERVED_RUNTIMES, Settings
 
 log = logging.getLogger("kformer")
 GRACEFUL_SECONDS = 30
 PROBE = "你好。"
 
 
-def load(model, runtime="onnx", variant="fp32", settings=None, options=None):
+def load(model, runtime=None, variant="fp32", settings=None, options=None):
     """The runner of an export folder (a RunnerSettings and SearchOptions as open_runner's;
     `settings.parallel`: batches the server runs at once, kformer.serve.batcher), checked by
-    translating a probe sentence."""
-    if runtime not in ("onnx", "tflite", "ctranslate2"):
+    translating a probe sentence. runtime None: `default_runtime`'s."""
+    runtime = runtime or default_runtime(model, variant)
+    if runtime not in SERVED_RUNTIMES:
         raise ValueError(f"--runtime {runtime}: the server runs an export with onnx, tflite or ctranslate2")
     runner = open_runner(model, runtime, variant, settings, options)
     runner.translations([PROBE])
@@ -58,7 +59,14 @@ def export_folders(paths):
     return folders
 
 
-def load_models(paths, runtime="onnx", variant="fp32", settings=None, options=None):
+def default_runtime(model, variant):
+    """The first of SERVED_RUNTIMES whose format has `variant` in the export `model`; onnx where
+    none has (its runner then says what the export lacks)."""
+    listed = {(a.format, a.variant) for a in ExportManifest.load(model).artifacts}
+    return next((runtime for runtime in SERVED_RUNTIMES if (runtime, variant) in listed), SERVED_RUNTIMES[0])
+
+
+def load_models(paths, runtime=None, variant="fp32", settings=None, options=None):
     """(runners, the resident bytes each one's loading and probe added) of the exports of
     `paths` (`export_folders`), each loaded as `load` does. A model that fails to load names itself."""
     runners, sizes = [], []

@@ -2,6 +2,8 @@
 
 import dataclasses
 
+SERVED_RUNTIMES = ("onnx", "tflite", "ctranslate2")  # the order in which --runtime's default tries them
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
