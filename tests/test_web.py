@@ -17,6 +17,7 @@ from kformer.data import corpus as corpus_lib
 from kformer.data import prepare as prepare_lib
 from kformer.decode.options import SearchOptions
 from kformer.export import page as web
+from kformer.export import tflite
 from kformer.export.formats import open_listed, open_runner
 from kformer.serve.app import create_app
 from kformer.serve.server import serving, serving_page
@@ -398,7 +399,8 @@ def test_bench_web_measures_page_and_python(browser, artifacts, tmp_path):
     rows = results["rows"]
     assert {(r["runtime"], r["variant"], r["search"]) for r in rows} == {
         (r, v, s)
-        for r, v in [("onnx", "fp32"), ("onnx", "int8"), ("litert", "fixed-text"), ("litert", "fixed")]
+        for r, v in [("onnx", "fp32"), ("onnx", "int8"), ("litert", "fixed-text")]
+        + [("litert", v) for v in tflite.FIXED_IDS]  # every page variant the export has
         for s in ("greedy", f"beam{BEAM}")
     }
     assert all(r["page_ms"] > 0 and r["python_ms"] > 0 and r["page_bytes"] > 1e6 for r in rows)
