@@ -362,6 +362,7 @@ def test_a_precisions_one_tflite_file_runs_both_searches_in_compiled_model(artif
             np.testing.assert_array_equal(found_tokens[0], tokens[row], err_msg=f"beam {beam}, row {row}")
             np.testing.assert_allclose(found_scores[0], scores[row], rtol=0, atol=1e-5)
     _compiled_model(greedy_file, str(tmp_path / "greedy.cache"))  # packs its weights as it loads
+    assert os.path.isfile(tmp_path / "both.cache") and os.path.isfile(tmp_path / "greedy.cache")
     assert os.path.getsize(tmp_path / "both.cache") <= os.path.getsize(tmp_path / "greedy.cache")
 
 

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import BEAM, MAX_LENGTH, need, need_packages, run_process
+from conftest import BEAM, MAX_LENGTH, manifest_edited, need, need_packages, run_process
 
 from kformer.data import corpus as corpus_lib
 from kformer.data import prepare as prepare_lib
@@ -19,7 +19,7 @@ from kformer.decode.options import SearchOptions
 from kformer.export import page as web
 from kformer.export import tflite
 from kformer.export.formats import open_listed, open_runner
-from kformer.serve.app import create_app
+from kformer.serve.app import create_app, page_app
 from kformer.serve.server import serving, serving_page
 
 NODE = shutil.which("node")
@@ -382,6 +382,26 @@ def test_page_shows_a_corrupted_artifact(browser, artifacts, tmp_path):
         page.wait_for_selector("#status.error")
         assert "onnx/fp32/beam.onnx is corrupted or truncated" in page.text_content("#status")
         assert page.is_disabled("#translate")
+
+
+@pytest.mark.slow
+def test_page_runs_the_litert_file_an_export_has_or_says_how_to_write_it(browser, artifacts, tmp_path):
+    """?runtime=litert without a variant: the first of the page's LiteRT files the export has (as
+    page.default_variant says); a variant it lacks: one line saying how to write it."""
+    only = str(tmp_path / "art")
+    shutil.copytree(artifacts, only)
+    dropped = ("fixed-text", "fixed", "fp16-fixed")
+    manifest_edited(
+        only, lambda m: m.update(artifacts=[a for a in m["artifacts"] if a["variant"] not in dropped])
+    )
+    assert web.default_variant(only, "litert") == "int8-fixed"
+    with serving(page_app(os.path.abspath(only))) as url:
+        page = open_page(browser, f"{url}?runtime=litert", [])
+        assert page.evaluate("window.kformer.ready")["variant"] == "int8-fixed"
+        page = open_page(browser, f"{url}?runtime=litert&variant=fp16-fixed", [])
+        page.wait_for_selector("#status.error")
+        status = page.text_content("#status")
+        assert "no tflite fp16-fixed file" in status and "--formats tflite --quantize fp16" in status, status
 
 
 @pytest.mark.slow

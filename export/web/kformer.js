@@ -30,7 +30,9 @@ const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[
 
 const params = new URLSearchParams(location.search);
 const runtime = params.get("runtime") || "onnx";
-// LiteRT.js: the fixed-text file where the export has one, else the fixed ids file (load()).
+const LITERT_VARIANTS = ["fixed-text", "fixed", "int8-fixed", "fp16-fixed"]; // page.PAGE_RUNTIMES' litert, in order
+const QUANTIZED = ["fp16", "int8"]; // written only with `kformer export --quantize` (artifact_format.QUANTIZATIONS)
+// LiteRT.js: the first of LITERT_VARIANTS the export has (load()).
 let variant = params.get("variant") || (runtime === "litert" ? null : "fp32");
 const modelUrl = params.get("model") || "/model/";
 const threads = Number(params.get("threads")) || (crossOriginIsolated ? navigator.hardwareConcurrency : 1);
@@ -58,10 +60,11 @@ async function verifiedBytes(entry, listing = "manifest.json") {
 /** The manifest entry of that format and the page's variant (both searches: one file, or a file each). */
 function findArtifact(manifest, format) {
   const entry = manifest.artifacts.find((a) => a.format === format && a.variant === variant);
+  const precision = variant.split("-")[0]; // as kformer's quantization(): int8-fixed is int8
   if (!entry) {
     const have = manifest.artifacts.filter((a) => a.format === format).map((a) => `${a.format}/${a.variant}`);
     throw new ArtifactError(`no ${format} ${variant} file in this export (it has ${have.join(", ") || "none"});` +
-                            ` re-export with --formats ${format}` + (variant === "int8" ? " --quantize int8" : ""));
+                            ` re-export with --formats ${format}` + (QUANTIZED.includes(precision) ? ` --quantize ${precision}` : ""));
   }
   return entry;
 }
@@ -227,8 +230,9 @@ async function load() {
   const backend = RUNTIMES[runtime];
   if (!backend) throw new Error(`unknown runtime ${JSON.stringify(runtime)}; choose onnx or litert`);
   const name = await backend.start();
-  if (variant === null) { // LiteRT.js: the text file where there is one
-    variant = manifest.artifacts.some((a) => a.format === backend.format && a.variant === "fixed-text") ? "fixed-text" : "fixed";
+  if (variant === null) { // LiteRT.js: the first of its files the export has, as page.default_variant
+    const present = new Set(manifest.artifacts.filter((a) => a.format === backend.format).map((a) => a.variant));
+    variant = LITERT_VARIANTS.find((v) => present.has(v)) || LITERT_VARIANTS[0];
   }
   const entry = findArtifact(manifest, backend.format);
   if (variant === "fixed-text") {
