@@ -62,20 +62,25 @@ def check(artifact_dir, runtime="onnx", variant="fp32"):
 def default_variant(artifact_dir, runtime):
     """The variant the page runs for `runtime` when none is asked for: the first of
     PAGE_RUNTIMES' that the export has (LiteRT.js: the fixed-text file, else the fixed one)."""
-    return _first_present(artifact_dir, runtime) or PAGE_RUNTIMES[runtime][1][0]
+    return _first_present(_listed(artifact_dir), runtime) or PAGE_RUNTIMES[runtime][1][0]
 
 
 def queries(artifact_dir):
     """The page's URL query for each runtime the export has a file of ("?runtime=onnx&variant=fp32",
     "?runtime=litert&variant=fixed-text"), in the order of PAGE_RUNTIMES: [] for none."""
-    found = {runtime: _first_present(artifact_dir, runtime) for runtime in PAGE_RUNTIMES}
+    listed = _listed(artifact_dir)
+    found = {runtime: _first_present(listed, runtime) for runtime in PAGE_RUNTIMES}
     return [f"?runtime={runtime}&variant={variant}" for runtime, variant in found.items() if variant]
 
 
-def _first_present(artifact_dir, runtime):
+def _listed(artifact_dir):
+    """{(format, variant)} of the files an export's manifest lists."""
+    return {(a.format, a.variant) for a in ExportManifest.load(artifact_dir).artifacts}
+
+
+def _first_present(listed, runtime):
     fmt, variants = PAGE_RUNTIMES[runtime]
-    present = {a.variant for a in ExportManifest.load(artifact_dir).artifacts if a.format == fmt}
-    return next((v for v in variants if v in present), None)
+    return next((v for v in variants if (fmt, v) in listed), None)
 
 
 def served_files(artifact_dir, manifest):
