@@ -11,11 +11,11 @@ import pytest
 from conftest import BEAM, python_lines, run_kformer
 
 from kformer.bench.decode import bench_decode, print_decode_table
-from kformer.bench.harness import scores
 from kformer.bench.runtimes import worker
 from kformer.bench.train import print_train_table
 from kformer.contracts.export import ExportManifest
 from kformer.decode.options import SearchOptions
+from kformer.evaluate import score
 
 
 def test_bench_decode_times_the_same_work_in_every_variant(model_dir, capsys):  # noqa: F811
@@ -417,7 +417,7 @@ def test_bench_runtimes_translates_a_source_file_and_scores_it_with_references(
     )
     assert given and all(sources == lines[:2] for sources in given)
     assert {r["bleu"] for r in scored["rows"]} == {
-        scores(["He is happy."] * 2, [["Let's try!"], ["He is happy."]], "en")["bleu"]
+        score(["He is happy."] * 2, [["Let's try!"], ["He is happy."]], "en")["bleu"]
     }
     unscored = runtimes.bench_runtimes(artifacts, source=str(tmp_path / "src.txt"), **options)
     assert {r["bleu"] for r in unscored["rows"]} == {None}

@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 from kformer.arguments import positive
-from kformer.bench.harness import Stopwatch, print_table, report, scores
+from kformer.bench.harness import Stopwatch, print_table, report
 from kformer.contracts.export import ExportManifest
 
 HELP = "Argos Translate against kformer's CTranslate2 runner on an export's Argos package"
@@ -66,7 +66,7 @@ def argos_translations(python, packages, job, home):
 
 def bench_argos(export_dir, python, sentences=None):
     """Both on the first `sentences` test sources (all by default); a JSON-friendly dict."""
-    from kformer.evaluate import evaluate, split_references
+    from kformer.evaluate import evaluate, score, split_references
     from kformer.export.formats import open_listed
 
     manifest = ExportManifest.load(export_dir)
@@ -90,7 +90,7 @@ def bench_argos(export_dir, python, sentences=None):
         "sentences": len(sources),
         "kformer": _scored(ours, ours_watch.seconds),
         # with Argos's start and the package's install
-        "argos": _scored(scores(theirs, references, runner.language), theirs_watch.seconds),
+        "argos": _scored(score(theirs, references, runner.language), theirs_watch.seconds),
         "identical": sum(a == b for a, b in zip(translations, theirs)) / len(sources),
         "examples": [list(row) for row in zip(sources, translations, theirs)][:5],
     }

@@ -1,6 +1,6 @@
 """What every benchmark shares: variants measured in interleaved rounds, each round's ratio to a
-baseline with the median and range of those ratios, the peak memory of a process, the one place
-translations are scored, and the results printed as a table (kept as JSON if asked).
+baseline with the median and range of those ratios, the peak memory of a process, and the results
+printed as a table (kept as JSON if asked); translations are scored by kformer.evaluate.score.
 
 A machine's speed can change for seconds at a time: measured in turns, every variant meets the same
 changes, and ratios taken round by round cancel them where ratios of medians would not."""
@@ -79,15 +79,6 @@ def waited(process):
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     return process.returncode, usage.ru_maxrss / 1024
-
-
-def scores(translations, references, language):
-    """{"bleu", "chrf"} of `translations` against `references` (a list of them a translation) in
-    the target `language`: the one place a benchmark scores."""
-    from kformer.evaluate import score
-
-    found = score(translations, references, language)
-    return {"bleu": found["bleu"], "chrf": found["chrf"]}
 
 
 def print_table(columns, rows, title=None):

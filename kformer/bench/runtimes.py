@@ -19,7 +19,6 @@ from kformer.bench.harness import (
     print_table,
     reduced,
     report,
-    scores,
     spread,
 )
 from kformer.contracts.export import ExportManifest
@@ -204,6 +203,8 @@ def bench_runtimes(artifact_dir, progress=print, **settings):
     runner's translate runs at once (`--parallel`); runtimes that run one at a time are left out.
     `runtimes`: those measured (default: all, `_jobs`). `settings`: RuntimesBench's fields."""
 
+    from kformer.evaluate import score
+
     bench = RuntimesBench(**settings)
     artifact_dir = os.path.abspath(artifact_dir)  # the workers run in another folder
     manifest = ExportManifest.load(artifact_dir)
@@ -222,7 +223,7 @@ def bench_runtimes(artifact_dir, progress=print, **settings):
         def measure(run, _):
             row = _measured(artifact_dir, run, job_file, work)
             hypotheses = row.pop("hypotheses")
-            row["bleu"] = scores(hypotheses, references, language)["bleu"] if references else None
+            row["bleu"] = score(hypotheses, references, language)["bleu"] if references else None
             row["bytes"] = sizes.get((run.runtime, run.variant))  # None for keras: no file of its own
             return row
 

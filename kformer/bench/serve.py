@@ -57,10 +57,9 @@ class Server:
 
 class _Client:
     """One keep-alive connection to the server: post() -> (status, body); status 0 when no answer
-    came (the connection is then opened again for the next request)."""
+    came (the connection is then closed, and http.client opens it again for the next request)."""
 
     def __init__(self, port, timeout=120):
-        self.port, self.timeout = port, timeout
         self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
 
     def post(self, body, content_type):
@@ -70,7 +69,6 @@ class _Client:
             return response.status, response.read()
         except (OSError, http.client.HTTPException):
             self.connection.close()
-            self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
             return 0, b""
 
     def close(self):

@@ -16,9 +16,9 @@ import statistics
 import tempfile
 
 from kformer.arguments import add_rounds_option, positive
-from kformer.bench.harness import Stopwatch, interleave, print_table, report, spread
+from kformer.bench.harness import Stopwatch, interleave, print_table, reduced, report, spread
 from kformer.contracts.export import ExportManifest
-from kformer.decode.options import EXTRA_OUTPUT_TOKENS
+from kformer.decode.options import EXTRA_OUTPUT_TOKENS, search_label
 
 VMAP_FILE = "vmap.txt"  # the name CTranslate2 reads in its model folder
 
@@ -160,8 +160,7 @@ def _results(found, variants, rows, singles, variant, rounds):
     }
     for label, (use_vmap, beam) in variants.items():
         measured = found[label]
-        row = {"search": "greedy" if beam == 1 else f"beam{beam}", "vmap": bool(use_vmap)}
-        row.update({key: statistics.median(m[key] for m in measured) for key in measured[0]})
+        row = {"search": search_label(beam), "vmap": bool(use_vmap), **reduced(measured, medians=measured[0])}
         if use_vmap:
             off = found[label.replace("vmap", "full")]
             row["vs_off"] = {
