@@ -44,25 +44,21 @@ def add_search_options(p, defaults, where):
     `defaults` is False (then the runner's own apply)."""
     from kformer.decode.options import LENGTH_PENALTY, NO_REPEAT_NGRAM
 
-    def default(value):
-        return value if defaults else None
-
-    where = f"; {where}" if where else ""
     p.add_argument(
         "--alpha",
         type=positive(float, zero_allowed=True),
-        default=default(LENGTH_PENALTY),
-        help=f"length penalty exponent of beam search (default {LENGTH_PENALTY}{where})",
+        default=LENGTH_PENALTY if defaults else None,
+        help=f"length penalty exponent of beam search (default {LENGTH_PENALTY}; {where})",
     )
     p.add_argument(
-        "--max-len", type=positive(int), help=f"maximum output tokens (default: the model's maximum{where})"
+        "--max-len", type=positive(int), help=f"maximum output tokens (default: the model's maximum; {where})"
     )
     p.add_argument(
         "--no-repeat-ngram",
         type=positive(int, zero_allowed=True),
-        default=default(NO_REPEAT_NGRAM),
+        default=NO_REPEAT_NGRAM if defaults else None,
         metavar="N",
-        help=f"never output an n-gram of N tokens twice; 0 = off (default {NO_REPEAT_NGRAM}{where})",
+        help=f"never output an n-gram of N tokens twice; 0 = off (default {NO_REPEAT_NGRAM}; {where})",
     )
 
 

@@ -6,7 +6,7 @@ KFORMER_NOTEBOOK_MINUTES: training time of notebook 1 (default 10; CI: a few ste
 """
 
 import os
-import time
+import timeit
 
 
 def project_root():
@@ -42,9 +42,5 @@ def settings():
 def median_seconds(function, *args, repeats=3):
     """Median wall time of `function(*args)` after one warm-up call."""
     function(*args)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function(*args)
-        times.append(time.perf_counter() - start)
+    times = timeit.repeat(lambda: function(*args), repeat=repeats, number=1)
     return sorted(times)[len(times) // 2]

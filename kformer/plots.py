@@ -188,9 +188,7 @@ def mask_figure(length=8):
 
     fig, ax = _figure(figsize=(4, 4))
     ax.imshow(np.asarray(causal_mask(length))[0], cmap="Greys", vmin=0, vmax=1)
-    ax.set_title("causal mask (dark = may attend)")
-    ax.set_xlabel("key position")
-    ax.set_ylabel("query position")
+    ax.set(title="causal mask (dark = may attend)", xlabel="key position", ylabel="query position")
     return fig
 
 
@@ -210,8 +208,7 @@ def attention_figure(weights, query_pieces, key_pieces, title="attention"):
         ax.set_title(f"head {head + 1}", fontsize=9)
         ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=7)
         ax.set_yticks(range(len(queries)), queries, fontsize=7)
-        ax.set_xlabel("attends to")
-        ax.set_ylabel("query")
+        ax.set(xlabel="attends to", ylabel="query")
     fig.suptitle(title + (" " + NO_CJK_NOTE if _needs_note(queries + keys) else ""), fontsize=10)
     fig.tight_layout()
     return fig
@@ -225,8 +222,7 @@ def alignment_figure(weights, source_pieces, target_pieces, title="encoder-decod
     image = ax.imshow(weights, cmap="Blues", vmin=0, vmax=max(float(weights.max()), 1e-6))
     ax.set_xticks(range(len(sources)), sources, rotation=90)
     ax.set_yticks(range(len(targets)), targets)
-    ax.set_xlabel("source token")
-    ax.set_ylabel("generated token")
+    ax.set(xlabel="source token", ylabel="generated token")
     ax.set_title(title + ("\n" + NO_CJK_NOTE if _needs_note(sources + targets) else ""), fontsize=9)
     fig.colorbar(image, ax=ax, shrink=0.8, label="attention weight")
     fig.tight_layout()
@@ -252,12 +248,14 @@ def beam_trace_figure(steps, title="beam search"):
                 fontsize=7,
                 bbox={"boxstyle": "round", "fc": "white", "ec": "grey"},
             )
-    ax.set_xlim(-0.6, len(steps) - 0.4)
-    ax.set_ylim(width - 0.5, -0.5)
-    ax.set_xlabel("step (last tokens of each alive hypothesis, log-probability)")
-    ax.set_ylabel("beam rank")
-    ax.set_xticks(range(len(steps)))
-    ax.set_yticks(range(width))
+    ax.set(
+        xlim=(-0.6, len(steps) - 0.4),
+        ylim=(width - 0.5, -0.5),
+        xlabel="step (last tokens of each alive hypothesis, log-probability)",
+        ylabel="beam rank",
+        xticks=range(len(steps)),
+        yticks=range(width),
+    )
     ax.set_title(title + (" " + NO_CJK_NOTE if _needs_note(labels) else ""), fontsize=9)
     return fig
 
@@ -279,8 +277,7 @@ def history_figure(history):
         for prefix, name in (("", "train"), ("val_", "validation")):
             if rows and prefix + metric in rows[0] and rows[0][prefix + metric]:
                 ax.plot(epochs, [float(r[prefix + metric]) for r in rows], marker="o", label=name)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(label)
+        ax.set(xlabel="epoch", ylabel=label)
         ax.legend()
     fig.tight_layout()
     return fig
@@ -291,7 +288,6 @@ def bar_figure(values, ylabel, title):
     fig, ax = _figure(figsize=(max(4, 0.9 * len(values)), 3.5))
     ax.bar(range(len(values)), list(values.values()), color="tab:blue")
     ax.set_xticks(range(len(values)), list(values), rotation=30, ha="right")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set(ylabel=ylabel, title=title)
     fig.tight_layout()
     return fig

@@ -189,9 +189,8 @@ class Service:
         read = await self._in_page_thread(size, html.read, pages)
         translations = await self.translations(request, model, read.texts, changes, read.charged)
         written = await self._in_page_thread(size, html.written, read, [t.text for t in translations])
-        scores, done = [], iter(translations)
-        for count in read.counts:
-            scores.append(sum(next(done).score for _ in range(count)))
+        done = iter(translations)
+        scores = [sum(next(done).score for _ in range(count)) for count in read.counts]
         return [Translation(page, score, (Hypothesis(page, score),)) for page, score in zip(written, scores)]
 
     async def _in_page_thread(self, size, work, *args):
@@ -254,10 +253,6 @@ class Service:
         """Ready: every model was loaded and translated its probe before the server started."""
         models = [m.describe() for m in self.models.values()]
         return {"status": "ready", **models[0], "models": models}
-
-    async def metrics_text(self, request):
-        body, media_type = self.metrics.text()
-        return Response(body, media_type=media_type)
 
 
 def _header_text(value):
@@ -428,7 +423,7 @@ def create_app(runners, settings=None, resident_bytes=None):
         _route(service, "/languages", service.languages, ["GET", "POST"]),
         _route(service, "/health", service.health, ["GET"]),
         _route(service, "/frontend/settings", service.frontend_settings, ["GET"]),
-        _route(service, "/metrics", service.metrics_text, ["GET"]),
+        _route(service, "/metrics", service.metrics.response, ["GET"]),
         *_page_routes(
             runners[0].artifact_dir, {m.pair: m.runner.artifact_dir for m in service.models.values()}
         ),

@@ -182,10 +182,11 @@ def read(pages):
 
 def written(pages, translations):
     """Each page of `pages` (Pages) rebuilt around its texts' `translations` (all pages', in order)."""
-    done, found = iter(translations), []
-    for (tree, pieces), count in zip(pages.parsed, pages.counts):
-        found.append(rebuilt(tree, pieces, [next(done) for _ in range(count)]))
-    return found
+    done = iter(translations)
+    return [
+        rebuilt(tree, pieces, [next(done) for _ in range(count)])
+        for (tree, pieces), count in zip(pages.parsed, pages.counts)
+    ]
 
 
 def _nodes(block):

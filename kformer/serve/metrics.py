@@ -3,6 +3,7 @@ and their status codes per route, latency and batch-size histograms (percentiles
 buckets, as Prometheus computes them), the queues' depth, and each model's memory."""
 
 import prometheus_client as prom
+from starlette.responses import Response
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -28,14 +29,11 @@ class Metrics:
         self.batch_seconds = prom.Histogram(
             "kformer_batch_seconds", "time of a runner call", buckets=LATENCY_BUCKETS, registry=self.registry
         )
-        queued = prom.Gauge(
-            "kformer_queue_requests", "requests waiting for the runner", registry=self.registry
-        )
-        queued.set_function(lambda: batcher_state()[0])
-        chars = prom.Gauge(
-            "kformer_queue_characters", "characters waiting for the runner", registry=self.registry
-        )
-        chars.set_function(lambda: batcher_state()[1])
+        for index, what in enumerate(("requests", "characters")):
+            gauge = prom.Gauge(
+                f"kformer_queue_{what}", f"{what} waiting for the runner", registry=self.registry
+            )
+            gauge.set_function(lambda index=index: batcher_state()[index])
 
     def watch_memory(self, resident_bytes):
         """{language pair: bytes its loading added to the process (None: not measured)}."""
@@ -57,5 +55,6 @@ class Metrics:
         self.batch_texts.observe(texts)
         self.batch_seconds.observe(seconds)
 
-    def text(self):
-        return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST
+    async def response(self, request):
+        """GET /metrics."""
+        return Response(prom.generate_latest(self.registry), media_type=prom.CONTENT_TYPE_LATEST)
