@@ -430,13 +430,12 @@ def create_app(runners, settings=None, resident_bytes=None):
     ]
     cors = Middleware(CORSMiddleware, allow_origins=list(service.settings.cors_origins),
                       allow_methods=["GET", "POST"], allow_headers=["*"])  # fmt: skip
-    middleware = [cors, *PAGE_MIDDLEWARE]
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
         await asyncio.to_thread(service.close)
 
-    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app = Starlette(routes=routes, middleware=[cors, *PAGE_MIDDLEWARE], lifespan=lifespan)
     app.state.service, app.state.settings = service, service.settings
     return app

@@ -95,9 +95,8 @@ class Batcher:
             stop = _STOP in requests
             requests = [r for r in requests if r is not _STOP]
             with self._lock:
-                for request in requests:
-                    self.queued_chars -= request.chars
-                    self.queued_requests -= 1
+                self.queued_chars -= sum(r.chars for r in requests)
+                self.queued_requests -= len(requests)
             live = [r for r in requests if r.future.set_running_or_notify_cancel()]
             for options in dict.fromkeys(r.options for r in live):  # in order of arrival
                 self._run([r for r in live if r.options == options], options)

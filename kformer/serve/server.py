@@ -76,8 +76,7 @@ def load_models(paths, runtime=None, variant="fp32", settings=None, options=None
             runners.append(load(folder, runtime, variant, settings, options))
         except (ValueError, OSError) as e:
             raise ValueError(f"--model {folder}: {e}") from None
-        after = _resident_bytes()
-        sizes.append(None if before is None else max(0, after - before))
+        sizes.append(None if before is None else max(0, _resident_bytes() - before))
     return runners, sizes
 
 
@@ -115,20 +114,21 @@ def is_loopback(host):
         return host == "localhost"
 
 
-def _server(app, sock):
+def _server(app):
     """uvicorn serving `app` with its connection settings (app.state.settings, a Settings)."""
     settings = app.state.settings
-    config = uvicorn.Config(
-        app,
-        http=connections.protocol(settings.timeout_headers, settings.timeout_body),
-        log_level="warning",
-        access_log=False,
-        timeout_keep_alive=settings.timeout_keep_alive,
-        timeout_graceful_shutdown=GRACEFUL_SECONDS,
-        limit_concurrency=settings.limit_concurrency,
-        lifespan="on",
+    return uvicorn.Server(
+        uvicorn.Config(
+            app,
+            http=connections.protocol(settings.timeout_headers, settings.timeout_body),
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=settings.timeout_keep_alive,
+            timeout_graceful_shutdown=GRACEFUL_SECONDS,
+            limit_concurrency=settings.limit_concurrency,
+            lifespan="on",
+        )
     )
-    return uvicorn.Server(config)
 
 
 def serve(runners, host="127.0.0.1", port=8000, settings=None, ready=print, resident_bytes=None):
@@ -138,13 +138,13 @@ def serve(runners, host="127.0.0.1", port=8000, settings=None, ready=print, resi
     if not is_loopback(host) and settings.api_key is None:
         log.warning("serving on %s without --api-key: anyone who can reach it can use it", host)
     sock = bind(host, port)
-    server = _server(create_app(runners, settings, resident_bytes), sock)
+    server = _server(create_app(runners, settings, resident_bytes))
     shown = f"[{host}]" if ":" in host else host
     ready(f"http://{shown}:{sock.getsockname()[1]}/")
-    try:
+    with contextlib.suppress(
+        KeyboardInterrupt
+    ):  # uvicorn raises Ctrl-C again once it has shut down gracefully
         server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn raises Ctrl-C again once it has shut down gracefully
-        pass
 
 
 @contextlib.contextmanager
@@ -152,7 +152,7 @@ def serving(app):
     """An app (`create_app`, `page_app`) on a free loopback port, in a thread, for as long as the
     block runs; yields its URL (tests, benchmarks, the page's browser checks)."""
     sock = bind("127.0.0.1", 0)
-    server = _server(app, sock)
+    server = _server(app)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started and thread.is_alive():
