@@ -16,6 +16,7 @@ from kformer import extras
 from kformer.arguments import add_precision_option, add_rounds_option, positive
 from kformer.bench import peak, profile
 from kformer.bench.harness import Stopwatch, interleave, memory_mb, print_table, reduced, report, spread
+from kformer.model import flops
 from kformer.model.config import DEFAULT_PRESET, PRESETS, preset
 from kformer.train.precision import (
     PRECISIONS,
@@ -306,8 +307,6 @@ def _peaks(config, precision, batches):
     """{"device", "datasheet", "squares", "own_shapes"}: FLOP/s of `precision` a step's utilization
     is taken against (datasheet None on a CPU or an unlisted GPU). Own shapes: a batch of the
     batches' mean tokens a side."""
-    from kformer.model import flops
-
     gpu = (gpu_capability() or (None,))[0]
     side = 8192 if gpu else 2048  # large enough to reach the device's peak, small enough to be quick
     tokens = round(sum(y.size for _, y in batches) / len(batches))
@@ -335,7 +334,6 @@ def _compiled(config, training, seed, chunk, run, batches):
     and FLOP counts."""
     import keras
 
-    from kformer.model import flops
     from kformer.model.transformer import Transformer
     from kformer.train.fit import compile_model
 

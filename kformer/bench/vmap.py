@@ -18,6 +18,8 @@ import tempfile
 from kformer.arguments import add_rounds_option, positive
 from kformer.bench.harness import Stopwatch, interleave, print_table, reduced, report, spread
 from kformer.contracts.export import ExportManifest
+from kformer.data import corpus as corpus_lib
+from kformer.data.vocabulary import maps_through_vocabulary, open_tokenizer
 from kformer.decode.options import EXTRA_OUTPUT_TOKENS, search_label
 
 VMAP_FILE = "vmap.txt"  # the name CTranslate2 reads in its model folder
@@ -26,8 +28,6 @@ VMAP_FILE = "vmap.txt"  # the name CTranslate2 reads in its model folder
 def _pieces(tokenizer, side, text):
     """The pieces of `text` on `side` ("source" or "target") of an export's tokenizer that its
     vocabulary holds (CTranslate2's tokens)."""
-    from kformer.data.vocabulary import maps_through_vocabulary
-
     model = getattr(tokenizer, side) if maps_through_vocabulary(tokenizer) else tokenizer
     pieces = model.encode(text, out_type=str)
     return [p for p in pieces if tokenizer.piece_to_id(p) != tokenizer.unk_id()]
@@ -123,8 +123,6 @@ def bench_vmap(artifact_dir, sources, vmap_file, variant="fp32", rounds=3, progr
     `sizes`: batch_size (32), singles (sentences timed one at a time, 20)."""
     import ctranslate2
 
-    from kformer.data.vocabulary import open_tokenizer
-
     manifest = ExportManifest.load(artifact_dir)
     folder = os.path.join(artifact_dir, manifest.artifact("ctranslate2", variant).file)
     tokenizer = open_tokenizer(artifact_dir, manifest.tokenizer.file)
@@ -214,8 +212,6 @@ def add_arguments(p):
 
 def _read_pairs(path):
     """[(source, target)] of a TSV, as written (a vmap counts every pair, copies included)."""
-    from kformer.data import corpus as corpus_lib
-
     pairs = []
     for number, line in enumerate(corpus_lib.read_text_file(path), 1):
         fields = line.split("\t")
@@ -226,9 +222,6 @@ def _read_pairs(path):
 
 
 def main(args):
-    from kformer.data import corpus as corpus_lib
-    from kformer.data.vocabulary import open_tokenizer
-
     if (args.vmap is None) == (args.pairs is None):
         raise ValueError("give --vmap FILE or --pairs TSV (to count one), not both")
     sources = corpus_lib.read_text_file(args.source)[: args.sentences]
