@@ -43,8 +43,7 @@ def main(args):
     else:
         sources, references = evaluate_lib.split_references(args.model, args.split)
         name = args.split
-    if args.limit:
-        sources, references = sources[: args.limit], references[: args.limit]
+    sources, references = sources[: args.limit], references[: args.limit]  # limit None: all
     if not sources:
         raise ValueError(f"nothing to evaluate: {name} is empty")
     output = args.output or os.path.join(args.model, f"hypotheses.{name}.txt")

@@ -65,8 +65,10 @@ def main(args):
     else:  # stdin: what has arrived is translated when the input pauses (kformer.decode.gather), in calls
         # of up to --parallel batches, so that a file's batches run that many at once
         lines = corpus_lib.stream_lines(sys.stdin.buffer, "<stdin>")
-        size = args.batch_size * args.parallel
-        batches, where = gather.gathered(lines, size, gather.WINDOW_SECONDS), "<stdin> line"
+        batches, where = (
+            gather.gathered(lines, args.batch_size * args.parallel, gather.WINDOW_SECONDS),
+            "<stdin> line",
+        )
     for lines in gather.checked_lines(batches, args.max_chars, where):
         for result in runner.translations(lines):
             _print_translation(result, args.format, args.nbest)

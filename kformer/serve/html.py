@@ -126,8 +126,8 @@ def _text_nodes(tree):
 def parse(page):
     """(the page's tree, its pieces to translate, in order: text nodes, and elements whose text
     runs through inline elements)."""
-    with warnings.catch_warnings():  # "<?xml ...?>" makes bs4 suggest its XML parser
-        warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
+    # "<?xml ...?>" makes bs4 suggest its XML parser
+    with warnings.catch_warnings(action="ignore", category=XMLParsedAsHTMLWarning):
         tree = BeautifulSoup(page, "lxml")
     _as_written(tree, page)
     pieces, inline = [], {}
@@ -142,9 +142,7 @@ def _as_written(tree, page):
     """Undoes what lxml adds to a fragment: the html, head and body elements the page did not
     write, and the whitespace it drops before the first thing in the page."""
     written = {m.group(1).lower() for m in re.finditer(r"<(html|head|body)[\s/>]", page, re.IGNORECASE)}
-    for name in IMPLIED:
-        if name in written:
-            continue
+    for name in [name for name in IMPLIED if name not in written]:
         for parent in (tree, tree.find("html", recursive=False)):
             for element in parent.find_all(name, recursive=False) if parent is not None else ():
                 element.unwrap()
