@@ -102,13 +102,11 @@ def evaluate(runner, sources, references, output=None):
     if output is not None:
         with open(output, "w", encoding="utf-8") as f:
             f.writelines(h + "\n" for h in hypotheses)
-    result = score(hypotheses, references, runner.language)
-    result.update(
-        hypotheses_file=output,
-        beam_size=runner.options.beam_size,
-        examples=list(zip(sources, references, hypotheses)),
-    )
-    return result
+    return score(hypotheses, references, runner.language) | {
+        "hypotheses_file": output,
+        "beam_size": runner.options.beam_size,
+        "examples": list(zip(sources, references, hypotheses)),
+    }
 
 
 def print_scores(result):
