@@ -228,6 +228,7 @@ class TfliteRunner(SearchFilesRunner):
     extension = Tflite.extension
     beam_shares_batch = True
     beam_capped = True
+    width_input = "source_ids"  # the input whose width the fixed file fixes
 
     def __init__(self, artifact_dir, variant="fp32", settings=None, options=None):
         super().__init__(artifact_dir, variant, settings, options)
@@ -247,18 +248,23 @@ class TfliteRunner(SearchFilesRunner):
         )
 
     def signature(self, search):
-        """(LiteRT's runner of a search's signature, its input length: the fixed file's, or -1
-        for any (B, S)), opening its file and packing its weights the first time."""
+        """(LiteRT's runner of a search's signature, the width of its `width_input`: the fixed
+        file's, or -1 for any), opening its file and packing its weights the first time (`_pack`),
+        then dropping the file's pages (export/memory.py)."""
         if search not in self.signatures:
             runner = self.opened(search).get_signature_runner(search)
-            length = runner.get_input_details()["source_ids"]["shape_signature"][1]
-            self.signatures[search] = runner, length
-            self._pack(search, runner, length)
+            width = runner.get_input_details()[self.width_input]["shape_signature"][1]
+            self.signatures[search] = runner, width
+            options = self.checked(
+                SearchOptions(beam_size=1 if search == "greedy" else self.manifest.beam_size)
+            )
+            self._pack(runner, options, width)
+            memory.drop_file_pages(self.file_of(search))
         return self.signatures[search]
 
-    def _pack(self, search, runner, length):
-        """Has XNNPACK pack the search's weights now, in a call on a source of one token, then
-        drops the file's pages (export/memory.py). A loop packs its weights, read from the mapped
+    def _pack(self, runner, options, length):
+        """Has XNNPACK pack the search's weights now, in a call on a source of one token, before
+        `signature` drops the file's pages (export/memory.py). A loop packs its weights, read from the mapped
         file, the first time it runs: in a first real call, the file's pages, the packed copies
         and the call's buffers were all resident at once, a higher fp32 peak. The call has the
         search's default options: capped at one output token (buffers of length 1), it left
@@ -266,10 +272,8 @@ class TfliteRunner(SearchFilesRunner):
         (test_fresh_tflite_interpreters_agree). kformer.decode.search's
         second pass is a loop of its own, packed by the first call that runs it; packing it here
         too (a call of 4 rows, all empty but one) left fp32 beam's peak higher."""
-        options = self.checked(SearchOptions(beam_size=1 if search == "greedy" else self.manifest.beam_size))
         one_token = np.full((1, 1 if length == -1 else length), self.config.eos_id, np.int32)
         self._invoke(runner, options, one_token)
-        memory.drop_file_pages(self.file_of(search))
 
     def _search(self, options, batch):
         with _ONE_CALL_AT_A_TIME:  # opening and packing a file included
@@ -337,20 +341,12 @@ class TfliteTextRunner(TfliteRunner):
     """A text variant in LiteRT: each call takes a batch of texts; a text's sentences are found,
     translated and joined inside the file, its alternatives too."""
 
-    def signature(self, search):
-        """(LiteRT's runner of a search's text signature, its text width: the fixed-text file's,
-        or -1 for any), opened, and its weights packed by a first call on one short text (as
+    width_input = "text"  # the fixed-text file's width: FIXED_TEXT_BYTES
+
+    def _pack(self, runner, options, width):
+        """The text signature's weights packed by a first call on one short text (as
         TfliteRunner._pack, for the same reasons)."""
-        if search not in self.signatures:
-            runner = self.opened(search).get_signature_runner(search)
-            width = runner.get_input_details()["text"]["shape_signature"][1]
-            self.signatures[search] = runner, width
-            options = self.checked(
-                SearchOptions(beam_size=1 if search == "greedy" else self.manifest.beam_size)
-            )
-            call_text_signature(runner, options, *utf8_batch(["."], width))
-            memory.drop_file_pages(self.file_of(search))
-        return self.signatures[search]
+        call_text_signature(runner, options, *utf8_batch(["."], width))
 
     def translations(self, texts, options=None):
         """Texts -> text_batches.Translations, `sentences_per_call` texts a call, texts of similar
