@@ -16,6 +16,7 @@ SentencePiece ops around the fp32 graph). The runners need numpy, sentencepiece 
 
 import logging
 import os
+import pathlib
 
 import numpy as np
 
@@ -115,11 +116,9 @@ def save_sharing_weights(models, paths, weights_path, min_bytes=1024):
             set_external_data(tensor, os.path.basename(weights_path), offset=offsets[key], length=len(data))
             tensor.ClearField("raw_data")
             tensor.data_location = TensorProto.EXTERNAL
-    with open(weights_path, "wb") as f:
-        f.write(blob)
+    pathlib.Path(weights_path).write_bytes(blob)
     for search, model in models.items():
-        with open(paths[search], "wb") as f:
-            f.write(model.SerializeToString())
+        pathlib.Path(paths[search]).write_bytes(model.SerializeToString())
 
 
 def convert(module, search):
@@ -276,15 +275,12 @@ class OnnxRunner(SearchFilesRunner):
         return tuple(self.opened(options.search).run(["tokens", "scores"], feed))
 
 
-class OnnxTextRunner(SearchFilesRunner):
+class OnnxTextRunner(OnnxRunner):
     """The text-in/text-out file (SentencePiece inside the graph). Use it in a process without
     TensorFlow: the onnxruntime-extensions library crashes next to TensorFlow and
     tensorflow-text, which bundle their own SentencePiece and protobuf."""
 
-    fmt = Onnx.name
-    extension = Onnx.extension
-    one_file_serves_both = False
-    beam_capped = True
+    concurrent_searches = False
 
     def __init__(self, artifact_dir, variant="text", settings=None, options=None):
         super().__init__(artifact_dir, "text", settings, options)
