@@ -13,6 +13,7 @@ its translations can differ from kformer's runners on the same model."""
 
 import json
 import os
+import pathlib
 import shutil
 import tempfile
 import zipfile
@@ -128,15 +129,16 @@ def write_package(artifact_dir, manifest, module, variant="fp32", test_bleu=None
         _write_tokenizers(root, module.tokenizer)
         os.makedirs(os.path.join(root, "minisbd"))
         splitter = argos_sentences.splitter_model(source)
-        with open(os.path.join(root, "minisbd", f"{source}.onnx"), "wb") as f:
-            f.write(splitter.SerializeToString())
-        with open(os.path.join(root, "metadata.json"), "w", encoding="utf-8") as f:
-            json.dump(metadata(source, target), f, indent=2)
+        pathlib.Path(root, "minisbd", f"{source}.onnx").write_bytes(splitter.SerializeToString())
+        pathlib.Path(root, "metadata.json").write_text(
+            json.dumps(metadata(source, target), indent=2), "utf-8"
+        )
         origin, origin_run = imported_from(manifest.trained_in)
         if origin and origin.licence:  # as LICENSE, which `kformer import` reads back
             shutil.copy(os.path.join(origin_run, origin.licence), os.path.join(root, "LICENSE"))
-        with open(os.path.join(root, "README.md"), "w", encoding="utf-8") as f:
-            f.write(readme(manifest, source, target, variant, test_bleu, origin))
+        pathlib.Path(root, "README.md").write_text(
+            readme(manifest, source, target, variant, test_bleu, origin), "utf-8"
+        )
         os.makedirs(os.path.join(artifact_dir, NAME), exist_ok=True)
         _zip(staging, folder, os.path.join(artifact_dir, file))
     path = os.path.join(artifact_dir, file)
@@ -160,8 +162,9 @@ def _write_tokenizers(root, tokenizer):
     if maps_through_vocabulary(tokenizer):
         files.update({"source.spm": tokenizer.source, "target.spm": tokenizer.target})
     for name, content in files.items():
-        with open(os.path.join(root, name), "wb") as f:
-            f.write(content if isinstance(content, bytes) else content.serialized_model_proto())
+        pathlib.Path(root, name).write_bytes(
+            content if isinstance(content, bytes) else content.serialized_model_proto()
+        )
 
 
 def imported_from(run_dir):
