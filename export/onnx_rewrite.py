@@ -89,21 +89,15 @@ def _tied_products(graph, shapes):
         for node in graph.node
         if node.op_type == "Transpose" and node.name.endswith("/shared")
     }
-    count = 0
-    for g in graphs(graph):
-        for index, node in enumerate(g.node):
-            if (
-                node.op_type == "MatMul"
-                and node.input[1] in shared
-                and len(shapes.get(node.input[0]) or ()) == 2
-            ):
-                table = shared[node.input[1]]
-                gemm = helper.make_node(
-                    "Gemm", [node.input[0], table], list(node.output), name=node.name, transB=1
-                )
-                g.node[index].CopyFrom(gemm)
-                count += 1
-    return count
+
+    def tied_table(node, made_by, constants):  # E, where `node` is such a MatMul
+        rank_2 = node.op_type == "MatMul" and len(shapes.get(node.input[0]) or ()) == 2
+        return shared.get(node.input[1]) if rank_2 else None
+
+    def gemm(g, node, table):
+        return [helper.make_node("Gemm", [node.input[0], table], list(node.output), name=node.name, transB=1)]
+
+    return _replace(graph, tied_table, gemm)
 
 
 def subgraphs(node):
@@ -452,12 +446,8 @@ def _loop_invariants(graph):
     instead (onnxruntime hands outer values to a subgraph as they are), and so is the Loop's final
     value of it. Returns how many loop-carried values were dropped (on the demo model 6 of the
     greedy loop's 21, 8 of beam search's 27; their effect: _row_scatters)."""
-    count = 0
-    for g in list(graphs(graph)):
-        for node in g.node:
-            if node.op_type == "Loop":
-                count += _drop_invariants(node, g)
-    return count
+    loops = [(node, g) for g in graphs(graph) for node in g.node if node.op_type == "Loop"]
+    return sum(_drop_invariants(loop, enclosing) for loop, enclosing in loops)
 
 
 def _drop_invariants(loop, enclosing):
