@@ -29,15 +29,15 @@ from onnx import helper, numpy_helper
 def simplify(graph, opset):
     """Rewrites `graph` (and its Loop bodies) in place; returns {rewrite: count}."""
     counts = {
-        "LayerNormalization": _layer_norms(graph),
-        "Where": _wheres(graph),
+        "LayerNormalization": _replace(graph, _layer_norms),
+        "Where": _replace(graph, _wheres),
         "Transpose": _share_transposed_weights(graph),
     }
     shapes = _shapes(graph, opset)
     counts["Gemm"] = _tied_products(graph, shapes)
-    counts["MatMul"] = _attention_products(graph, shapes)
-    counts["ScatterND"] = _scatter_adds(graph)
-    counts["ScatterElements"] = _row_scatters(graph)
+    counts["MatMul"] = _replace(graph, functools.partial(_attention_products, shapes=shapes))
+    counts["ScatterND"] = _replace(graph, _scatter_adds)
+    counts["ScatterElements"] = _replace(graph, _row_scatters)
     counts["Loop inputs"] = _loop_invariants(graph)
     prune(graph)
     return counts
@@ -90,14 +90,17 @@ def _tied_products(graph, shapes):
         if node.op_type == "Transpose" and node.name.endswith("/shared")
     }
 
-    def tied_table(node, made_by, constants):  # E, where `node` is such a MatMul
-        rank_2 = node.op_type == "MatMul" and len(shapes.get(node.input[0]) or ()) == 2
-        return shared.get(node.input[1]) if rank_2 else None
-
-    def gemm(g, node, table):
+    def gemm(g, node, made_by, constants):
+        if (
+            node.op_type != "MatMul"
+            or node.input[1] not in shared
+            or len(shapes.get(node.input[0]) or ()) != 2
+        ):
+            return None
+        table = shared[node.input[1]]
         return [helper.make_node("Gemm", [node.input[0], table], list(node.output), name=node.name, transB=1)]
 
-    return _replace(graph, tied_table, gemm)
+    return _replace(graph, gemm)
 
 
 def subgraphs(node):
@@ -147,18 +150,19 @@ def _finder(graph):
     return made_by
 
 
-def _replace(graph, match, replacement):
-    """In `graph` and its subgraphs, each node for which `match(node, made_by, constants)` finds
-    something becomes the nodes `replacement(g, node, found)` (which write the node's outputs);
-    returns how many were replaced. Every rewrite below but the shared weights is one of these."""
+def _replace(graph, rewrite):
+    """In `graph` and its subgraphs, each node for which `rewrite(g, node, made_by, constants)`
+    finds its pattern becomes the nodes it returns (which write the node's outputs; None: the node
+    is kept); returns how many were replaced. Every rewrite below but the shared weights is one of
+    these: each matches the pattern ending at `node`, then builds what replaces it."""
     count = 0
     for g, constants in _with_constants(graph):
         made_by = _finder(g)
         nodes = []
         for node in g.node:
-            found = match(node, made_by, constants)
-            nodes += [node] if found is None else replacement(g, node, found)
-            count += found is not None
+            replacement = rewrite(g, node, made_by, constants)
+            nodes += [node] if replacement is None else replacement
+            count += replacement is not None
         del g.node[:]
         g.node.extend(nodes)
     return count
@@ -178,47 +182,15 @@ def _one_of(node, made_by, op_type):
     return None, None
 
 
-def _layer_norms(graph):
+def _layer_norms(g, node, made_by, constants):
     """Keras' LayerNormalization reaches ONNX as 13 nodes:
         mean = GlobalAveragePool(x); variance = GlobalAveragePool((x - mean) * (x - mean))
         s = gamma / Sqrt(variance + eps); y = x * s + (Neg(mean) * s + beta)
     (without the "+ beta" where TensorFlow folded a beta of zeros away); for a (rows, D) input
     (a decoding step) each mean is a ReduceMean over axis 1 instead. One LayerNormalization
     (opset 17) each, normalizing over the axes the means average: 2.. for GlobalAveragePool, the
-    last for the ReduceMean."""
-
-    def layer_norm(g, node, found):
-        x, scale, offset, epsilon, axis = found
-        vectors = [
-            numpy_helper.from_array(scale, f"{node.name}/gamma"),
-            numpy_helper.from_array(offset, f"{node.name}/beta"),
-        ]
-        g.initializer.extend(vectors)
-        inputs = [x, vectors[0].name, vectors[1].name]
-        return [
-            helper.make_node(
-                "LayerNormalization", inputs, list(node.output), name=node.name, axis=axis, epsilon=epsilon
-            )
-        ]
-
-    return _replace(graph, _match_layer_norm, layer_norm)
-
-
-def _mean_of(name, made_by):
-    """(node, the first axis it averages) for the GlobalAveragePool (axes 2..) or the keepdims
-    ReduceMean over one axis that writes `name`; (None, None) if neither does."""
-    node = made_by(name, "GlobalAveragePool")
-    if node is not None:
-        return node, 2
-    node = made_by(name, "ReduceMean")
-    attributes = _attributes(node) if node else {}
-    if len(attributes.get("axes", [])) != 1 or not attributes.get("keepdims", 1):
-        return None, None
-    return node, attributes["axes"][0]
-
-
-def _match_layer_norm(node, made_by, constants):
-    """(x, gamma (D,), beta (D,), epsilon, axis) if `node` is the Add that ends a LayerNorm, else None."""
+    last for the ReduceMean. Where `node` is the Add that ends one: [that LayerNormalization], its
+    gamma and beta (D,) added to `g`; else None."""
     if node.op_type != "Add":
         return None
     shift, scaled_name = _one_of(node, made_by, "Add")
@@ -259,23 +231,35 @@ def _match_layer_norm(node, made_by, constants):
         return None
     if mean.op_type == "ReduceMean" and axis not in (-1, scale.ndim - 1):  # not gamma's: (1, D) on (rows, D)
         return None
-    return x, scale.reshape(-1), offset.reshape(-1), float(_scalar(constants, eps)), axis
+    vectors = {f"{node.name}/gamma": scale, f"{node.name}/beta": offset}  # each (D,) in the file
+    g.initializer.extend(numpy_helper.from_array(value.reshape(-1), name) for name, value in vectors.items())
+    epsilon, inputs = float(_scalar(constants, eps)), [x, *vectors]
+    return [
+        helper.make_node(
+            "LayerNormalization", inputs, list(node.output), name=node.name, axis=axis, epsilon=epsilon
+        )
+    ]
 
 
-def _wheres(graph):
+def _mean_of(name, made_by):
+    """(node, the first axis it averages) for the GlobalAveragePool (axes 2..) or the keepdims
+    ReduceMean over one axis that writes `name`; (None, None) if neither does."""
+    node = made_by(name, "GlobalAveragePool")
+    if node is not None:
+        return node, 2
+    node = made_by(name, "ReduceMean")
+    attributes = _attributes(node) if node else {}
+    if len(attributes.get("axes", [])) != 1 or not attributes.get("keepdims", 1):
+        return None, None
+    return node, attributes["axes"][0]
+
+
+def _wheres(g, node, made_by, constants):
     """tf2onnx writes a tf.where(c, x, y) as Cast(c) * x + y * Cast(Not(c)): six nodes, where one
     Where does (and gives x or y where the blend would give NaN from 0 * inf). (The key/value
     cache writes, for which onnxruntime's Where was slower than the blend, are no tf.where: see
-    kformer.model.attention.)"""
-
-    def where(g, node, found):
-        return [helper.make_node("Where", list(found), list(node.output), name=node.name)]
-
-    return _replace(graph, _blend, where)
-
-
-def _blend(node, made_by, constants):
-    """(c, x, y) if `node` is the Add that ends Cast(c) * x + y * Cast(Not(c)), else None."""
+    kformer.model.attention.) [Where(c, x, y)] if `node` is the Add that ends such a blend, else
+    None."""
     if node.op_type != "Add":
         return None
     products = [made_by(name, "Mul") for name in node.input]
@@ -288,41 +272,19 @@ def _blend(node, made_by, constants):
     for (keep, x), (drop, y) in (((cast_a, a), (cast_b, b)), ((cast_b, b), (cast_a, a))):
         negation = made_by(drop.input[0], "Not")
         if negation is not None and negation.input[0] == keep.input[0]:
-            return keep.input[0], x, y
+            return [helper.make_node("Where", [keep.input[0], x, y], list(node.output), name=node.name)]
     return None
 
 
-def _attention_products(graph, shapes):
+def _attention_products(g, node, made_by, constants, shapes):
     """A decoding step's one query attends as q * k summed over D and weights * v summed over the
     keys (kformer.model.attention: TFLite's XNNPACK repacks the keys of a batched matmul at every step).
     In onnxruntime each is two or three element-wise passes over the (rows, H, T, D) cache, where a
     matrix product of the same values is one (onnxruntime folds the Transpose of k into it):
         ReduceSum(Mul(q (B, H, 1, D), k (B, H, T, D)), [3])  ->  Squeeze(MatMul(q, Transpose(k)), [2])
         ReduceSum(Mul(Unsqueeze(w (B, H, T), [3]), v), [2])  ->  Squeeze(MatMul(Unsqueeze(w, [2]), v), [2])
-    Ranks and the query's static length 1 come from ONNX shape inference (`shapes`, from _shapes)."""
-
-    def matmuls(g, node, found):
-        kind, x, y = found
-        name = node.name or node.output[0]
-        operand, product = f"{name}/operand", f"{name}/matmul"
-        if kind == "scores":  # x the query, y the keys
-            first = helper.make_node("Transpose", [y], [operand], name=operand, perm=[0, 1, 3, 2])
-            factors = [x, operand]
-        else:  # x the weights (B, H, T), y the values
-            first = helper.make_node("Unsqueeze", [x, _axes_constant(g, 2)], [operand], name=operand)
-            factors = [operand, y]
-        return [
-            first,
-            helper.make_node("MatMul", factors, [product], name=product),
-            helper.make_node("Squeeze", [product, _axes_constant(g, 2)], list(node.output), name=name),
-        ]
-
-    return _replace(graph, functools.partial(_attention_product, shapes=shapes), matmuls)
-
-
-def _attention_product(node, made_by, constants, shapes):
-    """("scores", query, keys) or ("context", weights (B, H, T), values) if `node` ends one of
-    _attention_products' two patterns, else None."""
+    Ranks and the query's static length 1 come from ONNX shape inference (`shapes`, from _shapes).
+    Where `node` ends one of the two patterns, the three nodes that replace it; else None."""
     product = made_by(node.input[0], "Mul") if node.op_type == "ReduceSum" and len(node.input) == 2 else None
     attributes = _attributes(node)
     axis = _scalar(constants, node.input[1]) if product is not None else None
@@ -332,17 +294,29 @@ def _attention_product(node, made_by, constants, shapes):
     if len(shapes.get(a) or ()) != 4 or len(shapes.get(b) or ()) != 4:
         return None
     axis = int(axis) % 4
+    name = node.name or node.output[0]
+    operand, matmul = f"{name}/operand", f"{name}/matmul"
     for x, y in ((a, b), (b, a)):
-        if axis == 3 and shapes[x][2] == 1 and shapes[y][2] != 1:  # x: (B, H, 1, D)
-            return "scores", x, y
         unsqueeze = made_by(x, "Unsqueeze") if axis == 2 else None
         unsqueezed = _scalar(constants, unsqueeze.input[-1]) if unsqueeze is not None else None
-        if unsqueezed is not None and int(unsqueezed) % 4 == 3:
-            return "context", unsqueeze.input[0], y  # x: the weights as (B, H, T, 1)
+        if axis == 3 and shapes[x][2] == 1 and shapes[y][2] != 1:  # x: (B, H, 1, D) the query, y the keys
+            first = helper.make_node("Transpose", [y], [operand], name=operand, perm=[0, 1, 3, 2])
+            factors = [x, operand]
+        elif unsqueezed is not None and int(unsqueezed) % 4 == 3:  # x: the weights as (B, H, T, 1)
+            weights = unsqueeze.input[0]  # (B, H, T); y the values
+            first = helper.make_node("Unsqueeze", [weights, _axes_constant(g, 2)], [operand], name=operand)
+            factors = [operand, y]
+        else:
+            continue
+        return [
+            first,
+            helper.make_node("MatMul", factors, [matmul], name=matmul),
+            helper.make_node("Squeeze", [matmul, _axes_constant(g, 2)], list(node.output), name=name),
+        ]
     return None
 
 
-def _scatter_adds(graph):
+def _scatter_adds(g, node, made_by, constants):
     """kformer.decode.search.RepeatGuard.ban adds to the logits L (rows, V) penalties scattered into zeros
     (duplicate indices summed, as in TensorFlow and TFLite), which tf2onnx writes as
         Add(L, Reshape(ScatterND(ConstantOfShape(n, 0), indices, updates), shape))
@@ -350,24 +324,8 @@ def _scatter_adds(graph):
     four passes over a (rows, V) tensor, one of them filling zeros; one ScatterND with reduction add
     scatters the same updates into L (flattened; a Reshape is no copy), shaped back as the
     penalties were (the Add is of equal shapes):
-        Reshape(ScatterND(Reshape(L, [-1]), indices, updates, reduction="add"), shape)"""
-
-    def scatter_add(g, node, found):
-        logits, scatter, shape = found
-        name = node.name or node.output[0]
-        flat, added = f"{name}/flat", f"{name}/scatter_add"
-        return [
-            helper.make_node("Reshape", [logits, _ints_constant(g, "flat_shape", [-1])], [flat], name=flat),
-            helper.make_node("ScatterND", [flat, *scatter.input[1:]], [added], name=added, reduction="add"),
-            helper.make_node("Reshape", [added, shape], list(node.output), name=name),
-        ]
-
-    return _replace(graph, _added_scatter, scatter_add)
-
-
-def _added_scatter(node, made_by, constants):
-    """(the other addend, the ScatterND, the penalties' shape) if `node` is the Add of
-    _scatter_adds' pattern, else None."""
+        Reshape(ScatterND(Reshape(L, [-1]), indices, updates, reduction="add"), shape)
+    Those three nodes if `node` is the Add of the pattern, else None."""
     if node.op_type != "Add":
         return None
     reshape, logits = _one_of(node, made_by, "Reshape")
@@ -378,36 +336,25 @@ def _added_scatter(node, made_by, constants):
     value = _attributes(zeros).get("value")  # absent: a float 0
     if value is not None and numpy_helper.to_array(value).reshape(-1).tolist() != [0]:
         return None
-    return logits, scatter, reshape.input[1]
+    name = node.name or node.output[0]
+    flat, added = f"{name}/flat", f"{name}/scatter_add"
+    return [
+        helper.make_node("Reshape", [logits, _ints_constant(g, "flat_shape", [-1])], [flat], name=flat),
+        helper.make_node("ScatterND", [flat, *scatter.input[1:]], [added], name=added, reduction="add"),
+        helper.make_node("Reshape", [added, reshape.input[1]], list(node.output), name=name),
+    ]
 
 
-def _row_scatters(graph):
+def _row_scatters(g, node, made_by, constants):
     """_scatter_adds' ScatterND into the flat logits, at indices row * V + column of (rows, V) logits
     (kformer.decode.search.RepeatGuard.ban; in a Loop whose batch shrinks, the row offsets are computed
     at every step from a Range), becomes one ScatterElements along the vocabulary at the columns:
         Reshape(ScatterND(Reshape(L, [-1]), Reshape(Mul(Unsqueeze(Range(0, R, 1), [1]), V) + C,
             [-1, 1]), Reshape(U, [-1]), reduction="add"), [-1, V])
         ->  ScatterElements(L, C, U, axis=1, reduction="add")
-    the same sums (duplicates added) with ten fewer nodes a step, the same tokens."""
-
-    def scatter_elements(g, node, found):
-        logits, columns, updates = found
-        return [
-            helper.make_node(
-                "ScatterElements",
-                [logits, columns, updates],
-                list(node.output),
-                name=node.name or node.output[0],
-                axis=1,
-                reduction="add",
-            )
-        ]
-
-    return _replace(graph, _row_scatter, scatter_elements)
-
-
-def _row_scatter(node, made_by, constants):
-    """(L (rows, V), the columns C, the updates U) if `node` ends _row_scatters' pattern, else None."""
+    the same sums (duplicates added) with ten fewer nodes a step, the same tokens. That
+    ScatterElements of L (rows, V), the columns C and the updates U if `node` ends the pattern,
+    else None."""
     scatter = made_by(node.input[0], "ScatterND") if node.op_type == "Reshape" else None
     if scatter is None or _attributes(scatter).get("reduction") != b"add":
         return None
@@ -421,7 +368,16 @@ def _row_scatter(node, made_by, constants):
         return None
     for offsets, columns in (flat_index.input, reversed(flat_index.input)):
         if _row_offsets(made_by(offsets, "Mul"), made_by, constants, int(shape[1])):
-            return flat.input[0], columns, updates.input[0]
+            return [
+                helper.make_node(
+                    "ScatterElements",
+                    [flat.input[0], columns, updates.input[0]],
+                    list(node.output),
+                    name=node.name or node.output[0],
+                    axis=1,
+                    reduction="add",
+                )
+            ]
     return None
 
 
