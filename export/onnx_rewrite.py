@@ -132,10 +132,7 @@ def _with_constants(graph, outer=None):
 
 def _reads(graph):
     """Every name read by a node of `graph` or of its subgraphs (outer-scope reads included)."""
-    for node in graph.node:
-        yield from node.input
-        for subgraph in subgraphs(node):
-            yield from _reads(subgraph)
+    return (name for g in graphs(graph) for node in g.node for name in node.input)
 
 
 def _finder(graph):
