@@ -57,22 +57,12 @@ class Tflite(Format):
     def write(self, module, path, variant="fp32"):
         if variant not in self.variants:
             raise ValueError(f"unknown TFLite variant {variant!r}; choose from {self.variants}")
-        if variant in FIXED_IDS:
+        if variant in ONE_FILE:  # one pass, as `fixed`: no second loop for XNNPACK to pack
             _convert(module, path, variant, SEARCHES)
-            return
-        if variant == FIXED_TEXT:  # one pass, as `fixed`: no second loop for XNNPACK to pack
-            texts = {
-                search: module.frozen_text(search, "tflite-fixed", fixed_shape=True) for search in SEARCHES
-            }
-            write_flatbuffer(texts, path, variant)
             return
         os.makedirs(path, exist_ok=True)
         for search in SEARCHES:
-            file = self.search_file(path, search)
-            if variant in self.text_graph_only:
-                write_flatbuffer({search: module.frozen_text(search, "tflite")}, file, variant)
-            else:
-                _convert(module, file, variant, [search])
+            _convert(module, self.search_file(path, search), variant, [search])
 
     def runner_class(self, variant):
         return TfliteTextRunner if variant in self.text_graph_only else TfliteRunner
@@ -81,13 +71,14 @@ class Tflite(Format):
 def _convert(module, path, variant, searches):
     """Frozen searches (an unfrozen loop converts, then fails at invoke with READ_VARIABLE) -> one
     flatbuffer with a signature named after each search (the converter stores equal constants
-    once), checked for builtins only."""
+    once), checked for builtins only. The text variants' searches take and give text
+    (module.frozen_text)."""
     # Fixed key/value buffers: LiteRT re-plans a loop body whose shapes change at every step,
     # which made greedy search slower with caches that grow.
-    fixed = variant in FIXED_IDS
+    fixed = variant in ONE_FILE
+    frozen = module.frozen_text if variant in Tflite.text_graph_only else module.frozen
     functions = {
-        name: module.frozen(name, "tflite-fixed" if fixed else "tflite", fixed_shape=fixed)
-        for name in searches
+        name: frozen(name, "tflite-fixed" if fixed else "tflite", fixed_shape=fixed) for name in searches
     }
     write_flatbuffer(functions, path, variant)
 
