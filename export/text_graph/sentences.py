@@ -79,8 +79,8 @@ def _classes(chars):
     members, wide, digit = look_up(
         chars, others
     )  # members (B, W, 6): sliced, as LiteRT unpacks no empty batch
-    space, end, wide_end, closer, opener, bang = (members[:, :, i] for i in range(6))
-    return _Classes(space, end, wide_end, closer, opener, bang, alpha, wide, digit)
+    # space, end, wide_end, closer, opener, bang: _Classes' first six, in `members`' order
+    return _Classes(*(members[:, :, i] for i in range(6)), alpha, wide, digit)
 
 
 def is_whitespace(chars):
