@@ -71,16 +71,18 @@ def _access_options(p, defaults):
 
 
 def _connection_options(p, defaults):
-    seconds = positive(float)
     for name, what in (
         ("timeout_headers", "seconds a request's line and headers may take to arrive; 408 after"),
         ("timeout_body", "seconds a request's body may take to arrive after its headers; 408 after"),
         ("timeout_keep_alive", "seconds a connection may stay idle between requests (uvicorn's)"),
     ):
         default = getattr(defaults, name)
-        option = "--" + name.replace("_", "-")
         p.add_argument(
-            option, type=seconds, default=default, metavar="SECONDS", help=f"{what} (default {default:g})"
+            "--" + name.replace("_", "-"),
+            type=positive(float),
+            default=default,
+            metavar="SECONDS",
+            help=f"{what} (default {default:g})",
         )
     p.add_argument(
         "--limit-concurrency",

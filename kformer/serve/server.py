@@ -91,10 +91,11 @@ def _resident_bytes():
 
 def bind(host, port):
     """A listening socket, or a one-line error for a taken port or an unknown address."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto named: asyncio turns Nagle's algorithm off only on sockets that say they are TCP; with
     # it on, a response's headers and body (two writes) waited for the client's delayed ACK
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock = socket.socket(
+        socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
+    )
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
