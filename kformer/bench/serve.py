@@ -55,24 +55,21 @@ class Server:
         self.process.wait(timeout=60)
 
 
-class _Client:
+class _Client(http.client.HTTPConnection):
     """One keep-alive connection to the server: post() -> (status, body); status 0 when no answer
     came (the connection is then closed, and http.client opens it again for the next request)."""
 
     def __init__(self, port, timeout=120):
-        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        super().__init__("127.0.0.1", port, timeout=timeout)
 
     def post(self, body, content_type):
         try:
-            self.connection.request("POST", "/translate", body, {"Content-Type": content_type})
-            response = self.connection.getresponse()
+            self.request("POST", "/translate", body, {"Content-Type": content_type})
+            response = self.getresponse()
             return response.status, response.read()
         except (OSError, http.client.HTTPException):
-            self.connection.close()
+            self.close()
             return 0, b""
-
-    def close(self):
-        self.connection.close()
 
 
 def _lt_body(texts):
