@@ -91,11 +91,10 @@ def _resident_bytes():
 
 def bind(host, port):
     """A listening socket, or a one-line error for a taken port or an unknown address."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto named: asyncio turns Nagle's algorithm off only on sockets that say they are TCP; with
     # it on, a response's headers and body (two writes) waited for the client's delayed ACK
-    sock = socket.socket(
-        socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
-    )
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -142,9 +141,8 @@ def serve(runners, host="127.0.0.1", port=8000, settings=None, ready=print, resi
     server = _server(create_app(runners, settings, resident_bytes))
     shown = f"[{host}]" if ":" in host else host
     ready(f"http://{shown}:{sock.getsockname()[1]}/")
-    with contextlib.suppress(
-        KeyboardInterrupt
-    ):  # uvicorn raises Ctrl-C again once it has shut down gracefully
+    # uvicorn raises Ctrl-C again once it has shut down gracefully
+    with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
 
 
