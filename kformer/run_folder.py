@@ -33,8 +33,8 @@ from kformer.contracts.run import (
     CorpusRecord,
     ImportRecord,
     RunError,
-    RunFolder,
     TrainingState,
+    is_run,
 )
 from kformer.data import vocabulary
 from kformer.model.config import ModelConfig
@@ -70,7 +70,7 @@ def create(run_dir, config, recipe, tokenizer, corpus, prepared=None):
     stale = _temporary(path(run_dir, MODEL_FILE))
     if os.path.exists(stale):
         os.remove(stale)
-    if RunFolder(run_dir).exists():
+    if is_run(run_dir):
         return
     if prepared is not None and corpus.prepared == DATA_DIR:
         folders.release(prepared)

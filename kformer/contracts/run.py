@@ -20,7 +20,6 @@ writes and reads the weights).
 import dataclasses
 import os
 
-from kformer.contracts import TOKENIZER_FILE
 from kformer.contracts.json_records import Record
 from kformer.contracts.pair import LanguagePair
 from kformer.contracts.prepared import CorpusSource
@@ -45,30 +44,9 @@ class RunError(ValueError):
     """A run folder that is not one, or a file of it that is malformed; names the file."""
 
 
-@dataclasses.dataclass(frozen=True)
-class RunFolder:
-    """The paths of a run folder's files."""
-
-    root: str
-
-    def file(self, name):
-        return os.path.join(self.root, name)
-
-    @property
-    def config(self):
-        return self.file(CONFIG_FILE)
-
-    @property
-    def tokenizer(self):
-        return self.file(TOKENIZER_FILE)
-
-    @property
-    def model(self):
-        return self.file(MODEL_FILE)
-
-    def exists(self):
-        """Whether the run has started: config.json is written last when it does."""
-        return os.path.exists(self.config)
+def is_run(run_dir):
+    """Whether the run has started: config.json is written last when it does."""
+    return os.path.exists(os.path.join(run_dir, CONFIG_FILE))
 
 
 @dataclasses.dataclass(frozen=True)

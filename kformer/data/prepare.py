@@ -20,6 +20,7 @@ needs it) array [source length, source ids..., target ids...]. Progress shows pa
 import dataclasses
 import hashlib
 import heapq
+import itertools
 import logging
 import math
 import os
@@ -291,14 +292,9 @@ def _contains(sorted_values, values):
 
 
 def _chunks(items, size):
-    chunk = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
+    """Lists of `size` items, the last one shorter (Python 3.12's itertools.batched)."""
+    items = iter(items)
+    return iter(lambda: list(itertools.islice(items, size)), [])
 
 
 # --- step 2: the tokenizer ---

@@ -11,7 +11,7 @@ import typing
 from kformer import folders, run_folder
 from kformer.contracts.digests import files_sha256, tokenizer_digest
 from kformer.contracts.prepared import MANIFEST_FILE, PreparedCorpus, is_prepared
-from kformer.contracts.run import CONFIG_FILE, DATA_DIR, CorpusRecord, RunFolder
+from kformer.contracts.run import CONFIG_FILE, DATA_DIR, CorpusRecord, is_run
 from kformer.data import corpus as corpus_lib
 from kformer.data import prepare as prepare_lib
 from kformer.data import vocabulary
@@ -48,7 +48,7 @@ def _config(options, source, vocab_size, tokenizer_sha256):
 
 def _requested_config(out_dir, options, source):
     """The saved config and recipe when resuming (those asked for must agree), or None for a new run."""
-    if not RunFolder(out_dir).exists():
+    if not is_run(out_dir):
         return None
     init_from_lib.check_recorded(out_dir, source)
     saved = ModelConfig.load(run_folder.path(out_dir, CONFIG_FILE)), TrainingRecipe.of_run(out_dir)
