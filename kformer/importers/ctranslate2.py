@@ -14,13 +14,14 @@ keeps that model as its one tokenizer, and every export format takes it."""
 import dataclasses
 import json
 import os
+import pathlib
 import re
 
 import numpy as np
 
 from kformer.contracts.json_records import read_json
 from kformer.importers.model_bin import ModelBin
-from kformer.importers.run import Origin, Weights, attention_values, read_licence, write_run
+from kformer.importers.run import Origin, Weights, attention_values, read_licence, write_run, write_vocabulary
 
 ACTIVATIONS = {0: "relu", 2: "swish", 3: "gelu"}  # CTranslate2's Activation enum: what kformer runs
 PADS = ("<blank>", "<pad>")  # OpenNMT-py's pad token, then everyone else's
@@ -168,17 +169,12 @@ def _tokenizers(folder):
         for names in TOKENIZERS:
             paths = [os.path.join(where, name) for name in names]
             if all(os.path.isfile(path) for path in paths):
-                return tuple(_read(path) for path in paths)
+                return tuple(pathlib.Path(path).read_bytes() for path in paths)
     wanted = " or ".join("/".join(dict.fromkeys(names)) for names in TOKENIZERS)
     raise ValueError(
         f"{folder}: no SentencePiece model ({wanted}) in it or beside it; put the one its "
         "vocabulary was made with there"
     )
-
-
-def _read(path):
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def _layout(model):
@@ -280,9 +276,10 @@ def _block(values, w, source, target, heads, cross):
     if cross:
         _attention(values, w, f"{source}/attention", f"{target}/cross_attention", heads, True)
     for ctranslate2_name, kformer_name in (("linear_0", "inner"), ("linear_1", "outer")):
-        kernel, bias = _linear(w, f"{source}/ffn/{ctranslate2_name}")
-        values[f"{target}/feed_forward/{kformer_name}/kernel"] = kernel
-        values[f"{target}/feed_forward/{kformer_name}/bias"] = bias
+        (
+            values[f"{target}/feed_forward/{kformer_name}/kernel"],
+            values[f"{target}/feed_forward/{kformer_name}/bias"],
+        ) = _linear(w, f"{source}/ffn/{ctranslate2_name}")
     _norm(values, w, f"{source}/ffn/layer_norm", f"{target}/feed_forward_norm")
 
 
@@ -304,8 +301,10 @@ def _embeddings(values, w, order, tied):
 def kformer_weights(model, config):
     """{kformer variable path: array} of the spec's weights; settings and tables taken out."""
     w = Weights(model.weights, model.weights.file)
-    for name in (*FIXED, *IGNORED):
+    for name in (*FIXED, *IGNORED, "encoder/embeddings_0/multiply_by_sqrt_depth"):
         w.pop(name, None)
+    values = {}
+    _embeddings(values, w, model.order, config.tie_embeddings)
     for stack in ("encoder", "decoder"):
         for name in (
             "num_heads",
@@ -315,17 +314,12 @@ def kformer_weights(model, config):
             "position_encodings/encodings",
         ):
             w.pop(f"{stack}/{name}", None)
-    w.pop("encoder/embeddings_0/multiply_by_sqrt_depth", None)
-    values = {}
-    _embeddings(values, w, model.order, config.tie_embeddings)
-    heads = config.num_heads
-    for i in range(config.num_encoder_layers):
-        _block(values, w, f"encoder/layer_{i}", f"encoder_block_{i}", heads, cross=False)
-    for i in range(config.num_decoder_layers):
-        _block(values, w, f"decoder/layer_{i}", f"decoder_block_{i}", heads, cross=True)
-    if config.norm_position == "pre":
-        _norm(values, w, "encoder/layer_norm", "encoder_norm")
-        _norm(values, w, "decoder/layer_norm", "decoder_norm")
+        for i in range(getattr(config, f"num_{stack}_layers")):
+            _block(
+                values, w, f"{stack}/layer_{i}", f"{stack}_block_{i}", config.num_heads, stack == "decoder"
+            )
+        if config.norm_position == "pre":
+            _norm(values, w, f"{stack}/layer_norm", f"{stack}_norm")
     w.refuse_leftovers()
     return values
 
@@ -349,18 +343,13 @@ def save(model, folder):
     import sentencepiece as spm
 
     from kformer.contracts import TOKENIZER_FILE
-    from kformer.data import vocabulary
 
     config = model_config(model)
     values = kformer_weights(model, config)
     tokenizer = spm.SentencePieceProcessor(model_proto=model.spms[0])
     if _own_pieces(model, config, tokenizer):
-        with open(os.path.join(folder, TOKENIZER_FILE), "wb") as f:
-            f.write(model.spms[0])
+        pathlib.Path(folder, TOKENIZER_FILE).write_bytes(model.spms[0])
     else:
-        pieces = [model.pieces[c] for c in model.order]
-        ids = {name: getattr(config, name) for name in ("pad_id", "unk_id", "bos_id", "eos_id")}
         append_eos = bool(model.settings.get("add_source_eos"))
-        vocabulary.write(folder, *model.spms, pieces, ids, append_eos=append_eos)
-        tokenizer = vocabulary.load(folder)
+        tokenizer = write_vocabulary(folder, config, model.spms, model.pieces, model.order, append_eos)
     return write_run(folder, config, values, model.origin, tokenizer)

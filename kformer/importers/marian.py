@@ -16,7 +16,7 @@ import numpy as np
 
 from kformer.contracts.json_records import read_json
 from kformer.contracts.pair import LanguagePair
-from kformer.importers.run import Origin, Weights, attention_values, read_licence, write_run
+from kformer.importers.run import Origin, Weights, attention_values, read_licence, write_run, write_vocabulary
 
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu", "gelu": "gelu"}
 BANNED = -1e9  # the logit bias of a token the model must never output (as the searches' NEG_INF)
@@ -276,10 +276,9 @@ def kformer_weights(marian):
     bias[0] = BANNED  # the pad token: the decoder's first input, never an output
     values = {"shared_embedding/embeddings": embedding[order], "shared_embedding/logits_bias": bias}
     heads = c["encoder_attention_heads"]
-    for i in range(c["encoder_layers"]):
-        _block(values, w, f"model.encoder.layers.{i}", f"encoder_block_{i}", heads, cross=False)
-    for i in range(c["decoder_layers"]):
-        _block(values, w, f"model.decoder.layers.{i}", f"decoder_block_{i}", heads, cross=True)
+    for stack in ("encoder", "decoder"):
+        for i in range(c[f"{stack}_layers"]):
+            _block(values, w, f"model.{stack}.layers.{i}", f"{stack}_block_{i}", heads, stack == "decoder")
     w.refuse_leftovers()
     return values
 
@@ -287,13 +286,10 @@ def kformer_weights(marian):
 def save(marian, folder):
     """Writes the run folder of `marian` into `folder`: its vocabulary tokenizer, then what every
     imported run has (kformer.importers.run). Returns the ImportRecord."""
-    from kformer.data import vocabulary
-
     config = model_config(marian)
-    pieces = [marian.pieces[m] for m in marian.order]
-    ids = {name: getattr(config, name) for name in ("pad_id", "unk_id", "bos_id", "eos_id")}
-    vocabulary.write(folder, marian.source_spm, marian.target_spm, pieces, ids)
+    spms = marian.source_spm, marian.target_spm
+    tokenizer = write_vocabulary(folder, config, spms, marian.pieces, marian.order)
     origin = Origin(
         "marian", marian.folder, marian.weights_file, marian.pair, read_licence(marian.folder, LICENCES)
     )
-    return write_run(folder, config, kformer_weights(marian), origin, vocabulary.load(folder))
+    return write_run(folder, config, kformer_weights(marian), origin, tokenizer)

@@ -4,6 +4,7 @@ written beside the tokenizer the family wrote (write_run)."""
 
 import dataclasses
 import os
+import pathlib
 
 from kformer.contracts.digests import files_sha256, tokenizer_digest
 from kformer.contracts.pair import LanguagePair
@@ -75,12 +76,22 @@ def write_run(folder, config, values, origin, tokenizer):
     licence = None
     if origin.licence:
         licence = f"SOURCE-{origin.licence[0]}"
-        with open(os.path.join(folder, licence), "wb") as f:
-            f.write(origin.licence[1])
+        pathlib.Path(folder, licence).write_bytes(origin.licence[1])
     sha256 = origin.sha256 or files_sha256([origin.weights_file])
     record = ImportRecord(origin.kind, os.path.abspath(origin.source), sha256, origin.pair, licence)
     record.save(os.path.join(folder, IMPORT_FILE))
     return record
+
+
+def write_vocabulary(folder, config, spms, pieces, order, append_eos=True):
+    """Writes a vocabulary tokenizer into `folder` (kformer.data.vocabulary) over the family's
+    (source, target) SentencePiece models' bytes `spms`, its `pieces` taken in kformer's id `order`
+    (kformer id -> the family's) and the special ids of `config`; returns it loaded."""
+    from kformer.data import vocabulary
+
+    ids = {name: getattr(config, name) for name in ("pad_id", "unk_id", "bos_id", "eos_id")}
+    vocabulary.write(folder, *spms, [pieces[i] for i in order], ids, append_eos=append_eos)
+    return vocabulary.load(folder)
 
 
 def read_licence(folder, names):
@@ -88,6 +99,5 @@ def read_licence(folder, names):
     for name in names:
         path = os.path.join(folder, name)
         if os.path.isfile(path):
-            with open(path, "rb") as f:
-                return name, f.read()
+            return name, pathlib.Path(path).read_bytes()
     return None
