@@ -178,9 +178,6 @@ class ExportManifest(Record):
             "re-run `kformer export` with that format or quantization"
         )
 
-    def replace(self, **changes):
-        return dataclasses.replace(self, **changes)
-
     def entries(self):
         """Every FileEntry it names: each artifact and each of its files, the tokenizer, each package."""
         for artifact in self.artifacts:

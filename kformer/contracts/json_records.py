@@ -72,6 +72,10 @@ class Record:
     def save(self, path):
         write_json(path, self.to_dict())
 
+    def replace(self, **changes):
+        """A copy with `changes` (dataclasses.replace)."""
+        return dataclasses.replace(self, **changes)
+
 
 def _decoded(kind, value, where, record):
     """`value` of a JSON file as the field type `kind` wants it."""

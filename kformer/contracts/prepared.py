@@ -23,12 +23,16 @@ class PreparedError(ValueError):
     """A folder that is not a finished prepared corpus, or one that does not fit; names the file."""
 
 
-@dataclasses.dataclass(frozen=True)
-class CorpusSource(Record):
-    """A corpus as given: "default", a TSV's path or two aligned files' paths (absolute); the
-    language pair it is read as; the sha256 of its files' bytes."""
+class PreparedRecord(Record):
+    """A record of prepared.json: a malformed one is a PreparedError."""
 
     ERROR = PreparedError
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSource(PreparedRecord):
+    """A corpus as given: "default", a TSV's path or two aligned files' paths (absolute); the
+    language pair it is read as; the sha256 of its files' bytes."""
 
     data: str | tuple[str, ...]
     direction: LanguagePair
@@ -36,9 +40,7 @@ class CorpusSource(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class Shard(Record):
-    ERROR = PreparedError
-
+class Shard(PreparedRecord):
     file: str
     pairs: int
     bytes: int
@@ -46,21 +48,17 @@ class Shard(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainShards(Record):
+class TrainShards(PreparedRecord):
     """The train split: the dtype of its ids ("uint16" or "uint32") and its shards."""
-
-    ERROR = PreparedError
 
     dtype: str
     shards: tuple[Shard, ...]
 
 
 @dataclasses.dataclass(frozen=True)
-class PreparedTokenizer(Record):
+class PreparedTokenizer(PreparedRecord):
     """The tokenizer: its file's sha256 and vocabulary, the train pairs it was trained on, or the
     model file it was given."""
-
-    ERROR = PreparedError
 
     sha256: str
     vocab_size: int
@@ -70,23 +68,19 @@ class PreparedTokenizer(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class LengthHistogram(Record):
+class LengthHistogram(PreparedRecord):
     """counts: (source length, target length, pairs) of the train split, lengths past `cap`
     counted at `cap`."""
-
-    ERROR = PreparedError
 
     cap: int
     counts: tuple[tuple[int, ...], ...]
 
 
 @dataclasses.dataclass(frozen=True)
-class PreparedCorpus(Record):
+class PreparedCorpus(PreparedRecord):
     """prepared.json. `read`: what reading did (kformer.data.corpus.ReadReport's counts);
     `pairs`: per split; `held_out`: "hash" or "file PATH" per held-out split; `unknown_pieces`:
     the <unk> pieces and all pieces of the train split."""
-
-    ERROR = PreparedError
 
     corpus: CorpusSource
     read: dict[str, int | list[str]]

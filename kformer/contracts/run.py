@@ -44,6 +44,12 @@ class RunError(ValueError):
     """A run folder that is not one, or a file of it that is malformed; names the file."""
 
 
+class RunRecord(Record):
+    """A JSON file of a run folder: a malformed one is a RunError."""
+
+    ERROR = RunError
+
+
 def is_run(run_dir):
     """Whether the run has started: config.json is written last when it does."""
     return os.path.exists(os.path.join(run_dir, CONFIG_FILE))
@@ -63,11 +69,9 @@ class CorpusRecord(CorpusSource):
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainingState(Record):
+class TrainingState(RunRecord):
     """training.json: optimizer steps, seconds of the budget spent, the schedule in force, the
     replicas that trained, the input position saved with model.keras."""
-
-    ERROR = RunError
 
     steps: int = 0
     seconds: float = 0.0
@@ -88,12 +92,10 @@ def describe_score(judge, bleu, loss):
 
 
 @dataclasses.dataclass(frozen=True)
-class BestRecord(Record):
+class BestRecord(RunRecord):
     """best.json: the step and dev sample scores of best.weights.h5, what they were kept by
     (`judge`: "bleu", or "loss" of the whole dev split: kformer.train.judge), and how many
     evaluations since have not beaten it."""
-
-    ERROR = RunError
 
     step: int
     bleu: float
@@ -108,11 +110,9 @@ class BestRecord(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class InitRecord(Record):
+class InitRecord(RunRecord):
     """init.json: the run a fine-tuning run started from, its weights (described, and their
     sha256), and the share of that run's pairs mixed into each batch."""
-
-    ERROR = RunError
 
     run: str
     weights: str
@@ -121,12 +121,10 @@ class InitRecord(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class ImportRecord(Record):
+class ImportRecord(RunRecord):
     """import.json: the kind of model imported ("marian"), the folder or file it came from, the
     sha256 of its weights, the language pair it translates, and the licence file copied beside
     it (None: the source had none)."""
-
-    ERROR = RunError
 
     kind: str
     source: str

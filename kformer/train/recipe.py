@@ -70,9 +70,6 @@ class TrainingRecipe(Record):
         input pipeline batches by."""
         return max(1, self.batch_tokens // self.accumulate_steps)
 
-    def replace(self, **changes):
-        return dataclasses.replace(self, **changes)
-
     @classmethod
     def of_run(cls, run_dir):
         """A run's recipe: its recipe.json, or the recipe's fields of the config.json of a run
