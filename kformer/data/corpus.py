@@ -7,7 +7,6 @@ Any corpus works the same way: the default (Tatoeba zh-en from the `hsg` package
 import dataclasses
 import gzip
 import hashlib
-import io
 import itertools
 import os
 import zlib
@@ -83,18 +82,6 @@ def default_corpus_path():
     )
 
 
-def _without_bom(data):
-    return data[3:] if data.startswith(b"\xef\xbb\xbf") else data
-
-
-def _read_bytes(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
-
-
 class CorpusFile:
     """A corpus file read once, as a stream: plain or gzip-compressed (told by its first bytes,
     whatever its name), counting the bytes read so far (for progress)."""
@@ -129,7 +116,7 @@ def _raw_lines(stream):
     against its partner. Lazy: stdin is read as it arrives."""
     for number, raw in enumerate(stream, start=1):  # binary streams split at \n only
         raw = raw.removesuffix(b"\n").removesuffix(b"\r")
-        yield number, _without_bom(raw) if number == 1 else raw
+        yield number, raw.removeprefix(b"\xef\xbb\xbf") if number == 1 else raw
 
 
 def _decoded_lines(source, report):
@@ -158,7 +145,11 @@ def stream_lines(stream, name):
 
 
 def read_text_file(path):
-    return list(stream_lines(io.BytesIO(_read_bytes(path)), path))
+    try:
+        with open(path, "rb") as f:
+            return list(stream_lines(f, path))
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
 
 
 def read_tsv(source, source_column, target_column, columns, report):

@@ -102,12 +102,13 @@ def prepare(data, out_dir, options=PrepareOptions(), lock=True):
 def _prepare_in(work, data, options):
     report = corpus_lib.ReadReport()
     given = {name: path for name, path in (("dev", options.dev), ("test", options.test)) if path}
-    held_out = {name: _held_out_file(path) for name, path in given.items()}
+    held_out = {name: corpus_lib.read_corpus(path)[0] for name, path in given.items()}  # cleaned pairs
     train_file = os.path.join(work, "train.tmp.tsv")
     with open(train_file, "w", encoding="utf-8") as train:
         splits, counts, corpus = _split(data, options, report, held_out, train)
     for name, pairs in {**held_out, **splits}.items():
-        _write_tsv(os.path.join(work, HELD_OUT_FILES[name]), pairs)
+        with open(os.path.join(work, HELD_OUT_FILES[name]), "w", encoding="utf-8") as f:
+            f.writelines(f"{s}\t{t}\n" for s, t in pairs)
     tokenizer, sample = _tokenizer(train_file, counts["train"], options)
     vocabulary.save(tokenizer, work)
     shards = options.shards or max(1, math.ceil(counts["train"] / SHARD_PAIRS))
@@ -167,12 +168,6 @@ def summary(manifest):
 
 
 # --- step 1: read, clean, deduplicate, split ---
-
-
-def _held_out_file(path):
-    """The cleaned pairs of a --dev/--test TSV file."""
-    pairs, _ = corpus_lib.read_corpus(path)
-    return pairs
 
 
 class _HeldOutSplit:
@@ -362,11 +357,6 @@ def _read_part(path):
         while size := f.read(4):
             records.append(f.read(int.from_bytes(size, "little")))
     return records
-
-
-def _write_tsv(path, pairs):
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(f"{s}\t{t}\n" for s, t in pairs)
 
 
 class _Progress:

@@ -12,6 +12,7 @@ runner takes it as it is."""
 import hashlib
 import json
 import os
+import pathlib
 import re
 from typing import NamedTuple
 
@@ -148,8 +149,7 @@ def write(folder, source_spm, target_spm, pieces, special, append_eos=True):
     files["vocabulary"] = ("vocabulary.json", json.dumps(list(pieces), ensure_ascii=False).encode())
     entries = {}
     for name, (file, content) in files.items():
-        with open(os.path.join(folder, file), "wb") as f:
-            f.write(content)
+        pathlib.Path(folder, file).write_bytes(content)
         entries[name] = TokenizerFile(file, hashlib.sha256(content).hexdigest())
     VocabularyRecord(**entries, **special, append_eos=append_eos).save(os.path.join(folder, TOKENIZER_JSON))
 
@@ -170,8 +170,7 @@ def load(folder):
         paths[name] = os.path.join(folder, entry.file)
         if not os.path.exists(paths[name]) or digests.files_sha256([paths[name]]) != entry.sha256:
             raise ValueError(f"{paths[name]} is missing or differs from {TOKENIZER_JSON}'s sha256")
-    with open(paths["vocabulary"], encoding="utf-8") as f:
-        pieces = json.load(f)
+    pieces = json.loads(pathlib.Path(paths["vocabulary"]).read_text(encoding="utf-8"))
     return VocabularyTokenizer(
         record, load_tokenizer(paths["source"]), load_tokenizer(paths["target"]), pieces
     )
@@ -182,8 +181,7 @@ def save(tokenizer, folder):
     `open_tokenizer` reads it back: tokenizer.model, or tokenizer.json and the files it names."""
     if not maps_through_vocabulary(tokenizer):
         tmp = os.path.join(folder, TOKENIZER_FILE + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(tokenizer.serialized_model_proto())
+        pathlib.Path(tmp).write_bytes(tokenizer.serialized_model_proto())
         os.replace(tmp, os.path.join(folder, TOKENIZER_FILE))
         return
     record = tokenizer.record
