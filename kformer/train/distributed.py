@@ -133,14 +133,10 @@ def workers(strategy):
     return max(len(jobs.get("chief", [])) + len(jobs.get("worker", [])), 1)
 
 
-def is_multi_worker(strategy):
-    return workers(strategy) > 1
-
-
 def is_chief(strategy):
     """True where the run directory may be written: a single process, or the chief of a cluster
     (the "chief" task, or worker 0 when there is none)."""
-    if not is_multi_worker(strategy):
+    if workers(strategy) == 1:
         return True
     resolver, jobs = _cluster(strategy)
     return resolver.task_type == "chief" or ("chief" not in jobs and resolver.task_id == 0)
@@ -150,7 +146,7 @@ def agree(strategy, value, reduction="SUM"):
     """`value` (a number) summed ("SUM") or averaged ("MEAN") over all workers, so that each takes
     the same decision; a single process gets it back as it is. Also a barrier: it returns once
     every worker has called it."""
-    if not is_multi_worker(strategy):
+    if workers(strategy) == 1:
         return value
     import tensorflow as tf
 

@@ -161,11 +161,6 @@ class KeepBest(keras.callbacks.Callback):
             for name in self.samples
         }
 
-    @property
-    def kept_start(self):
-        """Whether a fine-tune's best is the weights it started from: no later evaluation beat them."""
-        return self.start_scores is not None and self.best is not None and self.best.step == 0
-
     def log_what_is_kept(self, run_seconds):
         """The run's last words on its evaluations: what they cost, which weights readers take and
         why; a warning, in words, where a fine-tune kept the weights it started from."""
@@ -175,7 +170,8 @@ class KeepBest(keras.callbacks.Callback):
             self.seconds,
             100 * self.seconds / max(run_seconds, 1e-9),
         )
-        if self.kept_start:
+        # A fine-tune whose best is the weights it started from: no later evaluation beat them.
+        if self.start_scores is not None and self.best is not None and self.best.step == 0:
             last = next(iter(self.last_scores.values()))
             log.warning(
                 "%s holds the weights this run started from: none of its %d later evaluations beat "
