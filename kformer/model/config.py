@@ -131,9 +131,6 @@ class ModelConfig(Record):
     def head_size(self):
         return self.d_model // self.num_heads
 
-    def replace(self, **changes):
-        return dataclasses.replace(self, **changes)
-
     @classmethod
     def from_dict(cls, values, where="config"):
         """The config of a config.json's (or a manifest's "config") object: unknown keys refused,
