@@ -1,6 +1,7 @@
 """`kformer prepare`: the splits and tokenizer of the in-memory reading, bounded held-out splits,
 shards that hold every train pair, bad input, and memory that does not grow with the corpus."""
 
+import glob
 import gzip
 import json
 import os
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import PYTHON, python_lines, run_kformer
 
+from kformer import folders
 from kformer.contracts.digests import tokenizer_digest
 from kformer.contracts.prepared import MANIFEST_FILE, PreparedCorpus, PreparedError
 from kformer.data import corpus as corpus_lib
@@ -169,9 +171,8 @@ def test_a_killed_prepare_leaves_no_finished_folder_and_blocks_nothing(tmp_path)
     # killed while it writes: no helper waits for it
     process = subprocess.Popen([PYTHON, "-c", KILLED, corpus, out], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while not [
-        n for n in os.listdir(tmp_path) if n.startswith(".kformer-prepare-")
-    ]:  # it has started writing
+    while not glob.glob(os.path.join(tmp_path, ".kformer-prepare-*", folders.OWNER_FILE)):
+        # it has claimed its work folder (a kill between creating and claiming it leaves an empty one)
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
