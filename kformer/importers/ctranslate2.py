@@ -276,10 +276,9 @@ def _block(values, w, source, target, heads, cross):
     if cross:
         _attention(values, w, f"{source}/attention", f"{target}/cross_attention", heads, True)
     for ctranslate2_name, kformer_name in (("linear_0", "inner"), ("linear_1", "outer")):
-        (
-            values[f"{target}/feed_forward/{kformer_name}/kernel"],
-            values[f"{target}/feed_forward/{kformer_name}/bias"],
-        ) = _linear(w, f"{source}/ffn/{ctranslate2_name}")
+        kernel, bias = _linear(w, f"{source}/ffn/{ctranslate2_name}")
+        values[f"{target}/feed_forward/{kformer_name}/kernel"] = kernel
+        values[f"{target}/feed_forward/{kformer_name}/bias"] = bias
     _norm(values, w, f"{source}/ffn/layer_norm", f"{target}/feed_forward_norm")
 
 
